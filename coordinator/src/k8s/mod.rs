@@ -1,0 +1,1 @@
+//! Kubernetes: node mapping, cordon, drain, release and restore, node view, events.

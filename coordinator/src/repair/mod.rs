@@ -1,0 +1,1 @@
+//! The repair queue: CKE repair semantics, durable in SQLite.

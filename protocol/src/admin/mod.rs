@@ -1,0 +1,29 @@
+//! The admin API, spoken by `coordinatorctl` with an admin certificate.
+//!
+//! After the hello exchange on the connection's first stream, every request opens its own
+//! bidirectional stream: one [`AdminRequest`] frame in, one [`AdminResponse`] frame out. Each
+//! area of the API has its own request/response pair in a submodule, so the envelope stays
+//! small and areas can grow independently. Same postcard rules as [`crate::messages`]:
+//! append variants, never reorder.
+
+pub mod machines;
+
+use serde::{Deserialize, Serialize};
+
+use crate::messages::Refusal;
+
+/// One admin request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AdminRequest {
+    /// Inventory and health.
+    Machines(machines::MachinesRequest),
+}
+
+/// The answer to one [`AdminRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AdminResponse {
+    /// Answer to a [`AdminRequest::Machines`].
+    Machines(machines::MachinesResponse),
+    /// The request failed; the reason says why and what to do.
+    Error(Refusal),
+}

@@ -1,0 +1,91 @@
+//! Coordinator ↔ bmc-gateway messages: power actions on a rack's machines.
+//!
+//! The coordinator names a machine (address and serial); only the gateway knows its BMC and
+//! credentials. Each request carries an id; the gateway executes a given id at most once and
+//! answers a repeated id with the first result.
+
+use serde::{Deserialize, Serialize};
+
+/// What a coordinator says when it connects to a gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorHello {
+    /// The coordinator's name, for logs.
+    pub coordinator: String,
+}
+
+/// A power action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerAction {
+    /// Read the power state only.
+    Status,
+    /// Power on.
+    On,
+    /// Hard power off.
+    Off,
+    /// ACPI soft off.
+    SoftOff,
+    /// Power cycle (powers on a machine that is off).
+    Cycle,
+    /// Hard reset.
+    Reset,
+    /// Power off and confirm off by reading the power state.
+    Fence,
+}
+
+/// A request to act on one machine's BMC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PowerRequest {
+    /// Unique id; a repeated id is answered from the first execution's result.
+    pub id: String,
+    /// The machine's address.
+    pub address: String,
+    /// The machine's serial, checked against the gateway's configuration when not empty.
+    pub serial: String,
+    /// What to do.
+    pub action: PowerAction,
+    /// Overall time limit in milliseconds (0 = the gateway's default for the action).
+    pub timeout_ms: u64,
+}
+
+/// Power state as read from a BMC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PowerState {
+    /// Powered on.
+    On,
+    /// Powered off.
+    Off,
+    /// The BMC did not say.
+    Unknown,
+}
+
+/// The answer to a [`PowerRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PowerResponse {
+    /// The request's id.
+    pub id: String,
+    /// What happened.
+    pub outcome: PowerOutcome,
+}
+
+/// The result of a power action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PowerOutcome {
+    /// The action was carried out.
+    Done {
+        /// Power state read after the action, if it was read.
+        state: PowerState,
+        /// For a fence: when power was confirmed off (Unix ms).
+        confirmed_off_unix_ms: Option<u64>,
+        /// What the BMC said, for a person.
+        detail: String,
+    },
+    /// The action failed; nothing more is known than `detail` says.
+    Failed {
+        /// What was attempted and what was seen.
+        detail: String,
+        /// True when retrying later may succeed (timeouts, BMC busy).
+        retriable: bool,
+    },
+}

@@ -1,0 +1,39 @@
+//! Fleetmend's wire protocol.
+//!
+//! This crate holds what every Fleetmend component must agree on:
+//! - the message types ([`messages`], [`admin`], [`gateway`]) and the protocol version,
+//! - length-delimited framing with a hard size limit ([`frame`]), sans-IO,
+//! - identities carried in certificate URI SANs ([`identity`]),
+//! - behind the `transport` feature, rustls and quinn configuration builders and async
+//!   helpers that move frames over QUIC streams ([`transport`]),
+//! - behind the `pki` feature, the fleet certificate authority ([`pki`]),
+//! - behind the `telemetry` feature, one tracing initialisation for all binaries ([`telemetry`]).
+//!
+//! The message and framing modules do no I/O: they are tested without sockets. The crate
+//! deliberately knows nothing about what the coordinator does with a report.
+
+pub mod admin;
+pub mod frame;
+pub mod gateway;
+pub mod identity;
+pub mod messages;
+#[cfg(feature = "pki")]
+pub mod pki;
+#[cfg(feature = "telemetry")]
+pub mod telemetry;
+#[cfg(feature = "transport")]
+pub mod transport;
+
+pub use frame::{FrameDecoder, FrameError, decode_payload, encode_frame};
+pub use identity::{Identity, IdentityError, Role};
+
+/// The protocol version this build speaks. Bumped on any incompatible change to a message.
+///
+/// Peers exchange it in the first message of every connection; a peer speaking another
+/// version is refused with [`messages::RefusalCode::UnsupportedVersion`] before anything else
+/// is decoded.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// ALPN protocol id for every Fleetmend QUIC connection, so a Fleetmend endpoint never
+/// completes a handshake with some other QUIC application by accident.
+pub const ALPN: &[u8] = b"fleetmend/1";

@@ -1,0 +1,636 @@
+//! rustls and quinn glue: TLS 1.3 configurations with mutual authentication against the
+//! fleet CA, QUIC endpoints, the peer identity of a connection, framed message I/O on QUIC
+//! streams, and both halves of the hello handshake.
+//!
+//! Everything uses the ring crypto provider explicitly, so no process-wide default provider
+//! is needed and no second provider can sneak in.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::{Connection, Endpoint, RecvStream, SendStream};
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::frame::{self, FrameError, HEADER_LEN};
+use crate::identity::{Identity, IdentityError, Role};
+use crate::messages::{ClientHello, HelloBody, HelloReply, Refusal, RefusalCode, peek_version};
+use crate::{ALPN, PROTOCOL_VERSION};
+
+/// How long a QUIC connection may stay silent before it is considered dead.
+///
+/// Agents report every few seconds and keep-alives run every [`KEEP_ALIVE`], so 30 s of
+/// silence means the peer or the path is gone; health state does not depend on this (it is
+/// derived from reports), only resource cleanup does.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Keep-alive period: well under [`IDLE_TIMEOUT`] so an idle admin or gateway connection
+/// survives, and NAT/conntrack entries stay fresh.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// How long the hello exchange may take before the connection is dropped. Bounds what a peer
+/// that connects and says nothing can hold.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors moving messages between Fleetmend components.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// A certificate, key or CA file could not be read or parsed.
+    #[error("cannot load {what} from {path}: {detail}")]
+    Pem {
+        /// Which file (CA, certificate, key).
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The client certificate verifier could not be built.
+    #[error("client verifier: {0}")]
+    Verifier(String),
+    /// Binding a UDP socket failed.
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A connection could not be started.
+    #[error("cannot connect to {addr}: {detail}")]
+    Connect {
+        /// Peer address.
+        addr: SocketAddr,
+        /// Cause.
+        detail: String,
+    },
+    /// The connection failed or was closed.
+    #[error("connection lost: {0}")]
+    Connection(#[from] quinn::ConnectionError),
+    /// Writing to a stream failed.
+    #[error("write failed: {0}")]
+    Write(#[from] quinn::WriteError),
+    /// Reading from a stream failed.
+    #[error("read failed: {0}")]
+    Read(String),
+    /// A frame was malformed or too large.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The peer closed the stream where a message was expected.
+    #[error("peer closed the stream before answering")]
+    Closed,
+    /// The peer refused us.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The peer's certificate names no usable identity.
+    #[error("peer identity: {0}")]
+    Identity(#[from] IdentityError),
+    /// The peer is not the kind of component we meant to talk to.
+    #[error("peer {peer} is not a {expected}")]
+    UnexpectedPeer {
+        /// Role we required.
+        expected: Role,
+        /// Who answered.
+        peer: Identity,
+    },
+    /// The exchange took too long.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+impl TransportError {
+    /// True when trying again later may succeed (network trouble), false when the
+    /// configuration or the peer's policy must change first.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            TransportError::Connect { .. }
+            | TransportError::Connection(_)
+            | TransportError::Write(_)
+            | TransportError::Read(_)
+            | TransportError::Closed
+            | TransportError::Timeout(_) => true,
+            TransportError::Refused(r) => matches!(r.code, RefusalCode::ShuttingDown),
+            _ => false,
+        }
+    }
+}
+
+/// Paths of a component's TLS files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The fleet CA certificate (PEM).
+    pub ca: PathBuf,
+    /// This component's certificate (PEM).
+    pub cert: PathBuf,
+    /// This component's private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Loaded TLS material: trust roots, our chain and key, and our own identity.
+#[derive(Debug)]
+pub struct TlsMaterial {
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    identity: Identity,
+}
+
+impl Clone for TlsMaterial {
+    fn clone(&self) -> Self {
+        Self {
+            roots: self.roots.clone(),
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+            identity: self.identity.clone(),
+        }
+    }
+}
+
+fn pem_err(what: &'static str, path: &Path, detail: impl ToString) -> TransportError {
+    TransportError::Pem {
+        what,
+        path: path.to_path_buf(),
+        detail: detail.to_string(),
+    }
+}
+
+impl TlsMaterial {
+    /// Loads the CA, certificate and key from PEM files.
+    pub fn load(files: &TlsFiles) -> Result<Self, TransportError> {
+        let read = |what, path: &Path| std::fs::read(path).map_err(|e| pem_err(what, path, e));
+        let ca = read("CA certificate", &files.ca)?;
+        let cert = read("certificate", &files.cert)?;
+        let key = read("private key", &files.key)?;
+        Self::from_pem(&ca, &cert, &key).map_err(|e| match e {
+            TransportError::Pem { what, detail, .. } => {
+                let path = match what {
+                    "CA certificate" => &files.ca,
+                    "certificate" => &files.cert,
+                    _ => &files.key,
+                };
+                pem_err(what, path, detail)
+            }
+            other => other,
+        })
+    }
+
+    /// Builds from PEM bytes (tests, in-memory PKI).
+    pub fn from_pem(ca: &[u8], cert: &[u8], key: &[u8]) -> Result<Self, TransportError> {
+        let none = Path::new("<memory>");
+        let mut roots = RootCertStore::empty();
+        let mut n = 0;
+        for c in CertificateDer::pem_slice_iter(ca) {
+            let c = c.map_err(|e| pem_err("CA certificate", none, e))?;
+            roots
+                .add(c)
+                .map_err(|e| pem_err("CA certificate", none, e))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(pem_err("CA certificate", none, "no certificate in file"));
+        }
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| pem_err("certificate", none, e))?;
+        let leaf = chain
+            .first()
+            .ok_or_else(|| pem_err("certificate", none, "no certificate in file"))?;
+        let identity = identity_from_cert_der(leaf).map_err(|e| pem_err("certificate", none, e))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(key).map_err(|e| pem_err("private key", none, e))?;
+        Ok(Self {
+            roots: Arc::new(roots),
+            chain,
+            key,
+            identity,
+        })
+    }
+
+    /// Our own identity, from our certificate.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The rustls server configuration: TLS 1.3 only, client certificate required and
+    /// verified against the fleet CA.
+    pub fn rustls_server_config(&self) -> Result<rustls::ServerConfig, TransportError> {
+        let provider = provider();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+
+    /// The rustls client configuration: TLS 1.3 only, server verified against the fleet CA,
+    /// our certificate presented.
+    pub fn rustls_client_config(&self) -> Result<rustls::ClientConfig, TransportError> {
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(self.roots.clone())
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+
+    /// quinn server configuration with our transport settings.
+    pub fn quinn_server_config(&self) -> Result<quinn::ServerConfig, TransportError> {
+        let crypto =
+            quinn::crypto::rustls::QuicServerConfig::try_from(self.rustls_server_config()?)
+                .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        cfg.transport_config(Arc::new(transport_config()));
+        Ok(cfg)
+    }
+
+    /// quinn client configuration with our transport settings.
+    pub fn quinn_client_config(&self) -> Result<quinn::ClientConfig, TransportError> {
+        let crypto =
+            quinn::crypto::rustls::QuicClientConfig::try_from(self.rustls_client_config()?)
+                .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+        cfg.transport_config(Arc::new(transport_config()));
+        Ok(cfg)
+    }
+
+    /// A server endpoint listening on `addr` (which also works as a client).
+    pub fn server_endpoint(&self, addr: SocketAddr) -> Result<Endpoint, TransportError> {
+        let mut ep = Endpoint::server(self.quinn_server_config()?, addr)
+            .map_err(|source| TransportError::Bind { addr, source })?;
+        ep.set_default_client_config(self.quinn_client_config()?);
+        Ok(ep)
+    }
+
+    /// A client-only endpoint on an ephemeral port of the family of `peer`.
+    pub fn client_endpoint(&self, peer: SocketAddr) -> Result<Endpoint, TransportError> {
+        let bind: SocketAddr = if peer.is_ipv6() {
+            "[::]:0".parse().expect("literal address")
+        } else {
+            "0.0.0.0:0".parse().expect("literal address")
+        };
+        let mut ep =
+            Endpoint::client(bind).map_err(|source| TransportError::Bind { addr: bind, source })?;
+        ep.set_default_client_config(self.quinn_client_config()?);
+        Ok(ep)
+    }
+}
+
+/// The ring provider, the only crypto provider Fleetmend uses.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn transport_config() -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.max_idle_timeout(Some(
+        IDLE_TIMEOUT.try_into().expect("idle timeout fits a VarInt"),
+    ));
+    t.keep_alive_interval(Some(KEEP_ALIVE));
+    t
+}
+
+/// Extracts the single `spiffe://` URI SAN from a DER certificate.
+pub fn identity_from_cert_der(der: &[u8]) -> Result<Identity, IdentityError> {
+    use x509_parser::prelude::*;
+    let (_, cert) =
+        X509Certificate::from_der(der).map_err(|e| IdentityError::BadCertificate(e.to_string()))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| IdentityError::BadCertificate(e.to_string()))?;
+    let uris: Vec<&str> = san
+        .map(|ext| {
+            ext.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    GeneralName::URI(u) if u.starts_with("spiffe://") => Some(*u),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    match uris.as_slice() {
+        [] => Err(IdentityError::NoIdentity),
+        [one] => one.parse(),
+        many => Err(IdentityError::Ambiguous(many.len())),
+    }
+}
+
+/// The verified identity of the peer of an established connection.
+pub fn peer_identity(conn: &Connection) -> Result<Identity, IdentityError> {
+    let any = conn.peer_identity().ok_or(IdentityError::NoIdentity)?;
+    let certs = any
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .map_err(|_| IdentityError::BadCertificate("unexpected peer identity type".into()))?;
+    let leaf = certs.first().ok_or(IdentityError::NoIdentity)?;
+    identity_from_cert_der(leaf)
+}
+
+/// Writes one framed message.
+pub async fn write_msg<T: Serialize>(
+    send: &mut SendStream,
+    msg: &T,
+    max: usize,
+) -> Result<(), TransportError> {
+    let bytes = frame::encode_frame(msg, max)?;
+    send.write_all(&bytes).await?;
+    Ok(())
+}
+
+/// Reads one frame's payload. `Ok(None)` when the peer finished the stream cleanly before a
+/// new frame began; an oversized header is refused before its payload is read.
+pub async fn read_payload(
+    recv: &mut RecvStream,
+    max: usize,
+) -> Result<Option<Vec<u8>>, TransportError> {
+    let mut header = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match recv
+            .read(&mut header[got..])
+            .await
+            .map_err(|e| TransportError::Read(e.to_string()))?
+        {
+            Some(n) => got += n,
+            None if got == 0 => return Ok(None),
+            None => {
+                return Err(FrameError::Truncated {
+                    got,
+                    expected: HEADER_LEN,
+                }
+                .into());
+            }
+        }
+    }
+    let len = frame::payload_len(header, max)?;
+    let mut payload = vec![0u8; len];
+    recv.read_exact(&mut payload).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(n) => TransportError::Frame(FrameError::Truncated {
+            got: HEADER_LEN + n,
+            expected: HEADER_LEN + len,
+        }),
+        quinn::ReadExactError::ReadError(e) => TransportError::Read(e.to_string()),
+    })?;
+    Ok(Some(payload))
+}
+
+/// Reads and decodes one framed message; `Ok(None)` at a clean end of stream.
+pub async fn read_msg<T: DeserializeOwned>(
+    recv: &mut RecvStream,
+    max: usize,
+) -> Result<Option<T>, TransportError> {
+    match read_payload(recv, max).await? {
+        Some(p) => Ok(Some(frame::decode_payload(&p)?)),
+        None => Ok(None),
+    }
+}
+
+/// Reads one framed message where the peer must answer.
+pub async fn expect_msg<T: DeserializeOwned>(
+    recv: &mut RecvStream,
+    max: usize,
+) -> Result<T, TransportError> {
+    read_msg(recv, max).await?.ok_or(TransportError::Closed)
+}
+
+/// The streams of a connection whose hello was accepted.
+#[derive(Debug)]
+pub struct Session {
+    /// The connection.
+    pub conn: Connection,
+    /// The verified peer.
+    pub peer: Identity,
+    /// Send half of the hello stream.
+    pub send: SendStream,
+    /// Receive half of the hello stream.
+    pub recv: RecvStream,
+}
+
+/// Client side: connects to `addr`, checks the server's certificate names a `server_role`,
+/// sends `body` as hello and waits for acceptance.
+///
+/// `server_name` must match a DNS or IP SAN of the server's certificate; by default use the
+/// host part of the address.
+pub async fn connect(
+    endpoint: &Endpoint,
+    addr: SocketAddr,
+    server_name: &str,
+    server_role: Role,
+    body: HelloBody,
+) -> Result<Session, TransportError> {
+    let attempt = async {
+        let conn = endpoint
+            .connect(addr, server_name)
+            .map_err(|e| TransportError::Connect {
+                addr,
+                detail: e.to_string(),
+            })?
+            .await?;
+        let peer = peer_identity(&conn)?;
+        if peer.role != server_role {
+            conn.close(0u32.into(), b"unexpected server role");
+            return Err(TransportError::UnexpectedPeer {
+                expected: server_role,
+                peer,
+            });
+        }
+        let (mut send, mut recv) = conn.open_bi().await?;
+        let hello = ClientHello {
+            protocol_version: PROTOCOL_VERSION,
+            body,
+        };
+        write_msg(&mut send, &hello, frame::MAX_FRAME_LEN).await?;
+        match expect_msg::<HelloReply>(&mut recv, frame::MAX_FRAME_LEN).await? {
+            HelloReply::Accepted { .. } => Ok(Session {
+                conn,
+                peer,
+                send,
+                recv,
+            }),
+            HelloReply::Refused(r) => Err(TransportError::Refused(r)),
+        }
+    };
+    tokio::time::timeout(HELLO_TIMEOUT, attempt)
+        .await
+        .map_err(|_| TransportError::Timeout(HELLO_TIMEOUT))?
+}
+
+/// A hello the server has read and version-checked but not yet accepted: the caller decides,
+/// from `peer` and `hello`, whether to [`PendingHello::accept`] or [`PendingHello::refuse`].
+#[derive(Debug)]
+pub struct PendingHello {
+    /// The connection.
+    pub conn: Connection,
+    /// The verified peer identity (from its certificate).
+    pub peer: Identity,
+    /// What the peer said.
+    pub hello: HelloBody,
+    send: SendStream,
+    recv: RecvStream,
+}
+
+impl PendingHello {
+    /// Accepts the connection and returns its session.
+    pub async fn accept(mut self, server: &str) -> Result<Session, TransportError> {
+        let reply = HelloReply::Accepted {
+            protocol_version: PROTOCOL_VERSION,
+            server: server.to_string(),
+        };
+        write_msg(&mut self.send, &reply, frame::MAX_FRAME_LEN).await?;
+        Ok(Session {
+            conn: self.conn,
+            peer: self.peer,
+            send: self.send,
+            recv: self.recv,
+        })
+    }
+
+    /// Refuses the connection with a reason, then closes it.
+    pub async fn refuse(mut self, refusal: Refusal) {
+        send_refusal(&self.conn, &mut self.send, refusal).await;
+    }
+}
+
+/// Writes a refusal hello reply, finishes the stream, and closes the connection once the
+/// peer has had a moment to read it.
+pub async fn send_refusal(conn: &Connection, send: &mut SendStream, refusal: Refusal) {
+    let reason = refusal.reason.clone();
+    let _ = write_msg(send, &HelloReply::Refused(refusal), frame::MAX_FRAME_LEN).await;
+    let _ = send.finish();
+    // Give the reply a chance to be delivered before the close frame overtakes it.
+    let _ = tokio::time::timeout(Duration::from_secs(2), send.stopped()).await;
+    let mut r = reason.into_bytes();
+    r.truncate(200);
+    conn.close(1u32.into(), &r);
+}
+
+/// Why the server side of a hello failed before the caller could decide anything.
+#[derive(Debug, thiserror::Error)]
+pub enum HelloError {
+    /// The connection or stream failed.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The client was refused (the refusal has already been sent).
+    #[error("refused {peer}: {refusal}")]
+    Refused {
+        /// Who, if known (address or identity).
+        peer: String,
+        /// What was said.
+        refusal: Refusal,
+    },
+}
+
+/// Server side: completes the QUIC handshake of an incoming connection, verifies the peer's
+/// identity (same trust domain as ours), reads and version-checks its hello. Protocol-level
+/// failures are answered with a refusal and returned as [`HelloError::Refused`].
+pub async fn accept_hello(
+    incoming: quinn::Incoming,
+    trust_domain: &str,
+) -> Result<PendingHello, HelloError> {
+    let remote = incoming.remote_address();
+    let work = async {
+        let conn = incoming.await.map_err(TransportError::from)?;
+        let (mut send, mut recv) = conn.accept_bi().await.map_err(TransportError::from)?;
+        let refuse = |code, reason: String| Refusal::new(code, reason);
+        let peer = match peer_identity(&conn) {
+            Ok(p) if p.trust_domain == trust_domain => p,
+            Ok(p) => {
+                let r = refuse(
+                    RefusalCode::NotAuthorized,
+                    format!("identity {p} is not in trust domain {trust_domain}"),
+                );
+                send_refusal(&conn, &mut send, r.clone()).await;
+                return Err(HelloError::Refused {
+                    peer: remote.to_string(),
+                    refusal: r,
+                });
+            }
+            Err(e) => {
+                let r = refuse(RefusalCode::NotAuthorized, format!("certificate: {e}"));
+                send_refusal(&conn, &mut send, r.clone()).await;
+                return Err(HelloError::Refused {
+                    peer: remote.to_string(),
+                    refusal: r,
+                });
+            }
+        };
+        let who = format!("{peer} at {remote}");
+        let payload = match read_payload(&mut recv, frame::MAX_FRAME_LEN).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return Err(TransportError::Closed.into()),
+            Err(TransportError::Frame(e)) => {
+                let code = match e {
+                    FrameError::Oversized { .. } => RefusalCode::FrameTooLarge,
+                    _ => RefusalCode::Malformed,
+                };
+                let r = refuse(code, format!("hello: {e}"));
+                send_refusal(&conn, &mut send, r.clone()).await;
+                return Err(HelloError::Refused {
+                    peer: who,
+                    refusal: r,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let version = match peek_version(&payload) {
+            Ok(v) => v,
+            Err(e) => {
+                let r = refuse(RefusalCode::Malformed, format!("hello: {e}"));
+                send_refusal(&conn, &mut send, r.clone()).await;
+                return Err(HelloError::Refused {
+                    peer: who,
+                    refusal: r,
+                });
+            }
+        };
+        if version != PROTOCOL_VERSION {
+            let r = refuse(
+                RefusalCode::UnsupportedVersion,
+                format!(
+                    "protocol version {version} is not supported; this server speaks {PROTOCOL_VERSION}"
+                ),
+            );
+            send_refusal(&conn, &mut send, r.clone()).await;
+            return Err(HelloError::Refused {
+                peer: who,
+                refusal: r,
+            });
+        }
+        let hello: ClientHello = match frame::decode_payload(&payload) {
+            Ok(h) => h,
+            Err(e) => {
+                let r = refuse(RefusalCode::Malformed, format!("hello: {e}"));
+                send_refusal(&conn, &mut send, r.clone()).await;
+                return Err(HelloError::Refused {
+                    peer: who,
+                    refusal: r,
+                });
+            }
+        };
+        Ok(PendingHello {
+            conn,
+            peer,
+            hello: hello.body,
+            send,
+            recv,
+        })
+    };
+    match tokio::time::timeout(HELLO_TIMEOUT, work).await {
+        Ok(r) => r,
+        Err(_) => Err(TransportError::Timeout(HELLO_TIMEOUT).into()),
+    }
+}
