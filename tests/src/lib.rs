@@ -1,1 +1,11 @@
-//! placeholder
+//! Fleetmend's test kit: helpers shared by the end-to-end tests in `tests/tests/`.
+//!
+//! - [`fixture`]: fake sysfs/procfs trees for node-agents,
+//! - [`procs`]: building PKIs and running Fleetmend binaries as real processes,
+//! - [`fake_k8s`]: a fake Kubernetes API server speaking the real JSON over HTTP,
+//! - [`bmc_sim`]: launchers for `ipmi_sim` and `sushy-emulator`.
+
+pub mod bmc_sim;
+pub mod fake_k8s;
+pub mod fixture;
+pub mod procs;

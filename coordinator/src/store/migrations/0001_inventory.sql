@@ -1,0 +1,1 @@
+-- Machines and their state transitions (owned by the inventory/health area).

@@ -1,0 +1,1 @@
+-- Repair queue tables (owned by the repair area).
