@@ -158,10 +158,8 @@ impl Ca {
         let ca = Self::generate(trust_domain)?;
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let files = [CA_CERT_FILE, CA_KEY_FILE, TRUST_DOMAIN_FILE].map(|f| dir.join(f));
-        if !force {
-            if let Some(existing) = files.iter().find(|p| p.exists()) {
-                return Err(PkiError::Exists(existing.clone()));
-            }
+        if !force && let Some(existing) = files.iter().find(|p| p.exists()) {
+            return Err(PkiError::Exists(existing.clone()));
         }
         write_file(&files[1], &ca.issuer.key().serialize_pem(), 0o600, force)?;
         write_file(&files[0], &ca.cert_pem, 0o644, force)?;

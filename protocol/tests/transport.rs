@@ -1,0 +1,203 @@
+//! The transport layer over real QUIC on loopback with certificates from the fleet PKI:
+//! mutual TLS, the hello handshake, and refusals.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use protocol::messages::{AdminHello, ClientHello, HelloBody, HelloReply, RefusalCode};
+use protocol::pki::{Ca, IssueOptions};
+use protocol::transport::{self, HelloError, TlsMaterial, TransportError};
+use protocol::{Role, frame};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
+    let opts = IssueOptions {
+        ips: vec!["127.0.0.1".parse().unwrap()],
+        ..Default::default()
+    };
+    let c = ca.issue(role, name, &opts).unwrap();
+    TlsMaterial::from_pem(
+        ca.cert_pem().as_bytes(),
+        c.cert_pem.as_bytes(),
+        c.key_pem.as_bytes(),
+    )
+    .unwrap()
+}
+
+fn admin_hello() -> HelloBody {
+    HelloBody::Admin(AdminHello {
+        client: "test".into(),
+    })
+}
+
+/// A server that accepts every hello it can read and reports each outcome.
+fn spawn_server(
+    m: &TlsMaterial,
+) -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<Result<String, String>>,
+) {
+    let ep = m.server_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = ep.local_addr().unwrap();
+    let td = m.identity().trust_domain.clone();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(inc) = ep.accept().await {
+            let tx = tx.clone();
+            let td = td.clone();
+            tokio::spawn(async move {
+                match transport::accept_hello(inc, &td).await {
+                    Ok(p) => {
+                        let who = p.peer.uri();
+                        let mut s = p.accept("test-server").await.unwrap();
+                        // Echo one frame back, then wait for the client to go away.
+                        if let Ok(Some(payload)) =
+                            transport::read_payload(&mut s.recv, frame::MAX_FRAME_LEN).await
+                        {
+                            let _ = s
+                                .send
+                                .write_all(&(payload.len() as u32).to_be_bytes())
+                                .await;
+                            let _ = s.send.write_all(&payload).await;
+                        }
+                        let _ = tx.send(Ok(who));
+                        s.conn.closed().await;
+                    }
+                    Err(HelloError::Refused { refusal, .. }) => {
+                        let _ = tx.send(Err(format!("{:?}: {}", refusal.code, refusal.reason)));
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("transport: {e}")));
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test]
+async fn mutual_tls_hello_and_echo() {
+    let ca = Ca::generate("fleet.test").unwrap();
+    let server = material(&ca, Role::Coordinator, "c1");
+    let client = material(&ca, Role::Admin, "alice");
+    let (addr, mut outcomes) = spawn_server(&server);
+    let ep = client.client_endpoint(addr).unwrap();
+    let mut s = transport::connect(&ep, addr, "127.0.0.1", Role::Coordinator, admin_hello())
+        .await
+        .unwrap();
+    assert_eq!(s.peer.uri(), "spiffe://fleet.test/coordinator/c1");
+    transport::write_msg(&mut s.send, &42u64, frame::MAX_FRAME_LEN)
+        .await
+        .unwrap();
+    let back: u64 = tokio::time::timeout(LIMIT, transport::expect_msg(&mut s.recv, 64))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, 42);
+    let who = tokio::time::timeout(LIMIT, outcomes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(who, Ok("spiffe://fleet.test/admin/alice".to_string()));
+}
+
+#[tokio::test]
+async fn client_from_another_ca_is_rejected() {
+    let ca = Ca::generate("fleet.test").unwrap();
+    let other = Ca::generate("fleet.test").unwrap();
+    let server = material(&ca, Role::Coordinator, "c1");
+    let (addr, _outcomes) = spawn_server(&server);
+    // The client trusts the server's CA but presents a certificate from another CA.
+    let foreign = other
+        .issue(Role::Admin, "mallory", &IssueOptions::default())
+        .unwrap();
+    let client = TlsMaterial::from_pem(
+        ca.cert_pem().as_bytes(),
+        foreign.cert_pem.as_bytes(),
+        foreign.key_pem.as_bytes(),
+    )
+    .unwrap();
+    let ep = client.client_endpoint(addr).unwrap();
+    let r = transport::connect(&ep, addr, "127.0.0.1", Role::Coordinator, admin_hello()).await;
+    assert!(r.is_err(), "a foreign client certificate was accepted");
+}
+
+#[tokio::test]
+async fn server_of_the_wrong_role_is_refused_by_the_client() {
+    let ca = Ca::generate("fleet.test").unwrap();
+    let server = material(&ca, Role::Gateway, "rack-a");
+    let client = material(&ca, Role::Node, "web-1");
+    let (addr, _outcomes) = spawn_server(&server);
+    let ep = client.client_endpoint(addr).unwrap();
+    match transport::connect(&ep, addr, "127.0.0.1", Role::Coordinator, admin_hello()).await {
+        Err(TransportError::UnexpectedPeer { expected, peer }) => {
+            assert_eq!(expected, Role::Coordinator);
+            assert_eq!(peer.role, Role::Gateway);
+        }
+        other => panic!("expected UnexpectedPeer, got {other:?}"),
+    }
+}
+
+/// Opens a raw session (TLS ok) and sends `bytes` as the first stream's content.
+async fn raw_first_frame(bytes: &[u8]) -> (HelloReply, Result<String, String>) {
+    let ca = Ca::generate("fleet.test").unwrap();
+    let server = material(&ca, Role::Coordinator, "c1");
+    let client = material(&ca, Role::Admin, "alice");
+    let (addr, mut outcomes) = spawn_server(&server);
+    let ep = client.client_endpoint(addr).unwrap();
+    let conn = ep.connect(addr, "127.0.0.1").unwrap().await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(bytes).await.unwrap();
+    let reply: HelloReply = tokio::time::timeout(
+        LIMIT,
+        transport::expect_msg(&mut recv, frame::MAX_FRAME_LEN),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let outcome = tokio::time::timeout(LIMIT, outcomes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    (reply, outcome)
+}
+
+fn refusal_code(reply: &HelloReply) -> RefusalCode {
+    match reply {
+        HelloReply::Refused(r) => r.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn unknown_protocol_version_is_refused_with_reason() {
+    let hello = ClientHello {
+        protocol_version: protocol::PROTOCOL_VERSION + 1,
+        body: admin_hello(),
+    };
+    let bytes = frame::encode_frame(&hello, frame::MAX_FRAME_LEN).unwrap();
+    let (reply, outcome) = raw_first_frame(&bytes).await;
+    assert_eq!(refusal_code(&reply), RefusalCode::UnsupportedVersion);
+    assert!(outcome.unwrap_err().contains("not supported"));
+}
+
+#[tokio::test]
+async fn oversized_hello_is_refused_before_it_is_read() {
+    let mut bytes = ((frame::MAX_FRAME_LEN + 1) as u32).to_be_bytes().to_vec();
+    bytes.extend_from_slice(&[0u8; 16]);
+    let (reply, _) = raw_first_frame(&bytes).await;
+    assert_eq!(refusal_code(&reply), RefusalCode::FrameTooLarge);
+}
+
+#[tokio::test]
+async fn random_bytes_are_refused_as_malformed() {
+    let mut bytes = 12u32.to_be_bytes().to_vec();
+    bytes.extend_from_slice(&[
+        0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x07, 0x42, 0x13, 0x99, 0x00,
+    ]);
+    let (reply, outcome) = raw_first_frame(&bytes).await;
+    assert_eq!(refusal_code(&reply), RefusalCode::Malformed);
+    assert!(outcome.is_err());
+}
