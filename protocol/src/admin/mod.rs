@@ -7,6 +7,7 @@
 //! append variants, never reorder.
 
 pub mod machines;
+pub mod repair;
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,8 @@ use crate::messages::Refusal;
 pub enum AdminRequest {
     /// Inventory and health.
     Machines(machines::MachinesRequest),
+    /// The repair queue.
+    RepairQueue(repair::RepairQueueRequest),
 }
 
 /// The answer to one [`AdminRequest`].
@@ -26,4 +29,6 @@ pub enum AdminResponse {
     Machines(machines::MachinesResponse),
     /// The request failed; the reason says why and what to do.
     Error(Refusal),
+    /// Answer to a [`AdminRequest::RepairQueue`].
+    RepairQueue(repair::RepairQueueResponse),
 }
