@@ -4,6 +4,7 @@
 //! Logic lives in this library; the `coordinator` and `coordinatorctl` binaries are thin.
 
 pub mod clock;
+pub mod fence;
 pub mod gateway;
 pub mod k8s;
 pub mod repair;

@@ -2,9 +2,28 @@
 //! read, and Events.
 //!
 //! The repair queue drives drains only through the [`Drainer`] trait, so it can run with no
-//! cluster at all ([`NotANode`]) and be tested with hand-written fakes.
+//! cluster at all ([`NotANode`]) and be tested with hand-written fakes. The real
+//! implementation is [`KubeDrainer`] (CKE's repair drain through kube-rs); it also releases
+//! and restores fenced nodes ([`release`]), keeps the [`view::NodeView`] detectors read, and
+//! records [`events`] on Nodes.
+//!
+//! Submodules: [`client`] (configuration, client, error mapping), [`selector`] (label
+//! selectors), [`decision`] (pure per-pod drain decisions), [`drain`], [`release`], [`view`],
+//! [`events`].
 
 use futures::future::BoxFuture;
+
+pub mod client;
+pub mod decision;
+pub mod drain;
+pub mod events;
+pub mod release;
+pub mod selector;
+pub mod view;
+
+pub use client::{KubernetesConfig, ReleaseMethod};
+pub use drain::KubeDrainer;
+pub use events::NodeEvent;
 
 /// Everything a drain needs from the repair configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -74,6 +93,19 @@ pub trait Drainer: Send + Sync + 'static {
 
     /// Uncordons `node` if, and only if, the cordon is ours.
     fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), DrainError>>;
+
+    /// Records a remediation step as a Kubernetes Event on `node` (best effort, never
+    /// fails). The repair engine calls it for steps the drainer cannot see, such as
+    /// [`NodeEvent::Repaired`] and [`NodeEvent::Failed`]. Default: nothing.
+    fn record_event<'a>(
+        &'a self,
+        node: &'a str,
+        event: NodeEvent,
+        message: &'a str,
+    ) -> BoxFuture<'a, ()> {
+        let _ = (node, event, message);
+        Box::pin(async {})
+    }
 }
 
 /// The drainer used when no cluster is configured: no machine is a node.

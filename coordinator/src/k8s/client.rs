@@ -1,0 +1,188 @@
+//! Building the Kubernetes client and mapping its errors.
+//!
+//! Written against Kubernetes 1.33 (k8s-openapi feature `v1_33`); it works with any API
+//! server that serves `policy/v1` Eviction (1.22+), and detects servers older than 1.28
+//! (no out-of-service taint support) at run time. Configuration comes from, in order: the
+//! `kubernetes.kubeconfig` path in the coordinator configuration, `KUBECONFIG` or
+//! `~/.kube/config`, the in-cluster service account.
+//!
+//! kube's default retry layer (`Config::default_retry`) silently retries 429 up to 15 times
+//! with backoff up to 1000 s, which would make a PDB-blocked eviction never return. It is
+//! turned off here: the drain owns its retry policy (`evict_retries` × `evict_interval`, and the
+//! repair engine's backoff). This module deliberately does not hold any Kubernetes logic.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::DrainError;
+
+/// How a fenced node's workload is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReleaseMethod {
+    /// Out-of-service taint where the cluster supports it (1.28+), Node deletion otherwise.
+    #[default]
+    Auto,
+    /// Always the `node.kubernetes.io/out-of-service` taint.
+    Taint,
+    /// Always save labels and annotations and delete the Node object.
+    DeleteNode,
+}
+
+/// The `kubernetes` section of the coordinator configuration. Absent: no cluster, no
+/// machine is a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct KubernetesConfig {
+    /// Path of a kubeconfig file. Unset: `KUBECONFIG`, `~/.kube/config`, then the in-cluster
+    /// service account.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context to use from the kubeconfig. Unset: its current context.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// How fenced nodes are released.
+    #[serde(default)]
+    pub release_method: ReleaseMethod,
+    /// Seconds between refreshes of the node view detectors read.
+    #[serde(default = "default_node_view_refresh_seconds")]
+    pub node_view_refresh_seconds: u64,
+    /// Per-request timeout in seconds.
+    #[serde(default = "default_request_timeout_seconds")]
+    pub request_timeout_seconds: u64,
+    /// Name reported as the Event source (`reportingInstance`).
+    #[serde(default)]
+    pub instance: Option<String>,
+}
+
+fn default_node_view_refresh_seconds() -> u64 {
+    // Detectors act on minutes-scale conditions (node-startup timeouts, unhealthy
+    // conditions for N seconds); 10 s keeps the view fresh without loading the API server
+    // with full Node lists from every coordinator.
+    10
+}
+
+fn default_request_timeout_seconds() -> u64 {
+    // Long enough for a slow API server under load, short enough that a hung connection
+    // surfaces as "unavailable" well inside an eviction timeout.
+    30
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            context: None,
+            release_method: ReleaseMethod::Auto,
+            node_view_refresh_seconds: default_node_view_refresh_seconds(),
+            request_timeout_seconds: default_request_timeout_seconds(),
+            instance: None,
+        }
+    }
+}
+
+/// Builds the client from `cfg`, with kube's silent retries turned off.
+pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, DrainError> {
+    let options = kube::config::KubeConfigOptions {
+        context: cfg.context.clone(),
+        ..Default::default()
+    };
+    let mut config = match &cfg.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                DrainError::Refused(format!("cannot read kubeconfig {}: {e}", path.display()))
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| {
+                    DrainError::Refused(format!("kubeconfig {} is unusable: {e}", path.display()))
+                })?
+        }
+        None if cfg.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| DrainError::Refused(format!("kubeconfig is unusable: {e}")))?,
+        None => kube::Config::infer().await.map_err(|e| {
+            DrainError::Refused(format!(
+                "no Kubernetes configuration found (kubernetes.kubeconfig, KUBECONFIG, \
+                 ~/.kube/config or in-cluster service account): {e}"
+            ))
+        })?,
+    };
+    // Our retry policy, not kube's: see the module documentation.
+    config.default_retry = false;
+    let timeout = Duration::from_secs(cfg.request_timeout_seconds.max(1));
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    kube::Client::try_from(config)
+        .map_err(|e| DrainError::Refused(format!("cannot build Kubernetes client: {e}")))
+}
+
+/// HTTP status and message of an API error, if the error is an API answer.
+pub fn api_status(err: &kube::Error) -> Option<(u16, String)> {
+    match err {
+        kube::Error::Api(s) => Some((s.code, s.message.clone())),
+        _ => None,
+    }
+}
+
+/// Maps a kube error to a [`DrainError`], with `what` saying what was attempted.
+///
+/// Transport failures, timeouts, 429 (API priority and fairness) and 5xx are
+/// [`DrainError::Unavailable`]: the repair entry holds and resumes. Other API answers are
+/// [`DrainError::Refused`].
+pub fn map_err(what: &str, err: kube::Error) -> DrainError {
+    match &err {
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => {
+            DrainError::Unavailable(format!("{what}: {} {}", s.code, s.message))
+        }
+        kube::Error::Api(s) => DrainError::Refused(format!("{what}: {} {}", s.code, s.message)),
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            DrainError::Unavailable(format!("{what}: {err}"))
+        }
+        // A body that does not parse usually means a proxy or a half-up API server answered.
+        kube::Error::SerdeError(_) => DrainError::Unavailable(format!("{what}: {err}")),
+        _ => DrainError::Refused(format!("{what}: {err}")),
+    }
+}
+
+/// True when `err` is a 404 answer.
+pub fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 404)
+}
+
+/// True when `err` is a 409 answer (conflict on resourceVersion or UID precondition).
+pub fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 409)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_section_defaults_and_rejects_unknown_keys() {
+        let cfg: KubernetesConfig = toml::from_str("kubeconfig = \"/etc/k.yaml\"").unwrap();
+        assert_eq!(cfg.release_method, ReleaseMethod::Auto);
+        assert_eq!(cfg.node_view_refresh_seconds, 10);
+        assert!(toml::from_str::<KubernetesConfig>("kubeconfg = \"/x\"").is_err());
+        let cfg: KubernetesConfig = toml::from_str("release_method = \"delete-node\"").unwrap();
+        assert_eq!(cfg.release_method, ReleaseMethod::DeleteNode);
+    }
+
+    #[test]
+    fn api_errors_map_to_hold_or_refuse() {
+        let api = |code| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: "m".into(),
+                ..Default::default()
+            }))
+        };
+        assert!(map_err("x", api(503)).is_retriable());
+        assert!(map_err("x", api(429)).is_retriable());
+        assert!(!map_err("x", api(403)).is_retriable());
+        assert!(is_not_found(&api(404)) && is_conflict(&api(409)));
+    }
+}

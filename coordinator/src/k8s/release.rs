@@ -1,0 +1,370 @@
+//! Releasing a fenced node's workload, and restoring the node after it comes back.
+//!
+//! Release follows the Kubernetes documentation for non-graceful node shutdown: add the
+//! `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` taint (Kubernetes 1.28+), after
+//! which the pod GC force-deletes the node's terminating pods and the attach-detach controller
+//! detaches its volumes; or, where configured or on older clusters, save the Node's labels and
+//! annotations and delete the Node object, which makes the pod GC remove its pods. Either way
+//! release is complete only when no pod of the node is terminating and no VolumeAttachment
+//! names the node. Restore removes the taint, or puts the saved labels and annotations back on
+//! the re-registered Node.
+//!
+//! Both require a [`DownProof`] for the node's machine: they cannot be called otherwise
+//! (invariant 1; see [`crate::fence::proof`]). Both are idempotent passes that report progress;
+//! the fencing flow calls them until done and persists [`SavedNodeMetadata`] before deleting.
+//! This module deliberately does not power anything on or off.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use serde::{Deserialize, Serialize};
+
+use super::DrainError;
+use super::client::{ReleaseMethod, is_conflict, is_not_found, map_err};
+use super::drain::KubeDrainer;
+use super::events::NodeEvent;
+use super::view::internal_ip;
+use crate::fence::proof::DownProof;
+
+/// The out-of-service taint's key.
+pub const OUT_OF_SERVICE_KEY: &str = "node.kubernetes.io/out-of-service";
+/// The out-of-service taint's value.
+pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
+/// The out-of-service taint's effect.
+pub const OUT_OF_SERVICE_EFFECT: &str = "NoExecute";
+
+/// The first Kubernetes minor version where the out-of-service taint is GA.
+pub const OUT_OF_SERVICE_MIN_MINOR: u32 = 28;
+
+/// What was saved of a Node before deleting it, to put back when it re-registers. The
+/// fencing flow persists this (it is serde) before calling [`KubeDrainer::release`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedNodeMetadata {
+    /// Node name.
+    pub name: String,
+    /// The Node's InternalIP when saved.
+    pub internal_ip: Option<String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// How to release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Release {
+    /// The out-of-service taint.
+    Taint,
+    /// Delete the Node; `SavedNodeMetadata` is restored later.
+    DeleteNode(SavedNodeMetadata),
+}
+
+/// Where a release stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseProgress {
+    /// No pod of the node is terminating and no VolumeAttachment names it.
+    Done,
+    /// Still waiting.
+    Waiting {
+        /// Pods of the node still present and terminating.
+        terminating_pods: usize,
+        /// VolumeAttachments still naming the node.
+        volume_attachments: usize,
+    },
+}
+
+/// Where a restore stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreProgress {
+    /// The taint is gone / the metadata is back.
+    Done,
+    /// The Node has not re-registered yet.
+    WaitingForNode,
+}
+
+fn has_oos_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
+}
+
+/// Parses a minor version as the API server reports it (`"33"`, `"28+"`).
+pub fn parse_minor(minor: &str) -> Option<u32> {
+    minor
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .ok()
+}
+
+impl KubeDrainer {
+    /// Reads what must be saved before a Node is deleted. Read-only; no proof needed.
+    pub async fn save_node_metadata(&self, node: &str) -> Result<SavedNodeMetadata, DrainError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let n = api
+            .get(node)
+            .await
+            .map_err(|e| map_err(&format!("get node {node}"), e))?;
+        Ok(SavedNodeMetadata {
+            name: node.to_string(),
+            internal_ip: internal_ip(&n),
+            labels: n.metadata.labels.clone().unwrap_or_default(),
+            annotations: n.metadata.annotations.clone().unwrap_or_default(),
+        })
+    }
+
+    /// Decides how to release on this cluster: the configured method, with `auto` meaning
+    /// the taint on 1.28+ and Node deletion before.
+    pub async fn release_plan(&self, node: &str) -> Result<Release, DrainError> {
+        let use_taint = match self.release_method {
+            ReleaseMethod::Taint => true,
+            ReleaseMethod::DeleteNode => false,
+            ReleaseMethod::Auto => {
+                let v = self
+                    .client
+                    .apiserver_version()
+                    .await
+                    .map_err(|e| map_err("read API server version", e))?;
+                let minor = parse_minor(&v.minor).unwrap_or(0);
+                v.major.trim() != "1" || minor >= OUT_OF_SERVICE_MIN_MINOR
+            }
+        };
+        Ok(if use_taint {
+            Release::Taint
+        } else {
+            Release::DeleteNode(self.save_node_metadata(node).await?)
+        })
+    }
+
+    fn check_proof(node: &str, ip: Option<&str>, proof: &DownProof) -> Result<(), DrainError> {
+        match ip {
+            Some(ip) if ip == proof.address() => Ok(()),
+            other => Err(DrainError::Refused(format!(
+                "refusing to release node {node} (InternalIP {}): the proof of power-off is for {}",
+                other.unwrap_or("unknown"),
+                proof.address()
+            ))),
+        }
+    }
+
+    /// One pass of releasing `node`'s workload; call until [`ReleaseProgress::Done`].
+    pub async fn release(
+        &self,
+        node: &str,
+        proof: &DownProof,
+        how: &Release,
+    ) -> Result<ReleaseProgress, DrainError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let current = api
+            .get_opt(node)
+            .await
+            .map_err(|e| map_err(&format!("get node {node}"), e))?;
+        match how {
+            Release::Taint => {
+                let Some(n) = current else {
+                    return Err(DrainError::Refused(format!(
+                        "node {node} does not exist; nothing to taint"
+                    )));
+                };
+                Self::check_proof(node, internal_ip(&n).as_deref(), proof)?;
+                if !has_oos_taint(&n) {
+                    let mut taints = n
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.taints.clone())
+                        .unwrap_or_default();
+                    taints.push(Taint {
+                        key: OUT_OF_SERVICE_KEY.into(),
+                        value: Some(OUT_OF_SERVICE_VALUE.into()),
+                        effect: OUT_OF_SERVICE_EFFECT.into(),
+                        time_added: None,
+                    });
+                    // Taints are replaced as a whole list; the resourceVersion keeps a
+                    // concurrent taint change (by the node lifecycle controller) from being lost.
+                    let patch = serde_json::json!({
+                        "metadata": {"resourceVersion": n.metadata.resource_version},
+                        "spec": {"taints": taints},
+                    });
+                    match api
+                        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => {
+                            self.record(
+                                &n,
+                                NodeEvent::Released,
+                                &format!("out-of-service taint added: {}", proof.describe()),
+                            )
+                            .await;
+                        }
+                        Err(e) if is_conflict(&e) => {
+                            return Ok(ReleaseProgress::Waiting {
+                                terminating_pods: 0,
+                                volume_attachments: 0,
+                            });
+                        }
+                        Err(e) => return Err(map_err(&format!("taint node {node}"), e)),
+                    }
+                }
+            }
+            Release::DeleteNode(saved) => {
+                Self::check_proof(node, saved.internal_ip.as_deref(), proof)?;
+                if let Some(n) = current {
+                    Self::check_proof(node, internal_ip(&n).as_deref(), proof)?;
+                    let dp = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: n.metadata.uid.clone(),
+                            resource_version: None,
+                        }),
+                        ..Default::default()
+                    };
+                    match api.delete(node, &dp).await {
+                        Ok(_) => {
+                            self.record(
+                                &n,
+                                NodeEvent::Released,
+                                &format!(
+                                    "Node deleted after saving {} labels and {} annotations: {}",
+                                    saved.labels.len(),
+                                    saved.annotations.len(),
+                                    proof.describe()
+                                ),
+                            )
+                            .await;
+                        }
+                        Err(e) if is_not_found(&e) || is_conflict(&e) => {}
+                        Err(e) => return Err(map_err(&format!("delete node {node}"), e)),
+                    }
+                }
+            }
+        }
+        self.release_wait(node).await
+    }
+
+    async fn release_wait(&self, node: &str) -> Result<ReleaseProgress, DrainError> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let terminating = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(|e| map_err(&format!("list pods on {node}"), e))?
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+            .count();
+        let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
+        let attachments = vas
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| map_err("list volume attachments", e))?
+            .items
+            .iter()
+            .filter(|va| va.spec.node_name == node)
+            .count();
+        Ok(if terminating == 0 && attachments == 0 {
+            ReleaseProgress::Done
+        } else {
+            ReleaseProgress::Waiting {
+                terminating_pods: terminating,
+                volume_attachments: attachments,
+            }
+        })
+    }
+
+    /// One pass of restoring `node` after its machine is back; call until
+    /// [`RestoreProgress::Done`].
+    pub async fn restore(
+        &self,
+        node: &str,
+        proof: &DownProof,
+        how: &Release,
+    ) -> Result<RestoreProgress, DrainError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let Some(n) = api
+            .get_opt(node)
+            .await
+            .map_err(|e| map_err(&format!("get node {node}"), e))?
+        else {
+            return Ok(RestoreProgress::WaitingForNode);
+        };
+        Self::check_proof(node, internal_ip(&n).as_deref(), proof)?;
+        let (patch, message) = match how {
+            Release::Taint => {
+                if !has_oos_taint(&n) {
+                    return Ok(RestoreProgress::Done);
+                }
+                let taints: Vec<Taint> = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|t| t.key != OUT_OF_SERVICE_KEY)
+                    .collect();
+                (
+                    serde_json::json!({
+                        "metadata": {"resourceVersion": n.metadata.resource_version},
+                        "spec": {"taints": taints},
+                    }),
+                    "out-of-service taint removed".to_string(),
+                )
+            }
+            Release::DeleteNode(saved) => {
+                let labels = n.metadata.labels.clone().unwrap_or_default();
+                let annotations = n.metadata.annotations.clone().unwrap_or_default();
+                let missing_l: BTreeMap<&String, &String> = saved
+                    .labels
+                    .iter()
+                    .filter(|(k, v)| labels.get(*k) != Some(*v))
+                    .collect();
+                let missing_a: BTreeMap<&String, &String> = saved
+                    .annotations
+                    .iter()
+                    .filter(|(k, v)| annotations.get(*k) != Some(*v))
+                    .collect();
+                if missing_l.is_empty() && missing_a.is_empty() {
+                    return Ok(RestoreProgress::Done);
+                }
+                (
+                    serde_json::json!({
+                        "metadata": {
+                            "resourceVersion": n.metadata.resource_version,
+                            "labels": missing_l,
+                            "annotations": missing_a,
+                        }
+                    }),
+                    format!(
+                        "restored {} labels and {} annotations saved before the Node was deleted",
+                        missing_l.len(),
+                        missing_a.len()
+                    ),
+                )
+            }
+        };
+        match api
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                self.record(&n, NodeEvent::Restored, &message).await;
+                Ok(RestoreProgress::Done)
+            }
+            // Changed under us (the kubelet updates its Node often): next pass.
+            Err(e) if is_conflict(&e) => Ok(RestoreProgress::WaitingForNode),
+            Err(e) => Err(map_err(&format!("restore node {node}"), e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minor_versions_as_servers_report_them() {
+        assert_eq!(parse_minor("33"), Some(33));
+        assert_eq!(parse_minor("27+"), Some(27));
+        assert_eq!(parse_minor(""), None);
+    }
+}
