@@ -1,1 +1,338 @@
-//! placeholder
+//! Fleetmend's bmc-gateway: the rack appliance that powers servers off and on.
+//!
+//! It keeps the rack's BMC credentials, speaks IPMI over LAN ([`ipmi`]) and Redfish
+//! ([`redfish`]) behind one [`power::PowerControl`] trait, gives each action its meaning
+//! ([`actions`]), runs one action per BMC at a time and each request id at most once
+//! ([`gateway`], [`dedup`]), and obeys only coordinator certificates over mutual-TLS QUIC
+//! ([`service`]). [`check`] reads every BMC's power state for the person installing it.
+//!
+//! It deliberately decides nothing about *whether* a machine should be power-cycled: that is
+//! the coordinator's job.
+
+pub mod actions;
+pub mod config;
+pub mod dedup;
+pub mod gateway;
+pub mod ipmi;
+pub mod metrics;
+pub mod power;
+pub mod redfish;
+pub mod service;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::Role;
+use protocol::transport::{TlsFiles, TlsMaterial, TransportError};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::{BmcConfig, BmcProtocol, Config};
+use crate::gateway::{Bmc, Defaults, Gateway};
+use crate::ipmi::{IpmiPowerControl, IpmiTarget};
+use crate::metrics::Metrics;
+use crate::power::{PowerControl, PowerState};
+use crate::redfish::{AuthMode, RedfishPowerControl, RedfishTarget, Trust};
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// TLS files or endpoint.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The certificate does not name a gateway.
+    #[error("the certificate names {0}, not a gateway (spiffe://<domain>/gateway/<rack>)")]
+    NotAGateway(String),
+    /// A BMC client could not be built.
+    #[error("BMC {machine}: {detail}")]
+    Bmc {
+        /// The machine.
+        machine: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The HTTP listener could not be bound.
+    #[error("cannot bind HTTP {addr}: {source}")]
+    Http {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+impl StartError {
+    /// True when retrying may succeed (a port in use may be freed); config errors are not.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, StartError::Http { .. })
+    }
+}
+
+/// Builds the power client for one configured BMC (logs loudly about weak TLS settings).
+pub fn power_for(b: &BmcConfig) -> Result<Arc<dyn PowerControl>, StartError> {
+    let password = b.read_password().map_err(|e| StartError::Bmc {
+        machine: b.machine.clone(),
+        detail: format!("password file {}: {e}", b.password_file.display()),
+    })?;
+    match b.protocol {
+        BmcProtocol::Ipmi => {
+            let s = b.ipmi_settings();
+            Ok(Arc::new(IpmiPowerControl::new(IpmiTarget {
+                name: b.describe(),
+                host: b.host.clone(),
+                port: b.port(),
+                username: b.username.clone(),
+                password,
+                reply_timeout: Duration::from_millis(s.reply_timeout_ms),
+                attempts: s.attempts,
+            })))
+        }
+        BmcProtocol::Redfish => {
+            let r = b.redfish.clone().ok_or_else(|| StartError::Bmc {
+                machine: b.machine.clone(),
+                detail: "missing [bmc.redfish]".into(),
+            })?;
+            let trust = if r.scheme == "http" {
+                warn!(machine = %b.machine, host = %b.host, "INSECURE: Redfish over plain HTTP; credentials travel in clear text");
+                Trust::PlainHttp
+            } else if r.insecure {
+                warn!(machine = %b.machine, host = %b.host, "INSECURE: Redfish certificate NOT verified (insecure = true); anyone on the path can impersonate this BMC");
+                Trust::Insecure
+            } else {
+                let ca = r.ca_file.as_ref().ok_or_else(|| StartError::Bmc {
+                    machine: b.machine.clone(),
+                    detail: "no ca_file".into(),
+                })?;
+                Trust::Ca(std::fs::read(ca).map_err(|e| StartError::Bmc {
+                    machine: b.machine.clone(),
+                    detail: format!("ca_file {}: {e}", ca.display()),
+                })?)
+            };
+            let auth = match r.auth.as_str() {
+                "basic" => AuthMode::Basic,
+                "session" => AuthMode::Session,
+                _ => AuthMode::Auto,
+            };
+            let p = RedfishPowerControl::new(RedfishTarget {
+                name: b.describe(),
+                authority: format!("{}:{}", b.host, b.port()),
+                trust,
+                username: b.username.clone(),
+                password,
+                system: r.system.clone(),
+                auth,
+                request_timeout: Duration::from_millis(r.request_timeout_ms),
+            })
+            .map_err(|e| StartError::Bmc {
+                machine: b.machine.clone(),
+                detail: e.to_string(),
+            })?;
+            Ok(Arc::new(p))
+        }
+    }
+}
+
+/// Builds the gateway core from the configuration (needs a Tokio runtime).
+pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartError> {
+    let mut bmcs = Vec::new();
+    for b in &cfg.bmcs {
+        bmcs.push(Bmc {
+            machine: b.machine.clone(),
+            serial: b.serial.clone(),
+            protocol: b.protocol.as_str(),
+            power: power_for(b)?,
+        });
+    }
+    Ok(Gateway::new(
+        bmcs,
+        Defaults {
+            action_timeout: Duration::from_secs(cfg.limits.action_timeout_secs),
+            fence_timeout: Duration::from_secs(cfg.limits.fence_timeout_secs),
+            poll: actions::FENCE_POLL,
+        },
+        metrics,
+    ))
+}
+
+/// Addresses the running gateway is bound to.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// QUIC.
+    pub quic: SocketAddr,
+    /// HTTP, when configured.
+    pub http: Option<SocketAddr>,
+}
+
+/// Runs the gateway until `stop` is cancelled; calls `ready` once listening.
+pub async fn run(
+    cfg: Config,
+    stop: CancellationToken,
+    ready: impl FnOnce(Bound),
+) -> Result<(), StartError> {
+    let tls = TlsMaterial::load(&TlsFiles {
+        ca: cfg.tls.ca.clone(),
+        cert: cfg.tls.cert.clone(),
+        key: cfg.tls.key.clone(),
+    })?;
+    let me = tls.identity().clone();
+    if me.role != Role::Gateway {
+        return Err(StartError::NotAGateway(me.to_string()));
+    }
+    let metrics = Arc::new(Metrics::new());
+    let gw = build(&cfg, metrics)?;
+    let endpoint = tls.server_endpoint(cfg.listen)?;
+    let quic = endpoint.local_addr().unwrap_or(cfg.listen);
+    let http = match cfg.http_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Http { addr, source })?;
+            let bound = l.local_addr().unwrap_or(addr);
+            let (g, s) = (gw.clone(), stop.clone());
+            tokio::spawn(async move {
+                if let Err(e) = service::serve_http(l, g, s).await {
+                    warn!(error = %e, "HTTP server stopped");
+                }
+            });
+            Some(bound)
+        }
+        None => None,
+    };
+    info!(identity = %me, %quic, http = ?http, bmcs = cfg.bmcs.len(), "bmc-gateway listening");
+    ready(Bound { quic, http });
+    service::serve_quic(
+        endpoint.clone(),
+        gw.clone(),
+        me.trust_domain.clone(),
+        me.to_string(),
+        stop,
+    )
+    .await;
+    // Let in-flight answers go out, then close BMC sessions.
+    let _ = tokio::time::timeout(Duration::from_secs(3), endpoint.wait_idle()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), gw.close()).await;
+    info!("bmc-gateway stopped");
+    Ok(())
+}
+
+/// One row of `bmc-gateway check`.
+#[derive(Debug, Clone)]
+pub struct CheckRow {
+    /// The machine.
+    pub machine: String,
+    /// `ipmi` or `redfish`.
+    pub protocol: &'static str,
+    /// `host:port`.
+    pub bmc: String,
+    /// Power state or the error.
+    pub result: Result<PowerState, String>,
+}
+
+/// Reads every configured BMC's power state, concurrently, each within `timeout`.
+pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
+    let mut tasks = Vec::new();
+    for b in &cfg.bmcs {
+        let b = b.clone();
+        tasks.push(tokio::spawn(async move {
+            let result = match power_for(&b) {
+                Err(e) => Err(e.to_string()),
+                Ok(p) => {
+                    let r = match tokio::time::timeout(timeout, p.power_state()).await {
+                        Ok(Ok(s)) => Ok(s),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(3), p.close()).await;
+                    r
+                }
+            };
+            CheckRow {
+                machine: b.machine.clone(),
+                protocol: b.protocol.as_str(),
+                bmc: format!("{}:{}", b.host, b.port()),
+                result,
+            }
+        }));
+    }
+    let mut rows = Vec::new();
+    for t in tasks {
+        if let Ok(r) = t.await {
+            rows.push(r);
+        }
+    }
+    rows
+}
+
+/// Renders `check` rows as a table.
+pub fn render_check(rows: &[CheckRow]) -> String {
+    let mut out = Vec::new();
+    out.push(["MACHINE", "PROTOCOL", "BMC", "POWER", "DETAIL"].map(String::from));
+    for r in rows {
+        let (power, detail) = match &r.result {
+            Ok(s) => (
+                match s {
+                    PowerState::On => "on",
+                    PowerState::Off => "off",
+                    PowerState::Unknown => "unknown",
+                }
+                .to_string(),
+                String::new(),
+            ),
+            Err(e) => ("ERROR".to_string(), e.clone()),
+        };
+        out.push([
+            r.machine.clone(),
+            r.protocol.to_string(),
+            r.bmc.clone(),
+            power,
+            detail,
+        ]);
+    }
+    let mut widths = [0usize; 5];
+    for row in &out {
+        for (i, c) in row.iter().enumerate() {
+            widths[i] = widths[i].max(c.len());
+        }
+    }
+    let mut s = String::new();
+    for row in &out {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        s.push_str(line.join("  ").trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_table_aligns() {
+        let t = render_check(&[
+            CheckRow {
+                machine: "10.0.0.1".into(),
+                protocol: "ipmi",
+                bmc: "10.1.0.1:623".into(),
+                result: Ok(PowerState::On),
+            },
+            CheckRow {
+                machine: "10.0.0.22".into(),
+                protocol: "redfish",
+                bmc: "10.1.0.22:443".into(),
+                result: Err("refused".into()),
+            },
+        ]);
+        assert_eq!(
+            t,
+            "MACHINE    PROTOCOL  BMC            POWER  DETAIL\n\
+             10.0.0.1   ipmi      10.1.0.1:623   on\n\
+             10.0.0.22  redfish   10.1.0.22:443  ERROR  refused\n"
+        );
+    }
+}

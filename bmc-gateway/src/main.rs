@@ -1,1 +1,121 @@
-fn main() {}
+//! `bmc-gateway`: parse the command line and config, init tracing, run until SIGTERM/SIGINT,
+//! exit 64 on a bad configuration. Everything else lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bmc_gateway::config::Config;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+/// Exit code for a bad configuration (EX_USAGE / sysexits' 64).
+const EXIT_CONFIG: u8 = 64;
+
+/// Rack BMC gateway: executes power actions for the Fleetmend coordinator over IPMI and Redfish.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// Configuration file.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETMEND_GATEWAY_CONFIG",
+        default_value = "/etc/fleetmend/bmc-gateway.toml"
+    )]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Run,
+    /// Read the power state of every configured BMC and print a table.
+    Check {
+        /// Time limit per BMC, in seconds.
+        #[arg(long, default_value_t = 15)]
+        timeout_secs: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = protocol::telemetry::init("info") {
+        eprintln!("bmc-gateway: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let cfg = match Config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("bmc-gateway: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bmc-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check { timeout_secs } => rt.block_on(async {
+            let rows = bmc_gateway::check(&cfg, Duration::from_secs(timeout_secs)).await;
+            print!("{}", bmc_gateway::render_check(&rows));
+            if rows.iter().all(|r| r.result.is_ok()) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }),
+        Command::Run => rt.block_on(async {
+            let stop = CancellationToken::new();
+            tokio::spawn(signals(stop.clone()));
+            let r = bmc_gateway::run(cfg, stop.clone(), |_| {
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+                if let Some(period) = sd_notify::watchdog_enabled() {
+                    let stop = stop.clone();
+                    tokio::spawn(async move {
+                        // Half the watchdog period, as systemd recommends.
+                        let mut tick = tokio::time::interval(period / 2);
+                        while !stop.is_cancelled() {
+                            tick.tick().await;
+                            let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                        }
+                    });
+                }
+            })
+            .await;
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+            match r {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    error!(error = %e, "bmc-gateway failed");
+                    if e.is_retriable() {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::from(EXIT_CONFIG)
+                    }
+                }
+            }
+        }),
+    }
+}
+
+async fn signals(stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: stopping"),
+        _ = int.recv() => info!("SIGINT: stopping"),
+    }
+    stop.cancel();
+}

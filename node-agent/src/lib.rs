@@ -1,1 +1,28 @@
-//! placeholder
+//! Fleetmend node-agent: runs on every server, checks kubelet, required NICs, required
+//! filesystems and kdump readiness, and reports them to the coordinator over one
+//! long-lived mutual-TLS QUIC connection.
+//!
+//! - [`config`]: TOML file, environment and flags,
+//! - [`checks`]: the health checks, each over a root directory so tests use fixture trees,
+//! - [`node`]: the facts in the agent's hello (hostname, serial, addresses, boot id),
+//! - [`agent`]: the reporting loop with reconnects and goodbye,
+//! - [`backoff`]: reconnect delays,
+//! - [`systemd`]: `sd_notify` and telling a system shutdown from an agent restart,
+//! - [`cli`]: the `check` subcommand's output.
+//!
+//! The agent deliberately decides nothing about repairs; it only observes and reports.
+//! It must stay small (resident memory under 8 MiB): no HTTP library, a single-threaded
+//! runtime, no allocation-heavy work per cycle.
+
+pub mod agent;
+pub mod backoff;
+pub mod checks;
+pub mod cli;
+pub mod config;
+pub mod node;
+pub mod systemd;
+
+#[cfg(test)]
+#[allow(unreachable_pub, dead_code, missing_docs)]
+#[path = "../../tests/src/fixture.rs"]
+mod testkit_fixture;

@@ -1,1 +1,120 @@
-fn main() {}
+//! `node-agent`: parse configuration, set up logging, then either report until
+//! SIGTERM/SIGINT (`run`, the default) or run the checks once (`check`).
+//!
+//! Exit codes: 0 after a clean stop or a healthy `check`, 1 when `check` finds a failing
+//! check or the agent cannot start, 64 for a bad configuration.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use node_agent::agent::{Agent, AgentOptions};
+use node_agent::checks::Checker;
+use node_agent::cli;
+use node_agent::config::{Cli, Command, Config};
+use node_agent::systemd::{SdNotifier, SystemdShutdownProbe};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = protocol::telemetry::init("info") {
+        eprintln!("node-agent: {e}");
+        return ExitCode::from(64);
+    }
+    let cfg = match Config::load(&cli.settings) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("node-agent: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    // One thread is plenty for one connection and a handful of file reads every few
+    // seconds, and it keeps the agent's memory footprint and CPU wakeups minimal.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("node-agent: cannot start runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match cli.command {
+        Some(Command::Check { json }) => rt.block_on(check(cfg, json)),
+        Some(Command::Run) | None => rt.block_on(run(cfg)),
+    }
+}
+
+async fn check(cfg: Config, json: bool) -> ExitCode {
+    let hostname = node_agent::node::hostname(&cfg.root, cfg.hostname.as_deref())
+        .unwrap_or_else(|_| "(unknown)".into());
+    let results = Checker::new(&cfg).run().await;
+    let healthy = cli::healthy(&results);
+    if json {
+        let out = cli::CheckOutput {
+            hostname: &hostname,
+            healthy,
+            checks: &results,
+        };
+        match serde_json::to_string_pretty(&out) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("node-agent: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        print!("{}", cli::table(&results));
+    }
+    if healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+async fn run(cfg: Config) -> ExitCode {
+    let checker = Checker::new(&cfg);
+    let probe = Box::new(SystemdShutdownProbe::new(cfg.root.clone()));
+    let agent = match Agent::new(
+        cfg,
+        checker,
+        Arc::new(SdNotifier::from_env()),
+        probe,
+        AgentOptions::default(),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            eprintln!("node-agent: {e}");
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    let summary = agent.run(stop_signal()).await;
+    tracing::info!(
+        reports = summary.reports_acked,
+        goodbye_acked = summary.goodbye_acked,
+        "stopped"
+    );
+    ExitCode::SUCCESS
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+        }
+        _ => {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await;
+        }
+    }
+}

@@ -1,0 +1,565 @@
+//! The gateway's configuration file (TOML): where it listens, its certificates, and the rack's
+//! BMCs with how to reach each one.
+//!
+//! Loading validates everything that can be checked without talking to a BMC: unknown keys,
+//! duplicate machines, unsupported IPMI cipher suites, Redfish TLS trust, and that every
+//! password file is readable. Passwords are only ever read from files, never written inline.
+//! This module does not open any connection.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Default time a fence waits for the power state to read off.
+///
+/// 60 s: a hard power-off is immediate on real BMCs but the state they report can lag by tens of
+/// seconds (and Redfish emulators apply it after up to ~11 s); past a minute something is wrong.
+pub const DEFAULT_FENCE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default overall limit for a non-fence action.
+///
+/// 30 s: long enough for a session set-up plus a few retransmissions and a Redfish task, short
+/// enough that the repair queue learns of a dead BMC quickly.
+pub const DEFAULT_ACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// UDP address the QUIC service listens on, e.g. `0.0.0.0:7443`.
+    pub listen: SocketAddr,
+    /// Plain-HTTP address for `/metrics` and `/healthz`; omitted = no HTTP listener.
+    #[serde(default)]
+    pub http_listen: Option<SocketAddr>,
+    /// The gateway's certificate, key and the fleet CA.
+    pub tls: TlsConfig,
+    /// Default and per-action limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The rack's BMCs.
+    #[serde(default, rename = "bmc")]
+    pub bmcs: Vec<BmcConfig>,
+}
+
+/// The gateway's TLS files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Fleet CA certificate (PEM).
+    pub ca: PathBuf,
+    /// The gateway's certificate (PEM), naming `spiffe://<domain>/gateway/<rack>`.
+    pub cert: PathBuf,
+    /// The gateway's private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Time limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Overall limit for an action when the request does not give one, in seconds.
+    #[serde(default = "default_action_secs")]
+    pub action_timeout_secs: u64,
+    /// How long a fence waits for the power state to read off, in seconds.
+    #[serde(default = "default_fence_secs")]
+    pub fence_timeout_secs: u64,
+}
+
+fn default_action_secs() -> u64 {
+    DEFAULT_ACTION_TIMEOUT.as_secs()
+}
+fn default_fence_secs() -> u64 {
+    DEFAULT_FENCE_TIMEOUT.as_secs()
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            action_timeout_secs: default_action_secs(),
+            fence_timeout_secs: default_fence_secs(),
+        }
+    }
+}
+
+/// Which protocol a BMC speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BmcProtocol {
+    /// IPMI 2.0 over LAN (RMCP+).
+    Ipmi,
+    /// Redfish over HTTPS.
+    Redfish,
+}
+
+impl BmcProtocol {
+    /// Lower-case name, as used in metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BmcProtocol::Ipmi => "ipmi",
+            BmcProtocol::Redfish => "redfish",
+        }
+    }
+}
+
+/// One BMC and the machine it belongs to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcConfig {
+    /// The machine's address (as the coordinator names it).
+    pub machine: String,
+    /// The machine's serial; a request naming another serial is refused. Empty = not checked.
+    #[serde(default)]
+    pub serial: String,
+    /// `ipmi` or `redfish`.
+    pub protocol: BmcProtocol,
+    /// BMC host name or address.
+    pub host: String,
+    /// BMC port (default 623 for IPMI, 443 for Redfish).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// BMC user name.
+    pub username: String,
+    /// File holding the BMC password (trailing newline ignored).
+    pub password_file: PathBuf,
+    /// IPMI settings.
+    #[serde(default)]
+    pub ipmi: Option<IpmiSettings>,
+    /// Redfish settings.
+    #[serde(default)]
+    pub redfish: Option<RedfishSettings>,
+}
+
+/// IPMI-specific settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpmiSettings {
+    /// RMCP+ cipher suite. Only 3 (RAKP-HMAC-SHA1, HMAC-SHA1-96, AES-CBC-128) is supported.
+    #[serde(default = "default_cipher_suite")]
+    pub cipher_suite: u8,
+    /// Time to wait for one reply datagram, in milliseconds.
+    #[serde(default = "default_ipmi_reply_ms")]
+    pub reply_timeout_ms: u64,
+    /// How many times a request is sent before the BMC is declared unresponsive.
+    #[serde(default = "default_ipmi_attempts")]
+    pub attempts: u32,
+}
+
+fn default_cipher_suite() -> u8 {
+    3
+}
+/// 1 s: a BMC on the rack network answers in milliseconds; a datagram not answered within a
+/// second is lost, and waiting longer only delays the retransmission.
+fn default_ipmi_reply_ms() -> u64 {
+    1000
+}
+/// 3 attempts: ipmitool's default retry count; more only hides a dead BMC for longer.
+fn default_ipmi_attempts() -> u32 {
+    3
+}
+
+impl Default for IpmiSettings {
+    fn default() -> Self {
+        Self {
+            cipher_suite: default_cipher_suite(),
+            reply_timeout_ms: default_ipmi_reply_ms(),
+            attempts: default_ipmi_attempts(),
+        }
+    }
+}
+
+/// Redfish-specific settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedfishSettings {
+    /// The ComputerSystem id under `/redfish/v1/Systems/`, or `discover` to use the only one.
+    #[serde(default = "default_system")]
+    pub system: String,
+    /// `https` (default) or `http` (labs only; logged loudly).
+    #[serde(default = "default_scheme")]
+    pub scheme: String,
+    /// CA certificate (PEM) that the BMC's certificate must chain to.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Accept any certificate. Must be set explicitly; logged loudly at start.
+    #[serde(default)]
+    pub insecure: bool,
+    /// `basic` (default), `session` (SessionService login), or `auto` (session when offered).
+    #[serde(default = "default_auth")]
+    pub auth: String,
+    /// Per HTTP request timeout, in milliseconds.
+    #[serde(default = "default_http_ms")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_system() -> String {
+    "discover".into()
+}
+fn default_scheme() -> String {
+    "https".into()
+}
+fn default_auth() -> String {
+    "auto".into()
+}
+/// 10 s: BMC web servers are slow (hundreds of ms is common, seconds under load) but a request
+/// pending longer than this is not going to complete.
+fn default_http_ms() -> u64 {
+    10_000
+}
+
+/// A configuration problem, naming the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown/missing keys.
+    #[error("config {path}: {detail}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said (it names the key and line).
+        detail: String,
+    },
+    /// A value is not acceptable.
+    #[error("config {path}: {key}: {detail}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The key, e.g. `bmc[2].ipmi.cipher_suite`.
+        key: String,
+        /// What is wrong and what to do.
+        detail: String,
+    },
+}
+
+impl ConfigError {
+    /// Never retriable: the file must be fixed.
+    pub fn is_retriable(&self) -> bool {
+        false
+    }
+}
+
+impl BmcConfig {
+    /// The port, with the protocol's default.
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(match self.protocol {
+            BmcProtocol::Ipmi => 623,
+            BmcProtocol::Redfish => 443,
+        })
+    }
+
+    /// IPMI settings with defaults.
+    pub fn ipmi_settings(&self) -> IpmiSettings {
+        self.ipmi.clone().unwrap_or_default()
+    }
+
+    /// A short name for logs and metrics: `machine (protocol host:port)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({} {}:{})",
+            self.machine,
+            self.protocol.as_str(),
+            self.host,
+            self.port()
+        )
+    }
+
+    /// Reads the password file (trailing newline stripped).
+    pub fn read_password(&self) -> Result<String, std::io::Error> {
+        let s = std::fs::read_to_string(&self.password_file)?;
+        Ok(s.trim_end_matches(['\n', '\r']).to_string())
+    }
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and validates configuration text; `path` is only used in messages.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: String, detail: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key,
+            detail,
+        };
+        if self.limits.action_timeout_secs == 0 {
+            return Err(bad(
+                "limits.action_timeout_secs".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if self.limits.fence_timeout_secs == 0 {
+            return Err(bad(
+                "limits.fence_timeout_secs".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        let mut machines = HashSet::new();
+        for (i, b) in self.bmcs.iter().enumerate() {
+            let key = |k: &str| format!("bmc[{i}].{k}");
+            if b.machine.trim().is_empty() {
+                return Err(bad(key("machine"), "must not be empty".into()));
+            }
+            if !machines.insert(b.machine.clone()) {
+                return Err(bad(
+                    key("machine"),
+                    format!("machine {} is configured twice", b.machine),
+                ));
+            }
+            if b.host.trim().is_empty() {
+                return Err(bad(key("host"), "must not be empty".into()));
+            }
+            if let Err(e) = b.read_password() {
+                return Err(bad(
+                    key("password_file"),
+                    format!("cannot read {}: {e}", b.password_file.display()),
+                ));
+            }
+            match b.protocol {
+                BmcProtocol::Ipmi => {
+                    if b.redfish.is_some() {
+                        return Err(bad(
+                            key("redfish"),
+                            "a [bmc.redfish] table on an ipmi BMC".into(),
+                        ));
+                    }
+                    let s = b.ipmi_settings();
+                    if s.cipher_suite != 3 {
+                        return Err(bad(
+                            key("ipmi.cipher_suite"),
+                            format!(
+                                "cipher suite {} is not supported: only cipher suite 3 \
+                                 (RAKP-HMAC-SHA1, HMAC-SHA1-96, AES-CBC-128) is; enable it on the BMC",
+                                s.cipher_suite
+                            ),
+                        ));
+                    }
+                    if s.attempts == 0 || s.reply_timeout_ms == 0 {
+                        return Err(bad(
+                            key("ipmi"),
+                            "attempts and reply_timeout_ms must be at least 1".into(),
+                        ));
+                    }
+                }
+                BmcProtocol::Redfish => {
+                    if b.ipmi.is_some() {
+                        return Err(bad(
+                            key("ipmi"),
+                            "an [bmc.ipmi] table on a redfish BMC".into(),
+                        ));
+                    }
+                    let Some(r) = &b.redfish else {
+                        return Err(bad(
+                            key("redfish"),
+                            "a redfish BMC needs a [bmc.redfish] table with ca_file or insecure = true"
+                                .into(),
+                        ));
+                    };
+                    match r.scheme.as_str() {
+                        "https" => match (&r.ca_file, r.insecure) {
+                            (Some(_), true) => {
+                                return Err(bad(
+                                    key("redfish.insecure"),
+                                    "set either ca_file or insecure = true, not both".into(),
+                                ));
+                            }
+                            (None, false) => {
+                                return Err(bad(
+                                    key("redfish.ca_file"),
+                                    "HTTPS needs a CA file to trust, or an explicit insecure = true"
+                                        .into(),
+                                ));
+                            }
+                            (Some(ca), false) => {
+                                if let Err(e) = std::fs::read(ca) {
+                                    return Err(bad(
+                                        key("redfish.ca_file"),
+                                        format!("cannot read {}: {e}", ca.display()),
+                                    ));
+                                }
+                            }
+                            (None, true) => {}
+                        },
+                        "http" => {}
+                        other => {
+                            return Err(bad(
+                                key("redfish.scheme"),
+                                format!("{other:?} is not https or http"),
+                            ));
+                        }
+                    }
+                    if !matches!(r.auth.as_str(), "basic" | "session" | "auto") {
+                        return Err(bad(
+                            key("redfish.auth"),
+                            format!("{:?} is not basic, session or auto", r.auth),
+                        ));
+                    }
+                    if r.system.is_empty() || r.system.contains('/') {
+                        return Err(bad(
+                            key("redfish.system"),
+                            "a system id (no '/') or \"discover\"".into(),
+                        ));
+                    }
+                    if r.request_timeout_ms == 0 {
+                        return Err(bad(
+                            key("redfish.request_timeout_ms"),
+                            "must be at least 1".into(),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The BMC serving `machine`, if any.
+    pub fn bmc(&self, machine: &str) -> Option<&BmcConfig> {
+        self.bmcs.iter().find(|b| b.machine == machine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("pw"), "secret\n").unwrap();
+            std::fs::write(dir.path().join("ca.pem"), "x").unwrap();
+            Self { dir }
+        }
+        fn parse(&self, bmcs: &str) -> Result<Config, ConfigError> {
+            let text = format!(
+                "listen = \"127.0.0.1:7443\"\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n{}",
+                bmcs.replace("PW", &self.dir.path().join("pw").display().to_string())
+                    .replace("CA", &self.dir.path().join("ca.pem").display().to_string())
+            );
+            Config::parse(Path::new("gw.toml"), &text)
+        }
+    }
+
+    fn key_of(e: ConfigError) -> String {
+        match e {
+            ConfigError::Invalid { key, .. } => key,
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    #[test]
+    fn accepts_ipmi_and_redfish() {
+        let f = Fixture::new();
+        let cfg = f
+            .parse(
+                r#"
+[[bmc]]
+machine = "10.0.0.1"
+serial = "S1"
+protocol = "ipmi"
+host = "10.1.0.1"
+username = "admin"
+password_file = "PW"
+
+[[bmc]]
+machine = "10.0.0.2"
+protocol = "redfish"
+host = "10.1.0.2"
+username = "admin"
+password_file = "PW"
+[bmc.redfish]
+ca_file = "CA"
+"#,
+            )
+            .unwrap();
+        assert_eq!(cfg.bmcs.len(), 2);
+        assert_eq!(cfg.bmcs[0].port(), 623);
+        assert_eq!(cfg.bmcs[1].port(), 443);
+        assert_eq!(cfg.bmcs[0].read_password().unwrap(), "secret");
+        assert_eq!(cfg.bmcs[1].redfish.as_ref().unwrap().system, "discover");
+        assert_eq!(cfg.limits.fence_timeout_secs, 60);
+    }
+
+    #[test]
+    fn refuses_unknown_key_naming_it() {
+        let f = Fixture::new();
+        let e = f
+            .parse("[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\npassword = \"inline\"\n")
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("password"), "{msg}");
+        assert!(msg.contains("unknown field"), "{msg}");
+    }
+
+    #[test]
+    fn refuses_other_cipher_suites() {
+        let f = Fixture::new();
+        let e = f
+            .parse("[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n[bmc.ipmi]\ncipher_suite = 17\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("only cipher suite 3"), "{e}");
+        assert_eq!(key_of(e), "bmc[0].ipmi.cipher_suite");
+    }
+
+    #[test]
+    fn redfish_needs_explicit_trust() {
+        let f = Fixture::new();
+        let base = "[[bmc]]\nmachine = \"m\"\nprotocol = \"redfish\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n";
+        assert_eq!(
+            key_of(f.parse(&format!("{base}[bmc.redfish]\n")).unwrap_err()),
+            "bmc[0].redfish.ca_file"
+        );
+        assert_eq!(key_of(f.parse(base).unwrap_err()), "bmc[0].redfish");
+        assert!(
+            f.parse(&format!("{base}[bmc.redfish]\ninsecure = true\n"))
+                .is_ok()
+        );
+        assert_eq!(
+            key_of(
+                f.parse(&format!(
+                    "{base}[bmc.redfish]\ninsecure = true\nca_file = \"CA\"\n"
+                ))
+                .unwrap_err()
+            ),
+            "bmc[0].redfish.insecure"
+        );
+    }
+
+    #[test]
+    fn refuses_missing_password_file_and_duplicates() {
+        let f = Fixture::new();
+        let e = f
+            .parse("[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"/nonexistent/pw\"\n")
+            .unwrap_err();
+        assert_eq!(key_of(e), "bmc[0].password_file");
+        let one = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n";
+        let e = f.parse(&format!("{one}{one}")).unwrap_err();
+        assert_eq!(key_of(e), "bmc[1].machine");
+    }
+}

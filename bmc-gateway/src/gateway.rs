@@ -1,0 +1,427 @@
+//! The gateway's core, independent of the network: finds the BMC serving a machine, runs each
+//! request at most once per id, one action per BMC at a time in arrival order, under a deadline,
+//! and records metrics.
+//!
+//! Each BMC has a worker task fed by a queue; a request's time limit counts from its arrival,
+//! so one waiting behind a long fence fails with "not attempted" instead of running late. This
+//! module does not speak QUIC (see [`crate::service`]) or any BMC protocol (see [`crate::power`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest, PowerResponse};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::actions::{self, ActionLimits, Clock, SystemClock};
+use crate::dedup::{Admission, RequestLog};
+use crate::metrics::Metrics;
+use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
+
+/// Default limits applied when a request does not carry its own.
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    /// Overall limit for non-fence actions.
+    pub action_timeout: Duration,
+    /// Overall limit for a fence.
+    pub fence_timeout: Duration,
+    /// Fence poll period.
+    pub poll: Duration,
+}
+
+/// One BMC as the gateway knows it.
+pub struct Bmc {
+    /// The machine's address.
+    pub machine: String,
+    /// The machine's serial ("" = not checked).
+    pub serial: String,
+    /// `ipmi` or `redfish`, for metrics.
+    pub protocol: &'static str,
+    /// The BMC client.
+    pub power: Arc<dyn PowerControl>,
+}
+
+struct Job {
+    action: PowerAction,
+    deadline: Instant,
+    arrived: Instant,
+    reply: oneshot::Sender<PowerOutcome>,
+}
+
+struct Handle {
+    serial: String,
+    protocol: &'static str,
+    queue: mpsc::UnboundedSender<Job>,
+    power: Arc<dyn PowerControl>,
+}
+
+/// The gateway: BMCs by machine, the request log and metrics.
+pub struct Gateway {
+    bmcs: HashMap<String, Handle>,
+    log: Mutex<RequestLog>,
+    metrics: Arc<Metrics>,
+    defaults: Defaults,
+}
+
+/// Wraps a [`PowerControl`] to keep the reachability metric current.
+struct Observed {
+    inner: Arc<dyn PowerControl>,
+    machine: String,
+    protocol: &'static str,
+    metrics: Arc<Metrics>,
+}
+
+impl Observed {
+    fn see<T>(&self, r: &Result<T, BmcError>) {
+        let up = match r {
+            Ok(_) => true,
+            Err(e) => !e.is_unreachable(),
+        };
+        self.metrics.reachable(&self.machine, self.protocol, up);
+    }
+}
+
+impl PowerControl for Observed {
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+        Box::pin(async move {
+            let r = self.inner.power_state().await;
+            self.see(&r);
+            r
+        })
+    }
+    fn chassis(&self, op: ChassisOp) -> BoxFuture<'_, Result<String, BmcError>> {
+        Box::pin(async move {
+            let r = self.inner.chassis(op).await;
+            self.see(&r);
+            r
+        })
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.inner.close()
+    }
+}
+
+impl Gateway {
+    /// Builds the gateway and starts one worker task per BMC (needs a Tokio runtime).
+    pub fn new(bmcs: Vec<Bmc>, defaults: Defaults, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_clock(bmcs, defaults, metrics, Arc::new(SystemClock))
+    }
+
+    /// As [`Gateway::new`] with a given clock (tests).
+    pub fn with_clock(
+        bmcs: Vec<Bmc>,
+        defaults: Defaults,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Self> {
+        let mut map = HashMap::new();
+        for b in bmcs {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let observed: Arc<dyn PowerControl> = Arc::new(Observed {
+                inner: b.power.clone(),
+                machine: b.machine.clone(),
+                protocol: b.protocol,
+                metrics: metrics.clone(),
+            });
+            tokio::spawn(
+                worker(
+                    rx,
+                    observed,
+                    b.protocol,
+                    defaults.poll,
+                    metrics.clone(),
+                    clock.clone(),
+                )
+                .instrument(info_span!("bmc", machine = %b.machine, protocol = b.protocol)),
+            );
+            map.insert(
+                b.machine,
+                Handle {
+                    serial: b.serial,
+                    protocol: b.protocol,
+                    queue: tx,
+                    power: b.power,
+                },
+            );
+        }
+        Arc::new(Self {
+            bmcs: map,
+            log: Mutex::new(RequestLog::new()),
+            metrics,
+            defaults,
+        })
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Machines served, sorted.
+    pub fn machines(&self) -> Vec<String> {
+        let mut v: Vec<_> = self.bmcs.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Handles one request: at most once per id, queued behind earlier actions on the same BMC.
+    pub async fn handle(&self, req: PowerRequest) -> PowerResponse {
+        let arrived = Instant::now();
+        let admission = self.log.lock().expect("not poisoned").admit(&req);
+        let outcome = match admission {
+            Admission::Answer(o) => {
+                info!(id = %req.id, machine = %req.address, "repeated request id: answering with the first result");
+                o
+            }
+            Admission::Wait(mut rx) => {
+                info!(id = %req.id, machine = %req.address, "repeated request id still running: waiting for the first execution");
+                match rx.wait_for(|v| v.is_some()).await {
+                    Ok(v) => v.clone().expect("waited for Some"),
+                    Err(_) => PowerOutcome::Failed {
+                        detail: "the first execution of this id was abandoned".into(),
+                        retriable: true,
+                    },
+                }
+            }
+            Admission::Execute(tx) => {
+                let o = self.execute(&req, arrived).await;
+                tx.send_replace(Some(o.clone()));
+                self.log
+                    .lock()
+                    .expect("not poisoned")
+                    .finish(&req.id, o.clone());
+                o
+            }
+        };
+        PowerResponse {
+            id: req.id,
+            outcome,
+        }
+    }
+
+    fn timeout_for(&self, req: &PowerRequest) -> Duration {
+        if req.timeout_ms > 0 {
+            Duration::from_millis(req.timeout_ms)
+        } else if req.action == PowerAction::Fence {
+            self.defaults.fence_timeout
+        } else {
+            self.defaults.action_timeout
+        }
+    }
+
+    async fn execute(&self, req: &PowerRequest, arrived: Instant) -> PowerOutcome {
+        let Some(h) = self.bmcs.get(&req.address) else {
+            warn!(id = %req.id, machine = %req.address, "no BMC configured for machine");
+            return PowerOutcome::Failed {
+                detail: format!(
+                    "this gateway serves no machine {}; it serves {}",
+                    req.address,
+                    self.machines().join(", ")
+                ),
+                retriable: false,
+            };
+        };
+        if !req.serial.is_empty() && !h.serial.is_empty() && req.serial != h.serial {
+            warn!(id = %req.id, machine = %req.address, asked = %req.serial, configured = %h.serial, "serial mismatch: not acting");
+            return PowerOutcome::Failed {
+                detail: format!(
+                    "machine {} has serial {} here, not {}; not acting on a possibly different machine",
+                    req.address, h.serial, req.serial
+                ),
+                retriable: false,
+            };
+        }
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            action: req.action,
+            deadline: arrived + self.timeout_for(req),
+            arrived,
+            reply,
+        };
+        info!(id = %req.id, machine = %req.address, action = actions::action_name(req.action), protocol = h.protocol, "power request queued");
+        if h.queue.send(job).is_err() {
+            return PowerOutcome::Failed {
+                detail: "the BMC worker has stopped (gateway shutting down)".into(),
+                retriable: true,
+            };
+        }
+        match rx.await {
+            Ok(o) => {
+                match &o {
+                    PowerOutcome::Done { detail, .. } => {
+                        info!(id = %req.id, machine = %req.address, action = actions::action_name(req.action), %detail, "power action done")
+                    }
+                    PowerOutcome::Failed { detail, .. } => {
+                        warn!(id = %req.id, machine = %req.address, action = actions::action_name(req.action), %detail, "power action failed")
+                    }
+                }
+                o
+            }
+            Err(_) => PowerOutcome::Failed {
+                detail: "the BMC worker stopped before answering".into(),
+                retriable: true,
+            },
+        }
+    }
+
+    /// Closes every BMC session (at shutdown).
+    pub async fn close(&self) {
+        for h in self.bmcs.values() {
+            h.power.close().await;
+        }
+    }
+}
+
+async fn worker(
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    power: Arc<dyn PowerControl>,
+    protocol: &'static str,
+    poll: Duration,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+) {
+    while let Some(job) = rx.recv().await {
+        let now = Instant::now();
+        let outcome = if now >= job.deadline {
+            PowerOutcome::Failed {
+                detail: format!(
+                    "not attempted: waited {} ms behind earlier actions on this BMC, past the request's time limit",
+                    now.duration_since(job.arrived).as_millis()
+                ),
+                retriable: true,
+            }
+        } else {
+            let limits = ActionLimits {
+                timeout: job.deadline - now,
+                poll,
+            };
+            actions::run(power.as_ref(), job.action, limits, clock.as_ref()).await
+        };
+        metrics.action(
+            protocol,
+            actions::action_name(job.action),
+            matches!(outcome, PowerOutcome::Done { .. }),
+            job.arrived.elapsed(),
+        );
+        let _ = job.reply.send(outcome);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::power::fake::FakePower;
+
+    fn defaults() -> Defaults {
+        Defaults {
+            action_timeout: Duration::from_secs(2),
+            fence_timeout: Duration::from_secs(2),
+            poll: Duration::from_millis(5),
+        }
+    }
+
+    fn req(id: &str, addr: &str, action: PowerAction) -> PowerRequest {
+        PowerRequest {
+            id: id.into(),
+            address: addr.into(),
+            serial: String::new(),
+            action,
+            timeout_ms: 0,
+        }
+    }
+
+    fn gw(fakes: Vec<(&str, Arc<FakePower>)>) -> Arc<Gateway> {
+        Gateway::new(
+            fakes
+                .into_iter()
+                .map(|(m, p)| Bmc {
+                    machine: m.into(),
+                    serial: "S-".to_string() + m,
+                    protocol: "ipmi",
+                    power: p,
+                })
+                .collect(),
+            defaults(),
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    #[tokio::test]
+    async fn repeated_id_does_not_act_twice() {
+        let p = Arc::new(FakePower::new(PowerState::On));
+        let g = gw(vec![("m1", p.clone())]);
+        let a = g.handle(req("r1", "m1", PowerAction::Cycle)).await;
+        let b = g.handle(req("r1", "m1", PowerAction::Cycle)).await;
+        assert_eq!(a, b);
+        assert_eq!(p.calls(), ["status", "cycle", "status"]);
+    }
+
+    #[tokio::test]
+    async fn concurrent_repeat_waits_for_first() {
+        let p = Arc::new(FakePower::new(PowerState::On).with_delay(Duration::from_millis(50)));
+        let g = gw(vec![("m1", p.clone())]);
+        let (a, b) = tokio::join!(
+            g.handle(req("r1", "m1", PowerAction::Off)),
+            g.handle(req("r1", "m1", PowerAction::Off))
+        );
+        assert_eq!(a, b);
+        assert_eq!(p.calls(), ["off", "status"]);
+    }
+
+    #[tokio::test]
+    async fn one_action_per_bmc_in_order() {
+        let p = Arc::new(FakePower::new(PowerState::On).with_delay(Duration::from_millis(20)));
+        let g = gw(vec![("m1", p.clone())]);
+        let (_, _, _) = tokio::join!(
+            g.handle(req("1", "m1", PowerAction::Off)),
+            g.handle(req("2", "m1", PowerAction::On)),
+            g.handle(req("3", "m1", PowerAction::Status)),
+        );
+        assert_eq!(p.calls(), ["off", "status", "on", "status", "status"]);
+    }
+
+    #[tokio::test]
+    async fn a_hung_bmc_does_not_block_others() {
+        let slow = Arc::new(FakePower::new(PowerState::On).with_delay(Duration::from_secs(10)));
+        let fast = Arc::new(FakePower::new(PowerState::On));
+        let g = gw(vec![("slow", slow), ("fast", fast)]);
+        let g2 = g.clone();
+        let hung = tokio::spawn(async move {
+            let mut r = req("h", "slow", PowerAction::Off);
+            r.timeout_ms = 300;
+            g2.handle(r).await
+        });
+        let t = Instant::now();
+        let r = g.handle(req("f", "fast", PowerAction::Status)).await;
+        assert!(t.elapsed() < Duration::from_millis(200));
+        assert!(matches!(r.outcome, PowerOutcome::Done { .. }));
+        let h = tokio::time::timeout(Duration::from_secs(2), hung)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&h.outcome, PowerOutcome::Failed { retriable: true, detail } if detail.contains("timed out")),
+            "{h:?}"
+        );
+        assert!(g.metrics().render().contains("result=\"failed\""));
+    }
+
+    #[tokio::test]
+    async fn unknown_machine_and_wrong_serial_are_refused() {
+        let p = Arc::new(FakePower::new(PowerState::On));
+        let g = gw(vec![("m1", p.clone())]);
+        let r = g.handle(req("a", "m9", PowerAction::Off)).await;
+        assert!(
+            matches!(&r.outcome, PowerOutcome::Failed { detail, retriable: false } if detail.contains("serves no machine m9"))
+        );
+        let mut bad = req("b", "m1", PowerAction::Off);
+        bad.serial = "OTHER".into();
+        let r = g.handle(bad).await;
+        assert!(
+            matches!(&r.outcome, PowerOutcome::Failed { detail, .. } if detail.contains("serial"))
+        );
+        assert!(p.calls().is_empty());
+    }
+}

@@ -1,0 +1,176 @@
+//! The gateway's Prometheus metrics, rendered in the text exposition format: actions by
+//! protocol, action and result with a duration histogram, refused connections, and per-BMC
+//! reachability. No metrics library: the few series here are cheaper to keep by hand than a
+//! dependency. This module does not serve HTTP (see [`crate::http`]).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Histogram bucket upper bounds in seconds.
+///
+/// From 10 ms (a warm IPMI status read) to 2 min (a fence waiting out a slow BMC): every action
+/// the gateway runs lands in a bucket that tells them apart.
+pub const BUCKETS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 15.0, 60.0, 120.0];
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// (protocol, action, result) → durations.
+    actions: BTreeMap<(String, String, String), Histogram>,
+    /// machine → (protocol, reachable).
+    reachable: BTreeMap<String, (String, bool)>,
+    /// Connections refused, by reason.
+    refused: BTreeMap<String, u64>,
+}
+
+/// All gateway metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+impl Metrics {
+    /// Empty metrics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records one finished action.
+    pub fn action(&self, protocol: &str, action: &str, ok: bool, took: Duration) {
+        let mut g = self.inner.lock().expect("not poisoned");
+        let h = g
+            .actions
+            .entry((
+                protocol.to_string(),
+                action.to_string(),
+                if ok { "ok" } else { "failed" }.to_string(),
+            ))
+            .or_default();
+        let secs = took.as_secs_f64();
+        for (i, le) in BUCKETS.iter().enumerate() {
+            if secs <= *le {
+                h.counts[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += secs;
+    }
+
+    /// Records whether a BMC answered its last request.
+    pub fn reachable(&self, machine: &str, protocol: &str, up: bool) {
+        self.inner
+            .lock()
+            .expect("not poisoned")
+            .reachable
+            .insert(machine.to_string(), (protocol.to_string(), up));
+    }
+
+    /// Counts a refused connection.
+    pub fn refused(&self, reason: &str) {
+        *self
+            .inner
+            .lock()
+            .expect("not poisoned")
+            .refused
+            .entry(reason.to_string())
+            .or_default() += 1;
+    }
+
+    /// Renders the Prometheus text format.
+    pub fn render(&self) -> String {
+        let g = self.inner.lock().expect("not poisoned");
+        let mut out = String::new();
+        out.push_str("# HELP bmc_gateway_action_duration_seconds Power actions by protocol, action and result.\n");
+        out.push_str("# TYPE bmc_gateway_action_duration_seconds histogram\n");
+        for ((p, a, r), h) in &g.actions {
+            let labels = format!("protocol=\"{p}\",action=\"{a}\",result=\"{r}\"");
+            for (i, le) in BUCKETS.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "bmc_gateway_action_duration_seconds_bucket{{{labels},le=\"{le}\"}} {}",
+                    h.counts[i]
+                );
+            }
+            let _ = writeln!(
+                out,
+                "bmc_gateway_action_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "bmc_gateway_action_duration_seconds_sum{{{labels}}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "bmc_gateway_action_duration_seconds_count{{{labels}}} {}",
+                h.count
+            );
+        }
+        out.push_str(
+            "# HELP bmc_gateway_bmc_reachable 1 when the BMC answered its last request.\n",
+        );
+        out.push_str("# TYPE bmc_gateway_bmc_reachable gauge\n");
+        for (m, (p, up)) in &g.reachable {
+            let _ = writeln!(
+                out,
+                "bmc_gateway_bmc_reachable{{machine=\"{}\",protocol=\"{p}\"}} {}",
+                escape(m),
+                u8::from(*up)
+            );
+        }
+        out.push_str(
+            "# HELP bmc_gateway_connections_refused_total Connections refused, by reason.\n",
+        );
+        out.push_str("# TYPE bmc_gateway_connections_refused_total counter\n");
+        for (r, n) in &g.refused {
+            let _ = writeln!(
+                out,
+                "bmc_gateway_connections_refused_total{{reason=\"{}\"}} {n}",
+                escape(r)
+            );
+        }
+        out
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_histogram_and_gauges() {
+        let m = Metrics::new();
+        m.action("ipmi", "status", true, Duration::from_millis(20));
+        m.action("ipmi", "status", true, Duration::from_secs(2));
+        m.reachable("10.0.0.1", "ipmi", true);
+        m.reachable("10.0.0.2", "redfish", false);
+        m.refused("not-a-coordinator");
+        let t = m.render();
+        assert!(t.contains("bmc_gateway_action_duration_seconds_bucket{protocol=\"ipmi\",action=\"status\",result=\"ok\",le=\"0.025\"} 1\n"), "{t}");
+        assert!(t.contains("bmc_gateway_action_duration_seconds_bucket{protocol=\"ipmi\",action=\"status\",result=\"ok\",le=\"5\"} 2\n"), "{t}");
+        assert!(t.contains("bmc_gateway_action_duration_seconds_count{protocol=\"ipmi\",action=\"status\",result=\"ok\"} 2\n"), "{t}");
+        assert!(
+            t.contains("bmc_gateway_bmc_reachable{machine=\"10.0.0.2\",protocol=\"redfish\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("bmc_gateway_connections_refused_total{reason=\"not-a-coordinator\"} 1\n"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! The one seam between the gateway and a BMC: [`PowerControl`], with what a BMC can be asked
+//! ([`ChassisOp`]) and how it can fail ([`BmcError`]).
+//!
+//! Real implementations are [`crate::ipmi::IpmiPowerControl`] and
+//! [`crate::redfish::RedfishPowerControl`]; tests use [`fake::FakePower`]. This module holds no
+//! policy: what an action means (confirming a fence, cycling an off machine) lives in
+//! [`crate::actions`].
+
+use futures::future::BoxFuture;
+pub use protocol::gateway::PowerState;
+
+/// A primitive a BMC is asked to carry out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChassisOp {
+    /// Power on.
+    On,
+    /// Hard power off.
+    Off,
+    /// ACPI soft off (the OS shuts down).
+    SoftOff,
+    /// Power cycle (off, then on).
+    Cycle,
+    /// Hard reset.
+    Reset,
+}
+
+impl ChassisOp {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChassisOp::On => "on",
+            ChassisOp::Off => "off",
+            ChassisOp::SoftOff => "soft-off",
+            ChassisOp::Cycle => "cycle",
+            ChassisOp::Reset => "reset",
+        }
+    }
+}
+
+/// Why a BMC operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BmcError {
+    /// No answer within the time allowed (after retries).
+    #[error("BMC {bmc} did not answer {what} within {waited_ms} ms")]
+    Timeout {
+        /// The BMC.
+        bmc: String,
+        /// What was asked.
+        what: String,
+        /// How long we waited.
+        waited_ms: u64,
+    },
+    /// The BMC could not be reached at all (refused, no route, RMCP ping unanswered).
+    #[error("BMC {bmc} unreachable: {detail}")]
+    Unreachable {
+        /// The BMC.
+        bmc: String,
+        /// What was seen.
+        detail: String,
+    },
+    /// The BMC refused our credentials.
+    #[error("BMC {bmc} refused the credentials: {detail}; check the username and password file")]
+    Auth {
+        /// The BMC.
+        bmc: String,
+        /// What the BMC said.
+        detail: String,
+    },
+    /// The BMC answered with an error.
+    #[error("BMC {bmc} refused {what}: {detail}")]
+    Refused {
+        /// The BMC.
+        bmc: String,
+        /// What was asked.
+        what: String,
+        /// What the BMC said (completion code, HTTP status and message).
+        detail: String,
+    },
+    /// The BMC answered something we could not understand.
+    #[error("BMC {bmc} sent an unexpected answer to {what}: {detail}")]
+    Protocol {
+        /// The BMC.
+        bmc: String,
+        /// What was asked.
+        what: String,
+        /// What was received.
+        detail: String,
+    },
+    /// The BMC does not offer the operation.
+    #[error("BMC {bmc} does not support {what}: {detail}")]
+    Unsupported {
+        /// The BMC.
+        bmc: String,
+        /// What was asked.
+        what: String,
+        /// What it offers instead.
+        detail: String,
+    },
+}
+
+impl BmcError {
+    /// True when trying again later may succeed (timeouts, unreachable, busy); false when
+    /// the configuration or the BMC must change first.
+    pub fn is_retriable(&self) -> bool {
+        matches!(
+            self,
+            BmcError::Timeout { .. } | BmcError::Unreachable { .. } | BmcError::Protocol { .. }
+        )
+    }
+
+    /// True when the BMC itself did not answer (for the reachability metric).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            BmcError::Timeout { .. } | BmcError::Unreachable { .. }
+        )
+    }
+}
+
+/// Talks to one BMC. Implementations keep whatever session state they need; the gateway
+/// calls one method at a time per BMC (see [`crate::worker`]).
+pub trait PowerControl: Send + Sync + 'static {
+    /// Reads the chassis power state.
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>>;
+
+    /// Carries out `op`; returns what the BMC said, for a person.
+    fn chassis(&self, op: ChassisOp) -> BoxFuture<'_, Result<String, BmcError>>;
+
+    /// Closes any session with the BMC (at shutdown). Errors are only logged.
+    fn close(&self) -> BoxFuture<'_, ()>;
+}
+
+/// A hand-written fake BMC for unit tests.
+pub mod fake {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// What the fake does on the next calls.
+    #[derive(Debug, Default)]
+    struct State {
+        power: Option<PowerState>,
+        calls: Vec<String>,
+        /// Scripted errors for the next calls, in order (None = behave normally).
+        script: VecDeque<Option<BmcError>>,
+        /// Number of `power_state` reads after an off before the state reads off.
+        off_lag: u32,
+        lag_left: u32,
+        delay: Duration,
+    }
+
+    /// A fake BMC: keeps a power state, records calls, plays scripted errors.
+    #[derive(Debug, Default)]
+    pub struct FakePower {
+        state: Mutex<State>,
+    }
+
+    impl FakePower {
+        /// A fake whose machine is in `power`.
+        pub fn new(power: PowerState) -> Self {
+            let f = Self::default();
+            f.state.lock().unwrap().power = Some(power);
+            f
+        }
+
+        /// After an off, the state keeps reading on for `reads` more reads.
+        pub fn with_off_lag(self, reads: u32) -> Self {
+            self.state.lock().unwrap().off_lag = reads;
+            self
+        }
+
+        /// Each call takes `d`.
+        pub fn with_delay(self, d: Duration) -> Self {
+            self.state.lock().unwrap().delay = d;
+            self
+        }
+
+        /// The next call fails with `e`.
+        pub fn fail_next(&self, e: BmcError) {
+            self.state.lock().unwrap().script.push_back(Some(e));
+        }
+
+        /// The next call behaves normally (to interleave with `fail_next`).
+        pub fn ok_next(&self) {
+            self.state.lock().unwrap().script.push_back(None);
+        }
+
+        /// Calls so far, e.g. `["status", "off", "status"]`.
+        pub fn calls(&self) -> Vec<String> {
+            self.state.lock().unwrap().calls.clone()
+        }
+
+        /// Current power state.
+        pub fn power(&self) -> PowerState {
+            self.state
+                .lock()
+                .unwrap()
+                .power
+                .unwrap_or(PowerState::Unknown)
+        }
+
+        async fn enter(&self, call: &str) -> Result<(), BmcError> {
+            let (delay, scripted) = {
+                let mut s = self.state.lock().unwrap();
+                s.calls.push(call.to_string());
+                (s.delay, s.script.pop_front().flatten())
+            };
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            match scripted {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        }
+    }
+
+    impl PowerControl for FakePower {
+        fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+            Box::pin(async move {
+                self.enter("status").await?;
+                let mut s = self.state.lock().unwrap();
+                if s.lag_left > 0 {
+                    s.lag_left -= 1;
+                    return Ok(PowerState::On);
+                }
+                Ok(s.power.unwrap_or(PowerState::Unknown))
+            })
+        }
+
+        fn chassis(&self, op: ChassisOp) -> BoxFuture<'_, Result<String, BmcError>> {
+            Box::pin(async move {
+                self.enter(op.as_str()).await?;
+                let mut s = self.state.lock().unwrap();
+                match op {
+                    ChassisOp::On | ChassisOp::Cycle | ChassisOp::Reset => {
+                        s.power = Some(PowerState::On)
+                    }
+                    ChassisOp::Off | ChassisOp::SoftOff => {
+                        s.power = Some(PowerState::Off);
+                        s.lag_left = s.off_lag;
+                    }
+                }
+                Ok(format!("fake: {} accepted", op.as_str()))
+            })
+        }
+
+        fn close(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async move {
+                self.state.lock().unwrap().calls.push("close".into());
+            })
+        }
+    }
+}

@@ -1,0 +1,663 @@
+//! [`RedfishPowerControl`]: a small Redfish client on reqwest (rustls with the ring provider,
+//! configured here and handed to reqwest preconfigured).
+//!
+//! It finds the ComputerSystem (a configured id, or the only member of `/redfish/v1/Systems`),
+//! reads `PowerState`, and posts `ComputerSystem.Reset` with a `ResetType` chosen from the
+//! system's `ResetType@Redfish.AllowableValues`: a power cycle uses `PowerCycle`, else
+//! `ForceRestart`, else off-then-on. It accepts 200/202/204, follows a returned Task until it
+//! ends, and authenticates with Basic auth or a SessionService login (`X-Auth-Token`) when the
+//! service offers one. It does not decide what an action means (see [`crate::actions`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use reqwest::{Method, StatusCode};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+use tracing::{debug, info, warn};
+
+use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
+
+/// How often a returned Task, or the power state during an off-then-on cycle, is polled.
+///
+/// 1 s: BMC tasks for power actions take seconds; polling faster only loads the BMC's web server.
+pub const TASK_POLL: Duration = Duration::from_secs(1);
+
+/// Longest an off-then-on cycle waits for the power to read off before powering on.
+///
+/// 60 s, like a fence: past that the BMC is not applying the off and powering on would be wrong.
+pub const CYCLE_OFF_WAIT: Duration = Duration::from_secs(60);
+
+/// How to trust the BMC's certificate.
+#[derive(Debug, Clone)]
+pub enum Trust {
+    /// Plain HTTP (no TLS at all).
+    PlainHttp,
+    /// Certificates must chain to these CA certificates (PEM).
+    Ca(Vec<u8>),
+    /// Accept any certificate (logged loudly at start).
+    Insecure,
+}
+
+/// How to authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// HTTP Basic on every request.
+    Basic,
+    /// SessionService login; fail if the service has none.
+    Session,
+    /// Session when the service offers one, else Basic.
+    Auto,
+}
+
+/// Where and how to reach one Redfish BMC.
+#[derive(Debug, Clone)]
+pub struct RedfishTarget {
+    /// Name for messages.
+    pub name: String,
+    /// `host:port`.
+    pub authority: String,
+    /// Certificate trust (and scheme).
+    pub trust: Trust,
+    /// User name.
+    pub username: String,
+    /// Password.
+    pub password: String,
+    /// System id, or `discover`.
+    pub system: String,
+    /// Authentication mode.
+    pub auth: AuthMode,
+    /// Per-request timeout.
+    pub request_timeout: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Cached {
+    /// `@odata.id` of the system.
+    system: Option<String>,
+    /// Session token and session URI, once logged in.
+    token: Option<(String, Option<String>)>,
+    /// Whether the service root was checked for a SessionService.
+    auth_decided: bool,
+}
+
+/// Redfish power control for one BMC.
+#[derive(Debug)]
+pub struct RedfishPowerControl {
+    t: RedfishTarget,
+    base: String,
+    client: reqwest::Client,
+    cached: Mutex<Cached>,
+}
+
+/// Accepts any server certificate but still checks handshake signatures (for `insecure`).
+#[derive(Debug)]
+struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Builds the rustls client configuration for a trust setting (TLS 1.2 and 1.3: BMCs rarely
+/// speak 1.3), with the ring provider.
+pub fn rustls_config(trust: &Trust) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    let provider = protocol::transport::provider();
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let cfg = match trust {
+        Trust::Ca(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(pem) {
+                let c = c.map_err(|e| format!("CA file: {e}"))?;
+                roots.add(c).map_err(|e| format!("CA file: {e}"))?;
+            }
+            if roots.is_empty() {
+                return Err("CA file holds no certificate".into());
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+        Trust::Insecure | Trust::PlainHttp => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+            .with_no_client_auth(),
+    };
+    Ok(cfg)
+}
+
+fn json_str<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(p)?;
+    }
+    cur.as_str()
+}
+
+/// The reset types a system offers; `None` when it does not say (then any standard one is
+/// tried).
+pub fn allowable_reset_types(system: &Value) -> Option<Vec<String>> {
+    let action = system.get("Actions")?.get("#ComputerSystem.Reset")?;
+    let vals = action
+        .get("ResetType@Redfish.AllowableValues")?
+        .as_array()?;
+    Some(
+        vals.iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
+/// How a chassis operation is carried out on a Redfish system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResetPlan {
+    /// One `ComputerSystem.Reset` with this `ResetType`.
+    One(String),
+    /// `ForceOff`, wait until off, then `On` (a cycle on a system without `PowerCycle` or
+    /// `ForceRestart`).
+    OffThenOn {
+        /// The off reset type.
+        off: String,
+        /// The on reset type.
+        on: String,
+    },
+}
+
+/// Chooses the reset type(s) for `op` among `allowed` (`None` = the system does not say).
+pub fn plan_reset(op: ChassisOp, allowed: Option<&[String]>) -> Result<ResetPlan, String> {
+    let has = |t: &str| allowed.is_none_or(|a| a.iter().any(|x| x == t));
+    let first = |cands: &[&str]| cands.iter().find(|c| has(c)).map(|c| c.to_string());
+    let offered = || allowed.map(|a| a.join(", ")).unwrap_or_default();
+    let need = |cands: &[&str]| {
+        first(cands).map(ResetPlan::One).ok_or_else(|| {
+            format!(
+                "none of {} is offered (offered: {})",
+                cands.join(", "),
+                offered()
+            )
+        })
+    };
+    match op {
+        ChassisOp::On => need(&["On", "ForceOn"]),
+        ChassisOp::Off => need(&["ForceOff"]),
+        ChassisOp::SoftOff => need(&["GracefulShutdown"]),
+        ChassisOp::Reset => need(&["ForceRestart", "PowerCycle"]),
+        ChassisOp::Cycle => {
+            if let Some(t) = first(&["PowerCycle", "ForceRestart"]) {
+                return Ok(ResetPlan::One(t));
+            }
+            match (first(&["ForceOff"]), first(&["On", "ForceOn"])) {
+                (Some(off), Some(on)) => Ok(ResetPlan::OffThenOn { off, on }),
+                _ => Err(format!(
+                    "no PowerCycle, ForceRestart or ForceOff+On (offered: {})",
+                    offered()
+                )),
+            }
+        }
+    }
+}
+
+/// Maps a Redfish `PowerState` to ours: `PoweringOff` is still on; `PoweringOn` is not yet
+/// known to be on.
+pub fn parse_power_state(s: &str) -> PowerState {
+    match s {
+        "On" | "PoweringOff" | "Paused" => PowerState::On,
+        "Off" => PowerState::Off,
+        _ => PowerState::Unknown,
+    }
+}
+
+fn error_message(body: &str) -> String {
+    if let Ok(v) = serde_json::from_str::<Value>(body)
+        && let Some(m) = json_str(&v, &["error", "message"])
+    {
+        let ext = v
+            .get("error")
+            .and_then(|e| e.get("@Message.ExtendedInfo"))
+            .and_then(|x| x.as_array())
+            .and_then(|a| a.first())
+            .and_then(|i| i.get("Message"))
+            .and_then(|m| m.as_str());
+        return match ext {
+            Some(x) if x != m => format!("{m} ({x})"),
+            _ => m.to_string(),
+        };
+    }
+    let mut b = body.trim().to_string();
+    b.truncate(200);
+    b
+}
+
+impl RedfishPowerControl {
+    /// Builds the client. Fails when the TLS configuration cannot be built.
+    pub fn new(t: RedfishTarget) -> Result<Self, BmcError> {
+        let cfg = rustls_config(&t.trust).map_err(|detail| BmcError::Protocol {
+            bmc: t.name.clone(),
+            what: "TLS configuration".into(),
+            detail,
+        })?;
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(cfg)
+            .timeout(t.request_timeout)
+            .connect_timeout(t.request_timeout)
+            .build()
+            .map_err(|e| BmcError::Protocol {
+                bmc: t.name.clone(),
+                what: "HTTP client".into(),
+                detail: e.to_string(),
+            })?;
+        let scheme = match t.trust {
+            Trust::PlainHttp => "http",
+            _ => "https",
+        };
+        let base = format!("{scheme}://{}", t.authority);
+        Ok(Self {
+            t,
+            base,
+            client,
+            cached: Mutex::new(Cached::default()),
+        })
+    }
+
+    fn err_send(&self, what: &str, e: reqwest::Error) -> BmcError {
+        if e.is_timeout() {
+            BmcError::Timeout {
+                bmc: self.t.name.clone(),
+                what: what.to_string(),
+                waited_ms: self.t.request_timeout.as_millis() as u64,
+            }
+        } else {
+            let mut detail = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                detail.push_str(": ");
+                detail.push_str(&s.to_string());
+                src = s.source();
+            }
+            BmcError::Unreachable {
+                bmc: self.t.name.clone(),
+                detail: format!("{what}: {detail}"),
+            }
+        }
+    }
+
+    /// Sends one request with the current credentials; returns status, headers' Location and
+    /// X-Auth-Token, and body.
+    async fn send(
+        &self,
+        cached: &mut Cached,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Option<String>, String), BmcError> {
+        let what = format!("{method} {path}");
+        for attempt in 0..2 {
+            let url = if path.starts_with("http") {
+                path.to_string()
+            } else {
+                format!("{}{path}", self.base)
+            };
+            let mut rb = self
+                .client
+                .request(method.clone(), &url)
+                .header("Accept", "application/json");
+            rb = match &cached.token {
+                Some((tok, _)) => rb.header("X-Auth-Token", tok),
+                None => rb.basic_auth(&self.t.username, Some(&self.t.password)),
+            };
+            if let Some(b) = body {
+                rb = rb.json(b);
+            }
+            let resp = rb.send().await.map_err(|e| self.err_send(&what, e))?;
+            let status = resp.status();
+            let location = resp
+                .headers()
+                .get("Location")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let text = resp.text().await.map_err(|e| self.err_send(&what, e))?;
+            if status == StatusCode::UNAUTHORIZED && cached.token.is_some() && attempt == 0 {
+                // The session expired: log in again once.
+                info!(bmc = %self.t.name, "Redfish session expired; logging in again");
+                cached.token = None;
+                // Boxed: login itself sends requests through here.
+                Box::pin(self.login(cached)).await?;
+                continue;
+            }
+            if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+                return Err(BmcError::Auth {
+                    bmc: self.t.name.clone(),
+                    detail: format!("{what}: HTTP {status}: {}", error_message(&text)),
+                });
+            }
+            return Ok((status, location, text));
+        }
+        Err(BmcError::Auth {
+            bmc: self.t.name.clone(),
+            detail: format!("{what}: still unauthorized after a new session login"),
+        })
+    }
+
+    async fn get_json(&self, cached: &mut Cached, path: &str) -> Result<Value, BmcError> {
+        let (status, _, text) = self.send(cached, Method::GET, path, None).await?;
+        if !status.is_success() {
+            return Err(BmcError::Refused {
+                bmc: self.t.name.clone(),
+                what: format!("GET {path}"),
+                detail: format!("HTTP {status}: {}", error_message(&text)),
+            });
+        }
+        serde_json::from_str(&text).map_err(|e| BmcError::Protocol {
+            bmc: self.t.name.clone(),
+            what: format!("GET {path}"),
+            detail: format!("not JSON: {e}"),
+        })
+    }
+
+    async fn login(&self, cached: &mut Cached) -> Result<(), BmcError> {
+        let root = self.get_json(cached, "/redfish/v1/").await?;
+        let sessions = json_str(&root, &["Links", "Sessions", "@odata.id"]).map(str::to_string);
+        match (sessions, self.t.auth) {
+            (None, AuthMode::Session) => Err(BmcError::Unsupported {
+                bmc: self.t.name.clone(),
+                what: "SessionService login".into(),
+                detail: "the service root links no Sessions; use auth = \"basic\"".into(),
+            }),
+            (None, _) | (_, AuthMode::Basic) => Ok(()),
+            (Some(uri), _) => {
+                let body = json!({"UserName": self.t.username, "Password": self.t.password});
+                let resp = self
+                    .client
+                    .post(format!("{}{uri}", self.base))
+                    .header("Accept", "application/json")
+                    .json(&body)
+                    .send()
+                    .await
+                    .map_err(|e| self.err_send("session login", e))?;
+                let status = resp.status();
+                let header = |name: &str| {
+                    resp.headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string)
+                };
+                let (token, loc) = (header("X-Auth-Token"), header("Location"));
+                let text = resp
+                    .text()
+                    .await
+                    .map_err(|e| self.err_send("session login", e))?;
+                if !status.is_success() {
+                    return Err(BmcError::Auth {
+                        bmc: self.t.name.clone(),
+                        detail: format!("session login: HTTP {status}: {}", error_message(&text)),
+                    });
+                }
+                let token = token.ok_or_else(|| BmcError::Protocol {
+                    bmc: self.t.name.clone(),
+                    what: "session login".into(),
+                    detail: "no X-Auth-Token in the answer".into(),
+                })?;
+                debug!(bmc = %self.t.name, "Redfish session opened");
+                cached.token = Some((token, loc));
+                Ok(())
+            }
+        }
+    }
+
+    async fn prepare(&self, cached: &mut Cached) -> Result<String, BmcError> {
+        if !cached.auth_decided {
+            self.login(cached).await?;
+            cached.auth_decided = true;
+        }
+        if let Some(s) = &cached.system {
+            return Ok(s.clone());
+        }
+        let path = if self.t.system == "discover" {
+            let coll = self.get_json(cached, "/redfish/v1/Systems").await?;
+            let members: Vec<String> = coll
+                .get("Members")
+                .and_then(|m| m.as_array())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|m| json_str(m, &["@odata.id"]).map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            match members.as_slice() {
+                [one] => one.clone(),
+                [] => {
+                    return Err(BmcError::Protocol {
+                        bmc: self.t.name.clone(),
+                        what: "system discovery".into(),
+                        detail: "/redfish/v1/Systems has no members".into(),
+                    });
+                }
+                many => {
+                    return Err(BmcError::Unsupported {
+                        bmc: self.t.name.clone(),
+                        what: "system discovery".into(),
+                        detail: format!(
+                            "{} systems ({}); set redfish.system to one id",
+                            many.len(),
+                            many.join(", ")
+                        ),
+                    });
+                }
+            }
+        } else {
+            format!("/redfish/v1/Systems/{}", self.t.system)
+        };
+        cached.system = Some(path.clone());
+        Ok(path)
+    }
+
+    async fn read_system(&self) -> Result<(String, Value), BmcError> {
+        let mut cached = self.cached.lock().await;
+        let path = self.prepare(&mut cached).await?;
+        let v = self.get_json(&mut cached, &path).await?;
+        Ok((path, v))
+    }
+
+    async fn reset(
+        &self,
+        system_path: &str,
+        system: &Value,
+        reset_type: &str,
+    ) -> Result<String, BmcError> {
+        let target = system
+            .get("Actions")
+            .and_then(|a| a.get("#ComputerSystem.Reset"))
+            .and_then(|r| json_str(r, &["target"]))
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{system_path}/Actions/ComputerSystem.Reset"));
+        let what = format!("ComputerSystem.Reset {reset_type}");
+        let mut cached = self.cached.lock().await;
+        let (status, location, text) = self
+            .send(
+                &mut cached,
+                Method::POST,
+                &target,
+                Some(&json!({ "ResetType": reset_type })),
+            )
+            .await?;
+        match status.as_u16() {
+            200 | 204 => Ok(format!("{what}: HTTP {status}")),
+            202 => {
+                let task = location.or_else(|| {
+                    serde_json::from_str::<Value>(&text)
+                        .ok()
+                        .and_then(|v| json_str(&v, &["@odata.id"]).map(str::to_string))
+                });
+                match task {
+                    None => Ok(format!("{what}: HTTP 202 (no task to follow)")),
+                    Some(task) => {
+                        drop(cached);
+                        self.follow_task(&what, &task).await
+                    }
+                }
+            }
+            _ => Err(BmcError::Refused {
+                bmc: self.t.name.clone(),
+                what,
+                detail: format!("HTTP {status}: {}", error_message(&text)),
+            }),
+        }
+    }
+
+    async fn follow_task(&self, what: &str, task: &str) -> Result<String, BmcError> {
+        loop {
+            let v = {
+                let mut cached = self.cached.lock().await;
+                self.get_json(&mut cached, task).await?
+            };
+            let state = json_str(&v, &["TaskState"]).unwrap_or("").to_string();
+            match state.as_str() {
+                "Completed" => {
+                    let ts = json_str(&v, &["TaskStatus"]).unwrap_or("OK");
+                    if ts == "OK" || ts.is_empty() {
+                        return Ok(format!("{what}: task {task} completed"));
+                    }
+                    return Err(BmcError::Refused {
+                        bmc: self.t.name.clone(),
+                        what: what.to_string(),
+                        detail: format!("task {task} completed with status {ts}"),
+                    });
+                }
+                "Exception" | "Killed" | "Cancelled" | "Interrupted" => {
+                    let msg = v
+                        .get("Messages")
+                        .and_then(|m| m.as_array())
+                        .and_then(|a| a.first())
+                        .and_then(|m| json_str(m, &["Message"]))
+                        .unwrap_or("");
+                    return Err(BmcError::Refused {
+                        bmc: self.t.name.clone(),
+                        what: what.to_string(),
+                        detail: format!("task {task} ended {state}: {msg}"),
+                    });
+                }
+                _ => {
+                    debug!(bmc = %self.t.name, task, state, "task still running");
+                    tokio::time::sleep(TASK_POLL).await;
+                }
+            }
+        }
+    }
+
+    async fn state_now(&self) -> Result<PowerState, BmcError> {
+        let (_, v) = self.read_system().await?;
+        Ok(parse_power_state(
+            json_str(&v, &["PowerState"]).unwrap_or(""),
+        ))
+    }
+}
+
+impl PowerControl for RedfishPowerControl {
+    fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+        Box::pin(self.state_now())
+    }
+
+    fn chassis(&self, op: ChassisOp) -> BoxFuture<'_, Result<String, BmcError>> {
+        Box::pin(async move {
+            let (path, system) = self.read_system().await?;
+            let allowed = allowable_reset_types(&system);
+            let plan =
+                plan_reset(op, allowed.as_deref()).map_err(|detail| BmcError::Unsupported {
+                    bmc: self.t.name.clone(),
+                    what: format!("power {}", op.as_str()),
+                    detail,
+                })?;
+            match plan {
+                ResetPlan::One(t) => {
+                    let said = self.reset(&path, &system, &t).await?;
+                    if op == ChassisOp::Cycle && t != "PowerCycle" {
+                        Ok(format!("PowerCycle not offered, used {t}: {said}"))
+                    } else {
+                        Ok(said)
+                    }
+                }
+                ResetPlan::OffThenOn { off, on } => {
+                    let first = self.reset(&path, &system, &off).await?;
+                    let started = tokio::time::Instant::now();
+                    loop {
+                        if self.state_now().await? == PowerState::Off {
+                            break;
+                        }
+                        if started.elapsed() > CYCLE_OFF_WAIT {
+                            return Err(BmcError::Timeout {
+                                bmc: self.t.name.clone(),
+                                what: format!("power off before power on ({first})"),
+                                waited_ms: CYCLE_OFF_WAIT.as_millis() as u64,
+                            });
+                        }
+                        tokio::time::sleep(TASK_POLL).await;
+                    }
+                    let second = self.reset(&path, &system, &on).await?;
+                    Ok(format!(
+                        "PowerCycle and ForceRestart not offered: {first}; power read off; {second}"
+                    ))
+                }
+            }
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let mut cached = self.cached.lock().await;
+            if let Some((_, Some(loc))) = cached.token.clone() {
+                match self.send(&mut cached, Method::DELETE, &loc, None).await {
+                    Ok((s, _, _)) => {
+                        debug!(bmc = %self.t.name, status = %s, "Redfish session closed")
+                    }
+                    Err(e) => {
+                        warn!(bmc = %self.t.name, error = %e, "closing the Redfish session failed")
+                    }
+                }
+            }
+            cached.token = None;
+            cached.auth_decided = false;
+        })
+    }
+}

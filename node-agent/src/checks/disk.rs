@@ -1,0 +1,343 @@
+//! Disk check: for each required mount, that it is mounted (per `<root>/proc/mounts`,
+//! falling back to `<root>/proc/self/mounts`), read-write when it should be, and that free
+//! space and free inodes are above the configured thresholds (statvfs of
+//! `<root><mountpoint>`).
+//!
+//! A filesystem remounted read-only after I/O errors is the classic silent failure this
+//! catches. The check deliberately does not read kernel logs or SMART data.
+
+use std::io;
+use std::path::Path;
+
+use protocol::messages::{CheckKind, CheckResult, CheckStatus};
+
+use super::{result, under_root};
+use crate::config::MountConfig;
+
+/// Space and inode counts of a filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsUsage {
+    /// Total blocks.
+    pub blocks: u64,
+    /// Blocks available to unprivileged users.
+    pub blocks_avail: u64,
+    /// Total inodes (0 when the filesystem has no fixed inode table, e.g. btrfs).
+    pub files: u64,
+    /// Free inodes.
+    pub files_free: u64,
+}
+
+/// Filesystem usage, the one external system of this check.
+pub trait FsStats: Send {
+    /// Usage of the filesystem holding `path`.
+    fn usage(&self, path: &Path) -> io::Result<FsUsage>;
+}
+
+/// The real [`FsStats`]: the statvfs system call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Statvfs;
+
+impl FsStats for Statvfs {
+    fn usage(&self, path: &Path) -> io::Result<FsUsage> {
+        let s = rustix::fs::statvfs(path)?;
+        Ok(FsUsage {
+            blocks: s.f_blocks,
+            blocks_avail: s.f_bavail,
+            files: s.f_files,
+            files_free: s.f_ffree,
+        })
+    }
+}
+
+/// One line of `/proc/mounts`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Source device.
+    pub device: String,
+    /// Mount point (octal escapes decoded).
+    pub mountpoint: String,
+    /// Filesystem type.
+    pub fstype: String,
+    /// Whether the `ro` option is present.
+    pub read_only: bool,
+}
+
+/// Decodes the kernel's octal escapes (`\040` for a space) in mount table fields.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..=i + 3].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses a mount table; malformed lines are skipped.
+pub fn parse_mounts(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_ascii_whitespace();
+            let device = unescape(f.next()?);
+            let mountpoint = unescape(f.next()?);
+            let fstype = f.next()?.to_string();
+            let opts = f.next()?;
+            Some(MountEntry {
+                device,
+                mountpoint,
+                fstype,
+                read_only: opts.split(',').any(|o| o == "ro"),
+            })
+        })
+        .collect()
+}
+
+/// Reads the mount table under `root`.
+pub fn read_mounts(root: &Path) -> Result<Vec<MountEntry>, String> {
+    let primary = under_root(root, "/proc/mounts");
+    match std::fs::read_to_string(&primary) {
+        Ok(t) => Ok(parse_mounts(&t)),
+        Err(e1) => {
+            let fallback = under_root(root, "/proc/self/mounts");
+            std::fs::read_to_string(&fallback)
+                .map(|t| parse_mounts(&t))
+                .map_err(|e2| {
+                    format!(
+                        "cannot read mount table: {}: {e1}; {}: {e2}",
+                        primary.display(),
+                        fallback.display()
+                    )
+                })
+        }
+    }
+}
+
+/// Percentage of `part` in `total`.
+fn percent(part: u64, total: u64) -> f64 {
+    part as f64 * 100.0 / total as f64
+}
+
+/// Judges one mount. Pure: `entry` is its last line in the mount table (the mount on top),
+/// `usage` its statvfs result.
+pub fn evaluate(
+    cfg: &MountConfig,
+    entry: Option<&MountEntry>,
+    usage: Option<io::Result<FsUsage>>,
+) -> CheckResult {
+    let r = |s, d: String| result(CheckKind::Disk, &cfg.path, s, d);
+    let Some(entry) = entry else {
+        return r(CheckStatus::Fail, "not mounted".into());
+    };
+    if cfg.read_write && entry.read_only {
+        return r(
+            CheckStatus::Fail,
+            format!(
+                "{} ({}) is mounted read-only but must be read-write",
+                entry.device, entry.fstype
+            ),
+        );
+    }
+    let u = match usage {
+        Some(Ok(u)) => u,
+        Some(Err(e)) => return r(CheckStatus::Unknown, format!("statvfs failed: {e}")),
+        None => return r(CheckStatus::Unknown, "no usage data".into()),
+    };
+    let mut status = CheckStatus::Ok;
+    let mut notes = Vec::new();
+    let mut worsen = |s: CheckStatus| {
+        if s == CheckStatus::Fail || status == CheckStatus::Ok {
+            status = s;
+        }
+    };
+    if u.blocks > 0 {
+        let free = percent(u.blocks_avail, u.blocks);
+        notes.push(format!("{free:.1}% space free"));
+        if free < cfg.fail_free_percent {
+            worsen(CheckStatus::Fail);
+            notes.push(format!("below {}%", cfg.fail_free_percent));
+        } else if free < cfg.warn_free_percent {
+            worsen(CheckStatus::Warn);
+            notes.push(format!("below {}%", cfg.warn_free_percent));
+        }
+    }
+    if u.files > 0 {
+        let free = percent(u.files_free, u.files);
+        notes.push(format!("{free:.1}% inodes free"));
+        if free < cfg.fail_free_inodes_percent {
+            worsen(CheckStatus::Fail);
+            notes.push(format!("below {}%", cfg.fail_free_inodes_percent));
+        } else if free < cfg.warn_free_inodes_percent {
+            worsen(CheckStatus::Warn);
+            notes.push(format!("below {}%", cfg.warn_free_inodes_percent));
+        }
+    }
+    let mode = if entry.read_only { "ro" } else { "rw" };
+    r(status, format!("{mode}, {}", notes.join(", ")))
+}
+
+/// Checks every configured mount.
+pub fn check(root: &Path, mounts: &[MountConfig], fs: &dyn FsStats) -> Vec<CheckResult> {
+    let table = match read_mounts(root) {
+        Ok(t) => t,
+        Err(e) => {
+            return mounts
+                .iter()
+                .map(|m| result(CheckKind::Disk, &m.path, CheckStatus::Unknown, e.clone()))
+                .collect();
+        }
+    };
+    mounts
+        .iter()
+        .map(|m| {
+            let entry = table.iter().rev().find(|e| e.mountpoint == m.path);
+            let usage = entry.map(|_| fs.usage(&under_root(root, &m.path)));
+            evaluate(m, entry, usage)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit_fixture::NodeFixture;
+
+    /// Scripted usage per path suffix (`*` matches any path).
+    struct FakeFs(Vec<(&'static str, io::Result<FsUsage>)>);
+
+    impl FsStats for FakeFs {
+        fn usage(&self, path: &Path) -> io::Result<FsUsage> {
+            for (suffix, u) in &self.0 {
+                if *suffix == "*" || path.ends_with(suffix.trim_start_matches('/')) {
+                    return match u {
+                        Ok(u) => Ok(*u),
+                        Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                    };
+                }
+            }
+            Err(io::Error::new(io::ErrorKind::NotFound, "no such fake path"))
+        }
+    }
+
+    fn usage(avail_pct: u64, inodes_free_pct: u64) -> FsUsage {
+        FsUsage {
+            blocks: 1000,
+            blocks_avail: avail_pct * 10,
+            files: 1000,
+            files_free: inodes_free_pct * 10,
+        }
+    }
+
+    #[test]
+    fn real_statvfs_on_a_fixture_is_ok() {
+        let f = NodeFixture::builder("n").mount("/var").build().unwrap();
+        let r = check(f.root(), &[MountConfig::new("/var")], &Statvfs);
+        assert_eq!(r.len(), 1);
+        // The temporary directory's real filesystem: not full on a sane test machine.
+        assert_ne!(r[0].status, CheckStatus::Unknown, "{r:?}");
+        assert!(r[0].detail.starts_with("rw, "), "{r:?}");
+    }
+
+    #[test]
+    fn read_only_remount_fails_unless_allowed() {
+        let f = NodeFixture::builder("n")
+            .mount("/var")
+            .mount("/boot")
+            .build()
+            .unwrap();
+        f.set_read_only("/var", true).unwrap();
+        f.set_read_only("/boot", true).unwrap();
+        let fs = FakeFs(vec![
+            ("/var", Ok(usage(50, 50))),
+            ("/boot", Ok(usage(50, 50))),
+        ]);
+        let mut boot = MountConfig::new("/boot");
+        boot.read_write = false;
+        let r = check(f.root(), &[MountConfig::new("/var"), boot], &fs);
+        assert_eq!(r[0].status, CheckStatus::Fail);
+        assert!(r[0].detail.contains("read-only"), "{r:?}");
+        assert_eq!(r[1].status, CheckStatus::Ok, "{r:?}");
+        f.set_read_only("/var", false).unwrap();
+        let r = check(f.root(), &[MountConfig::new("/var")], &fs);
+        assert_eq!(r[0].status, CheckStatus::Ok, "{r:?}");
+    }
+
+    #[test]
+    fn unmounted_fails() {
+        let f = NodeFixture::builder("n").mount("/var").build().unwrap();
+        f.set_mounted("/var", false).unwrap();
+        let r = check(f.root(), &[MountConfig::new("/var")], &Statvfs);
+        assert_eq!(r[0].status, CheckStatus::Fail);
+        assert_eq!(r[0].detail, "not mounted");
+    }
+
+    #[test]
+    fn thresholds_warn_then_fail_for_space_and_inodes() {
+        let f = NodeFixture::builder("n").mount("/var").build().unwrap();
+        let m = [MountConfig::new("/var")];
+        let st = |u: FsUsage| check(f.root(), &m, &FakeFs(vec![("/var", Ok(u))]))[0].clone();
+        assert_eq!(st(usage(50, 50)).status, CheckStatus::Ok);
+        let r = st(usage(8, 50));
+        assert_eq!(r.status, CheckStatus::Warn, "{r:?}");
+        assert!(r.detail.contains("8.0% space free"), "{r:?}");
+        assert_eq!(st(usage(3, 50)).status, CheckStatus::Fail);
+        assert_eq!(st(usage(50, 7)).status, CheckStatus::Warn);
+        let r = st(usage(50, 2));
+        assert_eq!(r.status, CheckStatus::Fail);
+        assert!(r.detail.contains("inodes"), "{r:?}");
+        // Warn on space does not mask a fail on inodes.
+        assert_eq!(st(usage(8, 2)).status, CheckStatus::Fail);
+        // No inode table (btrfs): only space is judged.
+        let mut u = usage(50, 0);
+        u.files = 0;
+        assert_eq!(st(u).status, CheckStatus::Ok);
+    }
+
+    #[test]
+    fn statvfs_error_is_unknown() {
+        let f = NodeFixture::builder("n").mount("/var").build().unwrap();
+        let fs = FakeFs(vec![("/var", Err(io::Error::other("EIO")))]);
+        let r = check(f.root(), &[MountConfig::new("/var")], &fs);
+        assert_eq!(r[0].status, CheckStatus::Unknown, "{r:?}");
+    }
+
+    #[test]
+    fn mount_table_parsing() {
+        let t = "/dev/sda1 / ext4 rw,relatime 0 0\n\
+                 /dev/sdb1 /mnt/my\\040disk xfs ro,noatime 0 0\n\
+                 garbage\n\
+                 /dev/sdc1 / ext4 ro 0 0\n";
+        let m = parse_mounts(t);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[1].mountpoint, "/mnt/my disk");
+        assert!(m[1].read_only);
+        assert!(!m[0].read_only);
+        // The last entry for a mount point is the one on top.
+        let cfg = [MountConfig::new("/")];
+        let f = NodeFixture::builder("n").build().unwrap();
+        f.write("proc/mounts", t).unwrap();
+        let r = check(f.root(), &cfg, &FakeFs(vec![("*", Ok(usage(50, 50)))]));
+        assert_eq!(r[0].status, CheckStatus::Fail, "{r:?}");
+    }
+
+    #[test]
+    fn falls_back_to_proc_self_mounts() {
+        let f = NodeFixture::builder("n").mount("/var").build().unwrap();
+        let t = f.read("proc/mounts").unwrap();
+        std::fs::remove_file(f.path_of("proc/mounts")).unwrap();
+        let r = check(f.root(), &[MountConfig::new("/var")], &Statvfs);
+        assert_eq!(r[0].status, CheckStatus::Unknown);
+        f.write("proc/self/mounts", &t).unwrap();
+        let r = check(f.root(), &[MountConfig::new("/var")], &Statvfs);
+        assert_ne!(r[0].status, CheckStatus::Unknown, "{r:?}");
+    }
+}

@@ -1,0 +1,393 @@
+//! kubelet check: `GET` of kubelet's healthz URL with a short timeout; `ok` iff the answer
+//! is `200` with body `ok`.
+//!
+//! The HTTP/1.1 client here is deliberately minimal (plain `http://` only, one request per
+//! connection, `Content-Length`, chunked or read-to-close bodies, a hard size cap): the
+//! agent runs on every server and must stay small, so it does not pull in hyper or reqwest.
+//! It is not a general HTTP client and does not follow redirects.
+
+use std::time::Duration;
+
+use protocol::messages::{CheckKind, CheckResult, CheckStatus};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::result;
+
+/// Subject of the kubelet result.
+pub const SUBJECT: &str = "kubelet";
+
+/// Largest response read: healthz answers are a few bytes, a verbose one a few hundred;
+/// anything bigger is not a healthz answer and is cut off instead of buffered.
+const MAX_RESPONSE: usize = 16 * 1024;
+
+/// A parsed `http://host[:port]/path` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    /// Host name or address (IPv6 without brackets).
+    pub host: String,
+    /// Port (default 80).
+    pub port: u16,
+    /// Path and query, starting with `/`.
+    pub path: String,
+}
+
+impl HttpUrl {
+    /// Parses a plain-http URL; anything else is an error saying why.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("{url:?}: only plain http:// URLs are supported"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if authority.is_empty() || authority.contains('@') {
+            return Err(format!("{url:?}: missing or unsupported host"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (h, after) = v6
+                .split_once(']')
+                .ok_or_else(|| format!("{url:?}: unterminated IPv6 address"))?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => Some(p),
+                None if after.is_empty() => None,
+                None => return Err(format!("{url:?}: garbage after IPv6 address")),
+            };
+            (h.to_string(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (authority.to_string(), None),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!("{url:?}: missing host"));
+        }
+        let port = match port {
+            None => 80,
+            Some(p) => p
+                .parse()
+                .map_err(|_| format!("{url:?}: {p:?} is not a port number"))?,
+        };
+        Ok(Self {
+            host,
+            port,
+            path: path.to_string(),
+        })
+    }
+
+    /// `Host` header value.
+    fn host_header(&self) -> String {
+        let h = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.port == 80 {
+            h
+        } else {
+            format!("{h}:{}", self.port)
+        }
+    }
+}
+
+/// A response: status code and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Body bytes (decoded from chunked if needed).
+    pub body: Vec<u8>,
+}
+
+/// Finds `\r\n\r\n`.
+fn header_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n")
+}
+
+/// Decodes a chunked body; `Ok(None)` when more bytes are needed.
+fn dechunk(mut b: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return Ok(None);
+        };
+        let line = std::str::from_utf8(&b[..eol]).map_err(|_| "bad chunk size line")?;
+        let size_hex = line.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .map_err(|_| format!("bad chunk size {size_hex:?}"))?;
+        b = &b[eol + 2..];
+        if size == 0 {
+            // Trailers are ignored; the last chunk is enough to know the body.
+            return Ok(Some(out));
+        }
+        if b.len() < size + 2 {
+            return Ok(None);
+        }
+        out.extend_from_slice(&b[..size]);
+        b = &b[size + 2..];
+    }
+}
+
+/// Parses what has been read so far. `Ok(None)`: incomplete, read more (at `eof`, a body
+/// without length is complete). Pure.
+pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<HttpResponse>, String> {
+    let Some(end) = header_end(buf) else {
+        return if eof {
+            Err("connection closed before the response headers ended".into())
+        } else {
+            Ok(None)
+        };
+    };
+    let head = std::str::from_utf8(&buf[..end]).map_err(|_| "response headers are not UTF-8")?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or("");
+    if !version.starts_with("HTTP/1.") {
+        return Err(format!("not an HTTP/1.x response: {status_line:?}"));
+    }
+    let status: u16 = parts
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let mut content_length = None;
+    let mut chunked = false;
+    for l in lines {
+        let Some((name, value)) = l.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            content_length = Some(
+                value
+                    .parse::<usize>()
+                    .map_err(|_| format!("bad Content-Length {value:?}"))?,
+            );
+        } else if name.eq_ignore_ascii_case("transfer-encoding")
+            && value.to_ascii_lowercase().contains("chunked")
+        {
+            chunked = true;
+        }
+    }
+    let body = &buf[end + 4..];
+    if chunked {
+        return match dechunk(body)? {
+            Some(b) => Ok(Some(HttpResponse { status, body: b })),
+            None if eof => Err("connection closed inside a chunked body".into()),
+            None => Ok(None),
+        };
+    }
+    match content_length {
+        Some(n) if body.len() >= n => Ok(Some(HttpResponse {
+            status,
+            body: body[..n].to_vec(),
+        })),
+        Some(n) if eof => Err(format!(
+            "connection closed after {} of {n} body bytes",
+            body.len()
+        )),
+        Some(_) => Ok(None),
+        None if eof => Ok(Some(HttpResponse {
+            status,
+            body: body.to_vec(),
+        })),
+        None => Ok(None),
+    }
+}
+
+/// Performs one `GET`, all of it (connect, write, read) under `timeout`.
+pub async fn get(url: &HttpUrl, timeout: Duration) -> Result<HttpResponse, String> {
+    let work = async {
+        let mut s = TcpStream::connect((url.host.as_str(), url.port))
+            .await
+            .map_err(|e| format!("cannot connect to {}:{}: {e}", url.host, url.port))?;
+        let req = format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: fleetmend-node-agent/{}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
+            url.path,
+            url.host_header(),
+            env!("CARGO_PKG_VERSION")
+        );
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| format!("cannot send request: {e}"))?;
+        let mut buf = Vec::with_capacity(512);
+        let mut chunk = [0u8; 1024];
+        loop {
+            let n = s
+                .read(&mut chunk)
+                .await
+                .map_err(|e| format!("reading response: {e}"))?;
+            buf.extend_from_slice(&chunk[..n]);
+            if buf.len() > MAX_RESPONSE {
+                return Err(format!("response larger than {MAX_RESPONSE} bytes"));
+            }
+            if let Some(r) = parse_response(&buf, n == 0)? {
+                return Ok(r);
+            }
+        }
+    };
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
+}
+
+/// Judges a response. Pure.
+pub fn evaluate(url: &HttpUrl, r: &Result<HttpResponse, String>) -> CheckResult {
+    let st = |s, d: String| result(CheckKind::Kubelet, SUBJECT, s, d);
+    match r {
+        Err(e) => st(CheckStatus::Fail, format!("healthz {}: {e}", url.path)),
+        Ok(resp) => {
+            let body = String::from_utf8_lossy(&resp.body);
+            let body = body.trim();
+            if resp.status == 200 && body == "ok" {
+                st(CheckStatus::Ok, "healthz ok".into())
+            } else {
+                let mut shown: String = body.chars().take(200).collect();
+                shown = shown.replace('\n', " | ");
+                st(
+                    CheckStatus::Fail,
+                    format!("healthz answered {}: {shown}", resp.status),
+                )
+            }
+        }
+    }
+}
+
+/// The kubelet check's client.
+#[derive(Debug, Clone)]
+pub struct KubeletClient {
+    url: HttpUrl,
+    timeout: Duration,
+}
+
+impl KubeletClient {
+    /// A client for `url` with `timeout` per request.
+    pub fn new(url: HttpUrl, timeout: Duration) -> Self {
+        Self { url, timeout }
+    }
+
+    /// Runs the check.
+    pub async fn check(&self) -> CheckResult {
+        evaluate(&self.url, &get(&self.url, self.timeout).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit_fixture::FakeKubelet;
+    use tokio::net::TcpListener;
+
+    #[test]
+    fn url_parsing() {
+        let u = HttpUrl::parse("http://127.0.0.1:10248/healthz").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("127.0.0.1", 10248, "/healthz")
+        );
+        let u = HttpUrl::parse("http://[::1]:8080/healthz?verbose").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("::1", 8080));
+        assert_eq!(u.host_header(), "[::1]:8080");
+        let u = HttpUrl::parse("http://kubelet.local").unwrap();
+        assert_eq!((u.port, u.path.as_str()), (80, "/"));
+        assert!(HttpUrl::parse("https://127.0.0.1/healthz").is_err());
+        assert!(HttpUrl::parse("http://:80/").is_err());
+        assert!(HttpUrl::parse("http://h:xx/").is_err());
+    }
+
+    #[test]
+    fn response_parsing() {
+        let full = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        for cut in 0..full.len() {
+            assert_eq!(
+                parse_response(&full[..cut], false).unwrap(),
+                None,
+                "cut {cut}"
+            );
+        }
+        let r = parse_response(full, false).unwrap().unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\no\r\n1;x=y\r\nk\r\n0\r\n\r\n";
+        let r = parse_response(chunked, false).unwrap().unwrap();
+        assert_eq!(r.body, b"ok");
+        let close = b"HTTP/1.0 503 Service Unavailable\r\n\r\nbusy";
+        assert_eq!(parse_response(close, false).unwrap(), None);
+        let r = parse_response(close, true).unwrap().unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (503, &b"busy"[..]));
+        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n", false).is_err());
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nok", true).is_err());
+        assert!(parse_response(b"HTTP/1.1 200", true).is_err());
+    }
+
+    #[tokio::test]
+    async fn healthy_and_unhealthy_fake_kubelet() {
+        let k = FakeKubelet::start().unwrap();
+        let c = KubeletClient::new(HttpUrl::parse(&k.url()).unwrap(), Duration::from_secs(2));
+        let r = tokio::time::timeout(Duration::from_secs(10), c.check())
+            .await
+            .unwrap();
+        assert_eq!(r.status, CheckStatus::Ok, "{r:?}");
+        k.set_healthy(false);
+        let r = tokio::time::timeout(Duration::from_secs(10), c.check())
+            .await
+            .unwrap();
+        assert_eq!(r.status, CheckStatus::Fail);
+        assert!(r.detail.contains("500"), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_fails() {
+        // Bind and drop to get a port that is very likely closed.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/healthz")).unwrap();
+        let r = KubeletClient::new(url, Duration::from_secs(2))
+            .check()
+            .await;
+        assert_eq!(r.status, CheckStatus::Fail);
+        assert!(r.detail.contains("cannot connect"), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn silent_server_times_out() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = HttpUrl::parse(&format!("http://{}/healthz", l.local_addr().unwrap())).unwrap();
+        // Accept and hold the connection without answering.
+        let hold = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            drop(s);
+        });
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            KubeletClient::new(url, Duration::from_millis(200)).check(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, CheckStatus::Fail);
+        assert!(r.detail.contains("no answer within"), "{r:?}");
+        hold.abort();
+    }
+
+    #[tokio::test]
+    async fn ok_body_must_be_ok() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = HttpUrl::parse(&format!("http://{}/healthz", l.local_addr().unwrap())).unwrap();
+        let srv = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 1024];
+            let _ = s.read(&mut b).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nnot ok!")
+                .await
+                .unwrap();
+        });
+        let r = KubeletClient::new(url, Duration::from_secs(2))
+            .check()
+            .await;
+        assert_eq!(r.status, CheckStatus::Fail, "{r:?}");
+        srv.await.unwrap();
+    }
+}

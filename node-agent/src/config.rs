@@ -1,0 +1,708 @@
+//! node-agent configuration: the TOML file, environment and flags, merged in that order
+//! (file < env < flags), then validated into a [`Config`].
+//!
+//! The file is optional only when it was not named explicitly: a missing
+//! `/etc/fleetmend/node-agent.toml` is fine when everything comes from flags, a missing
+//! `--config` file is an error. Unknown keys are errors naming the key and the file.
+//! This module reads files and nothing else; it does not check that certificate files
+//! exist (the transport does that, with the path in its error).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+/// Where the configuration file is looked for when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/fleetmend/node-agent.toml";
+
+/// Default report interval: the coordinator declares a machine unreachable after three
+/// missed intervals, so 5 s means a dead machine is noticed within ~15-20 s while the
+/// coordinator handles a 10 000-node fleet at 2 000 small reports per second.
+pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// kubelet's default healthz endpoint (`--healthz-port=10248`, loopback only).
+pub const DEFAULT_KUBELET_URL: &str = "http://127.0.0.1:10248/healthz";
+
+/// kubelet healthz timeout: the endpoint answers from memory in microseconds, so 2 s of
+/// silence means the kubelet is wedged; it must also stay well under the report interval.
+pub const DEFAULT_KUBELET_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Below this share of free blocks a mount warns: enough headroom for an operator to act
+/// before kubelet's own image GC / eviction thresholds (10-15 %) start killing pods.
+pub const DEFAULT_WARN_FREE_PERCENT: f64 = 10.0;
+/// Below this share of free blocks a mount fails: writes are about to fail for everyone.
+pub const DEFAULT_FAIL_FREE_PERCENT: f64 = 5.0;
+/// Inode thresholds mirror the space thresholds: inode exhaustion breaks writes just as
+/// surely and is harder to see.
+pub const DEFAULT_WARN_FREE_INODES_PERCENT: f64 = 10.0;
+/// See [`DEFAULT_WARN_FREE_INODES_PERCENT`].
+pub const DEFAULT_FAIL_FREE_INODES_PERCENT: f64 = 5.0;
+
+/// Errors loading the configuration. All of them end the agent with exit code 64.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this configuration (unknown key, wrong type, …).
+    #[error("invalid config file {path}: {detail}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// toml's message, naming the key and line.
+        detail: String,
+    },
+    /// A value is missing or invalid after merging file, environment and flags.
+    #[error("invalid setting `{key}`{}: {detail}", source_note(.path))]
+    Invalid {
+        /// The key (as in the file; flags and env use the same name).
+        key: &'static str,
+        /// The file, if one was read.
+        path: Option<PathBuf>,
+        /// What is wrong and how to fix it.
+        detail: String,
+    },
+}
+
+fn source_note(path: &Option<PathBuf>) -> String {
+    match path {
+        Some(p) => format!(" (file {}, env or flags)", p.display()),
+        None => " (env or flags; no config file)".to_string(),
+    }
+}
+
+impl ConfigError {
+    /// Configuration errors never go away by retrying.
+    pub fn is_retriable(&self) -> bool {
+        false
+    }
+}
+
+/// The agent's command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "node-agent",
+    version,
+    about = "Fleetmend node agent: reports this server's health to the coordinator"
+)]
+pub struct Cli {
+    /// What to do (default: run).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Settings, accepted before or after the subcommand.
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Report health to the coordinator until SIGTERM/SIGINT (the default).
+    Run,
+    /// Run every check once, print the results and exit non-zero if any check fails.
+    Check {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Flags (and their environment variables) that override the file.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Settings {
+    /// Configuration file [default: /etc/fleetmend/node-agent.toml, if present].
+    #[arg(long, env = "FLEETMEND_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// Coordinator address, host:port.
+    #[arg(long, env = "FLEETMEND_COORDINATOR", global = true)]
+    pub coordinator: Option<String>,
+    /// TLS server name of the coordinator [default: host part of --coordinator].
+    #[arg(long, env = "FLEETMEND_SERVER_NAME", global = true)]
+    pub server_name: Option<String>,
+    /// Fleet CA certificate (PEM).
+    #[arg(long, env = "FLEETMEND_CA", global = true)]
+    pub ca: Option<PathBuf>,
+    /// This node's certificate (PEM).
+    #[arg(long, env = "FLEETMEND_CERT", global = true)]
+    pub cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long, env = "FLEETMEND_KEY", global = true)]
+    pub key: Option<PathBuf>,
+    /// Report interval, e.g. 5s, 500ms, 1m [default: 5s].
+    #[arg(long, env = "FLEETMEND_REPORT_INTERVAL", global = true)]
+    pub report_interval: Option<String>,
+    /// Directory under which /sys, /proc and /run are read [default: /].
+    #[arg(long, env = "FLEETMEND_ROOT", global = true)]
+    pub root: Option<PathBuf>,
+    /// Hostname to report [default: the kernel hostname under the root].
+    #[arg(long, env = "FLEETMEND_HOSTNAME", global = true)]
+    pub hostname: Option<String>,
+    /// Required network interface (repeatable; replaces the file's list).
+    #[arg(
+        long = "nic",
+        env = "FLEETMEND_NICS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub nics: Vec<String>,
+    /// kubelet healthz URL (plain http).
+    #[arg(long, env = "FLEETMEND_KUBELET_URL", global = true)]
+    pub kubelet_url: Option<String>,
+}
+
+/// The file's layout. Every key is optional here; [`Config::resolve`] decides what is
+/// required.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Coordinator `host:port`.
+    pub coordinator: Option<String>,
+    /// TLS server name of the coordinator.
+    pub server_name: Option<String>,
+    /// Fleet CA certificate.
+    pub ca: Option<PathBuf>,
+    /// Node certificate.
+    pub cert: Option<PathBuf>,
+    /// Node key.
+    pub key: Option<PathBuf>,
+    /// Report interval (`"5s"`).
+    pub report_interval: Option<String>,
+    /// Root for /sys, /proc, /run.
+    pub root: Option<PathBuf>,
+    /// Hostname override.
+    pub hostname: Option<String>,
+    /// Required NICs.
+    #[serde(default)]
+    pub nics: Vec<String>,
+    /// Required mounts.
+    #[serde(default)]
+    pub mounts: Vec<MountConfig>,
+    /// kubelet check.
+    #[serde(default)]
+    pub kubelet: KubeletFile,
+    /// kdump check.
+    #[serde(default)]
+    pub kdump: KdumpConfig,
+}
+
+/// `[kubelet]` in the file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeletFile {
+    /// Whether to check kubelet at all (default true).
+    pub enabled: Option<bool>,
+    /// healthz URL.
+    pub url: Option<String>,
+    /// Request timeout (`"2s"`).
+    pub timeout: Option<String>,
+}
+
+/// `[kdump]` in the file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KdumpConfig {
+    /// Whether to check that a crash kernel is loaded (default true).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for KdumpConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One `[[mounts]]` entry: a filesystem that must be mounted, with thresholds.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountConfig {
+    /// Mount point as seen by the node, e.g. `/var`.
+    pub path: String,
+    /// Whether it must be mounted read-write (default true).
+    #[serde(default = "yes")]
+    pub read_write: bool,
+    /// Warn below this percentage of free blocks.
+    #[serde(default = "warn_free")]
+    pub warn_free_percent: f64,
+    /// Fail below this percentage of free blocks.
+    #[serde(default = "fail_free")]
+    pub fail_free_percent: f64,
+    /// Warn below this percentage of free inodes.
+    #[serde(default = "warn_inodes")]
+    pub warn_free_inodes_percent: f64,
+    /// Fail below this percentage of free inodes.
+    #[serde(default = "fail_inodes")]
+    pub fail_free_inodes_percent: f64,
+}
+
+fn warn_free() -> f64 {
+    DEFAULT_WARN_FREE_PERCENT
+}
+fn fail_free() -> f64 {
+    DEFAULT_FAIL_FREE_PERCENT
+}
+fn warn_inodes() -> f64 {
+    DEFAULT_WARN_FREE_INODES_PERCENT
+}
+fn fail_inodes() -> f64 {
+    DEFAULT_FAIL_FREE_INODES_PERCENT
+}
+
+impl MountConfig {
+    /// A read-write mount with default thresholds.
+    pub fn new(path: &str) -> Self {
+        Self {
+            path: path.to_string(),
+            read_write: true,
+            warn_free_percent: DEFAULT_WARN_FREE_PERCENT,
+            fail_free_percent: DEFAULT_FAIL_FREE_PERCENT,
+            warn_free_inodes_percent: DEFAULT_WARN_FREE_INODES_PERCENT,
+            fail_free_inodes_percent: DEFAULT_FAIL_FREE_INODES_PERCENT,
+        }
+    }
+}
+
+/// The coordinator and the TLS files: needed by `run`, not by `check`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoordinatorConfig {
+    /// `host:port`.
+    pub address: String,
+    /// TLS server name (default: host part of `address`).
+    pub server_name: String,
+    /// Fleet CA.
+    pub ca: PathBuf,
+    /// Node certificate.
+    pub cert: PathBuf,
+    /// Node key.
+    pub key: PathBuf,
+}
+
+/// The kubelet check's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeletConfig {
+    /// healthz URL; `None` disables the check.
+    pub url: Option<String>,
+    /// Request timeout.
+    pub timeout: Duration,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Coordinator settings; `None` when neither file nor flags name a coordinator (only
+    /// `check` can run then).
+    pub coordinator: Option<CoordinatorConfig>,
+    /// Report interval.
+    pub report_interval: Duration,
+    /// Root directory for /sys, /proc, /run.
+    pub root: PathBuf,
+    /// Hostname override.
+    pub hostname: Option<String>,
+    /// Required NICs.
+    pub nics: Vec<String>,
+    /// Required mounts.
+    pub mounts: Vec<MountConfig>,
+    /// kubelet check.
+    pub kubelet: KubeletConfig,
+    /// Whether to check kdump.
+    pub kdump: bool,
+    /// The file that was read, if any (for messages).
+    pub source: Option<PathBuf>,
+}
+
+/// Parses `500ms`, `5s`, `2m`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; write e.g. 5s, 500ms or 1m"))?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        other => return Err(format!("unknown unit {other:?} in {s:?}; use ms, s or m")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Splits `host:port` (IPv6 in brackets) into host and port.
+pub fn split_host_port(addr: &str) -> Result<(String, u16), String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{addr:?} has no port; write host:port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{addr:?}: {port:?} is not a port number"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("{addr:?} has no host"));
+    }
+    Ok((host.to_string(), port))
+}
+
+impl FileConfig {
+    /// Parses TOML text; `path` is used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            detail: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// Reads the file named by `explicit`, or the default path if it exists.
+    pub fn load(explicit: Option<&Path>) -> Result<(Self, Option<PathBuf>), ConfigError> {
+        let path = match explicit {
+            Some(p) => p.to_path_buf(),
+            None => {
+                let p = PathBuf::from(DEFAULT_CONFIG_PATH);
+                if !p.exists() {
+                    return Ok((Self::default(), None));
+                }
+                p
+            }
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        Ok((Self::parse(&text, &path)?, Some(path)))
+    }
+}
+
+impl Config {
+    /// Reads the file (per `settings.config`) and merges `settings` over it.
+    pub fn load(settings: &Settings) -> Result<Self, ConfigError> {
+        let (file, path) = FileConfig::load(settings.config.as_deref())?;
+        Self::resolve(file, settings, path)
+    }
+
+    /// Merges flags/env over the file and validates the result.
+    pub fn resolve(
+        file: FileConfig,
+        flags: &Settings,
+        source: Option<PathBuf>,
+    ) -> Result<Self, ConfigError> {
+        let invalid = |key, detail: String| ConfigError::Invalid {
+            key,
+            path: source.clone(),
+            detail,
+        };
+        let address = flags.coordinator.clone().or(file.coordinator);
+        let server_name = flags.server_name.clone().or(file.server_name);
+        let ca = flags.ca.clone().or(file.ca);
+        let cert = flags.cert.clone().or(file.cert);
+        let key = flags.key.clone().or(file.key);
+        let coordinator = match address {
+            None => {
+                if ca.is_some() || cert.is_some() || key.is_some() {
+                    return Err(invalid(
+                        "coordinator",
+                        "TLS files are set but no coordinator address; set coordinator = \"host:port\"".into(),
+                    ));
+                }
+                None
+            }
+            Some(address) => {
+                let (host, _) = split_host_port(&address).map_err(|e| invalid("coordinator", e))?;
+                let need = |k: &'static str, v: Option<PathBuf>| {
+                    v.ok_or_else(|| {
+                        invalid(
+                            k,
+                            format!("missing; a coordinator is configured, so `{k}` (a PEM file path) is required"),
+                        )
+                    })
+                };
+                Some(CoordinatorConfig {
+                    server_name: server_name.unwrap_or(host),
+                    ca: need("ca", ca)?,
+                    cert: need("cert", cert)?,
+                    key: need("key", key)?,
+                    address,
+                })
+            }
+        };
+        let report_interval = match flags.report_interval.clone().or(file.report_interval) {
+            None => DEFAULT_REPORT_INTERVAL,
+            Some(s) => parse_duration(&s).map_err(|e| invalid("report_interval", e))?,
+        };
+        if report_interval < Duration::from_millis(10) {
+            return Err(invalid(
+                "report_interval",
+                format!("{report_interval:?} is too short; use at least 10ms"),
+            ));
+        }
+        let root = flags
+            .root
+            .clone()
+            .or(file.root)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        if !root.is_absolute() {
+            return Err(invalid(
+                "root",
+                format!("{} is not an absolute path", root.display()),
+            ));
+        }
+        let hostname = flags.hostname.clone().or(file.hostname);
+        if let Some(h) = &hostname
+            && protocol::identity::validate_name("hostname", h).is_err()
+        {
+            return Err(invalid(
+                "hostname",
+                format!("{h:?} is not a valid host name"),
+            ));
+        }
+        let nics = if flags.nics.is_empty() {
+            file.nics
+        } else {
+            flags.nics.clone()
+        };
+        for n in &nics {
+            if n.is_empty() || n.contains('/') || n == "." || n == ".." {
+                return Err(invalid("nics", format!("{n:?} is not an interface name")));
+            }
+        }
+        for m in &file.mounts {
+            if !m.path.starts_with('/') {
+                return Err(invalid(
+                    "mounts.path",
+                    format!("{:?} is not an absolute mount point", m.path),
+                ));
+            }
+            for (k, v) in [
+                ("mounts.warn_free_percent", m.warn_free_percent),
+                ("mounts.fail_free_percent", m.fail_free_percent),
+                (
+                    "mounts.warn_free_inodes_percent",
+                    m.warn_free_inodes_percent,
+                ),
+                (
+                    "mounts.fail_free_inodes_percent",
+                    m.fail_free_inodes_percent,
+                ),
+            ] {
+                if !(0.0..=100.0).contains(&v) {
+                    return Err(invalid(
+                        k,
+                        format!("{v} for {} is not a percentage between 0 and 100", m.path),
+                    ));
+                }
+            }
+        }
+        let enabled = file.kubelet.enabled.unwrap_or(true);
+        let url = flags
+            .kubelet_url
+            .clone()
+            .or(file.kubelet.url)
+            .unwrap_or_else(|| DEFAULT_KUBELET_URL.to_string());
+        if enabled {
+            crate::checks::kubelet::HttpUrl::parse(&url).map_err(|e| invalid("kubelet.url", e))?;
+        }
+        let timeout = match file.kubelet.timeout {
+            None => DEFAULT_KUBELET_TIMEOUT,
+            Some(s) => parse_duration(&s).map_err(|e| invalid("kubelet.timeout", e))?,
+        };
+        if timeout.is_zero() {
+            return Err(invalid("kubelet.timeout", "must be more than 0".into()));
+        }
+        Ok(Config {
+            coordinator,
+            report_interval,
+            root,
+            hostname,
+            nics,
+            mounts: file.mounts,
+            kubelet: KubeletConfig {
+                url: enabled.then_some(url),
+                timeout,
+            },
+            kdump: file.kdump.enabled,
+            source,
+        })
+    }
+
+    /// The coordinator settings, or an error saying they are needed.
+    pub fn require_coordinator(&self) -> Result<&CoordinatorConfig, ConfigError> {
+        self.coordinator.as_ref().ok_or_else(|| ConfigError::Invalid {
+            key: "coordinator",
+            path: self.source.clone(),
+            detail: format!(
+                "missing; `run` needs coordinator = \"host:port\" and ca/cert/key (in {DEFAULT_CONFIG_PATH} or --config)"
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        let path = PathBuf::from("/etc/fleetmend/node-agent.toml");
+        let file = FileConfig::parse(text, &path)?;
+        Config::resolve(file, &Settings::default(), Some(path))
+    }
+
+    const FULL: &str = r#"
+coordinator = "coord.example.net:7443"
+ca = "/etc/fleetmend/tls/ca.crt"
+cert = "/etc/fleetmend/tls/node.crt"
+key = "/etc/fleetmend/tls/node.key"
+report_interval = "2s"
+nics = ["eth0", "eth1"]
+
+[kubelet]
+timeout = "500ms"
+
+[[mounts]]
+path = "/var"
+fail_free_percent = 2.5
+
+[[mounts]]
+path = "/boot"
+read_write = false
+"#;
+
+    #[test]
+    fn full_file_parses_with_defaults_filled_in() {
+        let c = parse(FULL).unwrap();
+        let co = c.coordinator.as_ref().unwrap();
+        assert_eq!(co.server_name, "coord.example.net");
+        assert_eq!(c.report_interval, Duration::from_secs(2));
+        assert_eq!(c.root, PathBuf::from("/"));
+        assert_eq!(c.nics, ["eth0", "eth1"]);
+        assert_eq!(c.kubelet.url.as_deref(), Some(DEFAULT_KUBELET_URL));
+        assert_eq!(c.kubelet.timeout, Duration::from_millis(500));
+        assert_eq!(c.mounts[0].fail_free_percent, 2.5);
+        assert_eq!(c.mounts[0].warn_free_percent, DEFAULT_WARN_FREE_PERCENT);
+        assert!(!c.mounts[1].read_write);
+        assert!(c.kdump);
+    }
+
+    #[test]
+    fn empty_file_means_defaults_and_no_coordinator() {
+        let c = parse("").unwrap();
+        assert!(c.coordinator.is_none());
+        assert_eq!(c.report_interval, DEFAULT_REPORT_INTERVAL);
+        assert!(c.require_coordinator().is_err());
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_naming_key_and_file() {
+        let e = parse("coordinator = \"a:1\"\nreport_intervall = \"5s\"\n").unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("report_intervall"), "{msg}");
+        assert!(msg.contains("/etc/fleetmend/node-agent.toml"), "{msg}");
+        let e = parse("[[mounts]]\npath = \"/var\"\nfree = 3\n").unwrap_err();
+        assert!(e.to_string().contains("free"), "{e}");
+        let e = parse("[kubelet]\nurll = \"x\"\n").unwrap_err();
+        assert!(e.to_string().contains("urll"), "{e}");
+    }
+
+    #[test]
+    fn invalid_values_name_their_key() {
+        let cases = [
+            ("coordinator = \"nohost\"", "coordinator"),
+            ("coordinator = \"h:1\"\nca = \"/ca\"", "cert"),
+            ("report_interval = \"5 parsecs\"", "report_interval"),
+            ("report_interval = \"1ms\"", "report_interval"),
+            ("root = \"relative\"", "root"),
+            ("nics = [\"../etc\"]", "nics"),
+            ("[[mounts]]\npath = \"var\"", "mounts.path"),
+            (
+                "[[mounts]]\npath = \"/var\"\nwarn_free_percent = 120.0",
+                "mounts.warn_free_percent",
+            ),
+            (
+                "[kubelet]\nurl = \"https://127.0.0.1:10250/healthz\"",
+                "kubelet.url",
+            ),
+            ("[kubelet]\ntimeout = \"0s\"", "kubelet.timeout"),
+            ("ca = \"/ca\"", "coordinator"),
+            ("hostname = \"bad host\"", "hostname"),
+        ];
+        for (text, key) in cases {
+            match parse(text) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: expected invalid {key}, got {other:?}"),
+            }
+        }
+        let e = parse("report_interval = 5").unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let path = PathBuf::from("/x.toml");
+        let file = FileConfig::parse(FULL, &path).unwrap();
+        let flags = Settings {
+            coordinator: Some("[::1]:9000".into()),
+            report_interval: Some("250ms".into()),
+            root: Some("/tmp/fixture".into()),
+            nics: vec!["bond0".into()],
+            hostname: Some("node-7".into()),
+            kubelet_url: Some("http://127.0.0.1:1/healthz".into()),
+            ..Settings::default()
+        };
+        let c = Config::resolve(file, &flags, Some(path)).unwrap();
+        let co = c.coordinator.unwrap();
+        assert_eq!(co.address, "[::1]:9000");
+        assert_eq!(co.server_name, "::1");
+        assert_eq!(co.ca, PathBuf::from("/etc/fleetmend/tls/ca.crt"));
+        assert_eq!(c.report_interval, Duration::from_millis(250));
+        assert_eq!(c.root, PathBuf::from("/tmp/fixture"));
+        assert_eq!(c.nics, ["bond0"]);
+        assert_eq!(c.hostname.as_deref(), Some("node-7"));
+        assert_eq!(c.kubelet.url.as_deref(), Some("http://127.0.0.1:1/healthz"));
+    }
+
+    #[test]
+    fn cli_parses_subcommands_and_defaults_to_run() {
+        let cli = Cli::try_parse_from(["node-agent", "--config", "/a.toml"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.settings.config, Some(PathBuf::from("/a.toml")));
+        let cli =
+            Cli::try_parse_from(["node-agent", "check", "--json", "--nic", "eth0,eth1"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Check { json: true })));
+        assert_eq!(cli.settings.nics, ["eth0", "eth1"]);
+        let cli = Cli::try_parse_from(["node-agent", "run", "--root", "/r"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Run)));
+        assert_eq!(cli.settings.root, Some(PathBuf::from("/r")));
+    }
+
+    #[test]
+    fn missing_explicit_file_is_an_error_but_missing_default_is_not() {
+        let e = FileConfig::load(Some(Path::new("/nonexistent/fleetmend.toml"))).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/fleetmend.toml"), "{e}");
+    }
+
+    #[test]
+    fn durations_and_addresses() {
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("").is_err());
+        assert_eq!(
+            split_host_port("c.example:7443").unwrap(),
+            ("c.example".into(), 7443)
+        );
+        assert!(split_host_port("c.example").is_err());
+        assert!(split_host_port(":1").is_err());
+        assert!(split_host_port("h:99999").is_err());
+    }
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh Debian machine, and nothing by hand:
+#   - apt: ipmitool (reference IPMI client), openipmi (ipmi_sim), python3-venv;
+#   - a Python venv under build/venv with pyghmi (fake IPMI BMC) and sushy-tools
+#     (sushy-emulator, Redfish) plus bcrypt/passlib for the emulator's htpasswd.
+# Idempotent: when everything is already present it only checks and returns in a second.
+# Runs as root in CI with no stdin; uses sudo only when not root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/build/venv"
+# Pinned so every machine runs the same simulators (the tests depend on their behaviour,
+# e.g. sushy's fake driver and its power-change delay).
+PY_PKGS=(pyghmi==1.6.19 sushy-tools==2.2.0 bcrypt passlib)
+
+say() { echo "setup-test-deps: $*"; }
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+  SUDO="sudo -n"
+fi
+
+need_apt=()
+command -v ipmitool >/dev/null 2>&1 || need_apt+=(ipmitool)
+command -v ipmi_sim >/dev/null 2>&1 || need_apt+=(openipmi)
+# The venv is built with Debian's python3 so it does not depend on a user's pyenv.
+PY=/usr/bin/python3
+if [ ! -x "$PY" ]; then
+  need_apt+=(python3)
+fi
+if ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  need_apt+=(python3-venv)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  say "apt-get update"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  say "apt-get install ${need_apt[*]}"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}" </dev/null
+else
+  say "ipmitool, ipmi_sim and python3-venv already installed"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating venv $VENV"
+  mkdir -p "$ROOT/build"
+  "$PY" -m venv "$VENV"
+fi
+if "$VENV/bin/python" - "${PY_PKGS[@]}" >/dev/null 2>&1 <<'PYEOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if want and have != want:
+        sys.exit(1)
+PYEOF
+then
+  say "venv already has ${PY_PKGS[*]}"
+else
+  say "pip install ${PY_PKGS[*]} into $VENV"
+  "$VENV/bin/pip" install --disable-pip-version-check -q "${PY_PKGS[@]}" </dev/null
+fi
+test -x "$VENV/bin/sushy-emulator" || { say "sushy-emulator missing from $VENV/bin after install"; exit 1; }
+say "ok: ipmitool=$(command -v ipmitool) ipmi_sim=$(command -v ipmi_sim) sushy-emulator=$VENV/bin/sushy-emulator"
