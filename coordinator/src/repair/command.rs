@@ -1,0 +1,583 @@
+//! Running repair, health-check and success commands: external programs with the machine's
+//! address appended, under a time limit that kills the whole process group, with output kept
+//! (truncated) for the entry's history; and the `@` built-ins, which go through
+//! [`PowerControl`] and [`AgentHealthView`].
+//!
+//! Each call runs inside its own task spawned by the engine; nothing here blocks a thread.
+//! This module does not decide what a result means for the entry: see [`super::decide`].
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use jiff::Timestamp;
+use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::config::{Builtin, CommandSpec};
+use super::decide::CommandEnd;
+use crate::gateway::PowerControl;
+
+/// Bytes kept of each of stdout and stderr. Enough for a BMC tool's error message; a chatty
+/// command must not bloat the history table of a 10,000-entry queue.
+pub const OUTPUT_LIMIT: usize = 4096;
+
+/// What the coordinator knows about a machine's agent, for `@agent-healthy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentHealth {
+    /// The boot id of the last report.
+    pub boot_id: String,
+    /// When the last report was received (coordinator clock).
+    pub last_report: Timestamp,
+    /// Start of the current run of reports with every check ok; `None` when the last report
+    /// had a failing check.
+    pub ok_since: Option<Timestamp>,
+}
+
+/// The foundation's live-health view, as the repair queue needs it. Implemented by the
+/// health module; faked in tests.
+pub trait AgentHealthView: Send + Sync + 'static {
+    /// The agent's state for the machine at `address`, `None` if it never reported.
+    fn agent_health(&self, address: &str) -> Option<AgentHealth>;
+}
+
+/// A view with no agents: `@agent-healthy` never passes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoAgents;
+
+impl AgentHealthView for NoAgents {
+    fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
+        None
+    }
+}
+
+/// What a command is for: a health check passes only if its stdout says `true`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CommandKind {
+    /// A step's repair command.
+    Repair,
+    /// The operation's health check.
+    Health,
+    /// The operation's success command.
+    Success,
+}
+
+impl CommandKind {
+    /// Label value for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommandKind::Repair => "repair",
+            CommandKind::Health => "health",
+            CommandKind::Success => "success",
+        }
+    }
+}
+
+/// How a command ended, beyond ok/failed, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    /// Succeeded (a health check that passed).
+    Ok,
+    /// Ran and failed (non-zero exit, health check not `true`, power action failed).
+    Failed,
+    /// Killed at its time limit.
+    Timeout,
+    /// Could not be run at all (program missing, gateway not available).
+    Error,
+}
+
+impl Outcome {
+    /// Label value for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failed => "failed",
+            Outcome::Timeout => "timeout",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Everything a command run needs besides the spec.
+#[derive(Clone)]
+pub struct RunContext {
+    /// The machine's address (appended to external commands).
+    pub address: String,
+    /// The machine's serial (checked by the gateway).
+    pub serial: String,
+    /// Power request id: the same id for a re-run after a restart, so the gateway executes
+    /// it at most once.
+    pub request_id: String,
+    /// Time limit; `None` = no limit.
+    pub timeout: Option<Duration>,
+    /// When the step began (`@agent-healthy` wants reports after it).
+    pub step_began: Timestamp,
+    /// Boot id before a power step (`@agent-healthy` wants a different one); empty = any.
+    pub boot_id_before: String,
+    /// Power control.
+    pub power: Arc<dyn PowerControl>,
+    /// Agent health.
+    pub agents: Arc<dyn AgentHealthView>,
+}
+
+/// Runs a command of `kind` and says how it ended.
+pub fn run(
+    spec: CommandSpec,
+    kind: CommandKind,
+    ctx: RunContext,
+) -> BoxFuture<'static, (CommandEnd, Outcome)> {
+    Box::pin(async move {
+        match spec {
+            CommandSpec::External(argv) => {
+                let mut argv = argv;
+                argv.push(ctx.address.clone());
+                let (mut end, mut outcome) = run_external(&argv, ctx.timeout).await;
+                if kind == CommandKind::Health && end.ok {
+                    let said = end.output.lines().next().unwrap_or("").to_string();
+                    if first_stdout(&end.output).trim() != "true" {
+                        end.ok = false;
+                        end.summary = format!("stdout was not `true` (first line: {said:?})");
+                        outcome = Outcome::Failed;
+                    }
+                }
+                (end, outcome)
+            }
+            CommandSpec::Builtin(Builtin::AgentHealthy) => agent_healthy(&ctx),
+            CommandSpec::Builtin(b) => power(b, &ctx).await,
+        }
+    })
+}
+
+/// Stdout as stored by [`run_external`] (everything before the stderr marker).
+fn first_stdout(output: &str) -> &str {
+    output.split(STDERR_MARKER).next().unwrap_or("")
+}
+
+const STDERR_MARKER: &str = "\n--- stderr ---\n";
+
+fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let fail = |summary: String| {
+        (
+            CommandEnd {
+                ok: false,
+                summary,
+                output: String::new(),
+            },
+            Outcome::Failed,
+        )
+    };
+    let Some(h) = ctx.agents.agent_health(&ctx.address) else {
+        return fail("the agent has never reported".into());
+    };
+    if h.last_report <= ctx.step_began {
+        return fail(format!(
+            "no report since the step began at {}",
+            ctx.step_began
+        ));
+    }
+    let Some(ok_since) = h.ok_since else {
+        return fail("the last report has a failing check".into());
+    };
+    if !ctx.boot_id_before.is_empty() && h.boot_id == ctx.boot_id_before {
+        return fail(format!(
+            "boot id {} unchanged since the power step",
+            h.boot_id
+        ));
+    }
+    (
+        CommandEnd {
+            ok: true,
+            summary: format!("every check ok since {ok_since}, boot id {}", h.boot_id),
+            output: String::new(),
+        },
+        Outcome::Ok,
+    )
+}
+
+async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let action = match b {
+        Builtin::PowerCycle => PowerAction::Cycle,
+        Builtin::PowerOff => PowerAction::Off,
+        Builtin::PowerOn => PowerAction::On,
+        Builtin::Fence => PowerAction::Fence,
+        Builtin::AgentHealthy => unreachable!("not a power action"),
+    };
+    let req = PowerRequest {
+        id: ctx.request_id.clone(),
+        address: ctx.address.clone(),
+        serial: ctx.serial.clone(),
+        action,
+        timeout_ms: ctx.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
+    };
+    let call = ctx.power.power(req);
+    let answer = match ctx.timeout {
+        Some(t) => match tokio::time::timeout(t, call).await {
+            Ok(a) => a,
+            Err(_) => {
+                return (
+                    CommandEnd {
+                        ok: false,
+                        summary: format!("{} timed out after {} s", b.name(), t.as_secs()),
+                        output: String::new(),
+                    },
+                    Outcome::Timeout,
+                );
+            }
+        },
+        None => call.await,
+    };
+    match answer {
+        Err(e) => (
+            CommandEnd {
+                ok: false,
+                summary: format!("{}: {e}", b.name()),
+                output: String::new(),
+            },
+            Outcome::Error,
+        ),
+        Ok(resp) => match resp.outcome {
+            PowerOutcome::Done {
+                confirmed_off_unix_ms,
+                detail,
+                state,
+            } => {
+                if b == Builtin::Fence && confirmed_off_unix_ms.is_none() {
+                    return (
+                        CommandEnd {
+                            ok: false,
+                            summary: format!("@fence: power off not confirmed (state {state:?})"),
+                            output: detail,
+                        },
+                        Outcome::Failed,
+                    );
+                }
+                (
+                    CommandEnd {
+                        ok: true,
+                        summary: format!("{}: done, power {state:?}", b.name()),
+                        output: detail,
+                    },
+                    Outcome::Ok,
+                )
+            }
+            PowerOutcome::Failed { detail, .. } => (
+                CommandEnd {
+                    ok: false,
+                    summary: format!("{} failed", b.name()),
+                    output: detail,
+                },
+                Outcome::Failed,
+            ),
+        },
+    }
+}
+
+/// Kills the process group it names when dropped, unless disarmed: a timeout or a cancelled
+/// task (entry deleted, coordinator stopping) leaves no grandchild behind.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            // `kill` from procps: the safe way to signal a process group without `unsafe`.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pgid}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+async fn read_capped<R: AsyncRead + Unpin>(mut r: R) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut truncated = false;
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return (kept, truncated),
+            Ok(n) => {
+                let room = OUTPUT_LIMIT.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                truncated |= n > room;
+            }
+        }
+    }
+}
+
+fn text(bytes: &[u8], truncated: bool) -> String {
+    let mut s = String::from_utf8_lossy(bytes).into_owned();
+    if truncated {
+        s.push_str("\n[… truncated]");
+    }
+    s
+}
+
+/// Runs `argv` (address already appended) in its own process group, with stdin closed,
+/// under `timeout`. Output is stdout, then a marker and stderr when stderr is not empty.
+pub async fn run_external(argv: &[String], timeout: Option<Duration>) -> (CommandEnd, Outcome) {
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return (
+                CommandEnd {
+                    ok: false,
+                    summary: format!("cannot run {}: {e}", argv[0]),
+                    output: String::new(),
+                },
+                Outcome::Error,
+            );
+        }
+    };
+    let mut guard = GroupGuard(child.id());
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    let work = async {
+        let (out, err, status) =
+            tokio::join!(read_capped(stdout), read_capped(stderr), child.wait());
+        (out, err, status)
+    };
+    let finished = match timeout {
+        Some(t) => tokio::time::timeout(t, work).await.ok(),
+        None => Some(work.await),
+    };
+    let Some(((out, out_trunc), (err, err_trunc), status)) = finished else {
+        drop(guard);
+        let secs = timeout.map(|t| t.as_secs_f64()).unwrap_or(0.0);
+        return (
+            CommandEnd {
+                ok: false,
+                summary: format!("timed out after {secs} s; process group killed"),
+                output: String::new(),
+            },
+            Outcome::Timeout,
+        );
+    };
+    guard.0 = None;
+    let mut output = text(&out, out_trunc);
+    if !err.is_empty() {
+        output.push_str(STDERR_MARKER);
+        output.push_str(&text(&err, err_trunc));
+    }
+    match status {
+        Ok(s) if s.success() => (
+            CommandEnd {
+                ok: true,
+                summary: "exit status 0".into(),
+                output,
+            },
+            Outcome::Ok,
+        ),
+        Ok(s) => (
+            CommandEnd {
+                ok: false,
+                summary: match s.code() {
+                    Some(c) => format!("exit status {c}"),
+                    None => format!("terminated: {s}"),
+                },
+                output,
+            },
+            Outcome::Failed,
+        ),
+        Err(e) => (
+            CommandEnd {
+                ok: false,
+                summary: format!("waiting for {} failed: {e}", argv[0]),
+                output,
+            },
+            Outcome::Error,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::NoGateway;
+
+    fn ctx(timeout: Option<Duration>) -> RunContext {
+        RunContext {
+            address: "10.0.0.9".into(),
+            serial: String::new(),
+            request_id: "r1".into(),
+            timeout,
+            step_began: Timestamp::from_second(1_800_000_000).unwrap(),
+            boot_id_before: String::new(),
+            power: Arc::new(NoGateway),
+            agents: Arc::new(NoAgents),
+        }
+    }
+
+    fn sh(script: &str) -> CommandSpec {
+        CommandSpec::External(vec!["sh".into(), "-c".into(), script.into(), "cmd".into()])
+    }
+
+    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(20), f)
+            .await
+            .expect("test timed out")
+    }
+
+    #[tokio::test]
+    async fn address_is_appended_and_output_kept() {
+        let (end, o) = within(run(
+            sh("echo \"addr=$1\"; echo oops >&2"),
+            CommandKind::Repair,
+            ctx(None),
+        ))
+        .await;
+        assert!(end.ok, "{end:?}");
+        assert_eq!(o, Outcome::Ok);
+        assert_eq!(end.output, "addr=10.0.0.9\n\n--- stderr ---\noops\n");
+    }
+
+    #[tokio::test]
+    async fn health_check_passes_only_on_exactly_true() {
+        let t = Some(Duration::from_secs(10));
+        let (end, _) = within(run(sh("echo '  true  '"), CommandKind::Health, ctx(t))).await;
+        assert!(end.ok);
+        for script in ["echo True", "echo 'true true'", "echo true; exit 1", "true"] {
+            let (end, _) = within(run(sh(script), CommandKind::Health, ctx(t))).await;
+            assert!(!end.ok, "{script}: {end:?}");
+        }
+        let (end, _) = within(run(sh("echo true"), CommandKind::Repair, ctx(t))).await;
+        assert!(end.ok);
+    }
+
+    #[tokio::test]
+    async fn failing_command_reports_exit_status_and_output() {
+        let (end, o) = within(run(
+            sh("echo broken; exit 3"),
+            CommandKind::Repair,
+            ctx(None),
+        ))
+        .await;
+        assert!(!end.ok);
+        assert_eq!(o, Outcome::Failed);
+        assert_eq!(end.summary, "exit status 3");
+        assert_eq!(end.output, "broken\n");
+        let (end, o) = within(run(
+            CommandSpec::External(vec!["/nonexistent/fleetmend-cmd".into()]),
+            CommandKind::Repair,
+            ctx(None),
+        ))
+        .await;
+        assert!(!end.ok);
+        assert_eq!(o, Outcome::Error);
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_whole_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+        let started = std::time::Instant::now();
+        let (end, o) = within(run(
+            sh(&script),
+            CommandKind::Repair,
+            ctx(Some(Duration::from_millis(500))),
+        ))
+        .await;
+        assert_eq!(o, Outcome::Timeout);
+        assert!(!end.ok);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let pid = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .to_string();
+        // The grandchild `sleep` must be gone (allow a moment for the kernel to reap it).
+        let mut gone = false;
+        for _ in 0..50 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.split_whitespace().nth(2) == Some("Z") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(gone, "grandchild {pid} survived the timeout");
+    }
+
+    #[tokio::test]
+    async fn output_is_truncated() {
+        let (end, _) = within(run(
+            sh("head -c 100000 /dev/zero | tr '\\0' x"),
+            CommandKind::Repair,
+            ctx(None),
+        ))
+        .await;
+        assert!(end.ok);
+        assert!(end.output.len() < OUTPUT_LIMIT + 64, "{}", end.output.len());
+        assert!(end.output.ends_with("[… truncated]"));
+    }
+
+    #[tokio::test]
+    async fn power_builtins_without_gateway_fail_clearly() {
+        let (end, o) = within(run(
+            CommandSpec::Builtin(Builtin::PowerCycle),
+            CommandKind::Repair,
+            ctx(None),
+        ))
+        .await;
+        assert!(!end.ok);
+        assert_eq!(o, Outcome::Error);
+        assert!(end.summary.contains("not available"), "{}", end.summary);
+    }
+
+    struct FakeAgents(Option<AgentHealth>);
+    impl AgentHealthView for FakeAgents {
+        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
+            self.0.clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn agent_healthy_needs_ok_reports_since_the_step_and_a_new_boot_after_power() {
+        let began = Timestamp::from_second(1_800_000_000).unwrap();
+        let later = began + jiff::SignedDuration::from_secs(30);
+        let check = |h: Option<AgentHealth>, boot_before: &str| {
+            let mut c = ctx(None);
+            c.agents = Arc::new(FakeAgents(h));
+            c.boot_id_before = boot_before.into();
+            run(
+                CommandSpec::Builtin(Builtin::AgentHealthy),
+                CommandKind::Health,
+                c,
+            )
+        };
+        let ok = AgentHealth {
+            boot_id: "b2".into(),
+            last_report: later,
+            ok_since: Some(later),
+        };
+        assert!(check(Some(ok.clone()), "").await.0.ok);
+        assert!(check(Some(ok.clone()), "b1").await.0.ok, "new boot id");
+        assert!(
+            !check(Some(ok.clone()), "b2").await.0.ok,
+            "same boot id after a power step"
+        );
+        assert!(!check(None, "").await.0.ok, "never reported");
+        let stale = AgentHealth {
+            last_report: began,
+            ..ok.clone()
+        };
+        assert!(
+            !check(Some(stale), "").await.0.ok,
+            "no report since the step began"
+        );
+        let failing = AgentHealth {
+            ok_since: None,
+            ..ok
+        };
+        assert!(!check(Some(failing), "").await.0.ok, "failing check");
+    }
+}

@@ -1,0 +1,1019 @@
+//! The repair queue engine: one task that owns the queue, answers admin requests, runs the
+//! pure decision ([`super::decide`]) and carries out its actions.
+//!
+//! Order of work, always: decide → commit every transition of the pass to SQLite in one
+//! transaction → only then act (spawn a command, start a drain, uncordon). A coordinator
+//! killed at any moment therefore finds in SQLite at least every transition whose effect
+//! began, and resumes each entry where it stood ([`super::entry::Phase`]).
+//!
+//! Commands, health checks, drains and node lookups run as their own tasks and report back
+//! through a channel, so a hung command never stalls another entry or the admin API. Each
+//! task carries a generation number; a report from a task that was cancelled (entry deleted,
+//! step moved on) is ignored.
+//!
+//! The engine does not parse configuration, choose a drainer or a gateway, or listen on any
+//! socket: the app wires those in ([`RepairDeps`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use protocol::admin::AdminResponse;
+use protocol::admin::repair::{
+    AddRepairEntry, RepairEntryDetail, RepairQueueCounts, RepairQueueRequest, RepairQueueResponse,
+    RepairStatus,
+};
+use protocol::messages::{Refusal, RefusalCode};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::command::{self, AgentHealthView, CommandKind, Outcome, RunContext};
+use super::config::{CommandSpec, RepairConfig};
+use super::decide::{self, Action, CommandEnd, DrainEnd, NodeObs, Observations, Observed, TaskObs};
+use super::entry::{Entry, HistoryEvent};
+use super::store::{self as rstore, Write};
+use crate::clock::Clock;
+use crate::gateway::PowerControl;
+use crate::k8s::{DrainProgress, Drainer};
+use crate::store::{Store, StoreError};
+
+/// How often the engine re-decides without news. Entries only change on task reports and
+/// admin requests (which wake it at once) or on time passing (watch, backoff, retry, drain
+/// timeouts, which are second-granular); a quarter second keeps those punctual at no cost.
+pub const TICK: Duration = Duration::from_millis(250);
+
+/// Pause between drain passes while pods terminate. Evictions take seconds; polling faster
+/// only loads the API server.
+pub const DRAIN_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Wait before retrying a failed node lookup or uncordon (API server down).
+pub const K8S_RETRY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Admin requests handled per commit. Group commit: one fsync for a burst of `add`s instead
+/// of one each, which is what makes enqueueing thousands of entries fast.
+const ADMIN_BATCH: usize = 512;
+
+/// Everything the engine needs from the rest of the coordinator.
+pub struct RepairDeps {
+    /// The store (migrated).
+    pub store: Store,
+    /// The `repair:` configuration.
+    pub config: Arc<RepairConfig>,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+    /// Kubernetes drains ([`crate::k8s::NotANode`] without a cluster).
+    pub drainer: Arc<dyn Drainer>,
+    /// Power actions ([`crate::gateway::NoGateway`] without gateways).
+    pub power: Arc<dyn PowerControl>,
+    /// Agent health, for `@agent-healthy`.
+    pub agents: Arc<dyn AgentHealthView>,
+    /// `rand(n)` in `0..n`, for the drain backoff; injectable for tests.
+    pub rand: Box<dyn FnMut(u64) -> u64 + Send + Sync>,
+}
+
+impl RepairDeps {
+    /// Deps with the system's randomness.
+    pub fn new(
+        store: Store,
+        config: Arc<RepairConfig>,
+        clock: Arc<dyn Clock>,
+        drainer: Arc<dyn Drainer>,
+        power: Arc<dyn PowerControl>,
+        agents: Arc<dyn AgentHealthView>,
+    ) -> Self {
+        Self {
+            store,
+            config,
+            clock,
+            drainer,
+            power,
+            agents,
+            rand: Box::new(|n| if n == 0 { 0 } else { rand::random_range(0..n) }),
+        }
+    }
+}
+
+/// Why a repair queue request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RepairQueueError {
+    /// The request is invalid; the message says why.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The engine has stopped (coordinator shutting down).
+    #[error("the repair queue is not running (coordinator shutting down?)")]
+    Stopped,
+}
+
+impl RepairQueueError {
+    /// True when the same request may succeed later.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            RepairQueueError::BadRequest(_) => false,
+            RepairQueueError::Store(e) => e.is_retriable(),
+            RepairQueueError::Stopped => true,
+        }
+    }
+
+    /// As an admin API refusal.
+    pub fn to_refusal(&self) -> Refusal {
+        let code = match self {
+            RepairQueueError::BadRequest(_) => RefusalCode::BadRequest,
+            RepairQueueError::Stopped => RefusalCode::ShuttingDown,
+            RepairQueueError::Store(_) => RefusalCode::Internal,
+        };
+        Refusal::new(code, self.to_string())
+    }
+}
+
+type Reply = oneshot::Sender<Result<RepairQueueResponse, RepairQueueError>>;
+
+/// Handle to the running engine. Cheap to clone.
+#[derive(Clone)]
+pub struct RepairQueue {
+    tx: mpsc::Sender<(RepairQueueRequest, Reply)>,
+    metrics: Arc<RepairMetrics>,
+}
+
+impl std::fmt::Debug for RepairQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RepairQueue").finish_non_exhaustive()
+    }
+}
+
+impl RepairQueue {
+    /// Loads the queue from the store and starts the engine; it stops when `shutdown` is
+    /// cancelled (running commands are killed; they run again after a restart).
+    pub async fn start(
+        deps: RepairDeps,
+        shutdown: CancellationToken,
+    ) -> Result<(Self, tokio::task::JoinHandle<()>), StoreError> {
+        let (enabled, entries) = deps.store.call(|c| rstore::load(c)).await?;
+        let (tx, rx) = mpsc::channel(4096);
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let metrics = Arc::new(RepairMetrics::default());
+        let engine = Engine {
+            deps,
+            enabled,
+            entries: entries.into_iter().map(|e| (e.index, e)).collect(),
+            rt: HashMap::new(),
+            ev_tx,
+            pending_history: Vec::new(),
+            next_gen: 1,
+            metrics: metrics.clone(),
+        };
+        let resumed = engine.entries.values().filter(|e| e.is_active()).count();
+        tracing::info!(
+            entries = engine.entries.len(),
+            active = resumed,
+            enabled,
+            "repair queue loaded"
+        );
+        engine.update_metrics();
+        let handle = tokio::spawn(engine.run(rx, ev_rx, shutdown));
+        Ok((Self { tx, metrics }, handle))
+    }
+
+    /// Carries out one request.
+    pub async fn request(
+        &self,
+        req: RepairQueueRequest,
+    ) -> Result<RepairQueueResponse, RepairQueueError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send((req, reply))
+            .await
+            .map_err(|_| RepairQueueError::Stopped)?;
+        rx.await.map_err(|_| RepairQueueError::Stopped)?
+    }
+
+    /// Carries out one admin request and wraps the answer for the admin API.
+    pub async fn handle_admin(&self, req: RepairQueueRequest) -> AdminResponse {
+        match self.request(req).await {
+            Ok(r) => AdminResponse::RepairQueue(r),
+            Err(e) => AdminResponse::Error(e.to_refusal()),
+        }
+    }
+
+    /// Prometheus text lines for `/metrics`.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.render()
+    }
+}
+
+/// Counters and gauges of the queue.
+#[derive(Debug, Default)]
+pub struct RepairMetrics(Mutex<MetricsState>);
+
+#[derive(Debug, Default)]
+struct MetricsState {
+    by_status: [u64; 4],
+    deleting: u64,
+    enabled: bool,
+    commands: BTreeMap<(CommandKind, Outcome), u64>,
+}
+
+impl RepairMetrics {
+    fn with<T>(&self, f: impl FnOnce(&mut MetricsState) -> T) -> T {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g)
+    }
+
+    /// Prometheus text exposition lines (with HELP and TYPE).
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        self.with(|m| {
+            let mut s = String::new();
+            s.push_str("# HELP fleetmend_repair_queue_items Repair queue entries by status.\n");
+            s.push_str("# TYPE fleetmend_repair_queue_items gauge\n");
+            for (i, st) in RepairStatus::ALL.iter().enumerate() {
+                let _ = writeln!(s, "fleetmend_repair_queue_items{{status=\"{}\"}} {}", st.as_str(), m.by_status[i]);
+            }
+            s.push_str("# HELP fleetmend_repair_queue_deleting Entries marked for deletion, not yet dequeued.\n");
+            s.push_str("# TYPE fleetmend_repair_queue_deleting gauge\n");
+            let _ = writeln!(s, "fleetmend_repair_queue_deleting {}", m.deleting);
+            s.push_str("# HELP fleetmend_repair_queue_enabled 1 when the repair queue is enabled.\n");
+            s.push_str("# TYPE fleetmend_repair_queue_enabled gauge\n");
+            let _ = writeln!(s, "fleetmend_repair_queue_enabled {}", u8::from(m.enabled));
+            s.push_str("# HELP fleetmend_repair_entries_in_progress Entries being repaired (status processing).\n");
+            s.push_str("# TYPE fleetmend_repair_entries_in_progress gauge\n");
+            let _ = writeln!(s, "fleetmend_repair_entries_in_progress {}", m.by_status[1]);
+            s.push_str("# HELP fleetmend_repair_commands_total Repair, health-check and success commands run, by result.\n");
+            s.push_str("# TYPE fleetmend_repair_commands_total counter\n");
+            for kind in [CommandKind::Repair, CommandKind::Health, CommandKind::Success] {
+                for out in [Outcome::Ok, Outcome::Failed, Outcome::Timeout, Outcome::Error] {
+                    let n = m.commands.get(&(kind, out)).copied().unwrap_or(0);
+                    let _ = writeln!(
+                        s,
+                        "fleetmend_repair_commands_total{{kind=\"{}\",result=\"{}\"}} {n}",
+                        kind.as_str(),
+                        out.as_str()
+                    );
+                }
+            }
+            s
+        })
+    }
+}
+
+/// A task's report.
+enum Event {
+    Node {
+        index: u64,
+        generation: u64,
+        node: Result<Option<String>, String>,
+    },
+    Drain {
+        index: u64,
+        generation: u64,
+        end: DrainEnd,
+    },
+    Command {
+        index: u64,
+        generation: u64,
+        kind: CommandKind,
+        end: CommandEnd,
+        outcome: Outcome,
+    },
+}
+
+#[derive(Default)]
+struct Runtime {
+    obs: Observations,
+    node_gen: u64,
+    drain_gen: u64,
+    command_gen: u64,
+    health_gen: u64,
+    drain_task: Option<AbortHandle>,
+    command_task: Option<AbortHandle>,
+    health_task: Option<AbortHandle>,
+    /// The last health check's (passed, summary), to record only changes in the history.
+    last_health: Option<(bool, String)>,
+}
+
+impl Runtime {
+    fn abort_all(&mut self) {
+        for t in [
+            self.drain_task.take(),
+            self.command_task.take(),
+            self.health_task.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            t.abort();
+        }
+    }
+}
+
+struct Engine {
+    deps: RepairDeps,
+    enabled: bool,
+    entries: BTreeMap<u64, Entry>,
+    rt: HashMap<u64, Runtime>,
+    ev_tx: mpsc::UnboundedSender<Event>,
+    pending_history: Vec<(u64, HistoryEvent)>,
+    next_gen: u64,
+    metrics: Arc<RepairMetrics>,
+}
+
+impl Engine {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<(RepairQueueRequest, Reply)>,
+        mut ev_rx: mpsc::UnboundedReceiver<Event>,
+        shutdown: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                msg = rx.recv() => {
+                    let Some(first) = msg else { break };
+                    let mut batch = vec![first];
+                    while batch.len() < ADMIN_BATCH {
+                        match rx.try_recv() {
+                            Ok(m) => batch.push(m),
+                            Err(_) => break,
+                        }
+                    }
+                    self.admin_batch(batch).await;
+                }
+                ev = ev_rx.recv() => {
+                    if let Some(ev) = ev {
+                        self.event(ev);
+                        while let Ok(ev) = ev_rx.try_recv() {
+                            self.event(ev);
+                        }
+                    }
+                }
+                _ = tick.tick() => {}
+            }
+            self.step().await;
+        }
+        for rt in self.rt.values_mut() {
+            rt.abort_all();
+        }
+        tracing::info!("repair queue stopped");
+    }
+
+    fn next_generation(&mut self) -> u64 {
+        self.next_gen += 1;
+        self.next_gen
+    }
+
+    fn event(&mut self, ev: Event) {
+        let now = self.deps.clock.now();
+        match ev {
+            Event::Node {
+                index,
+                generation,
+                node,
+            } => {
+                let Some(rt) = self.rt.get_mut(&index) else {
+                    return;
+                };
+                if rt.node_gen != generation {
+                    return;
+                }
+                rt.obs.node = match node {
+                    Ok(Some(n)) => NodeObs::Node(n),
+                    Ok(None) => NodeObs::NotANode,
+                    Err(e) => {
+                        tracing::warn!(index, error = %e, "repair: node lookup failed; will retry");
+                        NodeObs::Unknown
+                    }
+                };
+            }
+            Event::Drain {
+                index,
+                generation,
+                end,
+            } => {
+                let Some(rt) = self.rt.get_mut(&index) else {
+                    return;
+                };
+                if rt.drain_gen == generation {
+                    rt.obs.drain = TaskObs::Finished(end);
+                    rt.drain_task = None;
+                }
+            }
+            Event::Command {
+                index,
+                generation,
+                kind,
+                end,
+                outcome,
+            } => {
+                self.metrics
+                    .with(|m| *m.commands.entry((kind, outcome)).or_default() += 1);
+                let Some(rt) = self.rt.get_mut(&index) else {
+                    return;
+                };
+                match kind {
+                    CommandKind::Health => {
+                        if rt.health_gen != generation {
+                            return;
+                        }
+                        rt.health_task = None;
+                        rt.obs.health.running = false;
+                        rt.obs.health.completed += 1;
+                        rt.obs.health.last = Some((now, end.ok));
+                        let key = (end.ok, end.summary.clone());
+                        if rt.last_health.as_ref() != Some(&key) {
+                            rt.last_health = Some(key);
+                            let event = if end.ok {
+                                "health-check-passed"
+                            } else {
+                                "health-check-failed"
+                            };
+                            self.pending_history.push((
+                                index,
+                                HistoryEvent::new(event, end.summary).with_output(end.output),
+                            ));
+                        }
+                    }
+                    CommandKind::Repair | CommandKind::Success => {
+                        if rt.command_gen == generation {
+                            rt.command_task = None;
+                            rt.obs.command = TaskObs::Finished(end);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn counts(&self) -> RepairQueueCounts {
+        let mut c = RepairQueueCounts {
+            enabled: self.enabled,
+            ..Default::default()
+        };
+        for e in self.entries.values() {
+            if e.deleted {
+                c.deleting += 1;
+            }
+            match e.status {
+                RepairStatus::Queued => c.queued += 1,
+                RepairStatus::Processing => c.processing += 1,
+                RepairStatus::Succeeded => c.succeeded += 1,
+                RepairStatus::Failed => c.failed += 1,
+            }
+        }
+        c
+    }
+
+    fn update_metrics(&self) {
+        let c = self.counts();
+        self.metrics.with(|m| {
+            m.by_status = [c.queued, c.processing, c.succeeded, c.failed];
+            m.deleting = c.deleting;
+            m.enabled = c.enabled;
+        });
+    }
+
+    async fn commit(&self, writes: Vec<Write>) -> Result<Vec<u64>, StoreError> {
+        let now = self.deps.clock.now();
+        self.deps
+            .store
+            .call(move |c| rstore::commit(c, &writes, now))
+            .await
+    }
+
+    async fn admin_batch(&mut self, batch: Vec<(RepairQueueRequest, Reply)>) {
+        let now = self.deps.clock.now();
+        let mut writes = Vec::new();
+        // Entries changed by earlier requests of this batch, not yet committed.
+        let mut staged: BTreeMap<u64, Entry> = BTreeMap::new();
+        let mut enabled = self.enabled;
+        enum Pending {
+            Now(Result<RepairQueueResponse, RepairQueueError>),
+            Added(usize),
+            Show(u64),
+        }
+        let mut pending = Vec::with_capacity(batch.len());
+        let mut inserts = Vec::new();
+        for (req, reply) in batch {
+            let p = match req {
+                RepairQueueRequest::Add(add) => match self.validate_add(&add) {
+                    Err(e) => Pending::Now(Err(e)),
+                    Ok(()) => {
+                        let e = Entry::new_queued(
+                            &add.address,
+                            &add.serial,
+                            &add.machine_type,
+                            &add.operation,
+                            now,
+                        );
+                        writes.push(Write::Insert(
+                            e.clone(),
+                            HistoryEvent::new(
+                                "added",
+                                format!("{} {} {}", add.operation, add.machine_type, add.address),
+                            ),
+                        ));
+                        inserts.push(e);
+                        Pending::Added(inserts.len() - 1)
+                    }
+                },
+                RepairQueueRequest::List => {
+                    let list = self
+                        .entries
+                        .values()
+                        .map(|e| staged.get(&e.index).unwrap_or(e).to_wire())
+                        .collect();
+                    Pending::Now(Ok(RepairQueueResponse::List(list)))
+                }
+                RepairQueueRequest::Show { index } => {
+                    if self.entries.contains_key(&index) {
+                        Pending::Show(index)
+                    } else {
+                        Pending::Now(Err(RepairQueueError::BadRequest(format!(
+                            "no repair queue entry {index}"
+                        ))))
+                    }
+                }
+                RepairQueueRequest::Delete { index } => match self.entries.get(&index) {
+                    None => Pending::Now(Err(RepairQueueError::BadRequest(format!(
+                        "no repair queue entry {index}"
+                    )))),
+                    Some(e) => {
+                        let mut e = staged.get(&index).unwrap_or(e).clone();
+                        let count = u64::from(!e.deleted);
+                        if !e.deleted {
+                            e.deleted = true;
+                            writes.push(Write::Update(
+                                e.clone(),
+                                Some(HistoryEvent::new("delete-requested", "repair-queue delete")),
+                            ));
+                            staged.insert(index, e);
+                        }
+                        Pending::Now(Ok(RepairQueueResponse::Deleted { count }))
+                    }
+                },
+                RepairQueueRequest::DeleteFinished | RepairQueueRequest::DeleteUnfinished => {
+                    let finished = matches!(req, RepairQueueRequest::DeleteFinished);
+                    let mut count = 0;
+                    for e in self.entries.values() {
+                        let e = staged.get(&e.index).unwrap_or(e);
+                        if !e.deleted && e.status.is_finished() == finished {
+                            let mut e = e.clone();
+                            e.deleted = true;
+                            let why = if finished {
+                                "repair-queue delete-finished"
+                            } else {
+                                "repair-queue delete-unfinished"
+                            };
+                            writes.push(Write::Update(
+                                e.clone(),
+                                Some(HistoryEvent::new("delete-requested", why)),
+                            ));
+                            staged.insert(e.index, e);
+                            count += 1;
+                        }
+                    }
+                    Pending::Now(Ok(RepairQueueResponse::Deleted { count }))
+                }
+                RepairQueueRequest::Enable | RepairQueueRequest::Disable => {
+                    enabled = matches!(req, RepairQueueRequest::Enable);
+                    writes.push(Write::SetEnabled(enabled));
+                    Pending::Now(Ok(RepairQueueResponse::Enabled(enabled)))
+                }
+                RepairQueueRequest::IsEnabled => {
+                    Pending::Now(Ok(RepairQueueResponse::Enabled(enabled)))
+                }
+                RepairQueueRequest::ResetBackoff => {
+                    let mut count = 0;
+                    for e in self.entries.values() {
+                        let e = staged.get(&e.index).unwrap_or(e);
+                        if e.drain_backoff_count != 0 || e.drain_backoff_expire.is_some() {
+                            let mut e = e.clone();
+                            e.drain_backoff_count = 0;
+                            e.drain_backoff_expire = None;
+                            writes.push(Write::Update(
+                                e.clone(),
+                                Some(HistoryEvent::new(
+                                    "backoff-reset",
+                                    "repair-queue reset-backoff",
+                                )),
+                            ));
+                            staged.insert(e.index, e);
+                            count += 1;
+                        }
+                    }
+                    Pending::Now(Ok(RepairQueueResponse::BackoffReset { count }))
+                }
+                RepairQueueRequest::Counts => {
+                    let mut c = self.counts();
+                    c.enabled = enabled;
+                    Pending::Now(Ok(RepairQueueResponse::Counts(c)))
+                }
+            };
+            pending.push((p, reply));
+        }
+        let committed = if writes.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.commit(writes).await
+        };
+        let ids = match committed {
+            Ok(ids) => {
+                for (index, e) in staged {
+                    self.entries.insert(index, e);
+                }
+                self.enabled = enabled;
+                ids
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "repair queue: cannot commit admin requests");
+                for (p, reply) in pending {
+                    let r = match p {
+                        Pending::Now(Ok(RepairQueueResponse::List(l))) => {
+                            Ok(RepairQueueResponse::List(l))
+                        }
+                        Pending::Now(Err(err)) => Err(err),
+                        _ => Err(RepairQueueError::Store(StoreError::Task(e.to_string()))),
+                    };
+                    let _ = reply.send(r);
+                }
+                return;
+            }
+        };
+        for (p, reply) in pending {
+            let r = match p {
+                Pending::Now(r) => r,
+                Pending::Added(i) => {
+                    let mut e = inserts[i].clone();
+                    e.index = ids[i];
+                    let wire = e.to_wire();
+                    self.entries.insert(e.index, e);
+                    Ok(RepairQueueResponse::Added(wire))
+                }
+                Pending::Show(index) => {
+                    let entry = self.entries[&index].to_wire();
+                    match self
+                        .deps
+                        .store
+                        .call(move |c| rstore::history(c, index))
+                        .await
+                    {
+                        Ok(history) => Ok(RepairQueueResponse::Show(Box::new(RepairEntryDetail {
+                            entry,
+                            history,
+                        }))),
+                        Err(e) => Err(RepairQueueError::Store(e)),
+                    }
+                }
+            };
+            let _ = reply.send(r);
+        }
+    }
+
+    fn validate_add(&self, add: &AddRepairEntry) -> Result<(), RepairQueueError> {
+        if add.address.parse::<IpAddr>().is_err() {
+            return Err(RepairQueueError::BadRequest(format!(
+                "`{}` is not an IP address; the repair queue is keyed by machine address",
+                add.address
+            )));
+        }
+        self.deps
+            .config
+            .operation_for(&add.machine_type, &add.operation)
+            .map_err(|no| {
+                RepairQueueError::BadRequest(format!("{no}; check the repair configuration"))
+            })?;
+        Ok(())
+    }
+
+    /// Decide and act until a pass makes no transition.
+    async fn step(&mut self) {
+        for _ in 0..8 {
+            let now = self.deps.clock.now();
+            let empty = Observations::default();
+            let actions = {
+                let observed: Vec<Observed<'_>> = self
+                    .entries
+                    .values()
+                    .filter(|e| e.is_active() || e.deleted)
+                    .map(|e| Observed {
+                        entry: e,
+                        obs: self.rt.get(&e.index).map(|r| &r.obs).unwrap_or(&empty),
+                    })
+                    .collect();
+                decide::decide(&observed, &self.deps.config, self.enabled, now)
+            };
+            let mut writes = Vec::new();
+            let mut effects = Vec::new();
+            for (index, action) in actions {
+                if matches!(action, Action::Hold(_)) {
+                    continue;
+                }
+                let e = &self.entries[&index];
+                if !action.is_transition() {
+                    effects.push((index, action, None));
+                    continue;
+                }
+                let op = self
+                    .deps
+                    .config
+                    .operation_for(&e.machine_type, &e.operation)
+                    .ok();
+                let with_success = op.is_some_and(|o| o.success_command.is_some());
+                let power_boot = match (
+                    &action,
+                    op.and_then(|o| o.repair_steps.get(e.step as usize)),
+                ) {
+                    (Action::Execute { .. }, Some(s))
+                        if s.repair_command.power_builtin().is_some() =>
+                    {
+                        Some(
+                            self.deps
+                                .agents
+                                .agent_health(&e.address)
+                                .map(|h| h.boot_id)
+                                .unwrap_or_default(),
+                        )
+                    }
+                    _ => None,
+                };
+                let Some((new, ev)) = decide::transition(
+                    e,
+                    &action,
+                    now,
+                    with_success,
+                    power_boot,
+                    &mut self.deps.rand,
+                ) else {
+                    continue;
+                };
+                tracing::info!(index, address = %e.address, event = ev.event, detail = %ev.detail, "repair queue");
+                if matches!(action, Action::Dequeue) {
+                    writes.push(Write::Delete(index));
+                } else {
+                    writes.push(Write::Update(new.clone(), Some(ev)));
+                }
+                effects.push((index, action, Some(new)));
+            }
+            for (index, ev) in std::mem::take(&mut self.pending_history) {
+                if let Some(e) = self.entries.get(&index) {
+                    writes.push(Write::History(e.clone(), ev));
+                }
+            }
+            let transitions = effects.iter().any(|(_, _, n)| n.is_some());
+            if !writes.is_empty()
+                && let Err(e) = self.commit(writes).await
+            {
+                // Nothing was acted on: the same decisions are made again next tick.
+                tracing::error!(error = %e, "repair queue: cannot commit transitions; holding");
+                return;
+            }
+            for (index, action, new) in effects {
+                self.act(index, action, new);
+            }
+            self.update_metrics();
+            if !transitions {
+                break;
+            }
+        }
+    }
+
+    fn run_ctx(&self, e: &Entry, request_id: String, timeout_seconds: u64) -> RunContext {
+        RunContext {
+            address: e.address.clone(),
+            serial: e.serial.clone(),
+            request_id,
+            timeout: (timeout_seconds > 0).then(|| Duration::from_secs(timeout_seconds)),
+            step_began: e.last_transition,
+            boot_id_before: e.boot_id_before.clone(),
+            power: self.deps.power.clone(),
+            agents: self.deps.agents.clone(),
+        }
+    }
+
+    fn spawn_command(
+        &mut self,
+        index: u64,
+        kind: CommandKind,
+        spec: CommandSpec,
+        ctx: RunContext,
+    ) -> (u64, AbortHandle) {
+        let generation = self.next_generation();
+        let tx = self.ev_tx.clone();
+        let h = tokio::spawn(async move {
+            let (end, outcome) = command::run(spec, kind, ctx).await;
+            let _ = tx.send(Event::Command {
+                index,
+                generation,
+                kind,
+                end,
+                outcome,
+            });
+        });
+        (generation, h.abort_handle())
+    }
+
+    fn uncordon(&self, node: String) {
+        if node.is_empty() {
+            return;
+        }
+        let drainer = self.deps.drainer.clone();
+        tokio::spawn(async move {
+            for attempt in 1..=5 {
+                match drainer.uncordon_if_ours(&node).await {
+                    Ok(()) => return,
+                    Err(e) if e.is_retriable() && attempt < 5 => {
+                        tracing::warn!(%node, error = %e, "repair: uncordon failed; retrying");
+                        tokio::time::sleep(K8S_RETRY_INTERVAL).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(%node, error = %e, "repair: cannot uncordon node; uncordon it by hand");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    fn act(&mut self, index: u64, action: Action, new: Option<Entry>) {
+        if let Some(n) = new {
+            self.entries.insert(index, n);
+        }
+        let Some(e) = self.entries.get(&index).cloned() else {
+            return;
+        };
+        let op = self
+            .deps
+            .config
+            .operation_for(&e.machine_type, &e.operation)
+            .ok()
+            .cloned();
+        let step = op
+            .as_ref()
+            .and_then(|o| o.repair_steps.get(e.step as usize))
+            .cloned();
+        self.rt.entry(index).or_default();
+        match action {
+            Action::Hold(_) => {}
+            Action::Dequeue => {
+                if let Some(mut rt) = self.rt.remove(&index) {
+                    rt.abort_all();
+                }
+                self.entries.remove(&index);
+                self.uncordon(e.nodename.clone());
+            }
+            Action::Fail { .. } | Action::Succeed { .. } => {
+                if let Some(rt) = self.rt.get_mut(&index) {
+                    rt.abort_all();
+                }
+                self.rt.remove(&index);
+                self.uncordon(e.nodename.clone());
+            }
+            Action::Start => {
+                self.rt.insert(index, Runtime::default());
+            }
+            Action::ResolveNode => {
+                let generation = self.next_generation();
+                let rt = self.rt.get_mut(&index).expect("runtime");
+                rt.obs.node = NodeObs::Resolving;
+                rt.node_gen = generation;
+                let drainer = self.deps.drainer.clone();
+                let tx = self.ev_tx.clone();
+                let address = e.address.clone();
+                tokio::spawn(async move {
+                    let node = drainer.node_for(&address).await.map_err(|e| e.to_string());
+                    if node.is_err() {
+                        tokio::time::sleep(K8S_RETRY_INTERVAL).await;
+                    }
+                    let _ = tx.send(Event::Node {
+                        index,
+                        generation,
+                        node,
+                    });
+                });
+            }
+            Action::StartDrain(_) | Action::ResumeDrain => {
+                let generation = self.next_generation();
+                let drainer = self.deps.drainer.clone();
+                let opts = self.deps.config.drain_options();
+                let tx = self.ev_tx.clone();
+                let node = e.nodename.clone();
+                let h = tokio::spawn(async move {
+                    let end = loop {
+                        match drainer.drain(&node, &opts).await {
+                            Ok(DrainProgress::Done) => break DrainEnd::Done,
+                            Ok(DrainProgress::Abandoned { reason }) => {
+                                break DrainEnd::Abandoned(reason);
+                            }
+                            Ok(DrainProgress::InProgress { remaining, detail }) => {
+                                tracing::debug!(%node, remaining, %detail, "repair: draining");
+                            }
+                            Err(err) if err.is_retriable() => {
+                                tracing::warn!(%node, error = %err, "repair: drain pass failed; retrying");
+                            }
+                            Err(err) => break DrainEnd::Abandoned(err.to_string()),
+                        }
+                        tokio::time::sleep(DRAIN_POLL_INTERVAL).await;
+                    };
+                    let _ = tx.send(Event::Drain {
+                        index,
+                        generation,
+                        end,
+                    });
+                });
+                let rt = self.rt.get_mut(&index).expect("runtime");
+                if let Some(old) = rt.drain_task.replace(h.abort_handle()) {
+                    old.abort();
+                }
+                rt.drain_gen = generation;
+                rt.obs.drain = TaskObs::Running;
+            }
+            Action::AbandonDrain(_) => {
+                let rt = self.rt.get_mut(&index).expect("runtime");
+                if let Some(t) = rt.drain_task.take() {
+                    t.abort();
+                }
+                rt.drain_gen = 0;
+                rt.obs.drain = TaskObs::NotStarted;
+                self.uncordon(e.nodename.clone());
+            }
+            Action::Execute { attempt } => {
+                let Some(step) = step else { return };
+                let ctx = self.run_ctx(
+                    &e,
+                    format!("repair-{index}-step{}-attempt{attempt}", e.step),
+                    step.command_timeout_seconds,
+                );
+                let (generation, h) = self.spawn_command(
+                    index,
+                    CommandKind::Repair,
+                    step.repair_command.clone(),
+                    ctx,
+                );
+                let rt = self.rt.get_mut(&index).expect("runtime");
+                if let Some(old) = rt.command_task.replace(h) {
+                    old.abort();
+                }
+                rt.command_gen = generation;
+                rt.obs.command = TaskObs::Running;
+                rt.obs.drain = TaskObs::NotStarted;
+            }
+            Action::RetryLater { .. } => {
+                let rt = self.rt.get_mut(&index).expect("runtime");
+                rt.obs.command = TaskObs::NotStarted;
+            }
+            Action::CommandDone { .. } | Action::NextStep | Action::Healthy => {
+                let rt = self.rt.get_mut(&index).expect("runtime");
+                if let Some(t) = rt.health_task.take() {
+                    t.abort();
+                }
+                rt.health_gen = 0;
+                rt.obs.command = TaskObs::NotStarted;
+                rt.obs.health = Default::default();
+                rt.last_health = None;
+                if e.status == RepairStatus::Succeeded {
+                    self.rt.remove(&index);
+                    self.uncordon(e.nodename.clone());
+                }
+            }
+            Action::RunHealthCheck => {
+                let Some(op) = op else { return };
+                let ctx = self.run_ctx(
+                    &e,
+                    format!("repair-{index}-health"),
+                    op.command_timeout_seconds,
+                );
+                let (generation, h) = self.spawn_command(
+                    index,
+                    CommandKind::Health,
+                    op.health_check_command.clone(),
+                    ctx,
+                );
+                let rt = self.rt.get_mut(&index).expect("runtime");
+                rt.health_task = Some(h);
+                rt.health_gen = generation;
+                rt.obs.health.running = true;
+            }
+            Action::RunSuccessCommand => {
+                let Some(op) = op else { return };
+                let Some(spec) = op.success_command.clone() else {
+                    return;
+                };
+                let ctx = self.run_ctx(
+                    &e,
+                    format!("repair-{index}-success"),
+                    op.success_command_timeout,
+                );
+                let (generation, h) = self.spawn_command(index, CommandKind::Success, spec, ctx);
+                let rt = self.rt.get_mut(&index).expect("runtime");
+                rt.command_task = Some(h);
+                rt.command_gen = generation;
+                rt.obs.command = TaskObs::Running;
+            }
+        }
+    }
+}
