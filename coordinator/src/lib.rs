@@ -3,9 +3,18 @@
 //!
 //! Logic lives in this library; the `coordinator` and `coordinatorctl` binaries are thin.
 
+pub mod admin;
+pub mod agent_server;
+pub mod app;
 pub mod clock;
+pub mod config;
+pub mod ctl;
 pub mod fence;
+pub mod fleet;
 pub mod gateway;
+pub mod health;
+pub mod inventory;
 pub mod k8s;
+pub mod metrics;
 pub mod repair;
 pub mod store;

@@ -1,1 +1,87 @@
-fn main() {}
+//! The coordinator daemon: parse config → init tracing → build → serve until SIGTERM/SIGINT
+//! → drain within the grace → exit code (0 clean, 64 bad configuration, 1 other failure).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use coordinator::app::App;
+use coordinator::config::{Config, DEFAULT_CONFIG_PATH};
+use tokio_util::sync::CancellationToken;
+
+/// Exit code for an unusable configuration (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+/// Fleetmend coordinator: inventory, live health, repairs.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Configuration file (TOML).
+    #[arg(long, env = "FLEETMEND_CONFIG", default_value = DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("coordinator: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if let Err(e) = protocol::telemetry::init("info") {
+        eprintln!("coordinator: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("coordinator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let app = match App::build(config).await {
+            Ok(app) => app,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start");
+                return if e.is_config() {
+                    ExitCode::from(EXIT_CONFIG)
+                } else {
+                    ExitCode::FAILURE
+                };
+            }
+        };
+        let shutdown = CancellationToken::new();
+        tokio::spawn(wait_for_signal(shutdown.clone()));
+        // Bound and loaded: from here on connections are accepted.
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+        app.run(shutdown).await;
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        _ => {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            return;
+        }
+    };
+    let which = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(signal = which, "stopping");
+    shutdown.cancel();
+}

@@ -1,1 +1,31 @@
-fn main() {}
+//! `coordinatorctl`: Fleetmend's operator CLI (PKI, machines, …). See `coordinator::ctl`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use coordinator::ctl::{Cli, run};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = protocol::telemetry::init("warn") {
+        eprintln!("coordinatorctl: {e}");
+        return ExitCode::from(64);
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("coordinatorctl: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coordinatorctl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

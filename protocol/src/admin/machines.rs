@@ -16,6 +16,8 @@ pub enum MachinesRequest {
     },
     /// Registers or updates a machine.
     Add(MachineSpec),
+    /// Registers or updates several machines at once, all or nothing.
+    Import(Vec<MachineSpec>),
 }
 
 /// Answers to [`MachinesRequest`].
@@ -26,7 +28,9 @@ pub enum MachinesResponse {
     /// Answer to `Show`.
     Show(Box<MachineDetail>),
     /// Answer to `Add`.
-    Added(MachineSummary),
+    Added(Box<MachineSummary>),
+    /// Answer to `Import`, one summary per imported machine.
+    Imported(Vec<MachineSummary>),
 }
 
 /// What an operator registers about a machine.
@@ -59,6 +63,12 @@ pub struct MachineSummary {
     pub state_since_unix_ms: u64,
     /// Failing checks as `kind:subject`, for the table.
     pub failing: Vec<String>,
+    /// Why the machine entered its state.
+    pub reason: String,
+    /// When the last report was received, by the coordinator's clock.
+    pub last_report_unix_ms: Option<u64>,
+    /// Whether an agent connection for this machine is open now.
+    pub connected: bool,
 }
 
 /// One recorded state transition.
@@ -85,4 +95,12 @@ pub struct MachineDetail {
     pub last_report_unix_ms: Option<u64>,
     /// Recent transitions, oldest first.
     pub transitions: Vec<StateTransition>,
+    /// Boot id last announced by the agent.
+    pub boot_id: Option<String>,
+    /// Version of the agent, from its hello.
+    pub agent_version: Option<String>,
+    /// Start of the current unbroken run of reports with no failing check.
+    pub healthy_since_unix_ms: Option<u64>,
+    /// Each currently failing check (`kind:subject`) and since when it fails.
+    pub failing_since: Vec<(String, u64)>,
 }

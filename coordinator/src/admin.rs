@@ -1,0 +1,92 @@
+//! The admin API's request handlers: one [`AdminRequest`] in, one [`AdminResponse`] out.
+//!
+//! Authorisation (admin certificate only) happens before a request gets here, in
+//! [`crate::agent_server`]; this module only carries out requests. Each area answers its
+//! own part of the envelope: machines here, the repair queue in `crate::repair`.
+
+use std::sync::Arc;
+
+use protocol::Identity;
+use protocol::admin::machines::{MachinesRequest, MachinesResponse};
+use protocol::admin::{AdminRequest, AdminResponse};
+use protocol::messages::{Refusal, RefusalCode};
+
+use crate::fleet::{Fleet, FleetError};
+use crate::inventory::{MachineRecord, RecordSource};
+
+/// Everything admin requests act on. Areas add their handles here.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// Inventory and health.
+    pub fleet: Arc<Fleet>,
+}
+
+fn error(code: RefusalCode, reason: impl Into<String>) -> AdminResponse {
+    AdminResponse::Error(Refusal::new(code, reason))
+}
+
+fn fleet_error(e: FleetError) -> AdminResponse {
+    let code = match e {
+        FleetError::Store(_) => RefusalCode::Internal,
+        _ => RefusalCode::BadRequest,
+    };
+    error(code, e.to_string())
+}
+
+impl Admin {
+    /// Answers one request from `who` (an admin identity).
+    pub async fn handle(&self, who: &Identity, req: AdminRequest) -> AdminResponse {
+        match req {
+            AdminRequest::Machines(m) => self.machines(who, m).await,
+            // The repair area replaces this arm with its handler.
+            AdminRequest::RepairQueue(_) => error(
+                RefusalCode::BadRequest,
+                "the repair queue is not enabled in this coordinator",
+            ),
+        }
+    }
+
+    async fn machines(&self, who: &Identity, req: MachinesRequest) -> AdminResponse {
+        let resp = match req {
+            MachinesRequest::List => Ok(MachinesResponse::List(self.fleet.list())),
+            MachinesRequest::Show { address } => match self.fleet.detail(&address).await {
+                Ok(Some(d)) => Ok(MachinesResponse::Show(Box::new(d))),
+                Ok(None) => Err(FleetError::UnknownMachine(address)),
+                Err(e) => Err(e),
+            },
+            MachinesRequest::Add(spec) => {
+                match MachineRecord::from_spec(&spec, RecordSource::Admin) {
+                    Ok(rec) => {
+                        tracing::info!(admin = %who.name, machine = %rec.address, hostname = %rec.hostname, "machine added");
+                        self.fleet.upsert(vec![rec]).await.map(|mut v| {
+                            MachinesResponse::Added(Box::new(
+                                v.pop().expect("one record in, one out"),
+                            ))
+                        })
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            MachinesRequest::Import(specs) => {
+                let recs: Result<Vec<_>, _> = specs
+                    .iter()
+                    .map(|s| MachineRecord::from_spec(s, RecordSource::Admin))
+                    .collect();
+                match recs {
+                    Ok(recs) => {
+                        tracing::info!(admin = %who.name, count = recs.len(), "machines imported");
+                        self.fleet
+                            .upsert(recs)
+                            .await
+                            .map(MachinesResponse::Imported)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+        };
+        match resp {
+            Ok(r) => AdminResponse::Machines(r),
+            Err(e) => fleet_error(e),
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! The coordinator's QUIC server: agents report here and coordinatorctl calls the admin API.
+//!
+//! One accept loop; every connection is its own task with its own tracing span. After the
+//! hello (read and version-checked by `protocol::transport::accept_hello`), the certificate
+//! decides what the peer may do:
+//! - a `node` certificate may open an agent session, only for the hostname it names;
+//! - an `admin` certificate may open an admin session;
+//! - anything else is refused with `not-authorized`.
+//!
+//! Every refusal is answered with a reason, logged at warn with structured fields and
+//! counted in metrics; a misbehaving peer only ever loses its own connection.
+//!
+//! This module moves frames and enforces who may say what; what a report means is
+//! [`crate::fleet`]'s business, what an admin request does is [`crate::admin`]'s.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::Role;
+use protocol::frame::{self, FrameError, MAX_ADMIN_FRAME_LEN, MAX_FRAME_LEN};
+use protocol::messages::{
+    AgentHello, AgentMessage, CoordinatorReply, HelloBody, Refusal, RefusalCode,
+};
+use protocol::transport::{
+    HelloError, PendingHello, Session, TransportError, accept_hello, read_payload, write_msg,
+};
+use quinn::{Connection, Endpoint, RecvStream, SendStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::admin::Admin;
+use crate::fleet::Fleet;
+use crate::metrics::{HANDSHAKE_FAILED, Metrics, SessionKind, refusal_label};
+
+/// How long a refused peer gets to read its refusal before the connection is closed.
+const REFUSAL_LINGER: Duration = Duration::from_secs(2);
+
+/// QUIC application close code for a normal close.
+const CLOSE_OK: u32 = 0;
+/// QUIC application close code after a refusal.
+const CLOSE_REFUSED: u32 = 1;
+
+/// What every connection task needs.
+#[derive(Debug, Clone)]
+pub struct ServerCtx {
+    /// Our name, sent in hello replies.
+    pub name: String,
+    /// Our trust domain: peers from another are refused.
+    pub trust_domain: String,
+    /// The registry.
+    pub fleet: Arc<Fleet>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Admin request handlers.
+    pub admin: Arc<Admin>,
+}
+
+/// Accepts connections until `shutdown`, then gives open sessions up to `grace` to end and
+/// closes the endpoint.
+pub async fn serve(
+    endpoint: Endpoint,
+    ctx: Arc<ServerCtx>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let mut tasks = JoinSet::new();
+    loop {
+        // Reap finished connection tasks so the set does not grow with every connection.
+        while tasks.try_join_next().is_some() {}
+        let incoming = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            i = endpoint.accept() => match i {
+                Some(i) => i,
+                None => break,
+            },
+        };
+        let remote = incoming.remote_address();
+        let span = tracing::info_span!("conn", %remote);
+        tasks.spawn(handle_connection(incoming, ctx.clone(), shutdown.clone()).instrument(span));
+    }
+    tracing::info!(
+        open = tasks.len(),
+        "no longer accepting connections; draining"
+    );
+    let drained =
+        tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            left = tasks.len(),
+            "connections still open after the shutdown grace; closing them"
+        );
+        tasks.abort_all();
+    }
+    endpoint.close(CLOSE_OK.into(), b"coordinator shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+}
+
+async fn handle_connection(
+    incoming: quinn::Incoming,
+    ctx: Arc<ServerCtx>,
+    shutdown: CancellationToken,
+) {
+    let remote = incoming.remote_address();
+    let pending = match accept_hello(incoming, &ctx.trust_domain).await {
+        Ok(p) => p,
+        Err(HelloError::Refused { peer, refusal }) => {
+            ctx.metrics.refused(refusal_label(refusal.code));
+            tracing::warn!(
+                %peer,
+                code = refusal_label(refusal.code),
+                reason = %refusal.reason,
+                "connection refused"
+            );
+            return;
+        }
+        Err(HelloError::Transport(e)) => {
+            ctx.metrics.refused(HANDSHAKE_FAILED);
+            tracing::warn!(error = %e, "connection failed before hello (TLS handshake refused or peer gone)");
+            return;
+        }
+    };
+    let peer = pending.peer.clone();
+    match (peer.role, pending.hello.clone()) {
+        (Role::Node, HelloBody::Agent(hello)) => {
+            if hello.hostname != peer.name {
+                let r = Refusal::new(
+                    RefusalCode::IdentityMismatch,
+                    format!(
+                        "hello claims hostname {:?} but the certificate names {:?}; a node may only report about itself",
+                        hello.hostname, peer.name
+                    ),
+                );
+                tracing::warn!(
+                    certificate = %peer,
+                    claimed = %hello.hostname,
+                    code = refusal_label(r.code),
+                    "agent hello refused: hostname differs from certificate"
+                );
+                ctx.metrics.refused(refusal_label(r.code));
+                pending.refuse(r).await;
+                return;
+            }
+            agent_session(pending, hello, remote, &ctx, shutdown)
+                .instrument(tracing::info_span!("agent", hostname = %peer.name))
+                .await;
+        }
+        (Role::Admin, HelloBody::Admin(hello)) => {
+            tracing::info!(admin = %peer.name, client = %hello.client, "admin connected");
+            admin_session(pending, &ctx, shutdown)
+                .instrument(tracing::info_span!("admin", user = %peer.name))
+                .await;
+        }
+        (role, body) => {
+            let wants = match body {
+                HelloBody::Agent(_) => "an agent session",
+                HelloBody::Admin(_) => "the admin API",
+                HelloBody::Coordinator(_) => "a coordinator session",
+            };
+            let r = Refusal::new(
+                RefusalCode::NotAuthorized,
+                format!("a {role} certificate may not open {wants} on a coordinator"),
+            );
+            tracing::warn!(
+                certificate = %peer,
+                wants,
+                code = refusal_label(r.code),
+                "connection refused: role not authorized"
+            );
+            ctx.metrics.refused(refusal_label(r.code));
+            pending.refuse(r).await;
+        }
+    }
+}
+
+/// Answers a refusal on an open session, logs it, and closes the connection.
+async fn refuse_in_session(
+    conn: &Connection,
+    send: &mut SendStream,
+    refusal: Refusal,
+    metrics: &Metrics,
+) {
+    tracing::warn!(
+        code = refusal_label(refusal.code),
+        reason = %refusal.reason,
+        "session refused; closing connection"
+    );
+    metrics.refused(refusal_label(refusal.code));
+    let _ = write_msg(
+        send,
+        &CoordinatorReply::Refused(refusal.clone()),
+        MAX_FRAME_LEN,
+    )
+    .await;
+    let _ = send.finish();
+    let _ = tokio::time::timeout(REFUSAL_LINGER, send.stopped()).await;
+    let mut reason = refusal.reason.into_bytes();
+    reason.truncate(200);
+    conn.close(CLOSE_REFUSED.into(), &reason);
+}
+
+fn frame_refusal(what: &str, e: &FrameError) -> Refusal {
+    let code = match e {
+        FrameError::Oversized { .. } => RefusalCode::FrameTooLarge,
+        _ => RefusalCode::Malformed,
+    };
+    Refusal::new(code, format!("{what}: {e}"))
+}
+
+async fn agent_session(
+    pending: PendingHello,
+    hello: AgentHello,
+    remote: SocketAddr,
+    ctx: &ServerCtx,
+    shutdown: CancellationToken,
+) {
+    let hostname = pending.peer.name.clone();
+    let address = match ctx.fleet.agent_hello(&hostname, &hello, remote.ip()).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot record agent hello");
+            pending
+                .refuse(Refusal::new(
+                    RefusalCode::Internal,
+                    format!("coordinator cannot record the hello: {e}"),
+                ))
+                .await;
+            return;
+        }
+    };
+    let Session {
+        conn,
+        mut send,
+        mut recv,
+        ..
+    } = match pending.accept(&ctx.name).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "agent left during hello");
+            ctx.fleet.disconnected(&hostname).await;
+            return;
+        }
+    };
+    let _open = ctx.metrics.session_opened(SessionKind::Agent);
+    tracing::info!(machine = %address, agent_version = %hello.agent_version, boot_id = %hello.boot_id, "agent connected");
+    loop {
+        let read = tokio::select! {
+            _ = shutdown.cancelled() => {
+                conn.close(CLOSE_OK.into(), b"coordinator shutting down");
+                break;
+            }
+            r = read_payload(&mut recv, MAX_FRAME_LEN) => r,
+        };
+        let payload = match read {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                tracing::info!(machine = %address, "agent closed its stream");
+                break;
+            }
+            Err(TransportError::Frame(e)) => {
+                refuse_in_session(
+                    &conn,
+                    &mut send,
+                    frame_refusal("agent message", &e),
+                    &ctx.metrics,
+                )
+                .await;
+                break;
+            }
+            Err(e) => {
+                tracing::info!(machine = %address, error = %e, "agent connection lost");
+                break;
+            }
+        };
+        let msg = match frame::decode_payload::<AgentMessage>(&payload) {
+            Ok(m) => m,
+            Err(e) => {
+                refuse_in_session(
+                    &conn,
+                    &mut send,
+                    frame_refusal("agent message", &e),
+                    &ctx.metrics,
+                )
+                .await;
+                break;
+            }
+        };
+        let seq = match msg {
+            AgentMessage::Report(report) => {
+                ctx.metrics.report_received();
+                let seq = report.seq;
+                tracing::debug!(machine = %address, seq, ok = report.all_ok(), "report");
+                if let Err(e) = ctx.fleet.report(&hostname, report).await {
+                    // The report is in memory; the sweep retries the transition.
+                    tracing::error!(machine = %address, error = %e, "cannot record state transition");
+                }
+                seq
+            }
+            AgentMessage::Goodbye(g) => {
+                tracing::info!(machine = %address, reason = ?g.reason, "agent said goodbye");
+                if let Err(e) = ctx.fleet.goodbye(&hostname, g.reason).await {
+                    tracing::error!(machine = %address, error = %e, "cannot record goodbye");
+                }
+                0
+            }
+        };
+        if let Err(e) = write_msg(&mut send, &CoordinatorReply::Ack { seq }, MAX_FRAME_LEN).await {
+            tracing::info!(machine = %address, error = %e, "agent connection lost");
+            break;
+        }
+    }
+    ctx.fleet.disconnected(&hostname).await;
+}
+
+async fn admin_session(pending: PendingHello, ctx: &ServerCtx, shutdown: CancellationToken) {
+    let who = pending.peer.clone();
+    let Session { conn, .. } = match pending.accept(&ctx.name).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "admin left during hello");
+            return;
+        }
+    };
+    let _open = ctx.metrics.session_opened(SessionKind::Admin);
+    let mut requests = JoinSet::new();
+    loop {
+        while requests.try_join_next().is_some() {}
+        let (send, recv) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            s = conn.accept_bi() => match s {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "admin connection closed");
+                    break;
+                }
+            },
+        };
+        let ctx = ctx.clone();
+        let who = who.clone();
+        requests
+            .spawn(async move { admin_request(send, recv, &ctx, &who).await }.in_current_span());
+    }
+    // Requests already being answered finish (the caller's grace bounds this).
+    while requests.join_next().await.is_some() {}
+}
+
+async fn admin_request(
+    mut send: SendStream,
+    mut recv: RecvStream,
+    ctx: &ServerCtx,
+    who: &protocol::Identity,
+) {
+    use protocol::admin::{AdminRequest, AdminResponse};
+    ctx.metrics.admin_request();
+    let resp = match read_payload(&mut recv, MAX_FRAME_LEN).await {
+        Ok(Some(p)) => match frame::decode_payload::<AdminRequest>(&p) {
+            Ok(req) => ctx.admin.handle(who, req).await,
+            Err(e) => {
+                let r = frame_refusal("admin request", &e);
+                tracing::warn!(code = refusal_label(r.code), reason = %r.reason, "admin request refused");
+                ctx.metrics.refused(refusal_label(r.code));
+                AdminResponse::Error(r)
+            }
+        },
+        Ok(None) => return,
+        Err(TransportError::Frame(e)) => {
+            let r = frame_refusal("admin request", &e);
+            tracing::warn!(code = refusal_label(r.code), reason = %r.reason, "admin request refused");
+            ctx.metrics.refused(refusal_label(r.code));
+            AdminResponse::Error(r)
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "admin request stream failed");
+            return;
+        }
+    };
+    let written = match write_msg(&mut send, &resp, MAX_ADMIN_FRAME_LEN).await {
+        Err(TransportError::Frame(e)) => {
+            let r = AdminResponse::Error(Refusal::new(
+                RefusalCode::Internal,
+                format!("the answer is too large to send: {e}"),
+            ));
+            write_msg(&mut send, &r, MAX_ADMIN_FRAME_LEN).await
+        }
+        other => other,
+    };
+    if let Err(e) = written {
+        tracing::debug!(error = %e, "cannot answer admin request");
+        return;
+    }
+    let _ = send.finish();
+    // Let the answer drain before the stream is dropped.
+    let _ = tokio::time::timeout(REFUSAL_LINGER, send.stopped()).await;
+}

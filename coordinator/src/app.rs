@@ -1,0 +1,263 @@
+//! Wiring: from a [`Config`] to a running coordinator.
+//!
+//! [`App::build`] does everything that can fail on a bad configuration (TLS files, database,
+//! inventory file, binding the ports) so the binary can report it and exit before it says
+//! READY; [`App::run`] serves until the shutdown token fires, then drains.
+//!
+//! Nothing here makes decisions; it starts the parts and connects them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::Role;
+use protocol::transport::{TlsFiles, TlsMaterial, TransportError};
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::Admin;
+use crate::agent_server::{self, ServerCtx};
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::fleet::{Fleet, FleetError};
+use crate::inventory::{InventoryError, RecordSource, load_inventory};
+use crate::metrics::{HttpState, Metrics, MetricsSource};
+use crate::store::{Store, StoreError};
+
+/// Bounds of the sweep period. The sweep turns silent machines unreachable; running it four
+/// times per report interval keeps the detection delay under a quarter interval, and the
+/// bounds keep it from spinning with tiny test intervals or dawdling with huge ones.
+const SWEEP_MIN: Duration = Duration::from_millis(50);
+const SWEEP_MAX: Duration = Duration::from_secs(1);
+
+/// Why the coordinator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The TLS files are unusable.
+    #[error("TLS: {0}")]
+    Tls(#[from] TransportError),
+    /// Our certificate is not a coordinator certificate.
+    #[error(
+        "certificate names {0}, not a coordinator; issue one with `coordinatorctl pki issue --role coordinator`"
+    )]
+    WrongRole(protocol::Identity),
+    /// The database cannot be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The registry failed.
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
+    /// The inventory file is unusable.
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    /// A port could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+impl AppError {
+    /// True when the configuration (or a file it names) must be fixed: exit code 64.
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            AppError::Tls(_) | AppError::WrongRole(_) | AppError::Inventory(_)
+        ) || matches!(self, AppError::Fleet(FleetError::Invalid(_)))
+            || matches!(self, AppError::Fleet(FleetError::HostnameTaken { .. }))
+    }
+
+    /// True when starting again later may succeed.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            AppError::Store(e) => e.is_retriable(),
+            AppError::Fleet(e) => e.is_retriable(),
+            AppError::Bind { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// A built, bound, not yet serving coordinator.
+pub struct App {
+    /// The configuration.
+    pub config: Config,
+    /// The database.
+    pub store: Store,
+    /// The registry.
+    pub fleet: Arc<Fleet>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Admin handlers.
+    pub admin: Arc<Admin>,
+    /// Extra `/metrics` series from other areas.
+    pub metrics_sources: Vec<Arc<dyn MetricsSource>>,
+    name: String,
+    trust_domain: String,
+    endpoint: quinn::Endpoint,
+    http: Option<tokio::net::TcpListener>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("name", &self.name)
+            .field("quic", &self.endpoint.local_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl App {
+    /// Loads TLS material, opens and migrates the database, loads machines, imports the
+    /// inventory file, and binds the QUIC and HTTP ports.
+    pub async fn build(config: Config) -> Result<Self, AppError> {
+        Self::build_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    /// [`App::build`] with a given clock.
+    pub async fn build_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Self, AppError> {
+        let tls = TlsMaterial::load(&TlsFiles {
+            ca: config.tls.ca.clone(),
+            cert: config.tls.cert.clone(),
+            key: config.tls.key.clone(),
+        })?;
+        let me = tls.identity().clone();
+        if me.role != Role::Coordinator {
+            return Err(AppError::WrongRole(me));
+        }
+        let name = config.name.clone().unwrap_or_else(|| me.name.clone());
+        let store = Store::open(&config.database)?;
+        let fleet = Arc::new(Fleet::open(store.clone(), clock, config.health.resolved()).await?);
+        if let Some(path) = &config.inventory {
+            let records = load_inventory(path, RecordSource::Inventory)?;
+            let n = records.len();
+            fleet.upsert(records).await?;
+            tracing::info!(path = %path.display(), machines = n, "inventory loaded");
+        }
+        let endpoint = tls.server_endpoint(config.listen)?;
+        let http = match config.http.listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| AppError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
+        let admin = Arc::new(Admin {
+            fleet: fleet.clone(),
+        });
+        Ok(Self {
+            config,
+            store,
+            fleet,
+            metrics: Arc::new(Metrics::default()),
+            admin,
+            metrics_sources: Vec::new(),
+            name,
+            trust_domain: me.trust_domain,
+            endpoint,
+            http,
+        })
+    }
+
+    /// The bound QUIC address.
+    pub fn quic_addr(&self) -> Option<SocketAddr> {
+        self.endpoint.local_addr().ok()
+    }
+
+    /// The bound HTTP address, if enabled.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` fires, then drains open connections within the configured
+    /// grace and returns.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let grace = self.config.shutdown_grace;
+        let ctx = Arc::new(ServerCtx {
+            name: self.name.clone(),
+            trust_domain: self.trust_domain.clone(),
+            fleet: self.fleet.clone(),
+            metrics: self.metrics.clone(),
+            admin: self.admin.clone(),
+        });
+        tracing::info!(
+            name = %self.name,
+            quic = ?self.quic_addr(),
+            http = ?self.http_addr(),
+            machines = self.fleet.list().len(),
+            "coordinator serving"
+        );
+        let server = tokio::spawn(agent_server::serve(
+            self.endpoint.clone(),
+            ctx,
+            shutdown.clone(),
+            grace,
+        ));
+        let sweeper = tokio::spawn(sweep_loop(self.fleet.clone(), shutdown.clone()));
+        let http = self.http.map(|listener| {
+            let state = HttpState {
+                fleet: self.fleet.clone(),
+                metrics: self.metrics.clone(),
+                store: self.store.clone(),
+                sources: self.metrics_sources.clone(),
+            };
+            tokio::spawn(crate::metrics::serve(listener, state, shutdown.clone()))
+        });
+        shutdown.cancelled().await;
+        self.metrics.set_shutting_down();
+        tracing::info!(grace = ?grace, "shutting down");
+        let _ = server.await;
+        let _ = sweeper.await;
+        if let Some(h) = http {
+            match tokio::time::timeout(grace, h).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP endpoint failed"),
+                _ => tracing::warn!("HTTP endpoint did not stop within the grace"),
+            }
+        }
+        tracing::info!("coordinator stopped");
+    }
+}
+
+/// The sweep period for a report interval.
+pub fn sweep_period(report_interval: Duration) -> Duration {
+    (report_interval / 4).clamp(SWEEP_MIN, SWEEP_MAX)
+}
+
+async fn sweep_loop(fleet: Arc<Fleet>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(sweep_period(fleet.config().report_interval));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = fleet.sweep().await {
+            tracing::error!(error = %e, "health sweep failed; retrying next tick");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_period_is_bounded() {
+        assert_eq!(
+            sweep_period(Duration::from_millis(100)),
+            Duration::from_millis(50)
+        );
+        assert_eq!(
+            sweep_period(Duration::from_millis(400)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            sweep_period(Duration::from_secs(60)),
+            Duration::from_secs(1)
+        );
+    }
+}

@@ -1,0 +1,294 @@
+//! `coordinatorctl machines`: list, show, add and import machines.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use protocol::admin::machines::{MachineDetail, MachineSpec, MachinesRequest, MachinesResponse};
+use protocol::admin::{AdminRequest, AdminResponse};
+
+use super::{CommandGroup, Ctx, fmt_age, fmt_time, print_table};
+use crate::inventory::{RecordSource, load_inventory};
+
+/// Machine commands.
+#[derive(Debug, Subcommand)]
+pub enum MachinesCommand {
+    /// Every machine with its state, as a table.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One machine: state, since when, why, last report with each check, history.
+    Show {
+        /// The machine's address.
+        address: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Register (or update) a machine.
+    Add {
+        /// Address (IP), the machine's key.
+        address: String,
+        /// Hostname; must equal the name in the node's certificate.
+        #[arg(long)]
+        hostname: String,
+        /// Serial number.
+        #[arg(long, default_value = "")]
+        serial: String,
+        /// Rack.
+        #[arg(long, default_value = "")]
+        rack: String,
+        /// Role (e.g. cs, ss).
+        #[arg(long, default_value = "")]
+        role: String,
+        /// Machine type: selects the repair procedure.
+        #[arg(long = "type")]
+        machine_type: String,
+        /// Label `key=value` (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Register or update every machine in an inventory file (TOML, or YAML by extension),
+    /// all or nothing.
+    Import {
+        /// The inventory file.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("label {s:?} is not key=value")),
+    }
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(jiff::Timestamp::now().as_millisecond()).unwrap_or(0)
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|m| {
+            vec![
+                m.spec.address.clone(),
+                m.spec.hostname.clone(),
+                m.state.clone(),
+                fmt_age(m.state_since_unix_ms, now),
+                m.spec.rack.clone(),
+                m.spec.role.clone(),
+                if m.spec.machine_type.is_empty() {
+                    "-".into()
+                } else {
+                    m.spec.machine_type.clone()
+                },
+                m.last_report_unix_ms
+                    .map(|t| format!("{} ago", fmt_age(t, now)))
+                    .unwrap_or_else(|| "never".into()),
+                m.failing.join(","),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "ADDRESS", "HOSTNAME", "STATE", "FOR", "RACK", "ROLE", "TYPE", "REPORT", "FAILING",
+        ],
+        &rows,
+    );
+}
+
+fn print_detail(d: &MachineDetail) {
+    let s = &d.summary;
+    let now = now_ms();
+    println!("address:   {}", s.spec.address);
+    println!("hostname:  {}", s.spec.hostname);
+    println!("serial:    {}", s.spec.serial);
+    println!("rack:      {}", s.spec.rack);
+    println!("role:      {}", s.spec.role);
+    println!(
+        "type:      {}",
+        if s.spec.machine_type.is_empty() {
+            "- (awaiting registration)"
+        } else {
+            &s.spec.machine_type
+        }
+    );
+    let labels: Vec<String> = s
+        .spec
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    println!("labels:    {}", labels.join(","));
+    println!(
+        "state:     {} since {} ({} ago)",
+        s.state,
+        fmt_time(s.state_since_unix_ms),
+        fmt_age(s.state_since_unix_ms, now)
+    );
+    println!("reason:    {}", s.reason);
+    println!("connected: {}", if s.connected { "yes" } else { "no" });
+    if let Some(b) = &d.boot_id {
+        println!("boot id:   {b}");
+    }
+    if let Some(v) = &d.agent_version {
+        println!("agent:     {v}");
+    }
+    if let Some(t) = d.healthy_since_unix_ms {
+        println!("healthy since: {}", fmt_time(t));
+    }
+    match (&d.last_report, d.last_report_unix_ms) {
+        (Some(r), Some(at)) => {
+            println!(
+                "last report: #{} at {} ({} ago)",
+                r.seq,
+                fmt_time(at),
+                fmt_age(at, now)
+            );
+            let since: std::collections::HashMap<&str, u64> = d
+                .failing_since
+                .iter()
+                .map(|(k, t)| (k.as_str(), *t))
+                .collect();
+            let rows: Vec<Vec<String>> = r
+                .checks
+                .iter()
+                .map(|c| {
+                    let key = format!("{}:{}", c.kind.as_str(), c.subject);
+                    vec![
+                        c.kind.as_str().to_string(),
+                        c.subject.clone(),
+                        c.status.as_str().to_string(),
+                        since
+                            .get(key.as_str())
+                            .map(|t| fmt_time(*t))
+                            .unwrap_or_default(),
+                        c.detail.clone(),
+                    ]
+                })
+                .collect();
+            print_table(
+                &["CHECK", "SUBJECT", "STATUS", "FAILING SINCE", "DETAIL"],
+                &rows,
+            );
+        }
+        _ => println!("last report: none since the coordinator started"),
+    }
+    println!("history:");
+    let rows: Vec<Vec<String>> = d
+        .transitions
+        .iter()
+        .map(|t| {
+            vec![
+                fmt_time(t.at_unix_ms),
+                if t.from.is_empty() {
+                    "-".into()
+                } else {
+                    t.from.clone()
+                },
+                t.to.clone(),
+                t.reason.clone(),
+            ]
+        })
+        .collect();
+    print_table(&["AT", "FROM", "TO", "REASON"], &rows);
+}
+
+fn machines(resp: AdminResponse) -> anyhow::Result<MachinesResponse> {
+    match resp {
+        AdminResponse::Machines(m) => Ok(m),
+        other => bail!("unexpected answer from the coordinator: {other:?}"),
+    }
+}
+
+impl CommandGroup for MachinesCommand {
+    async fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        let (req, json) = match self {
+            MachinesCommand::List { json } => (MachinesRequest::List, json),
+            MachinesCommand::Show { address, json } => (MachinesRequest::Show { address }, json),
+            MachinesCommand::Add {
+                address,
+                hostname,
+                serial,
+                rack,
+                role,
+                machine_type,
+                labels,
+                json,
+            } => (
+                MachinesRequest::Add(MachineSpec {
+                    address,
+                    hostname,
+                    serial,
+                    rack,
+                    role,
+                    machine_type,
+                    labels,
+                }),
+                json,
+            ),
+            MachinesCommand::Import { file, json } => {
+                let records = load_inventory(&file, RecordSource::Admin)
+                    .with_context(|| format!("cannot import {}", file.display()))?;
+                (
+                    MachinesRequest::Import(records.iter().map(|r| r.to_spec()).collect()),
+                    json,
+                )
+            }
+        };
+        let client = ctx.client().await?;
+        let resp = client.request(&AdminRequest::Machines(req)).await;
+        client.close().await;
+        match machines(resp?)? {
+            MachinesResponse::List(list) | MachinesResponse::Imported(list) => {
+                if json {
+                    print_json(&list)?
+                } else {
+                    summaries_table(&list)
+                }
+            }
+            MachinesResponse::Show(d) => {
+                if json {
+                    print_json(&d)?
+                } else {
+                    print_detail(&d)
+                }
+            }
+            MachinesResponse::Added(s) => {
+                if json {
+                    print_json(&s)?
+                } else {
+                    summaries_table(std::slice::from_ref(&s))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_parse() {
+        assert_eq!(parse_label("a=b=c").unwrap(), ("a".into(), "b=c".into()));
+        assert!(parse_label("=x").is_err());
+        assert!(parse_label("novalue").is_err());
+    }
+}

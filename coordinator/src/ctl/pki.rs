@@ -1,0 +1,111 @@
+//! `coordinatorctl pki`: create the fleet CA and issue component certificates, on top of
+//! `protocol::pki`. Nothing here touches the network.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Subcommand;
+use protocol::Role;
+use protocol::pki::{Ca, DEFAULT_TRUST_DOMAIN, IssueOptions};
+
+use super::{CommandGroup, Ctx};
+
+/// PKI commands.
+#[derive(Debug, Subcommand)]
+pub enum PkiCommand {
+    /// Create a new fleet CA in DIR (ca.crt, ca.key with mode 0600, trust-domain).
+    Init {
+        /// Directory to write the CA into (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// Trust domain of every identity this CA issues.
+        #[arg(long, default_value = DEFAULT_TRUST_DOMAIN)]
+        trust_domain: String,
+        /// Overwrite an existing CA.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue a certificate: writes NAME.crt and NAME.key (mode 0600) into DIR.
+    Issue {
+        /// CA directory made by `pki init`.
+        #[arg(long)]
+        ca: PathBuf,
+        /// Role: node, gateway, coordinator or admin.
+        #[arg(long)]
+        role: Role,
+        /// Name: hostname for a node, rack for a gateway, user for an admin.
+        #[arg(long)]
+        name: String,
+        /// Directory to write into (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// IP address the component is reached at (repeatable).
+        #[arg(long = "ip")]
+        ips: Vec<IpAddr>,
+        /// DNS name the component is reached at (repeatable).
+        #[arg(long = "dns")]
+        dns: Vec<String>,
+        /// Validity in days.
+        #[arg(long, default_value_t = protocol::pki::DEFAULT_LEAF_VALIDITY_DAYS)]
+        days: u32,
+        /// Overwrite existing files.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+impl CommandGroup for PkiCommand {
+    async fn run(self, _ctx: &Ctx) -> anyhow::Result<()> {
+        match self {
+            PkiCommand::Init {
+                out,
+                trust_domain,
+                force,
+            } => {
+                let ca = Ca::init(&out, &trust_domain, force)
+                    .with_context(|| format!("cannot create a CA in {}", out.display()))?;
+                println!(
+                    "created CA for trust domain {} in {}",
+                    ca.trust_domain(),
+                    out.display()
+                );
+                Ok(())
+            }
+            PkiCommand::Issue {
+                ca,
+                role,
+                name,
+                out,
+                ips,
+                dns,
+                days,
+                force,
+            } => {
+                let authority = Ca::load(&ca)
+                    .with_context(|| format!("cannot load the CA in {}", ca.display()))?;
+                let issued = authority
+                    .issue(
+                        role,
+                        &name,
+                        &IssueOptions {
+                            ips,
+                            dns,
+                            validity_days: days,
+                        },
+                    )
+                    .with_context(|| format!("cannot issue a {role} certificate for {name}"))?;
+                let (crt, key) = issued
+                    .write(&out, force)
+                    .with_context(|| format!("cannot write into {}", out.display()))?;
+                println!(
+                    "issued {} ({}, {})",
+                    issued.identity,
+                    crt.display(),
+                    key.display()
+                );
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,1004 @@
+//! The live fleet registry: every machine's record, its live health (in memory) and its
+//! derived state (in memory and SQLite).
+//!
+//! All mutations (hellos, reports, goodbyes, registrations, the timer sweep) are serialised
+//! by one async gate; a state transition is written to SQLite (machines row + a
+//! `machine_transitions` row, in one transaction) *before* it becomes visible in memory, so
+//! nothing reported as done is lost in a crash. Heartbeats and reports stay in memory only.
+//! Reads take a short synchronous lock and never wait for SQLite, except
+//! [`Fleet::transitions`] and [`Fleet::detail`], which read the history.
+//!
+//! Read API for other areas (repair queue, detectors):
+//! - [`Fleet::machine`] / [`Fleet::machine_by_hostname`]: record, state, since, reason;
+//! - [`Fleet::live`]: last report time, boot id, connection, start of the healthy run;
+//! - [`Fleet::healthy_since`] and [`Fleet::ok_continuously_since`]: for `agent-healthy`.
+//!
+//! This module decides nothing itself: states come from [`crate::health::derive`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use jiff::Timestamp;
+use protocol::admin::machines::{MachineDetail, MachineSummary, StateTransition};
+use protocol::messages::{AgentHello, GoodbyeReason, HealthReport};
+use rusqlite::params;
+
+use crate::clock::{Clock, from_unix_ms, to_unix_ms};
+use crate::health::{Current, Derived, HealthConfig, MachineState, Observation, derive};
+use crate::inventory::{InventoryError, MachineRecord, RecordSource, check_unique};
+use crate::store::{Store, StoreError};
+
+/// How many transitions `machines show` returns: enough for weeks of a flapping machine,
+/// bounded so one answer stays small.
+pub const SHOW_TRANSITIONS: usize = 200;
+
+/// Errors of the registry.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// The database failed; nothing was changed in memory.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A record was invalid.
+    #[error(transparent)]
+    Invalid(#[from] InventoryError),
+    /// The hostname is already registered at another address.
+    #[error("hostname {hostname:?} is already registered at {address}; change that machine first")]
+    HostnameTaken {
+        /// The hostname.
+        hostname: String,
+        /// Where it is registered.
+        address: String,
+    },
+    /// No machine has that address.
+    #[error("no machine with address {0}")]
+    UnknownMachine(String),
+    /// No machine has that hostname.
+    #[error("no machine with hostname {0}")]
+    UnknownHost(String),
+}
+
+impl FleetError {
+    /// True when a retry may succeed (busy database).
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            FleetError::Store(e) => e.is_retriable(),
+            _ => false,
+        }
+    }
+}
+
+/// A machine's record and state, for other areas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineView {
+    /// Registered attributes.
+    pub record: MachineRecord,
+    /// State.
+    pub state: MachineState,
+    /// When it was entered.
+    pub since: Timestamp,
+    /// Why.
+    pub reason: String,
+}
+
+/// Live health of a machine (memory only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveHealth {
+    /// When the last report was received (coordinator clock).
+    pub last_report_at: Option<Timestamp>,
+    /// The boot id last seen in a hello or report.
+    pub boot_id: Option<String>,
+    /// Start of the current unbroken run of reports with no failing check; `None` when the
+    /// last report had a failing check, after a goodbye or reboot, or before any report.
+    pub healthy_since: Option<Timestamp>,
+    /// Whether an agent connection is open.
+    pub connected: bool,
+    /// The last goodbye, if no report came after it.
+    pub goodbye: Option<(GoodbyeReason, Timestamp)>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Live {
+    last_report: Option<HealthReport>,
+    last_report_at: Option<Timestamp>,
+    boot_id: Option<String>,
+    agent_version: Option<String>,
+    failing_since: BTreeMap<String, Timestamp>,
+    healthy_since: Option<Timestamp>,
+    goodbye: Option<(GoodbyeReason, Timestamp)>,
+    connections: u32,
+}
+
+impl Live {
+    fn new_boot(&mut self, boot_id: &str) -> bool {
+        let changed = self.boot_id.as_deref().is_some_and(|b| b != boot_id);
+        if changed {
+            // Nothing observed before a reboot says anything about the new boot.
+            self.healthy_since = None;
+            self.failing_since.clear();
+        }
+        self.boot_id = Some(boot_id.to_string());
+        changed
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    record: MachineRecord,
+    state: MachineState,
+    since: Timestamp,
+    reason: String,
+    live: Live,
+}
+
+impl Entry {
+    fn view(&self) -> MachineView {
+        MachineView {
+            record: self.record.clone(),
+            state: self.state,
+            since: self.since,
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    machines: BTreeMap<String, Entry>,
+    by_hostname: HashMap<String, String>,
+}
+
+impl Inner {
+    fn insert(&mut self, e: Entry) {
+        if let Some(old) = self.machines.get(&e.record.address)
+            && old.record.hostname != e.record.hostname
+        {
+            self.by_hostname.remove(&old.record.hostname);
+        }
+        self.by_hostname
+            .insert(e.record.hostname.clone(), e.record.address.clone());
+        self.machines.insert(e.record.address.clone(), e);
+    }
+
+    fn by_hostname_mut(&mut self, hostname: &str) -> Result<&mut Entry, FleetError> {
+        self.by_hostname
+            .get(hostname)
+            .and_then(|a| self.machines.get_mut(a))
+            .ok_or_else(|| FleetError::UnknownHost(hostname.to_string()))
+    }
+
+    fn remove(&mut self, address: &str) {
+        if let Some(old) = self.machines.remove(address)
+            && self
+                .by_hostname
+                .get(&old.record.hostname)
+                .map(String::as_str)
+                == Some(address)
+        {
+            self.by_hostname.remove(&old.record.hostname);
+        }
+    }
+}
+
+/// One database write, applied with others in one transaction.
+#[derive(Debug)]
+enum Write {
+    Row(Row),
+    Delete(String),
+    Transition {
+        address: String,
+        from: String,
+        to: MachineState,
+        at: Timestamp,
+        reason: String,
+    },
+}
+
+#[derive(Debug)]
+struct Row {
+    record: MachineRecord,
+    state: MachineState,
+    since: Timestamp,
+    reason: String,
+    now: Timestamp,
+}
+
+impl Row {
+    fn of(e: &Entry, now: Timestamp) -> Self {
+        Self {
+            record: e.record.clone(),
+            state: e.state,
+            since: e.since,
+            reason: e.reason.clone(),
+            now,
+        }
+    }
+}
+
+fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    for w in writes {
+        match w {
+            Write::Row(r) => {
+                let labels =
+                    serde_json::to_string(&r.record.labels).expect("string map serialises to JSON");
+                tx.execute(
+                    "INSERT INTO machines (address, hostname, serial, rack, role, machine_type, \
+                     labels, source, state, state_since_ms, state_reason, created_ms, updated_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12) \
+                     ON CONFLICT(address) DO UPDATE SET hostname = excluded.hostname, \
+                     serial = excluded.serial, rack = excluded.rack, role = excluded.role, \
+                     machine_type = excluded.machine_type, labels = excluded.labels, \
+                     source = excluded.source, state = excluded.state, \
+                     state_since_ms = excluded.state_since_ms, \
+                     state_reason = excluded.state_reason, updated_ms = excluded.updated_ms",
+                    params![
+                        r.record.address,
+                        r.record.hostname,
+                        r.record.serial,
+                        r.record.rack,
+                        r.record.role,
+                        r.record.machine_type,
+                        labels,
+                        r.record.source.as_str(),
+                        r.state.as_str(),
+                        to_unix_ms(r.since),
+                        r.reason,
+                        to_unix_ms(r.now),
+                    ],
+                )?;
+            }
+            Write::Delete(address) => {
+                tx.execute("DELETE FROM machines WHERE address = ?1", [address])?;
+            }
+            Write::Transition {
+                address,
+                from,
+                to,
+                at,
+                reason,
+            } => {
+                tx.execute(
+                    "INSERT INTO machine_transitions (address, from_state, to_state, at_ms, reason) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![address, from, to.as_str(), to_unix_ms(*at), reason],
+                )?;
+            }
+        }
+    }
+    tx.commit()
+}
+
+fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<Entry>> {
+    let mut stmt = conn.prepare(
+        "SELECT address, hostname, serial, rack, role, machine_type, labels, source, state, \
+         state_since_ms, state_reason FROM machines ORDER BY address",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        let labels: String = r.get(6)?;
+        let source: String = r.get(7)?;
+        let state: String = r.get(8)?;
+        Ok(Entry {
+            record: MachineRecord {
+                address: r.get(0)?,
+                hostname: r.get(1)?,
+                serial: r.get(2)?,
+                rack: r.get(3)?,
+                role: r.get(4)?,
+                machine_type: r.get(5)?,
+                labels: serde_json::from_str(&labels).unwrap_or_default(),
+                source: RecordSource::parse(&source),
+            },
+            // A state this build does not know (written by a newer one) reads as
+            // uninitialized and is re-derived from the next report.
+            state: state.parse().unwrap_or(MachineState::Uninitialized),
+            since: from_unix_ms(r.get(9)?),
+            reason: r.get(10)?,
+            live: Live::default(),
+        })
+    })?;
+    rows.collect()
+}
+
+/// The registry. Cheap to share behind an `Arc`.
+pub struct Fleet {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    cfg: HealthConfig,
+    started_at: Timestamp,
+    gate: tokio::sync::Mutex<()>,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("cfg", &self.cfg)
+            .field("started_at", &self.started_at)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fleet {
+    /// Loads every machine and its last state from the store.
+    pub async fn open(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        cfg: HealthConfig,
+    ) -> Result<Self, FleetError> {
+        let entries = store.call(load).await?;
+        let mut inner = Inner::default();
+        for e in entries {
+            inner.insert(e);
+        }
+        let started_at = clock.now();
+        Ok(Self {
+            store,
+            clock,
+            cfg,
+            started_at,
+            gate: tokio::sync::Mutex::new(()),
+            inner: Mutex::new(inner),
+        })
+    }
+
+    /// The health settings in force.
+    pub fn config(&self) -> &HealthConfig {
+        &self.cfg
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding this lock leaves plain data behind; keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn evaluate(&self, e: &Entry, now: Timestamp) -> Option<Derived> {
+        let obs = Observation {
+            registered: e.record.machine_type.is_some(),
+            last_report: e.live.last_report_at.zip(e.live.last_report.as_ref()),
+            goodbye: e.live.goodbye,
+            watching_since: self.started_at,
+        };
+        derive(
+            Current {
+                state: e.state,
+                since: e.since,
+            },
+            &obs,
+            now,
+            &self.cfg,
+        )
+    }
+
+    /// Applies `d` to `e` and queues the writes recording it.
+    fn transition(e: &mut Entry, d: Derived, now: Timestamp, writes: &mut Vec<Write>) {
+        tracing::info!(
+            machine = %e.record.address,
+            hostname = %e.record.hostname,
+            from = %e.state,
+            to = %d.state,
+            reason = %d.reason,
+            "machine state changed"
+        );
+        writes.push(Write::Transition {
+            address: e.record.address.clone(),
+            from: e.state.as_str().to_string(),
+            to: d.state,
+            at: now,
+            reason: d.reason.clone(),
+        });
+        e.state = d.state;
+        e.since = now;
+        e.reason = d.reason;
+        writes.push(Write::Row(Row::of(e, now)));
+    }
+
+    /// Persists `writes`, then makes `changed` visible and drops `removed`.
+    async fn commit(
+        &self,
+        writes: Vec<Write>,
+        changed: Vec<Entry>,
+        removed: Vec<String>,
+    ) -> Result<(), FleetError> {
+        if !writes.is_empty() {
+            self.store.call(move |c| persist(c, &writes)).await?;
+        }
+        let mut inner = self.lock();
+        for a in removed {
+            inner.remove(&a);
+        }
+        for e in changed {
+            inner.insert(e);
+        }
+        Ok(())
+    }
+
+    /// Registers or updates machines (inventory file, `machines add/import`), all or
+    /// nothing. A record whose hostname is held by a machine awaiting registration takes
+    /// over that machine's live health; one held by a registered machine is refused.
+    pub async fn upsert(
+        &self,
+        records: Vec<MachineRecord>,
+    ) -> Result<Vec<MachineSummary>, FleetError> {
+        check_unique(&records)?;
+        let _gate = self.gate.lock().await;
+        let now = self.clock.now();
+        let mut writes = Vec::new();
+        let mut changed = Vec::new();
+        let mut removed = Vec::new();
+        {
+            let inner = self.lock();
+            for rec in &records {
+                let mut live = Live::default();
+                if let Some(other) = inner.by_hostname.get(&rec.hostname)
+                    && *other != rec.address
+                {
+                    let o = &inner.machines[other];
+                    if o.record.machine_type.is_some() {
+                        return Err(FleetError::HostnameTaken {
+                            hostname: rec.hostname.clone(),
+                            address: other.clone(),
+                        });
+                    }
+                    live = o.live.clone();
+                    writes.push(Write::Delete(other.clone()));
+                    removed.push(other.clone());
+                }
+                let mut e = match inner.machines.get(&rec.address) {
+                    Some(old) if old.record == *rec => continue,
+                    Some(old) => {
+                        let mut e = old.clone();
+                        if old.record.hostname != rec.hostname {
+                            // Another host now: what we knew about the old one is moot.
+                            e.live = live;
+                        }
+                        e.record = rec.clone();
+                        e
+                    }
+                    None => {
+                        let e = Entry {
+                            record: rec.clone(),
+                            state: MachineState::Uninitialized,
+                            since: now,
+                            reason: format!("registered from {}", rec.source),
+                            live,
+                        };
+                        writes.push(Write::Transition {
+                            address: rec.address.clone(),
+                            from: String::new(),
+                            to: e.state,
+                            at: now,
+                            reason: e.reason.clone(),
+                        });
+                        e
+                    }
+                };
+                writes.push(Write::Row(Row::of(&e, now)));
+                if let Some(d) = self.evaluate(&e, now) {
+                    Self::transition(&mut e, d, now, &mut writes);
+                }
+                changed.push(e);
+            }
+        }
+        self.commit(writes, changed, removed).await?;
+        let inner = self.lock();
+        // Unchanged records are answered too, in input order.
+        let out: Vec<MachineSummary> = records
+            .iter()
+            .filter_map(|r| inner.machines.get(&r.address).map(|e| self.summary(e)))
+            .collect();
+        Ok(out)
+    }
+
+    /// An agent's hello was accepted for `hostname` (from its certificate). Returns the
+    /// machine's address. A host no record names is recorded as awaiting registration,
+    /// keyed by the connection's source address (or by its hostname if that address is
+    /// taken), without a machine type.
+    pub async fn agent_hello(
+        &self,
+        hostname: &str,
+        hello: &AgentHello,
+        remote: IpAddr,
+    ) -> Result<String, FleetError> {
+        let _gate = self.gate.lock().await;
+        let now = self.clock.now();
+        let mut writes = Vec::new();
+        let entry = {
+            let mut inner = self.lock();
+            if let Some(addr) = inner.by_hostname.get(hostname).cloned() {
+                let e = inner
+                    .machines
+                    .get_mut(&addr)
+                    .expect("hostname index points at a machine");
+                if e.live.new_boot(&hello.boot_id) {
+                    tracing::info!(machine = %addr, hostname, boot_id = %hello.boot_id, "machine rebooted");
+                }
+                e.live.agent_version = Some(hello.agent_version.clone());
+                e.live.connections += 1;
+                return Ok(addr);
+            }
+            let ip = remote.to_string();
+            let address = if inner.machines.contains_key(&ip) {
+                hostname.to_string()
+            } else {
+                ip
+            };
+            let mut live = Live::default();
+            live.new_boot(&hello.boot_id);
+            live.agent_version = Some(hello.agent_version.clone());
+            live.connections = 1;
+            let e = Entry {
+                record: MachineRecord {
+                    address: address.clone(),
+                    hostname: hostname.to_string(),
+                    serial: hello.serial.clone(),
+                    rack: String::new(),
+                    role: String::new(),
+                    machine_type: None,
+                    labels: BTreeMap::new(),
+                    source: RecordSource::Agent,
+                },
+                state: MachineState::AwaitingRegistration,
+                since: now,
+                reason: format!(
+                    "hello from unregistered host {hostname} at {remote}; register it with \
+                     `coordinatorctl machines add`"
+                ),
+                live,
+            };
+            tracing::warn!(
+                hostname,
+                %remote,
+                machine = %address,
+                "hello from a host not in the inventory; recorded as awaiting registration"
+            );
+            writes.push(Write::Row(Row::of(&e, now)));
+            writes.push(Write::Transition {
+                address: address.clone(),
+                from: String::new(),
+                to: e.state,
+                at: now,
+                reason: e.reason.clone(),
+            });
+            e
+        };
+        let address = entry.record.address.clone();
+        self.commit(writes, vec![entry], Vec::new()).await?;
+        Ok(address)
+    }
+
+    /// Records a report from the agent of `hostname` (the name in its certificate) and
+    /// re-derives its machine's state.
+    pub async fn report(&self, hostname: &str, report: HealthReport) -> Result<(), FleetError> {
+        let _gate = self.gate.lock().await;
+        let now = self.clock.now();
+        let mut writes = Vec::new();
+        let changed = {
+            let mut inner = self.lock();
+            let e = inner.by_hostname_mut(hostname)?;
+            let address = e.record.address.clone();
+            if e.live.new_boot(&report.boot_id) {
+                tracing::info!(machine = %address, boot_id = %report.boot_id, "machine rebooted");
+            }
+            let failing: Vec<String> = report
+                .failing()
+                .map(|c| format!("{}:{}", c.kind.as_str(), c.subject))
+                .collect();
+            e.live.failing_since.retain(|k, _| failing.contains(k));
+            for k in failing {
+                e.live.failing_since.entry(k).or_insert(now);
+            }
+            if report.all_ok() {
+                e.live.healthy_since.get_or_insert(now);
+            } else {
+                e.live.healthy_since = None;
+            }
+            e.live.goodbye = None;
+            e.live.last_report_at = Some(now);
+            e.live.last_report = Some(report);
+            match self.evaluate(e, now) {
+                Some(d) => {
+                    let mut e = e.clone();
+                    Self::transition(&mut e, d, now, &mut writes);
+                    vec![e]
+                }
+                None => Vec::new(),
+            }
+        };
+        self.commit(writes, changed, Vec::new()).await
+    }
+
+    /// Records a goodbye from the agent of `hostname`: the machine is stopping on purpose.
+    pub async fn goodbye(&self, hostname: &str, reason: GoodbyeReason) -> Result<(), FleetError> {
+        let _gate = self.gate.lock().await;
+        let now = self.clock.now();
+        let mut writes = Vec::new();
+        let changed = {
+            let mut inner = self.lock();
+            let e = inner.by_hostname_mut(hostname)?;
+            e.live.goodbye = Some((reason, now));
+            e.live.healthy_since = None;
+            match self.evaluate(e, now) {
+                Some(d) => {
+                    let mut e = e.clone();
+                    Self::transition(&mut e, d, now, &mut writes);
+                    vec![e]
+                }
+                None => Vec::new(),
+            }
+        };
+        self.commit(writes, changed, Vec::new()).await
+    }
+
+    /// An agent connection of `hostname` closed.
+    pub async fn disconnected(&self, hostname: &str) {
+        let _gate = self.gate.lock().await;
+        if let Ok(e) = self.lock().by_hostname_mut(hostname) {
+            e.live.connections = e.live.connections.saturating_sub(1);
+        }
+    }
+
+    /// Re-derives every machine's state at the current time: this is how silent machines
+    /// become unreachable. Returns the transitions made.
+    pub async fn sweep(&self) -> Result<Vec<(String, Derived)>, FleetError> {
+        let _gate = self.gate.lock().await;
+        let now = self.clock.now();
+        let mut writes = Vec::new();
+        let mut made = Vec::new();
+        let changed: Vec<Entry> = {
+            let inner = self.lock();
+            inner
+                .machines
+                .values()
+                .filter_map(|e| {
+                    let d = self.evaluate(e, now)?;
+                    made.push((e.record.address.clone(), d.clone()));
+                    let mut e = e.clone();
+                    Self::transition(&mut e, d, now, &mut writes);
+                    Some(e)
+                })
+                .collect()
+        };
+        self.commit(writes, changed, Vec::new()).await?;
+        Ok(made)
+    }
+
+    fn summary(&self, e: &Entry) -> MachineSummary {
+        MachineSummary {
+            spec: e.record.to_spec(),
+            state: e.state.as_str().to_string(),
+            state_since_unix_ms: ms(e.since),
+            failing: e.live.failing_since.keys().cloned().collect(),
+            reason: e.reason.clone(),
+            last_report_unix_ms: e.live.last_report_at.map(ms),
+            connected: e.live.connections > 0,
+        }
+    }
+
+    /// Every machine, ordered by address.
+    pub fn list(&self) -> Vec<MachineSummary> {
+        self.lock()
+            .machines
+            .values()
+            .map(|e| self.summary(e))
+            .collect()
+    }
+
+    /// Number of machines in each state (every state present, possibly 0).
+    pub fn counts_by_state(&self) -> BTreeMap<MachineState, usize> {
+        let mut out: BTreeMap<MachineState, usize> =
+            MachineState::ALL.into_iter().map(|s| (s, 0)).collect();
+        for e in self.lock().machines.values() {
+            *out.entry(e.state).or_default() += 1;
+        }
+        out
+    }
+
+    /// A machine's record and state.
+    pub fn machine(&self, address: &str) -> Option<MachineView> {
+        self.lock().machines.get(address).map(Entry::view)
+    }
+
+    /// A machine's record and state, found by hostname.
+    pub fn machine_by_hostname(&self, hostname: &str) -> Option<MachineView> {
+        let inner = self.lock();
+        let addr = inner.by_hostname.get(hostname)?;
+        inner.machines.get(addr).map(Entry::view)
+    }
+
+    /// A machine's live health.
+    pub fn live(&self, address: &str) -> Option<LiveHealth> {
+        self.lock().machines.get(address).map(|e| LiveHealth {
+            last_report_at: e.live.last_report_at,
+            boot_id: e.live.boot_id.clone(),
+            healthy_since: self.fresh(e).then_some(e.live.healthy_since).flatten(),
+            connected: e.live.connections > 0,
+            goodbye: e.live.goodbye,
+        })
+    }
+
+    /// True when the last report arrived within the unreachable grace.
+    fn fresh(&self, e: &Entry) -> bool {
+        let now = self.clock.now();
+        e.live.last_report_at.is_some_and(|at| {
+            now.as_millisecond() - at.as_millisecond()
+                <= i64::try_from(self.cfg.unreachable_grace.as_millis()).unwrap_or(i64::MAX)
+        })
+    }
+
+    /// Start of the current unbroken run of reports in which no check failed, if the
+    /// machine is reporting now (its last report is within the grace). Used by
+    /// `agent-healthy`: "healthy for at least W after power-on at T" is
+    /// `healthy_since(a).is_some_and(|s| s >= T && now - s >= W)`.
+    pub fn healthy_since(&self, address: &str) -> Option<Timestamp> {
+        let inner = self.lock();
+        let e = inner.machines.get(address)?;
+        if !self.fresh(e) {
+            return None;
+        }
+        e.live.healthy_since
+    }
+
+    /// True when every report received since `since` (and the one in force at `since`)
+    /// had no failing check, with no gap longer than the grace, no goodbye and no reboot,
+    /// and the machine is reporting now.
+    pub fn ok_continuously_since(&self, address: &str, since: Timestamp) -> bool {
+        self.healthy_since(address).is_some_and(|s| s <= since)
+    }
+
+    /// Transitions of a machine, oldest first, at most `limit` (the most recent ones).
+    pub async fn transitions(
+        &self,
+        address: &str,
+        limit: usize,
+    ) -> Result<Vec<StateTransition>, FleetError> {
+        let address = address.to_string();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut rows = self
+            .store
+            .call(move |c| {
+                let mut stmt = c.prepare(
+                    "SELECT from_state, to_state, at_ms, reason FROM machine_transitions \
+                     WHERE address = ?1 ORDER BY id DESC LIMIT ?2",
+                )?;
+                let rows = stmt.query_map(params![address, limit], |r| {
+                    Ok(StateTransition {
+                        from: r.get(0)?,
+                        to: r.get(1)?,
+                        at_unix_ms: u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+                        reason: r.get(3)?,
+                    })
+                })?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .await?;
+        rows.reverse();
+        Ok(rows)
+    }
+
+    /// Everything known about one machine, for `machines show`.
+    pub async fn detail(&self, address: &str) -> Result<Option<MachineDetail>, FleetError> {
+        let snapshot = {
+            let inner = self.lock();
+            inner.machines.get(address).map(|e| {
+                (
+                    self.summary(e),
+                    e.live.clone(),
+                    self.fresh(e).then_some(e.live.healthy_since).flatten(),
+                )
+            })
+        };
+        let Some((summary, live, healthy_since)) = snapshot else {
+            return Ok(None);
+        };
+        let transitions = self.transitions(address, SHOW_TRANSITIONS).await?;
+        Ok(Some(MachineDetail {
+            summary,
+            last_report: live.last_report,
+            last_report_unix_ms: live.last_report_at.map(ms),
+            transitions,
+            boot_id: live.boot_id,
+            agent_version: live.agent_version,
+            healthy_since_unix_ms: healthy_since.map(ms),
+            failing_since: live
+                .failing_since
+                .into_iter()
+                .map(|(k, t)| (k, ms(t)))
+                .collect(),
+        }))
+    }
+}
+
+fn ms(t: Timestamp) -> u64 {
+    u64::try_from(to_unix_ms(t)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::FakeClock;
+    use jiff::SignedDuration;
+    use protocol::messages::{CheckKind, CheckResult, CheckStatus};
+    use std::time::Duration;
+
+    struct Fx {
+        _dir: tempfile::TempDir,
+        db: std::path::PathBuf,
+        clock: Arc<FakeClock>,
+    }
+
+    impl Fx {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let db = dir.path().join("c.db");
+            Self {
+                _dir: dir,
+                db,
+                clock: Arc::new(FakeClock::new("2026-01-01T00:00:00Z".parse().unwrap())),
+            }
+        }
+        async fn fleet(&self) -> Fleet {
+            let cfg = HealthConfig {
+                report_interval: Duration::from_secs(1),
+                unreachable_grace: Duration::from_secs(3),
+                goodbye_grace: Duration::from_secs(60),
+            };
+            Fleet::open(Store::open(&self.db).unwrap(), self.clock.clone(), cfg)
+                .await
+                .unwrap()
+        }
+        fn tick(&self, secs: i64) {
+            self.clock.advance(SignedDuration::from_secs(secs));
+        }
+    }
+
+    fn rec(addr: &str, host: &str) -> MachineRecord {
+        MachineRecord {
+            address: addr.into(),
+            hostname: host.into(),
+            serial: "S".into(),
+            rack: "r1".into(),
+            role: "cs".into(),
+            machine_type: Some("qemu".into()),
+            labels: BTreeMap::new(),
+            source: RecordSource::Admin,
+        }
+    }
+
+    fn hello(host: &str, boot: &str) -> AgentHello {
+        AgentHello {
+            hostname: host.into(),
+            serial: "S".into(),
+            addresses: vec![],
+            agent_version: "0.1".into(),
+            boot_id: boot.into(),
+        }
+    }
+
+    fn report(boot: &str, nic_ok: bool) -> HealthReport {
+        HealthReport {
+            seq: 1,
+            time_unix_ms: 0,
+            boot_id: boot.into(),
+            checks: vec![CheckResult {
+                kind: CheckKind::Nic,
+                subject: "eth0".into(),
+                status: if nic_ok {
+                    CheckStatus::Ok
+                } else {
+                    CheckStatus::Fail
+                },
+                detail: "carrier".into(),
+            }],
+        }
+    }
+
+    fn state(f: &Fleet, a: &str) -> MachineState {
+        f.machine(a).unwrap().state
+    }
+
+    #[tokio::test]
+    async fn lifecycle_is_derived_persisted_and_reloaded() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        f.upsert(vec![rec("10.0.0.1", "a")]).await.unwrap();
+        assert_eq!(state(&f, "10.0.0.1"), MachineState::Uninitialized);
+        let addr = f
+            .agent_hello("a", &hello("a", "b1"), "127.0.0.1".parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(addr, "10.0.0.1");
+        f.report("a", report("b1", true)).await.unwrap();
+        assert_eq!(state(&f, &addr), MachineState::Healthy);
+        let t0 = fx.clock.now();
+        fx.tick(1);
+        assert!(f.ok_continuously_since(&addr, t0));
+        f.report("a", report("b1", false)).await.unwrap();
+        assert_eq!(state(&f, &addr), MachineState::Unhealthy);
+        assert_eq!(f.list()[0].failing, vec!["nic:eth0".to_string()]);
+        assert!(!f.ok_continuously_since(&addr, t0));
+        // Silence: only the sweep notices.
+        fx.tick(3);
+        assert!(f.sweep().await.unwrap().is_empty(), "grace not yet past");
+        fx.tick(1);
+        let made = f.sweep().await.unwrap();
+        assert_eq!(made.len(), 1);
+        assert_eq!(state(&f, &addr), MachineState::Unreachable);
+        assert_eq!(f.healthy_since(&addr), None);
+        drop(f);
+
+        let f = fx.fleet().await;
+        assert_eq!(state(&f, "10.0.0.1"), MachineState::Unreachable);
+        let hist: Vec<String> = f
+            .transitions("10.0.0.1", 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.to)
+            .collect();
+        assert_eq!(
+            hist,
+            ["uninitialized", "healthy", "unhealthy", "unreachable"]
+        );
+    }
+
+    #[tokio::test]
+    async fn unknown_host_awaits_registration_and_registration_adopts_it() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        let addr = f
+            .agent_hello("stray", &hello("stray", "b1"), "127.0.0.9".parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(addr, "127.0.0.9");
+        f.report("stray", report("b1", true)).await.unwrap();
+        let v = f.machine(&addr).unwrap();
+        assert_eq!(v.state, MachineState::AwaitingRegistration);
+        assert_eq!(v.record.machine_type, None);
+        // Registering the hostname at its real address takes over its live health.
+        let out = f.upsert(vec![rec("10.0.0.9", "stray")]).await.unwrap();
+        assert_eq!(out[0].state, "healthy");
+        assert!(f.machine("127.0.0.9").is_none());
+        assert_eq!(
+            f.machine_by_hostname("stray").unwrap().record.address,
+            "10.0.0.9"
+        );
+    }
+
+    #[tokio::test]
+    async fn hostname_of_registered_machine_cannot_be_taken() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        f.upsert(vec![rec("10.0.0.1", "a")]).await.unwrap();
+        let e = f.upsert(vec![rec("10.0.0.2", "a")]).await.unwrap_err();
+        assert!(matches!(e, FleetError::HostnameTaken { .. }), "{e}");
+        // Unchanged re-import writes nothing new.
+        f.upsert(vec![rec("10.0.0.1", "a")]).await.unwrap();
+        assert_eq!(f.transitions("10.0.0.1", 10).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn goodbye_stops_without_unreachable_and_reboot_resets_healthy_run() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        f.upsert(vec![rec("10.0.0.1", "a")]).await.unwrap();
+        let a = "10.0.0.1";
+        f.agent_hello("a", &hello("a", "b1"), "127.0.0.1".parse().unwrap())
+            .await
+            .unwrap();
+        f.report("a", report("b1", true)).await.unwrap();
+        let t0 = fx.clock.now();
+        f.goodbye("a", GoodbyeReason::Shutdown).await.unwrap();
+        assert_eq!(state(&f, a), MachineState::Stopped);
+        fx.tick(30);
+        f.sweep().await.unwrap();
+        assert_eq!(state(&f, a), MachineState::Stopped);
+        f.agent_hello("a", &hello("a", "b2"), "127.0.0.1".parse().unwrap())
+            .await
+            .unwrap();
+        f.report("a", report("b2", true)).await.unwrap();
+        assert_eq!(state(&f, a), MachineState::Healthy);
+        assert!(!f.ok_continuously_since(a, t0));
+        assert_eq!(f.live(a).unwrap().boot_id.as_deref(), Some("b2"));
+    }
+}

@@ -1,0 +1,390 @@
+//! Machine records and the inventory file.
+//!
+//! A machine is keyed by its address (as in CKE) and carries hostname (which must equal the
+//! name in its node certificate), serial, rack, role, machine type and labels. Records come
+//! from the inventory file named in the config, from `coordinatorctl machines add/import`,
+//! and, without a type, from hellos of unknown hosts.
+//!
+//! The inventory file is TOML (`[[machines]]` tables) or YAML (a `machines:` list, or a bare
+//! list) when its name ends in `.yaml`/`.yml`. Unknown keys are errors. This module parses
+//! and validates; [`crate::fleet`] owns the live registry and its persistence.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use protocol::admin::machines::MachineSpec;
+use serde::{Deserialize, Serialize};
+
+/// Where a record came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordSource {
+    /// The inventory file.
+    Inventory,
+    /// `coordinatorctl machines add` or `import`.
+    Admin,
+    /// A hello from a host no record names (awaiting registration).
+    Agent,
+}
+
+impl RecordSource {
+    /// Stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordSource::Inventory => "inventory",
+            RecordSource::Admin => "admin",
+            RecordSource::Agent => "agent",
+        }
+    }
+
+    /// Parses a stored name; unknown names read as `admin`.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "inventory" => RecordSource::Inventory,
+            "agent" => RecordSource::Agent,
+            _ => RecordSource::Admin,
+        }
+    }
+}
+
+impl fmt::Display for RecordSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What is registered about one machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineRecord {
+    /// Address: the key.
+    pub address: String,
+    /// Hostname; equals the name in the node's certificate.
+    pub hostname: String,
+    /// Serial number.
+    pub serial: String,
+    /// Rack.
+    pub rack: String,
+    /// Role (e.g. `cs`, `ss`).
+    pub role: String,
+    /// Machine type, selecting the repair procedure; `None` while awaiting registration.
+    pub machine_type: Option<String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Origin.
+    pub source: RecordSource,
+}
+
+impl MachineRecord {
+    /// The wire form (an unregistered machine's type is empty).
+    pub fn to_spec(&self) -> MachineSpec {
+        MachineSpec {
+            address: self.address.clone(),
+            hostname: self.hostname.clone(),
+            serial: self.serial.clone(),
+            rack: self.rack.clone(),
+            role: self.role.clone(),
+            machine_type: self.machine_type.clone().unwrap_or_default(),
+            labels: self
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Builds and validates a registered record from its wire form.
+    pub fn from_spec(spec: &MachineSpec, source: RecordSource) -> Result<Self, InventoryError> {
+        let entry = InventoryEntry {
+            address: spec.address.clone(),
+            hostname: spec.hostname.clone(),
+            serial: spec.serial.clone(),
+            rack: spec.rack.clone(),
+            role: spec.role.clone(),
+            machine_type: spec.machine_type.clone(),
+            labels: spec.labels.iter().cloned().collect(),
+        };
+        entry.into_record(source)
+    }
+}
+
+/// Why a record or inventory file was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// The file could not be read.
+    #[error("cannot read inventory {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The file does not parse (the message names the key).
+    #[error("inventory {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A record is invalid.
+    #[error("machine {address:?}: {message}")]
+    Invalid {
+        /// The record's address as given.
+        address: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// Two records in one batch share an address or hostname.
+    #[error("{what} {value:?} appears more than once")]
+    Duplicate {
+        /// `address` or `hostname`.
+        what: &'static str,
+        /// The value.
+        value: String,
+    },
+}
+
+impl InventoryError {
+    /// Never: the input must be fixed.
+    pub fn is_retriable(&self) -> bool {
+        false
+    }
+}
+
+/// One machine as written in an inventory file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryEntry {
+    /// IP address.
+    pub address: String,
+    /// Hostname.
+    pub hostname: String,
+    /// Serial.
+    #[serde(default)]
+    pub serial: String,
+    /// Rack.
+    #[serde(default)]
+    pub rack: String,
+    /// Role.
+    #[serde(default)]
+    pub role: String,
+    /// Machine type (also accepted as `type`).
+    #[serde(alias = "type")]
+    pub machine_type: String,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl InventoryEntry {
+    /// Validates and converts.
+    pub fn into_record(self, source: RecordSource) -> Result<MachineRecord, InventoryError> {
+        let invalid = |message: String| InventoryError::Invalid {
+            address: self.address.clone(),
+            message,
+        };
+        let ip: IpAddr = self
+            .address
+            .parse()
+            .map_err(|_| invalid("address must be an IPv4 or IPv6 address".into()))?;
+        protocol::identity::validate_name("hostname", &self.hostname)
+            .map_err(|e| invalid(e.to_string()))?;
+        if self.machine_type.trim().is_empty() {
+            return Err(invalid(
+                "machine type is required: it selects the repair procedure".into(),
+            ));
+        }
+        for k in self.labels.keys() {
+            if k.is_empty() || k.contains('=') {
+                return Err(invalid(format!(
+                    "label key {k:?} must be non-empty, without '='"
+                )));
+            }
+        }
+        Ok(MachineRecord {
+            // Canonical form, so `10.0.0.01`-style spellings cannot make two records.
+            address: ip.to_string(),
+            hostname: self.hostname,
+            serial: self.serial,
+            rack: self.rack,
+            role: self.role,
+            machine_type: Some(self.machine_type),
+            labels: self.labels,
+            source,
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InventoryDoc {
+    #[serde(default)]
+    machines: Vec<InventoryEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum YamlDoc {
+    List(Vec<InventoryEntry>),
+    Doc(InventoryDoc),
+}
+
+/// Parses inventory text; YAML when `path` ends in `.yaml`/`.yml`, TOML otherwise.
+pub fn parse_inventory(
+    text: &str,
+    path: &Path,
+    source: RecordSource,
+) -> Result<Vec<MachineRecord>, InventoryError> {
+    let parse = |message: String| InventoryError::Parse {
+        path: path.to_path_buf(),
+        message,
+    };
+    let yaml = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    );
+    let entries = if yaml {
+        if text.trim().is_empty() {
+            Vec::new()
+        } else {
+            match serde_saphyr::from_str::<YamlDoc>(text) {
+                Ok(YamlDoc::List(l)) => l,
+                Ok(YamlDoc::Doc(d)) => d.machines,
+                // The untagged error hides the key; retry as the documented form to name it.
+                Err(_) => {
+                    serde_saphyr::from_str::<InventoryDoc>(text)
+                        .map_err(|e| parse(e.to_string()))?
+                        .machines
+                }
+            }
+        }
+    } else {
+        toml::from_str::<InventoryDoc>(text)
+            .map_err(|e| parse(e.to_string().trim_end().to_string()))?
+            .machines
+    };
+    let records = entries
+        .into_iter()
+        .map(|e| e.into_record(source))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_unique(&records)?;
+    Ok(records)
+}
+
+/// Reads and parses an inventory file.
+pub fn load_inventory(
+    path: &Path,
+    source: RecordSource,
+) -> Result<Vec<MachineRecord>, InventoryError> {
+    let text = std::fs::read_to_string(path).map_err(|e| InventoryError::Read {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    parse_inventory(&text, path, source)
+}
+
+/// Refuses a batch in which an address or hostname repeats.
+pub fn check_unique(records: &[MachineRecord]) -> Result<(), InventoryError> {
+    let mut addrs = std::collections::HashSet::new();
+    let mut hosts = std::collections::HashSet::new();
+    for r in records {
+        if !addrs.insert(r.address.as_str()) {
+            return Err(InventoryError::Duplicate {
+                what: "address",
+                value: r.address.clone(),
+            });
+        }
+        if !hosts.insert(r.hostname.as_str()) {
+            return Err(InventoryError::Duplicate {
+                what: "hostname",
+                value: r.hostname.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_inventory_parses() {
+        let text = r#"
+[[machines]]
+address = "10.0.0.1"
+hostname = "web-1"
+serial = "S1"
+rack = "r1"
+role = "cs"
+machine_type = "qemu"
+labels = { zone = "a" }
+
+[[machines]]
+address = "10.0.0.2"
+hostname = "web-2"
+type = "qemu"
+"#;
+        let r = parse_inventory(text, Path::new("inv.toml"), RecordSource::Inventory).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].labels["zone"], "a");
+        assert_eq!(r[1].machine_type.as_deref(), Some("qemu"));
+        assert_eq!(r[1].serial, "");
+    }
+
+    #[test]
+    fn yaml_inventory_parses_both_forms() {
+        let list = "- address: 10.0.0.1\n  hostname: a\n  machine_type: t\n";
+        let doc = "machines:\n  - address: 10.0.0.1\n    hostname: a\n    type: t\n    labels:\n      k: v\n";
+        for text in [list, doc] {
+            let r = parse_inventory(text, Path::new("inv.yaml"), RecordSource::Inventory).unwrap();
+            assert_eq!(r.len(), 1);
+            assert_eq!(r[0].hostname, "a");
+        }
+    }
+
+    #[test]
+    fn unknown_key_and_bad_values_are_refused() {
+        let e = parse_inventory(
+            "[[machines]]\naddress = \"10.0.0.1\"\nhostname = \"a\"\nmachine_type = \"t\"\nrak = \"r\"\n",
+            Path::new("inv.toml"),
+            RecordSource::Inventory,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rak"), "{e}");
+        let e = parse_inventory(
+            "[[machines]]\naddress = \"web\"\nhostname = \"a\"\nmachine_type = \"t\"\n",
+            Path::new("inv.toml"),
+            RecordSource::Inventory,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("IPv4"), "{e}");
+        let e = parse_inventory(
+            "[[machines]]\naddress = \"10.0.0.1\"\nhostname = \"a\"\nmachine_type = \"t\"\n[[machines]]\naddress = \"10.0.0.2\"\nhostname = \"a\"\nmachine_type = \"t\"\n",
+            Path::new("inv.toml"),
+            RecordSource::Inventory,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("hostname \"a\" appears more than once"), "{e}");
+    }
+
+    #[test]
+    fn spec_round_trip() {
+        let spec = MachineSpec {
+            address: "::1".into(),
+            hostname: "h".into(),
+            serial: "s".into(),
+            rack: "r".into(),
+            role: "cs".into(),
+            machine_type: "t".into(),
+            labels: vec![("a".into(), "b".into())],
+        };
+        let r = MachineRecord::from_spec(&spec, RecordSource::Admin).unwrap();
+        assert_eq!(r.to_spec(), spec);
+    }
+}

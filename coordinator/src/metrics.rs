@@ -1,0 +1,297 @@
+//! Counters and the plain-HTTP `/metrics` (Prometheus text format) and `/healthz` endpoint.
+//!
+//! The endpoint is read-only and unauthenticated, so it shows counts, never machine
+//! details; it listens on its own port so it can be firewalled apart from the QUIC API.
+//! Other areas add their series by registering a [`MetricsSource`] with the server.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use protocol::messages::RefusalCode;
+use tokio_util::sync::CancellationToken;
+
+use crate::fleet::Fleet;
+use crate::store::Store;
+
+/// Label of a refusal reason in metrics and logs.
+pub fn refusal_label(code: RefusalCode) -> &'static str {
+    match code {
+        RefusalCode::UnsupportedVersion => "unsupported-version",
+        RefusalCode::NotAuthorized => "not-authorized",
+        RefusalCode::IdentityMismatch => "identity-mismatch",
+        RefusalCode::Malformed => "malformed",
+        RefusalCode::FrameTooLarge => "frame-too-large",
+        RefusalCode::ShuttingDown => "shutting-down",
+        RefusalCode::Internal => "internal",
+        RefusalCode::BadRequest => "bad-request",
+    }
+}
+
+/// Label for connections that failed before any hello: TLS handshake refused (no client
+/// certificate, another CA), or the peer vanished.
+pub const HANDSHAKE_FAILED: &str = "handshake-failed";
+
+/// The coordinator's own counters. Cheap to share behind an `Arc`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    reports: AtomicU64,
+    open_agent: AtomicI64,
+    open_admin: AtomicI64,
+    accepted: AtomicU64,
+    admin_requests: AtomicU64,
+    refused: Mutex<BTreeMap<&'static str, u64>>,
+    shutting_down: AtomicBool,
+}
+
+/// Which kind of session a connection carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionKind {
+    /// node-agent.
+    Agent,
+    /// coordinatorctl.
+    Admin,
+}
+
+/// Decrements the open-connection gauge when dropped.
+#[derive(Debug)]
+pub struct OpenGuard {
+    metrics: Arc<Metrics>,
+    kind: SessionKind,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.metrics
+            .gauge(self.kind)
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    fn gauge(&self, kind: SessionKind) -> &AtomicI64 {
+        match kind {
+            SessionKind::Agent => &self.open_agent,
+            SessionKind::Admin => &self.open_admin,
+        }
+    }
+
+    /// Counts an accepted session as open until the guard drops.
+    pub fn session_opened(self: &Arc<Self>, kind: SessionKind) -> OpenGuard {
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+        self.gauge(kind).fetch_add(1, Ordering::Relaxed);
+        OpenGuard {
+            metrics: self.clone(),
+            kind,
+        }
+    }
+
+    /// Counts a received health report.
+    pub fn report_received(&self) {
+        self.reports.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an admin request.
+    pub fn admin_request(&self) {
+        self.admin_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a refused or failed connection by reason label.
+    pub fn refused(&self, reason: &'static str) {
+        *self
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_default() += 1;
+    }
+
+    /// Reports received so far.
+    pub fn reports(&self) -> u64 {
+        self.reports.load(Ordering::Relaxed)
+    }
+
+    /// Marks the process as shutting down: `/healthz` answers 503 from now on.
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Renders the coordinator's series in Prometheus text format.
+    pub fn render(&self, fleet: &Fleet, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_machines Machines by health state.\n# TYPE fleetmend_machines gauge"
+        );
+        for (state, n) in fleet.counts_by_state() {
+            let _ = writeln!(out, "fleetmend_machines{{state=\"{state}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_reports_received_total Health reports received from agents.\n\
+             # TYPE fleetmend_reports_received_total counter\n\
+             fleetmend_reports_received_total {}",
+            self.reports()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_connections_open Open sessions by kind.\n\
+             # TYPE fleetmend_connections_open gauge\n\
+             fleetmend_connections_open{{kind=\"agent\"}} {}\n\
+             fleetmend_connections_open{{kind=\"admin\"}} {}",
+            self.open_agent.load(Ordering::Relaxed),
+            self.open_admin.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_connections_accepted_total Sessions accepted after hello.\n\
+             # TYPE fleetmend_connections_accepted_total counter\n\
+             fleetmend_connections_accepted_total {}",
+            self.accepted.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_connections_refused_total Connections refused or failed, by reason.\n\
+             # TYPE fleetmend_connections_refused_total counter"
+        );
+        for (reason, n) in self
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "fleetmend_connections_refused_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_admin_requests_total Admin API requests.\n\
+             # TYPE fleetmend_admin_requests_total counter\n\
+             fleetmend_admin_requests_total {}",
+            self.admin_requests.load(Ordering::Relaxed)
+        );
+    }
+}
+
+/// Something that adds series to `/metrics` (e.g. the repair queue).
+pub trait MetricsSource: Send + Sync + 'static {
+    /// Appends series in Prometheus text format.
+    fn render(&self, out: &mut String);
+}
+
+/// What the HTTP handlers read.
+#[derive(Clone)]
+pub struct HttpState {
+    /// The registry.
+    pub fleet: Arc<Fleet>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// The database, probed by `/healthz`.
+    pub store: Store,
+    /// More series.
+    pub sources: Vec<Arc<dyn MetricsSource>>,
+}
+
+impl std::fmt::Debug for HttpState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpState")
+            .field("sources", &self.sources.len())
+            .finish_non_exhaustive()
+    }
+}
+
+async fn metrics_handler(State(s): State<HttpState>) -> impl IntoResponse {
+    let mut out = String::new();
+    s.metrics.render(&s.fleet, &mut out);
+    for src in &s.sources {
+        src.render(&mut out);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+}
+
+async fn healthz_handler(State(s): State<HttpState>) -> impl IntoResponse {
+    if s.metrics.shutting_down.load(Ordering::Relaxed) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down\n".to_string(),
+        );
+    }
+    match s
+        .store
+        .call(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
+        .await
+    {
+        Ok(_) => (StatusCode::OK, "ok\n".to_string()),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("database unavailable: {e}\n"),
+        ),
+    }
+}
+
+/// The router serving `/metrics` and `/healthz`.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz_handler))
+        .with_state(state)
+}
+
+/// Serves the HTTP endpoint on an already bound listener until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: HttpState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(?addr, "serving /metrics and /healthz");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::health::HealthConfig;
+
+    #[tokio::test]
+    async fn renders_every_state_and_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let fleet = Fleet::open(store, Arc::new(SystemClock), HealthConfig::default())
+            .await
+            .unwrap();
+        let m = Arc::new(Metrics::default());
+        m.report_received();
+        m.refused(refusal_label(RefusalCode::IdentityMismatch));
+        let g = m.session_opened(SessionKind::Agent);
+        let mut out = String::new();
+        m.render(&fleet, &mut out);
+        assert!(out.contains("fleetmend_machines{state=\"unreachable\"} 0"));
+        assert!(out.contains("fleetmend_reports_received_total 1"));
+        assert!(
+            out.contains("fleetmend_connections_refused_total{reason=\"identity-mismatch\"} 1")
+        );
+        assert!(out.contains("fleetmend_connections_open{kind=\"agent\"} 1"));
+        drop(g);
+        out.clear();
+        m.render(&fleet, &mut out);
+        assert!(out.contains("fleetmend_connections_open{kind=\"agent\"} 0"));
+    }
+}
