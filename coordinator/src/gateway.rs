@@ -1,11 +1,27 @@
 //! Power actions through rack BMC gateways.
 //!
 //! The repair queue and fencing use power only through the [`PowerControl`] trait. The real
-//! implementation sends [`PowerRequest`]s to the bmc-gateway that serves the machine's rack,
-//! over mutual-TLS QUIC; [`NoGateway`] answers "not available" when none is configured.
+//! implementation, [`QuicGateways`], sends [`PowerRequest`]s to the bmc-gateway that serves the
+//! machine (chosen by machine address, else by the machine's rack), over mutual-TLS QUIC, one
+//! bidirectional stream per request, reusing one connection per gateway; [`NoGateway`] answers
+//! "not available" when none is configured.
+//!
+//! A request whose connection fails is sent once more on a fresh connection with the same id:
+//! the gateway executes an id at most once, so the retry can only fetch the first result. This
+//! module decides nothing about which action to take.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
-use protocol::gateway::{PowerRequest, PowerResponse};
+use protocol::gateway::{CoordinatorHello, PowerAction, PowerRequest, PowerResponse};
+use protocol::messages::HelloBody;
+use protocol::transport::{self, TlsMaterial, TransportError};
+use protocol::{Role, frame};
+use serde::Deserialize;
+use tracing::{debug, warn};
 
 /// Why a power request could not be carried to a gateway or answered.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +40,14 @@ pub enum PowerError {
         /// The gateway.
         gateway: String,
         /// What happened.
+        detail: String,
+    },
+    /// The gateway refused this coordinator (certificate, protocol version).
+    #[error("gateway {gateway} refused the coordinator: {detail}")]
+    Refused {
+        /// The gateway.
+        gateway: String,
+        /// What it said.
         detail: String,
     },
 }
@@ -54,5 +78,361 @@ impl PowerControl for NoGateway {
                 reason: "no bmc-gateway is configured".into(),
             })
         })
+    }
+}
+
+/// One gateway in the coordinator's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayTarget {
+    /// A name for logs (usually the rack).
+    pub name: String,
+    /// UDP address of the gateway's QUIC listener.
+    pub address: SocketAddr,
+    /// Name that must match a DNS or IP SAN of the gateway's certificate.
+    pub server_name: String,
+    /// Racks whose machines this gateway serves.
+    #[serde(default)]
+    pub racks: Vec<String>,
+    /// Machines (addresses) this gateway serves, in addition to its racks.
+    #[serde(default)]
+    pub machines: Vec<String>,
+}
+
+/// Maps a machine address to its rack (from the inventory).
+pub type RackOf = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Margin over a request's own time limit before the coordinator stops waiting: the gateway
+/// answers at its limit, so this only covers transport and queueing on a busy gateway.
+pub const ANSWER_MARGIN: Duration = Duration::from_secs(15);
+
+/// Limit the gateway applies to a request without one (it defaults to 30 s, 60 s for a fence);
+/// mirrored here to know how long to wait.
+fn gateway_default(action: PowerAction) -> Duration {
+    if action == PowerAction::Fence {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(30)
+    }
+}
+
+/// The real [`PowerControl`]: mutual-TLS QUIC to the configured gateways.
+pub struct QuicGateways {
+    tls: TlsMaterial,
+    coordinator: String,
+    targets: Vec<GatewayTarget>,
+    rack_of: RackOf,
+    conns: tokio::sync::Mutex<HashMap<usize, (quinn::Endpoint, quinn::Connection)>>,
+}
+
+impl std::fmt::Debug for QuicGateways {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicGateways")
+            .field("coordinator", &self.coordinator)
+            .field("targets", &self.targets)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuicGateways {
+    /// A client presenting `tls` (a coordinator certificate) as `coordinator`.
+    pub fn new(
+        tls: TlsMaterial,
+        coordinator: impl Into<String>,
+        targets: Vec<GatewayTarget>,
+        rack_of: RackOf,
+    ) -> Self {
+        Self {
+            tls,
+            coordinator: coordinator.into(),
+            targets,
+            rack_of,
+            conns: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The gateway serving `address`: one listing the machine, else one serving its rack.
+    pub fn route(&self, address: &str) -> Option<&GatewayTarget> {
+        self.route_index(address).map(|i| &self.targets[i])
+    }
+
+    fn route_index(&self, address: &str) -> Option<usize> {
+        if let Some(i) = self
+            .targets
+            .iter()
+            .position(|t| t.machines.iter().any(|m| m == address))
+        {
+            return Some(i);
+        }
+        let rack = (self.rack_of)(address)?;
+        self.targets
+            .iter()
+            .position(|t| t.racks.contains(&rack))
+    }
+
+    async fn connection(&self, i: usize, fresh: bool) -> Result<quinn::Connection, PowerError> {
+        let t = &self.targets[i];
+        let mut conns = self.conns.lock().await;
+        if !fresh
+            && let Some((_, c)) = conns.get(&i)
+            && c.close_reason().is_none()
+        {
+            return Ok(c.clone());
+        }
+        conns.remove(&i);
+        let endpoint = self
+            .tls
+            .client_endpoint(t.address)
+            .map_err(|e| unreachable(t, &e))?;
+        let hello = HelloBody::Coordinator(CoordinatorHello {
+            coordinator: self.coordinator.clone(),
+        });
+        let session =
+            match transport::connect(&endpoint, t.address, &t.server_name, Role::Gateway, hello)
+                .await
+            {
+                Ok(s) => s,
+                Err(TransportError::Refused(r)) => {
+                    return Err(PowerError::Refused {
+                        gateway: t.name.clone(),
+                        detail: r.to_string(),
+                    });
+                }
+                Err(e @ TransportError::UnexpectedPeer { .. }) => {
+                    return Err(PowerError::Refused {
+                        gateway: t.name.clone(),
+                        detail: e.to_string(),
+                    });
+                }
+                Err(e) => return Err(unreachable(t, &e)),
+            };
+        debug!(gateway = %t.name, addr = %t.address, "connected to gateway");
+        conns.insert(i, (endpoint, session.conn.clone()));
+        Ok(session.conn)
+    }
+
+    async fn exchange(
+        conn: &quinn::Connection,
+        req: &PowerRequest,
+        wait: Duration,
+    ) -> Result<PowerResponse, TransportError> {
+        let work = async {
+            let (mut send, mut recv) = conn.open_bi().await?;
+            transport::write_msg(&mut send, req, frame::MAX_FRAME_LEN).await?;
+            let _ = send.finish();
+            transport::expect_msg::<PowerResponse>(&mut recv, frame::MAX_FRAME_LEN).await
+        };
+        tokio::time::timeout(wait, work)
+            .await
+            .map_err(|_| TransportError::Timeout(wait))?
+    }
+}
+
+fn unreachable(t: &GatewayTarget, e: &dyn std::fmt::Display) -> PowerError {
+    PowerError::Unreachable {
+        gateway: t.name.clone(),
+        detail: format!("{} ({}): {e}", t.address, t.server_name),
+    }
+}
+
+impl PowerControl for QuicGateways {
+    fn power(&self, req: PowerRequest) -> BoxFuture<'_, Result<PowerResponse, PowerError>> {
+        Box::pin(async move {
+            let Some(i) = self.route_index(&req.address) else {
+                return Err(PowerError::NotAvailable {
+                    address: req.address.clone(),
+                    reason: "no configured gateway serves this machine or its rack".into(),
+                });
+            };
+            let t = &self.targets[i];
+            let limit = if req.timeout_ms > 0 {
+                Duration::from_millis(req.timeout_ms)
+            } else {
+                gateway_default(req.action)
+            };
+            let wait = limit + ANSWER_MARGIN;
+            let mut last = None;
+            for fresh in [false, true] {
+                let conn = self.connection(i, fresh).await?;
+                match Self::exchange(&conn, &req, wait).await {
+                    Ok(resp) => return Ok(resp),
+                    Err(e @ TransportError::Timeout(_)) => {
+                        // The gateway holds the request; resending would only wait again.
+                        return Err(unreachable(t, &e));
+                    }
+                    Err(e) => {
+                        warn!(gateway = %t.name, id = %req.id, error = %e, fresh, "power request failed on the connection");
+                        last = Some(e);
+                    }
+                }
+            }
+            Err(unreachable(
+                t,
+                &last.map(|e| e.to_string()).unwrap_or_default(),
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::gateway::{PowerOutcome, PowerState};
+    use protocol::messages::{Refusal, RefusalCode};
+    use protocol::pki::{Ca, IssueOptions};
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
+        let c = ca
+            .issue(
+                role,
+                name,
+                &IssueOptions {
+                    ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        TlsMaterial::from_pem(
+            ca.cert_pem().as_bytes(),
+            c.cert_pem.as_bytes(),
+            c.key_pem.as_bytes(),
+        )
+        .unwrap()
+    }
+
+    /// A fake gateway: accepts coordinators, answers each request with Done, counts them.
+    async fn fake_gateway(ca: &Ca, served: Arc<AtomicUsize>) -> SocketAddr {
+        let tls = material(ca, Role::Gateway, "rack-a");
+        let ep = tls.server_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = ep.local_addr().unwrap();
+        let td = ca.trust_domain().to_string();
+        tokio::spawn(async move {
+            while let Some(inc) = ep.accept().await {
+                let td = td.clone();
+                let served = served.clone();
+                tokio::spawn(async move {
+                    let Ok(p) = transport::accept_hello(inc, &td).await else {
+                        return;
+                    };
+                    if p.peer.role != Role::Coordinator {
+                        p.refuse(Refusal::new(
+                            RefusalCode::NotAuthorized,
+                            "coordinators only",
+                        ))
+                        .await;
+                        return;
+                    }
+                    let s = p.accept("rack-a").await.unwrap();
+                    while let Ok((mut send, mut recv)) = s.conn.accept_bi().await {
+                        let req: PowerRequest =
+                            transport::expect_msg(&mut recv, 65536).await.unwrap();
+                        served.fetch_add(1, Ordering::SeqCst);
+                        let resp = PowerResponse {
+                            id: req.id.clone(),
+                            outcome: PowerOutcome::Done {
+                                state: PowerState::On,
+                                confirmed_off_unix_ms: None,
+                                detail: format!("{} {:?}", req.address, req.action),
+                            },
+                        };
+                        transport::write_msg(&mut send, &resp, 65536).await.unwrap();
+                        let _ = send.finish();
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn req(id: &str, address: &str) -> PowerRequest {
+        PowerRequest {
+            id: id.into(),
+            address: address.into(),
+            serial: String::new(),
+            action: PowerAction::Status,
+            timeout_ms: 2000,
+        }
+    }
+
+    fn target(addr: SocketAddr) -> GatewayTarget {
+        GatewayTarget {
+            name: "rack-a".into(),
+            address: addr,
+            server_name: "127.0.0.1".into(),
+            racks: vec!["a".into()],
+            machines: vec!["10.9.9.9".into()],
+        }
+    }
+
+    fn racks() -> RackOf {
+        Arc::new(|addr: &str| addr.starts_with("10.0.").then(|| "a".to_string()))
+    }
+
+    #[tokio::test]
+    async fn sends_requests_to_the_gateway_of_the_machine_or_its_rack() {
+        let ca = Ca::generate("fleet.test").unwrap();
+        let served = Arc::new(AtomicUsize::new(0));
+        let addr = fake_gateway(&ca, served.clone()).await;
+        let g = QuicGateways::new(
+            material(&ca, Role::Coordinator, "c1"),
+            "c1",
+            vec![target(addr)],
+            racks(),
+        );
+        for (i, m) in ["10.0.0.1", "10.9.9.9", "10.0.0.2"].iter().enumerate() {
+            let r = tokio::time::timeout(Duration::from_secs(10), g.power(req(&i.to_string(), m)))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(r.id, i.to_string());
+            assert!(
+                matches!(&r.outcome, PowerOutcome::Done { detail, .. } if detail.starts_with(m))
+            );
+        }
+        assert_eq!(served.load(Ordering::SeqCst), 3);
+        // One connection reused.
+        assert_eq!(g.conns.lock().await.len(), 1);
+        let e = g.power(req("x", "192.168.1.1")).await.unwrap_err();
+        assert!(matches!(e, PowerError::NotAvailable { .. }), "{e}");
+        assert!(!e.is_retriable());
+    }
+
+    #[tokio::test]
+    async fn refusal_and_unreachable_gateways_are_errors_not_hangs() {
+        let ca = Ca::generate("fleet.test").unwrap();
+        let served = Arc::new(AtomicUsize::new(0));
+        let addr = fake_gateway(&ca, served.clone()).await;
+        // An admin certificate is refused by the gateway.
+        let g = QuicGateways::new(
+            material(&ca, Role::Admin, "alice"),
+            "alice",
+            vec![target(addr)],
+            racks(),
+        );
+        let e = tokio::time::timeout(Duration::from_secs(10), g.power(req("a", "10.0.0.1")))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, PowerError::Refused { .. }), "{e}");
+        assert_eq!(served.load(Ordering::SeqCst), 0);
+
+        // Nothing listening: unreachable (retriable) within the hello timeout.
+        let dead = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let g = QuicGateways::new(
+            material(&ca, Role::Coordinator, "c1"),
+            "c1",
+            vec![target(dead)],
+            racks(),
+        );
+        let e = tokio::time::timeout(Duration::from_secs(30), g.power(req("b", "10.0.0.1")))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.is_retriable(), "{e}");
     }
 }
