@@ -19,6 +19,8 @@ use crate::inventory::{MachineRecord, RecordSource};
 pub struct Admin {
     /// Inventory and health.
     pub fleet: Arc<Fleet>,
+    /// The repair queue, when a repair configuration is set.
+    pub repair: Option<crate::repair::RepairQueue>,
 }
 
 fn error(code: RefusalCode, reason: impl Into<String>) -> AdminResponse {
@@ -38,11 +40,13 @@ impl Admin {
     pub async fn handle(&self, who: &Identity, req: AdminRequest) -> AdminResponse {
         match req {
             AdminRequest::Machines(m) => self.machines(who, m).await,
-            // The repair area replaces this arm with its handler.
-            AdminRequest::RepairQueue(_) => error(
-                RefusalCode::BadRequest,
-                "the repair queue is not enabled in this coordinator",
-            ),
+            AdminRequest::RepairQueue(r) => match &self.repair {
+                Some(q) => q.handle_admin(r).await,
+                None => error(
+                    RefusalCode::BadRequest,
+                    "the repair queue is not enabled in this coordinator: set [repair] config",
+                ),
+            },
         }
     }
 

@@ -49,6 +49,9 @@ pub enum AppError {
     /// The inventory file is unusable.
     #[error(transparent)]
     Inventory(#[from] InventoryError),
+    /// The repair queue could not start.
+    #[error(transparent)]
+    Repair(#[from] crate::repair::RepairStartError),
     /// A port could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -66,6 +69,7 @@ impl AppError {
             self,
             AppError::Tls(_) | AppError::WrongRole(_) | AppError::Inventory(_)
         ) || matches!(self, AppError::Fleet(FleetError::Invalid(_)))
+            || matches!(self, AppError::Repair(e) if e.is_config())
             || matches!(self, AppError::Fleet(FleetError::HostnameTaken { .. }))
     }
 
@@ -129,7 +133,8 @@ impl App {
         }
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
         let store = Store::open(&config.database)?;
-        let fleet = Arc::new(Fleet::open(store.clone(), clock, config.health.resolved()).await?);
+        let fleet =
+            Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
         if let Some(path) = &config.inventory {
             let records = load_inventory(path, RecordSource::Inventory)?;
             let n = records.len();
@@ -145,8 +150,24 @@ impl App {
             ),
             None => None,
         };
+        let repair = match config.repair.as_ref().and_then(|r| r.config.as_deref()) {
+            // Drains and power actions: NotANode / NoGateway until those areas are wired here.
+            Some(path) => Some(
+                crate::repair::start_for_app(
+                    path,
+                    store.clone(),
+                    clock.clone(),
+                    fleet.clone(),
+                    Arc::new(crate::k8s::NotANode),
+                    Arc::new(crate::gateway::NoGateway),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let admin = Arc::new(Admin {
             fleet: fleet.clone(),
+            repair: repair.clone(),
         });
         Ok(Self {
             config,
@@ -154,7 +175,10 @@ impl App {
             fleet,
             metrics: Arc::new(Metrics::default()),
             admin,
-            metrics_sources: Vec::new(),
+            metrics_sources: repair
+                .iter()
+                .map(|q| q.metrics() as Arc<dyn MetricsSource>)
+                .collect(),
             name,
             trust_domain: me.trust_domain,
             endpoint,

@@ -64,6 +64,8 @@ command_groups! {
     Pki(pki::PkiCommand),
     /// Inventory and live health of machines.
     Machines(machines::MachinesCommand),
+    /// The repair queue (as `ckecli repair-queue`).
+    RepairQueue(crate::repair::ctl::RepairQueueCommand),
 }
 
 /// Fleetmend's operator CLI.

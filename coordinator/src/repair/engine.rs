@@ -203,6 +203,12 @@ impl RepairQueue {
     pub fn metrics_text(&self) -> String {
         self.metrics.render()
     }
+
+    /// The metrics, to register with the `/metrics` server. Holding them does not keep
+    /// the engine running.
+    pub fn metrics(&self) -> Arc<RepairMetrics> {
+        self.metrics.clone()
+    }
 }
 
 /// Counters and gauges of the queue.
@@ -708,6 +714,12 @@ impl Engine {
                 decide::decide(&observed, &self.deps.config, self.enabled, now)
             };
             let mut writes = Vec::new();
+            // Health-check results first: they are what the transitions below react to.
+            for (index, ev) in std::mem::take(&mut self.pending_history) {
+                if let Some(e) = self.entries.get(&index) {
+                    writes.push(Write::History(e.clone(), ev));
+                }
+            }
             let mut effects = Vec::new();
             for (index, action) in actions {
                 if matches!(action, Action::Hold(_)) {
@@ -758,11 +770,6 @@ impl Engine {
                     writes.push(Write::Update(new.clone(), Some(ev)));
                 }
                 effects.push((index, action, Some(new)));
-            }
-            for (index, ev) in std::mem::take(&mut self.pending_history) {
-                if let Some(e) = self.entries.get(&index) {
-                    writes.push(Write::History(e.clone(), ev));
-                }
             }
             let transitions = effects.iter().any(|(_, _, n)| n.is_some());
             if !writes.is_empty()
@@ -1015,5 +1022,538 @@ impl Engine {
                 rt.obs.command = TaskObs::Running;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use futures::future::BoxFuture;
+    use jiff::{SignedDuration, Timestamp};
+    use protocol::admin::repair::{RepairEntry, RepairStepStatus};
+
+    use super::*;
+    use crate::clock::{FakeClock, SystemClock};
+    use crate::gateway::NoGateway;
+    use crate::k8s::{DrainError, DrainOptions, NotANode};
+    use crate::repair::NoAgents;
+    use crate::repair::config::load_str;
+
+    fn config(yaml: &str) -> Arc<RepairConfig> {
+        Arc::new(load_str(yaml, Path::new("test.yml")).unwrap().config)
+    }
+
+    struct Harness {
+        q: RepairQueue,
+        shutdown: CancellationToken,
+        join: tokio::task::JoinHandle<()>,
+    }
+
+    async fn start(
+        store: &Store,
+        cfg: Arc<RepairConfig>,
+        clock: Arc<dyn Clock>,
+        drainer: Arc<dyn Drainer>,
+    ) -> Harness {
+        let mut deps = RepairDeps::new(
+            store.clone(),
+            cfg,
+            clock,
+            drainer,
+            Arc::new(NoGateway),
+            Arc::new(NoAgents),
+        );
+        deps.rand = Box::new(|_| 5);
+        let shutdown = CancellationToken::new();
+        let (q, join) = RepairQueue::start(deps, shutdown.clone()).await.unwrap();
+        Harness { q, shutdown, join }
+    }
+
+    impl Harness {
+        async fn stop(self) {
+            self.shutdown.cancel();
+            tokio::time::timeout(Duration::from_secs(10), self.join)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+
+        async fn add(&self, op: &str, t: &str, addr: &str) -> u64 {
+            match self
+                .q
+                .request(RepairQueueRequest::Add(AddRepairEntry {
+                    operation: op.into(),
+                    machine_type: t.into(),
+                    address: addr.into(),
+                    serial: String::new(),
+                }))
+                .await
+                .unwrap()
+            {
+                RepairQueueResponse::Added(e) => e.index,
+                r => panic!("{r:?}"),
+            }
+        }
+
+        async fn list(&self) -> Vec<RepairEntry> {
+            match self.q.request(RepairQueueRequest::List).await.unwrap() {
+                RepairQueueResponse::List(l) => l,
+                r => panic!("{r:?}"),
+            }
+        }
+
+        async fn entry(&self, index: u64) -> Option<RepairEntry> {
+            self.list().await.into_iter().find(|e| e.index == index)
+        }
+
+        async fn history(&self, index: u64) -> Vec<String> {
+            match self
+                .q
+                .request(RepairQueueRequest::Show { index })
+                .await
+                .unwrap()
+            {
+                RepairQueueResponse::Show(d) => d
+                    .history
+                    .iter()
+                    .map(|h| format!("{} {} | {}", h.event, h.detail, h.output))
+                    .collect(),
+                r => panic!("{r:?}"),
+            }
+        }
+
+        /// Polls until `f` holds for entry `index`, or panics after 20 s.
+        async fn wait(
+            &self,
+            index: u64,
+            what: &str,
+            f: impl Fn(&RepairEntry) -> bool,
+        ) -> RepairEntry {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(e) = self.entry(index).await
+                    && f(&e)
+                {
+                    return e;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "timed out waiting for entry {index}: {what}; now {:?}; history {:?}",
+                    self.entry(index).await,
+                    self.history(index).await
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("c.db")).unwrap();
+        (dir, s)
+    }
+
+    fn yaml(steps: &str, health: &str, extra_op: &str, top: &str) -> String {
+        format!(
+            "repair:\n  max_concurrent_repairs: 4\n{top}  repair_procedures:\n  - machine_types: [t]\n    repair_operations:\n    - operation: op\n      repair_steps:\n{steps}      health_check_command: {health}\n{extra_op}"
+        )
+    }
+
+    #[tokio::test]
+    async fn entry_succeeds_and_history_keeps_command_output() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: [sh, -c, 'echo fixing $1', fix]\n",
+            "[sh, -c, 'echo true']",
+            "      success_command: [sh, -c, 'echo notified $1', notify]\n",
+            "",
+        ));
+        let h = start(&s, cfg, Arc::new(SystemClock), Arc::new(NotANode)).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        let hist = h.history(i).await;
+        assert!(
+            hist.iter()
+                .any(|l| l.starts_with("command-succeeded") && l.contains("fixing 10.0.0.1")),
+            "{hist:?}"
+        );
+        assert!(
+            hist.iter()
+                .any(|l| l.starts_with("succeeded") && l.contains("notified 10.0.0.1")),
+            "{hist:?}"
+        );
+        assert!(
+            h.q.metrics_text()
+                .contains("fleetmend_repair_queue_items{status=\"succeeded\"} 1")
+        );
+        assert!(
+            h.q.metrics_text()
+                .contains("fleetmend_repair_commands_total{kind=\"repair\",result=\"ok\"} 1")
+        );
+        h.stop().await;
+    }
+
+    #[tokio::test]
+    async fn add_refuses_unknown_procedure_and_bad_address() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: ['true']\n",
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let h = start(&s, cfg, Arc::new(SystemClock), Arc::new(NotANode)).await;
+        for (op, t, addr, want) in [
+            ("op", "x", "10.0.0.1", "machine type `x`"),
+            ("nope", "t", "10.0.0.1", "no operation `nope`"),
+            ("op", "t", "node-1", "not an IP address"),
+        ] {
+            let r =
+                h.q.request(RepairQueueRequest::Add(AddRepairEntry {
+                    operation: op.into(),
+                    machine_type: t.into(),
+                    address: addr.into(),
+                    serial: String::new(),
+                }))
+                .await;
+            match r {
+                Err(RepairQueueError::BadRequest(m)) => assert!(m.contains(want), "{m}"),
+                r => panic!("{r:?}"),
+            }
+        }
+        h.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_hung_health_check_does_not_hold_up_another_entry() {
+        let (_d, s) = store();
+        let cfg = config(
+            "repair:\n  max_concurrent_repairs: 4\n  repair_procedures:\n  - machine_types: [slow]\n    repair_operations:\n    - operation: op\n      repair_steps:\n      - repair_command: ['true']\n      health_check_command: [sh, -c, 'sleep 60']\n      command_timeout_seconds: 3\n  - machine_types: [fast]\n    repair_operations:\n    - operation: op\n      repair_steps:\n      - repair_command: ['true']\n      health_check_command: [sh, -c, 'echo true']\n",
+        );
+        let h = start(&s, cfg, Arc::new(SystemClock), Arc::new(NotANode)).await;
+        let slow = h.add("op", "slow", "10.0.0.1").await;
+        let fast = h.add("op", "fast", "10.0.0.2").await;
+        h.wait(fast, "fast succeeded", |e| {
+            e.status == RepairStatus::Succeeded
+        })
+        .await;
+        assert_eq!(
+            h.entry(slow).await.unwrap().status,
+            RepairStatus::Processing,
+            "slow still hung"
+        );
+        let e = h
+            .wait(slow, "slow failed at its timeout", |e| {
+                e.status == RepairStatus::Failed
+            })
+            .await;
+        assert_eq!(e.step, 0);
+        let hist = h.history(slow).await;
+        assert!(
+            hist.iter().any(|l| l.contains("timed out after 3")),
+            "{hist:?}"
+        );
+        assert!(
+            h.q.metrics_text()
+                .contains("fleetmend_repair_commands_total{kind=\"health\",result=\"timeout\"} 1")
+        );
+        h.stop().await;
+    }
+
+    #[tokio::test]
+    async fn restart_resumes_without_rerunning_a_completed_command() {
+        let (d, s) = store();
+        let dir = d.path().display().to_string();
+        let cfg = config(&yaml(
+            &format!(
+                "      - repair_command: [sh, -c, 'echo x >> {dir}/step0']\n        watch_seconds: 2\n      - repair_command: [sh, -c, 'echo x >> {dir}/step1; touch {dir}/healthy']\n"
+            ),
+            &format!("[sh, -c, 'test -f {dir}/healthy && echo true || echo false']"),
+            "",
+            "",
+        ));
+        let h = start(&s, cfg.clone(), Arc::new(SystemClock), Arc::new(NotANode)).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        h.wait(i, "watching step 0", |e| {
+            e.step_status == RepairStepStatus::Watching
+        })
+        .await;
+        // Wait for the command to complete, then stop the engine mid-watch.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !h
+            .history(i)
+            .await
+            .iter()
+            .any(|l| l.starts_with("command-succeeded"))
+        {
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        h.stop().await;
+        let h = start(&s, cfg, Arc::new(SystemClock), Arc::new(NotANode)).await;
+        h.wait(i, "succeeded after restart", |e| {
+            e.status == RepairStatus::Succeeded && e.step == 1
+        })
+        .await;
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("step0")).unwrap(),
+            "x\n",
+            "step 0 ran once"
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("step1")).unwrap(),
+            "x\n",
+            "step 1 ran once"
+        );
+        h.stop().await;
+    }
+
+    #[tokio::test]
+    async fn deleting_a_running_entry_kills_its_command() {
+        let (d, s) = store();
+        let pidfile = d.path().join("pid");
+        let cfg = config(&yaml(
+            &format!(
+                "      - repair_command: [sh, -c, 'echo $$ > {}; exec sleep 60']\n        command_timeout_seconds: 0\n",
+                pidfile.display()
+            ),
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let h = start(&s, cfg, Arc::new(SystemClock), Arc::new(NotANode)).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let pid = loop {
+            if let Ok(p) = std::fs::read_to_string(&pidfile)
+                && !p.trim().is_empty()
+            {
+                break p.trim().to_string();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "command never started"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(matches!(
+            h.q.request(RepairQueueRequest::Delete { index: i })
+                .await
+                .unwrap(),
+            RepairQueueResponse::Deleted { count: 1 }
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while h.entry(i).await.is_some() {
+            assert!(tokio::time::Instant::now() < deadline, "entry not dequeued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.split_whitespace().nth(2) == Some("Z") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "command {pid} still running"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The index is never reused.
+        assert_eq!(h.add("op", "t", "10.0.0.1").await, i + 1);
+        h.stop().await;
+    }
+
+    /// A drainer that says every machine is node `n-<address>`, drains until told to finish,
+    /// and records uncordons.
+    #[derive(Default)]
+    struct FakeDrainer {
+        done: AtomicBool,
+        drains: Mutex<u32>,
+        uncordons: Mutex<Vec<String>>,
+    }
+
+    impl Drainer for FakeDrainer {
+        fn node_for(&self, address: &str) -> BoxFuture<'_, Result<Option<String>, DrainError>> {
+            let n = format!("n-{address}");
+            Box::pin(async move { Ok(Some(n)) })
+        }
+        fn drain<'a>(
+            &'a self,
+            _node: &'a str,
+            _opts: &'a DrainOptions,
+        ) -> BoxFuture<'a, Result<DrainProgress, DrainError>> {
+            Box::pin(async move {
+                *self.drains.lock().unwrap() += 1;
+                Ok(if self.done.load(Ordering::SeqCst) {
+                    DrainProgress::Done
+                } else {
+                    DrainProgress::InProgress {
+                        remaining: 1,
+                        detail: "pod p terminating".into(),
+                    }
+                })
+            })
+        }
+        fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), DrainError>> {
+            Box::pin(async move {
+                self.uncordons.lock().unwrap().push(node.to_string());
+                Ok(())
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn drain_timeout_backs_off_linearly_then_drains_again() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: ['true']\n        need_drain: true\n",
+            "[sh, -c, 'echo true']",
+            "",
+            "  eviction_timeout_seconds: 60\n",
+        ));
+        let t0 = Timestamp::from_second(1_800_000_000).unwrap();
+        let clock = Arc::new(FakeClock::new(t0));
+        let drainer = Arc::new(FakeDrainer::default());
+        let h = start(&s, cfg, clock.clone(), drainer.clone()).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        let e = h
+            .wait(i, "draining", |e| {
+                e.step_status == RepairStepStatus::Draining
+            })
+            .await;
+        assert_eq!(e.nodename, "n-10.0.0.1");
+        clock.advance(SignedDuration::from_secs(61));
+        let e = h
+            .wait(i, "drain abandoned", |e| e.drain_backoff_count == 1)
+            .await;
+        assert_eq!(e.step_status, RepairStepStatus::Waiting);
+        // 300 s base + injected rand (5).
+        let expire = t0 + SignedDuration::from_secs(61 + 305);
+        assert_eq!(
+            e.drain_backoff_expire_unix_ms,
+            expire.as_millisecond() as u64
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while drainer.uncordons.lock().unwrap().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "not uncordoned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Still backing off a second before expiry.
+        clock.advance(SignedDuration::from_secs(304));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            h.entry(i).await.unwrap().step_status,
+            RepairStepStatus::Waiting
+        );
+        drainer.done.store(true, Ordering::SeqCst);
+        clock.advance(SignedDuration::from_secs(1));
+        h.wait(i, "succeeded after the second drain", |e| {
+            e.status == RepairStatus::Succeeded
+        })
+        .await;
+        h.stop().await;
+    }
+
+    #[tokio::test]
+    async fn disable_abandons_a_drain_and_starts_nothing_and_reset_backoff_clears_it() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: ['true']\n        need_drain: true\n",
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let clock = Arc::new(FakeClock::new(
+            Timestamp::from_second(1_800_000_000).unwrap(),
+        ));
+        let drainer = Arc::new(FakeDrainer::default());
+        let h = start(&s, cfg, clock.clone(), drainer.clone()).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        h.wait(i, "draining", |e| {
+            e.step_status == RepairStepStatus::Draining
+        })
+        .await;
+        assert!(matches!(
+            h.q.request(RepairQueueRequest::Disable).await.unwrap(),
+            RepairQueueResponse::Enabled(false)
+        ));
+        let e = h
+            .wait(i, "drain abandoned", |e| e.drain_backoff_count == 1)
+            .await;
+        assert_eq!(e.status, RepairStatus::Processing);
+        let j = h.add("op", "t", "10.0.0.2").await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            h.entry(j).await.unwrap().status,
+            RepairStatus::Queued,
+            "nothing new starts"
+        );
+        assert!(
+            h.q.metrics_text()
+                .contains("fleetmend_repair_queue_enabled 0")
+        );
+        assert!(matches!(
+            h.q.request(RepairQueueRequest::ResetBackoff).await.unwrap(),
+            RepairQueueResponse::BackoffReset { count: 1 }
+        ));
+        assert_eq!(h.entry(i).await.unwrap().drain_backoff_count, 0);
+        drainer.done.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            h.q.request(RepairQueueRequest::Enable).await.unwrap(),
+            RepairQueueResponse::Enabled(true)
+        ));
+        h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        h.wait(j, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        // The flag is durable.
+        h.q.request(RepairQueueRequest::Disable).await.unwrap();
+        h.stop().await;
+        let h = start(
+            &s,
+            config(&yaml(
+                "      - repair_command: ['true']\n",
+                "[sh, -c, 'echo true']",
+                "",
+                "",
+            )),
+            clock,
+            Arc::new(NotANode),
+        )
+        .await;
+        assert!(matches!(
+            h.q.request(RepairQueueRequest::IsEnabled).await.unwrap(),
+            RepairQueueResponse::Enabled(false)
+        ));
+        assert!(matches!(
+            h.q.request(RepairQueueRequest::DeleteFinished)
+                .await
+                .unwrap(),
+            RepairQueueResponse::Deleted { count: 2 }
+        ));
+        h.stop().await;
+    }
+
+    #[tokio::test]
+    async fn need_drain_on_a_machine_that_is_not_a_node_runs_without_draining() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: ['true']\n        need_drain: true\n",
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let h = start(&s, cfg, Arc::new(SystemClock), Arc::new(NotANode)).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        let e = h
+            .wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        assert_eq!(e.nodename, "");
+        assert!(!h.history(i).await.iter().any(|l| l.starts_with("drain")));
+        h.stop().await;
     }
 }

@@ -6,7 +6,9 @@
 //! - [`decide`]: the pure step decision and transitions, unit-tested case by case,
 //! - [`command`]: running external commands and built-ins,
 //! - [`store`]: the SQLite tables of migration 0002,
-//! - [`engine`]: the task that owns the queue, answers admin requests and acts.
+//! - [`engine`]: the task that owns the queue, answers admin requests and acts,
+//! - [`ctl`]: `coordinatorctl repair-queue`,
+//! - [`wiring`]: starting it from the app.
 //!
 //! Drains go through [`crate::k8s::Drainer`], power actions through
 //! [`crate::gateway::PowerControl`], agent health through [`AgentHealthView`]; this module
@@ -14,11 +16,14 @@
 
 pub mod command;
 pub mod config;
+pub mod ctl;
 pub mod decide;
 pub mod engine;
 pub mod entry;
 pub mod store;
+pub mod wiring;
 
 pub use command::{AgentHealth, AgentHealthView, NoAgents};
 pub use config::{RepairConfig, load_file};
-pub use engine::{RepairDeps, RepairQueue, RepairQueueError};
+pub use engine::{RepairDeps, RepairMetrics, RepairQueue, RepairQueueError};
+pub use wiring::{RepairStartError, start_for_app};

@@ -1,0 +1,405 @@
+//! `coordinatorctl repair-queue`: the words of `ckecli repair-queue`.
+//!
+//! `list --json` prints CKE's JSON shape (index as a string, RFC 3339 times, Go's zero time
+//! for "no backoff"), so scripts written for `ckecli repair-queue list` keep working.
+//! This module only talks to the admin API; it decides nothing.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use protocol::admin::repair::{
+    AddRepairEntry, RepairEntry, RepairEntryDetail, RepairQueueRequest, RepairQueueResponse,
+};
+use protocol::admin::{AdminRequest, AdminResponse};
+use serde_json::json;
+
+use crate::ctl::{AdminClient, CommandGroup, Ctx, fmt_time, print_table};
+
+/// Repair queue commands (as `ckecli repair-queue`).
+#[derive(Debug, Subcommand)]
+pub enum RepairQueueCommand {
+    /// Append a repair request for a machine.
+    Add {
+        /// Operation name, e.g. `unreachable`.
+        operation: String,
+        /// Machine type: selects the repair procedure.
+        machine_type: String,
+        /// The machine's IP address.
+        address: String,
+        /// The machine's serial number.
+        serial: Option<String>,
+    },
+    /// List the entries.
+    List {
+        /// Print CKE's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one entry with its history and command outputs.
+    Show {
+        /// The entry's index.
+        index: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete an entry; a running repair is cancelled.
+    Delete {
+        /// The entry's index.
+        index: u64,
+    },
+    /// Delete every succeeded or failed entry.
+    DeleteFinished,
+    /// Delete every queued or processing entry.
+    DeleteUnfinished,
+    /// Enable processing of the queue.
+    Enable,
+    /// Disable processing: nothing new starts, drains are abandoned, health checks go on.
+    Disable,
+    /// Print `true` if processing is enabled, `false` otherwise.
+    IsEnabled,
+    /// Clear every entry's drain backoff.
+    ResetBackoff,
+    /// Wait until no entry is queued or processing.
+    Wait {
+        /// Give up after this many seconds (0 = never).
+        #[arg(long, default_value_t = 0)]
+        timeout_seconds: u64,
+        /// Seconds between polls.
+        #[arg(long, default_value_t = 1)]
+        interval_seconds: u64,
+    },
+}
+
+async fn call(
+    client: &AdminClient,
+    req: RepairQueueRequest,
+) -> anyhow::Result<RepairQueueResponse> {
+    match client.request(&AdminRequest::RepairQueue(req)).await? {
+        AdminResponse::RepairQueue(r) => Ok(r),
+        other => bail!("unexpected answer from the coordinator: {other:?}"),
+    }
+}
+
+impl CommandGroup for RepairQueueCommand {
+    async fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        let client = ctx.client().await?;
+        let result = run(self, &client).await;
+        client.close().await;
+        result
+    }
+}
+
+async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()> {
+    use RepairQueueCommand as C;
+    match cmd {
+        C::Add {
+            operation,
+            machine_type,
+            address,
+            serial,
+        } => {
+            let req = RepairQueueRequest::Add(AddRepairEntry {
+                operation,
+                machine_type,
+                address,
+                serial: serial.unwrap_or_default(),
+            });
+            match call(client, req).await? {
+                RepairQueueResponse::Added(e) => println!("{}", e.index),
+                other => bail!("unexpected answer: {other:?}"),
+            }
+        }
+        C::List { json } => match call(client, RepairQueueRequest::List).await? {
+            RepairQueueResponse::List(list) => {
+                if json {
+                    let v: Vec<_> = list.iter().map(cke_json).collect();
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                } else {
+                    table(&list);
+                }
+            }
+            other => bail!("unexpected answer: {other:?}"),
+        },
+        C::Show { index, json } => match call(client, RepairQueueRequest::Show { index }).await? {
+            RepairQueueResponse::Show(d) => {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&detail_json(&d))?);
+                } else {
+                    print_detail(&d);
+                }
+            }
+            other => bail!("unexpected answer: {other:?}"),
+        },
+        C::Delete { index } => deleted(call(client, RepairQueueRequest::Delete { index }).await?)?,
+        C::DeleteFinished => deleted(call(client, RepairQueueRequest::DeleteFinished).await?)?,
+        C::DeleteUnfinished => deleted(call(client, RepairQueueRequest::DeleteUnfinished).await?)?,
+        C::Enable => enabled(call(client, RepairQueueRequest::Enable).await?)?,
+        C::Disable => enabled(call(client, RepairQueueRequest::Disable).await?)?,
+        C::IsEnabled => enabled(call(client, RepairQueueRequest::IsEnabled).await?)?,
+        C::ResetBackoff => match call(client, RepairQueueRequest::ResetBackoff).await? {
+            RepairQueueResponse::BackoffReset { count } => {
+                eprintln!("drain backoff cleared on {count} entries")
+            }
+            other => bail!("unexpected answer: {other:?}"),
+        },
+        C::Wait {
+            timeout_seconds,
+            interval_seconds,
+        } => {
+            let interval = Duration::from_secs(interval_seconds.max(1));
+            let deadline = (timeout_seconds > 0)
+                .then(|| tokio::time::Instant::now() + Duration::from_secs(timeout_seconds));
+            loop {
+                let counts = match call(client, RepairQueueRequest::Counts).await? {
+                    RepairQueueResponse::Counts(c) => c,
+                    other => bail!("unexpected answer: {other:?}"),
+                };
+                if counts.all_finished() {
+                    return Ok(());
+                }
+                if deadline.is_some_and(|d| tokio::time::Instant::now() + interval > d) {
+                    bail!(
+                        "timed out after {timeout_seconds} s: {} queued, {} processing",
+                        counts.queued,
+                        counts.processing
+                    );
+                }
+                tokio::time::sleep(interval).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn deleted(r: RepairQueueResponse) -> anyhow::Result<()> {
+    match r {
+        RepairQueueResponse::Deleted { count } => {
+            eprintln!("{count} entries marked for deletion");
+            Ok(())
+        }
+        other => bail!("unexpected answer: {other:?}"),
+    }
+}
+
+fn enabled(r: RepairQueueResponse) -> anyhow::Result<()> {
+    match r {
+        RepairQueueResponse::Enabled(on) => {
+            println!("{on}");
+            Ok(())
+        }
+        other => bail!("unexpected answer: {other:?}"),
+    }
+}
+
+/// Go's zero `time.Time`, which CKE prints for "never".
+const GO_ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+fn rfc3339(ms: u64) -> String {
+    if ms == 0 {
+        return GO_ZERO_TIME.into();
+    }
+    jiff::Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(0))
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| GO_ZERO_TIME.into())
+}
+
+/// One entry in CKE's JSON shape (`cke.RepairQueueEntry`).
+pub fn cke_json(e: &RepairEntry) -> serde_json::Value {
+    json!({
+        "index": e.index.to_string(),
+        "address": e.address,
+        "nodename": e.nodename,
+        "serial": e.serial,
+        "machine_type": e.machine_type,
+        "operation": e.operation,
+        "status": e.status.as_str(),
+        "step": e.step,
+        "step_status": e.step_status.as_str(),
+        "deleted": e.deleted,
+        "last_transition_time": rfc3339(e.last_transition_time_unix_ms),
+        "drain_backoff_count": e.drain_backoff_count,
+        "drain_backoff_expire": rfc3339(e.drain_backoff_expire_unix_ms),
+    })
+}
+
+fn detail_json(d: &RepairEntryDetail) -> serde_json::Value {
+    let mut v = cke_json(&d.entry);
+    v["history"] = d
+        .history
+        .iter()
+        .map(|h| {
+            json!({
+                "time": rfc3339(h.at_unix_ms),
+                "status": h.status.as_str(),
+                "step": h.step,
+                "step_status": h.step_status.as_str(),
+                "event": h.event,
+                "detail": h.detail,
+                "output": h.output,
+            })
+        })
+        .collect();
+    v
+}
+
+fn table(list: &[RepairEntry]) {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|e| {
+            vec![
+                e.index.to_string(),
+                e.address.clone(),
+                if e.nodename.is_empty() {
+                    "-".into()
+                } else {
+                    e.nodename.clone()
+                },
+                e.machine_type.clone(),
+                e.operation.clone(),
+                format!(
+                    "{}{}",
+                    e.status.as_str(),
+                    if e.deleted { " (deleting)" } else { "" }
+                ),
+                e.step.to_string(),
+                e.step_status.as_str().to_string(),
+                fmt_time(e.last_transition_time_unix_ms),
+                if e.drain_backoff_expire_unix_ms == 0 {
+                    "-".into()
+                } else {
+                    format!(
+                        "#{} until {}",
+                        e.drain_backoff_count,
+                        fmt_time(e.drain_backoff_expire_unix_ms)
+                    )
+                },
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "INDEX",
+            "ADDRESS",
+            "NODE",
+            "TYPE",
+            "OPERATION",
+            "STATUS",
+            "STEP",
+            "STEP STATUS",
+            "SINCE",
+            "DRAIN BACKOFF",
+        ],
+        &rows,
+    );
+}
+
+fn print_detail(d: &RepairEntryDetail) {
+    let e = &d.entry;
+    println!("index:        {}", e.index);
+    println!("address:      {}", e.address);
+    println!(
+        "node:         {}",
+        if e.nodename.is_empty() {
+            "-"
+        } else {
+            &e.nodename
+        }
+    );
+    println!("serial:       {}", e.serial);
+    println!("type:         {}", e.machine_type);
+    println!("operation:    {}", e.operation);
+    println!(
+        "status:       {}{} (step {}, {}) since {}",
+        e.status.as_str(),
+        if e.deleted { ", deleting" } else { "" },
+        e.step,
+        e.step_status.as_str(),
+        fmt_time(e.last_transition_time_unix_ms)
+    );
+    println!(
+        "drain backoff: {} (until {})",
+        e.drain_backoff_count,
+        if e.drain_backoff_expire_unix_ms == 0 {
+            "-".into()
+        } else {
+            fmt_time(e.drain_backoff_expire_unix_ms)
+        }
+    );
+    println!("history:");
+    for h in &d.history {
+        println!(
+            "  {}  {:<10} step {} {:<8} {:<20} {}",
+            fmt_time(h.at_unix_ms),
+            h.status.as_str(),
+            h.step,
+            h.step_status.as_str(),
+            h.event,
+            h.detail
+        );
+        if !h.output.is_empty() {
+            for line in h.output.lines() {
+                println!("      | {line}");
+            }
+        }
+    }
+}
+
+/// Parses a CKE JSON entry back (used by tests to prove the shape round-trips).
+pub fn parse_cke_index(v: &serde_json::Value) -> anyhow::Result<u64> {
+    v["index"]
+        .as_str()
+        .context("index is not a string")?
+        .parse()
+        .context("index is not a number")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::admin::repair::{RepairStatus, RepairStepStatus};
+
+    #[test]
+    fn list_json_has_ckes_shape() {
+        let e = RepairEntry {
+            index: 7,
+            address: "10.0.0.1".into(),
+            nodename: "".into(),
+            serial: "S1".into(),
+            machine_type: "qemu".into(),
+            operation: "unreachable".into(),
+            status: RepairStatus::Processing,
+            step: 1,
+            step_status: RepairStepStatus::Watching,
+            deleted: false,
+            last_transition_time_unix_ms: 1_700_000_000_000,
+            drain_backoff_count: 0,
+            drain_backoff_expire_unix_ms: 0,
+        };
+        let v = cke_json(&e);
+        assert_eq!(v["index"], "7");
+        assert_eq!(parse_cke_index(&v).unwrap(), 7);
+        assert_eq!(v["status"], "processing");
+        assert_eq!(v["step_status"], "watching");
+        assert_eq!(v["last_transition_time"], "2023-11-14T22:13:20Z");
+        assert_eq!(v["drain_backoff_expire"], GO_ZERO_TIME);
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        for k in [
+            "index",
+            "address",
+            "nodename",
+            "machine_type",
+            "operation",
+            "status",
+            "step",
+            "step_status",
+            "deleted",
+            "last_transition_time",
+            "drain_backoff_count",
+            "drain_backoff_expire",
+        ] {
+            assert!(keys.contains(&k), "missing {k}");
+        }
+    }
+}
