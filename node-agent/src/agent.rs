@@ -309,11 +309,10 @@ impl Agent {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let failing: Vec<String> = checks
+        let failing = checks
             .iter()
             .filter(|c| c.status == protocol::messages::CheckStatus::Fail)
-            .map(|c| format!("{}/{}", c.kind.as_str(), c.subject))
-            .collect();
+            .count();
         let msg = AgentMessage::Report(HealthReport {
             seq,
             time_unix_ms,
@@ -338,7 +337,7 @@ impl Agent {
                         acked, "coordinator acknowledged another sequence number"
                     );
                 }
-                debug!(seq, failing = ?failing, "report acknowledged");
+                debug!(seq, failing, "report acknowledged");
                 Ok(())
             }
             CoordinatorReply::Refused(r) => Err(RoundError::Refused(r)),
@@ -402,25 +401,33 @@ impl Agent {
                 },
             };
             let started = Instant::now();
-            // A stop in the middle of a report abandons this stream (it may hold half a
-            // frame); the goodbye then goes over a fresh connection.
+            let grace = self.opts.goodbye_timeout / 2;
+            let mut stopping = false;
             let outcome = {
-                let round = self.report(l);
+                let mut round = std::pin::pin!(self.report(l));
                 tokio::select! {
                     biased;
-                    _ = &mut stop => None,
-                    r = round => Some(r),
-                }
-            };
-            let outcome = match outcome {
-                None => {
-                    if let Some(l) = link.take() {
-                        l.close(b"agent stopping").await;
+                    _ = &mut stop => {
+                        // Let the report in flight finish briefly so the goodbye can use
+                        // this connection; a stream abandoned mid-frame cannot be reused.
+                        stopping = true;
+                        tokio::time::timeout(grace, &mut round).await.ok()
                     }
-                    break 'run;
+                    r = &mut round => Some(r),
                 }
-                Some(r) => r,
             };
+            if stopping {
+                match outcome {
+                    Some(Ok(())) => self.summary.reports_acked += 1,
+                    _ => {
+                        if let Some(l) = link.take() {
+                            l.close(b"agent stopping").await;
+                        }
+                    }
+                }
+                break 'run;
+            }
+            let outcome = outcome.expect("a report outcome when not stopping");
             match outcome {
                 Ok(()) => {
                     self.summary.reports_acked += 1;
@@ -485,5 +492,415 @@ impl Agent {
             Ok(Err(e)) => warn!(error = %e, "goodbye not delivered"),
             Err(_) => warn!(timeout = ?self.opts.goodbye_timeout, "goodbye not delivered in time"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use protocol::messages::{AgentHello, CheckKind, CheckStatus};
+    use protocol::pki::{Ca, IssueOptions};
+    use protocol::transport::{accept_hello, read_msg, write_msg};
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::*;
+    use crate::config::Settings;
+    use crate::systemd::SystemdShutdownProbe;
+    use crate::testkit_fixture::{AgentConfig, NodeFixture};
+
+    /// Every wait in these tests is bounded by this.
+    const WAIT: Duration = Duration::from_secs(20);
+
+    /// Records notifications; asks for watchdog pings every 20 ms.
+    #[derive(Default)]
+    struct FakeNotifier {
+        ready: AtomicU64,
+        watchdog: AtomicU64,
+        stopping: AtomicU64,
+    }
+
+    impl Notifier for FakeNotifier {
+        fn ready(&self) {
+            self.ready.fetch_add(1, Ordering::SeqCst);
+        }
+        fn watchdog(&self) {
+            self.watchdog.fetch_add(1, Ordering::SeqCst);
+        }
+        fn watchdog_period(&self) -> Option<Duration> {
+            Some(Duration::from_millis(20))
+        }
+        fn status(&self, _: &str) {}
+        fn stopping(&self) {
+            self.stopping.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[derive(Debug)]
+    enum Event {
+        HelloRefused,
+        Hello(AgentHello),
+        Report(HealthReport),
+        ReportRefused(u64),
+        Goodbye(GoodbyeReason),
+    }
+
+    /// How the coordinator stand-in behaves.
+    #[derive(Clone, Copy)]
+    struct Script {
+        /// Refuse this many hellos (identity mismatch) before accepting.
+        refuse_hellos: usize,
+        /// Refuse the report with this sequence number (the connection is then closed).
+        refuse_report: Option<u64>,
+    }
+
+    struct Pki {
+        _dir: tempfile::TempDir,
+        ca: std::path::PathBuf,
+        cert: std::path::PathBuf,
+        key: std::path::PathBuf,
+        server: TlsMaterial,
+    }
+
+    fn pki(node: &str) -> Pki {
+        let ca = Ca::generate("test.local").unwrap();
+        let coord = ca
+            .issue(
+                Role::Coordinator,
+                "coord",
+                &IssueOptions {
+                    ips: vec!["127.0.0.1".parse().unwrap()],
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let n = ca
+            .issue(Role::Node, node, &IssueOptions::default())
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = n.write(dir.path(), false).unwrap();
+        let ca_path = dir.path().join("ca.crt");
+        std::fs::write(&ca_path, ca.cert_pem()).unwrap();
+        let server = TlsMaterial::from_pem(
+            ca.cert_pem().as_bytes(),
+            coord.cert_pem.as_bytes(),
+            coord.key_pem.as_bytes(),
+        )
+        .unwrap();
+        Pki {
+            _dir: dir,
+            ca: ca_path,
+            cert,
+            key,
+            server,
+        }
+    }
+
+    /// A tiny coordinator: accept_hello → accept → read reports → ack.
+    fn coordinator(
+        tls: &TlsMaterial,
+        script: Script,
+    ) -> (SocketAddr, mpsc::UnboundedReceiver<Event>, Endpoint) {
+        let ep = tls.server_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = ep.local_addr().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let server = ep.clone();
+        tokio::spawn(async move {
+            let mut hellos = 0;
+            while let Some(inc) = server.accept().await {
+                let Ok(pending) = accept_hello(inc, "test.local").await else {
+                    continue;
+                };
+                hellos += 1;
+                if hellos <= script.refuse_hellos {
+                    let _ = tx.send(Event::HelloRefused);
+                    pending
+                        .refuse(Refusal::new(
+                            RefusalCode::IdentityMismatch,
+                            "test coordinator refuses this hello",
+                        ))
+                        .await;
+                    continue;
+                }
+                let HelloBody::Agent(h) = pending.hello.clone() else {
+                    continue;
+                };
+                let _ = tx.send(Event::Hello(h));
+                let Ok(mut s) = pending.accept("coord").await else {
+                    continue;
+                };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    while let Ok(Some(msg)) =
+                        read_msg::<AgentMessage>(&mut s.recv, MAX_FRAME_LEN).await
+                    {
+                        let reply = match msg {
+                            AgentMessage::Report(r) if Some(r.seq) == script.refuse_report => {
+                                let _ = tx.send(Event::ReportRefused(r.seq));
+                                let refusal = CoordinatorReply::Refused(Refusal::new(
+                                    RefusalCode::BadRequest,
+                                    "test refuses this report",
+                                ));
+                                let _ = write_msg(&mut s.send, &refusal, MAX_FRAME_LEN).await;
+                                let _ = s.send.finish();
+                                let _ = tokio::time::timeout(WAIT, s.send.stopped()).await;
+                                s.conn.close(1u32.into(), b"refused");
+                                return;
+                            }
+                            AgentMessage::Report(r) => {
+                                let seq = r.seq;
+                                let _ = tx.send(Event::Report(r));
+                                CoordinatorReply::Ack { seq }
+                            }
+                            AgentMessage::Goodbye(g) => {
+                                let _ = tx.send(Event::Goodbye(g.reason));
+                                CoordinatorReply::Ack { seq: 0 }
+                            }
+                        };
+                        if write_msg(&mut s.send, &reply, MAX_FRAME_LEN).await.is_err() {
+                            return;
+                        }
+                    }
+                    s.conn.closed().await;
+                });
+            }
+        });
+        (addr, rx, ep)
+    }
+
+    async fn next(rx: &mut mpsc::UnboundedReceiver<Event>) -> Event {
+        tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .expect("coordinator stand-in saw nothing in time")
+            .expect("coordinator stand-in stopped")
+    }
+
+    fn test_opts() -> AgentOptions {
+        AgentOptions {
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(200),
+            reply_timeout: Duration::from_secs(5),
+            goodbye_timeout: Duration::from_secs(2),
+        }
+    }
+
+    struct Running {
+        stop: oneshot::Sender<()>,
+        handle: tokio::task::JoinHandle<RunSummary>,
+        notifier: Arc<FakeNotifier>,
+    }
+
+    fn start_agent(fx: &NodeFixture, pki: &Pki, addr: SocketAddr) -> Running {
+        let path = fx
+            .write_agent_config(
+                &AgentConfig::new(&addr.to_string(), &pki.ca, &pki.cert, &pki.key)
+                    .report_interval(Duration::from_millis(100)),
+            )
+            .unwrap();
+        let cfg = Config::load(&Settings {
+            config: Some(path),
+            ..Settings::default()
+        })
+        .unwrap();
+        let notifier = Arc::new(FakeNotifier::default());
+        let agent = Agent::new(
+            cfg.clone(),
+            Checker::new(&cfg),
+            notifier.clone(),
+            Box::new(SystemdShutdownProbe::new(cfg.root.clone())),
+            test_opts(),
+        )
+        .unwrap();
+        let (stop, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(agent.run(async move {
+            let _ = rx.await;
+        }));
+        Running {
+            stop,
+            handle,
+            notifier,
+        }
+    }
+
+    async fn finish(r: Running) -> (RunSummary, Arc<FakeNotifier>) {
+        let _ = r.stop.send(());
+        let s = tokio::time::timeout(WAIT, r.handle)
+            .await
+            .expect("agent did not stop in time")
+            .unwrap();
+        (s, r.notifier)
+    }
+
+    #[tokio::test]
+    async fn reports_arrive_refusal_is_retried_and_goodbye_is_sent() {
+        let pki = pki("node-1");
+        let fx = NodeFixture::builder("node-1")
+            .nic("eth0")
+            .mount("/var")
+            .address("10.9.0.1".parse().unwrap())
+            .build()
+            .unwrap();
+        let (addr, mut rx, _ep) = coordinator(
+            &pki.server,
+            Script {
+                refuse_hellos: 1,
+                refuse_report: None,
+            },
+        );
+        let agent = start_agent(&fx, &pki, addr);
+
+        assert!(matches!(next(&mut rx).await, Event::HelloRefused));
+        match next(&mut rx).await {
+            Event::Hello(h) => {
+                assert_eq!(h.hostname, "node-1");
+                assert_eq!(h.boot_id, fx.boot_id());
+                assert_eq!(
+                    h.addresses,
+                    vec!["10.9.0.1".parse::<std::net::IpAddr>().unwrap()]
+                );
+            }
+            other => panic!("expected hello, got {other:?}"),
+        }
+        for want in 1..=3 {
+            match next(&mut rx).await {
+                Event::Report(r) => {
+                    assert_eq!(r.seq, want);
+                    assert_eq!(r.boot_id, fx.boot_id());
+                    assert!(r.all_ok(), "{r:?}");
+                    let kinds: Vec<CheckKind> = r.checks.iter().map(|c| c.kind).collect();
+                    assert_eq!(kinds, [CheckKind::Nic, CheckKind::Disk, CheckKind::Kdump]);
+                }
+                other => panic!("expected report {want}, got {other:?}"),
+            }
+        }
+        assert_eq!(agent.notifier.ready.load(Ordering::SeqCst), 1);
+
+        // Break the NIC: a later report names it.
+        fx.set_carrier("eth0", false).unwrap();
+        loop {
+            match next(&mut rx).await {
+                Event::Report(r) if !r.all_ok() => {
+                    let f: Vec<_> = r.failing().collect();
+                    assert_eq!(f.len(), 1);
+                    assert_eq!((f[0].kind, f[0].subject.as_str()), (CheckKind::Nic, "eth0"));
+                    assert_eq!(f[0].status, CheckStatus::Fail);
+                    break;
+                }
+                Event::Report(_) => continue,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+
+        fx.schedule_shutdown(true).unwrap();
+        let (summary, notifier) = finish(agent).await;
+        loop {
+            match next(&mut rx).await {
+                Event::Goodbye(reason) => {
+                    assert_eq!(reason, GoodbyeReason::Shutdown);
+                    break;
+                }
+                Event::Report(_) => continue,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(summary.goodbye, Some(GoodbyeReason::Shutdown));
+        assert!(summary.goodbye_acked, "{summary:?}");
+        assert_eq!(summary.connections, 1);
+        assert!(summary.reports_acked >= 4, "{summary:?}");
+        assert_eq!(notifier.ready.load(Ordering::SeqCst), 1);
+        assert_eq!(notifier.stopping.load(Ordering::SeqCst), 1);
+        assert!(notifier.watchdog.load(Ordering::SeqCst) >= 4);
+    }
+
+    #[tokio::test]
+    async fn refused_report_reconnects_and_sequence_keeps_growing() {
+        let pki = pki("node-2");
+        let fx = NodeFixture::builder("node-2").build().unwrap();
+        let (addr, mut rx, _ep) = coordinator(
+            &pki.server,
+            Script {
+                refuse_hellos: 0,
+                refuse_report: Some(2),
+            },
+        );
+        let agent = start_agent(&fx, &pki, addr);
+        let mut seen = Vec::new();
+        while seen.len() < 6 {
+            match next(&mut rx).await {
+                Event::Hello(_) => seen.push("hello".to_string()),
+                Event::Report(r) => seen.push(format!("report {}", r.seq)),
+                Event::ReportRefused(s) => seen.push(format!("refused {s}")),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            seen,
+            [
+                "hello",
+                "report 1",
+                "refused 2",
+                "hello",
+                "report 3",
+                "report 4"
+            ]
+        );
+        let (summary, _) = finish(agent).await;
+        assert_eq!(summary.connections, 2);
+        // No scheduled shutdown under the fixture root: only the agent restarts.
+        assert_eq!(summary.goodbye, Some(GoodbyeReason::Restart));
+        assert!(summary.goodbye_acked);
+    }
+
+    #[tokio::test]
+    async fn stop_while_coordinator_is_down_ends_promptly() {
+        let pki = pki("node-3");
+        let fx = NodeFixture::builder("node-3").build().unwrap();
+        // A port with nothing behind it.
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = sock.local_addr().unwrap();
+        drop(sock);
+        let agent = start_agent(&fx, &pki, addr);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        let (summary, notifier) = finish(agent).await;
+        assert_eq!(summary.reports_acked, 0);
+        assert!(!summary.goodbye_acked);
+        assert_eq!(notifier.ready.load(Ordering::SeqCst), 0);
+        // Bounded by the goodbye budget, not by connection timeouts.
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn certificate_for_another_host_is_a_config_error() {
+        let pki = pki("node-a");
+        let fx = NodeFixture::builder("node-b").build().unwrap();
+        let path = fx
+            .write_agent_config(&AgentConfig::new(
+                "127.0.0.1:1",
+                &pki.ca,
+                &pki.cert,
+                &pki.key,
+            ))
+            .unwrap();
+        let cfg = Config::load(&Settings {
+            config: Some(path),
+            ..Settings::default()
+        })
+        .unwrap();
+        let e = Agent::new(
+            cfg.clone(),
+            Checker::new(&cfg),
+            Arc::new(FakeNotifier::default()),
+            Box::new(SystemdShutdownProbe::new(cfg.root.clone())),
+            test_opts(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, AgentError::IdentityMismatch { .. }), "{e}");
+        assert_eq!(e.exit_code(), 64);
+        assert!(e.to_string().contains("node-b"), "{e}");
     }
 }

@@ -8,7 +8,7 @@
 //! ```text
 //! <root>/proc/sys/kernel/hostname               hostname
 //! <root>/proc/sys/kernel/random/boot_id         boot id (changed by new_boot_id)
-//! <root>/proc/mounts                            one line per mount (set_read_only, unmount)
+//! <root>/proc/mounts, proc/self/mountinfo       one line per mount (set_read_only, set_mounted)
 //! <root>/proc/net/fib_trie, if_inet6            the node's addresses
 //! <root>/sys/class/net/<if>/{operstate,carrier,carrier_changes}
 //! <root>/sys/class/dmi/id/product_serial        serial
@@ -418,6 +418,13 @@ impl NodeFixture {
         let mut text = String::new();
         text.push_str("proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n");
         text.push_str("sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n");
+        let mut info = String::new();
+        info.push_str(
+            "22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw\n",
+        );
+        info.push_str(
+            "23 1 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:2 - sysfs sysfs rw\n",
+        );
         for (i, m) in self.mounts.lock().expect("fixture lock").iter().enumerate() {
             if !m.mounted {
                 continue;
@@ -429,12 +436,18 @@ impl NodeFixture {
             };
             // Spaces in mount points are octal-escaped, as the kernel does.
             let mp = m.mountpoint.replace(' ', "\\040");
+            let dev = format!("/dev/vd{}", (b'a' + i as u8) as char);
+            let _ = writeln!(text, "{dev} {mp} ext4 {opts} 0 0");
+            // The super block options carry `ro` when a filesystem is remounted read-only.
             let _ = writeln!(
-                text,
-                "/dev/vd{} {mp} ext4 {opts} 0 0",
-                (b'a' + i as u8) as char
+                info,
+                "{} 1 254:{i} / {mp} {opts} shared:{} - ext4 {dev} {},errors=remount-ro",
+                40 + i,
+                40 + i,
+                if m.read_only { "ro" } else { "rw" }
             );
         }
+        self.write("proc/self/mountinfo", &info)?;
         self.write("proc/mounts", &text)
     }
 
@@ -670,6 +683,11 @@ mod tests {
 
         fx.set_read_only("/var", true).unwrap();
         assert!(fx.read("proc/mounts").unwrap().contains(" /var ext4 ro,"));
+        assert!(
+            fx.read("proc/self/mountinfo")
+                .unwrap()
+                .contains("/dev/vda ro,errors")
+        );
         fx.set_mounted("/var", false).unwrap();
         assert!(!fx.read("proc/mounts").unwrap().contains(" /var "));
         assert!(fx.read("proc/net/fib_trie").unwrap().contains("10.1.2.3"));

@@ -1,10 +1,18 @@
-//! Disk check: for each required mount, that it is mounted (per `<root>/proc/mounts`,
-//! falling back to `<root>/proc/self/mounts`), read-write when it should be, and that free
-//! space and free inodes are above the configured thresholds (statvfs of
+//! Disk check: for each required mount, that it is mounted, read-write when it should be,
+//! and that free space and free inodes are above the configured thresholds (statvfs of
 //! `<root><mountpoint>`).
 //!
-//! A filesystem remounted read-only after I/O errors is the classic silent failure this
-//! catches. The check deliberately does not read kernel logs or SMART data.
+//! The mount table is read from `<root>/proc/self/mountinfo` when present, else
+//! `<root>/proc/mounts`, else `<root>/proc/self/mounts`. mountinfo is preferred because it
+//! separates the filesystem's own (super block) options from the per-mount ones: under the
+//! unit's `ProtectSystem=strict`, systemd bind-remounts everything read-only *in the
+//! agent's mount namespace*, which `/proc/mounts` shows as `ro` on every mount. The super
+//! block's `ro` is what a filesystem remounted read-only after I/O errors
+//! (`errors=remount-ro`) sets, so that is what is judged. With `/proc/mounts` only, the
+//! mount's `ro` option is used.
+//!
+//! A filesystem gone read-only after I/O errors is the classic silent failure this catches.
+//! The check deliberately does not read kernel logs or SMART data.
 
 use std::io;
 use std::path::Path;
@@ -28,7 +36,7 @@ pub struct FsUsage {
 }
 
 /// Filesystem usage, the one external system of this check.
-pub trait FsStats: Send {
+pub trait FsStats: Send + Sync {
     /// Usage of the filesystem holding `path`.
     fn usage(&self, path: &Path) -> io::Result<FsUsage>;
 }
@@ -102,8 +110,34 @@ pub fn parse_mounts(text: &str) -> Vec<MountEntry> {
         .collect()
 }
 
-/// Reads the mount table under `root`.
+/// Parses `/proc/self/mountinfo`:
+/// `id parent maj:min root mountpoint mount-opts [optional…] - fstype source super-opts`.
+/// `read_only` reflects the super block options. Malformed lines are skipped.
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let left: Vec<&str> = left.split_ascii_whitespace().collect();
+            let mountpoint = unescape(left.get(4)?);
+            let mut r = right.split_ascii_whitespace();
+            let fstype = r.next()?.to_string();
+            let device = unescape(r.next()?);
+            let super_opts = r.next()?;
+            Some(MountEntry {
+                device,
+                mountpoint,
+                fstype,
+                read_only: super_opts.split(',').any(|o| o == "ro"),
+            })
+        })
+        .collect()
+}
+
+/// Reads the mount table under `root` (see the module docs for the order).
 pub fn read_mounts(root: &Path) -> Result<Vec<MountEntry>, String> {
+    if let Ok(t) = std::fs::read_to_string(under_root(root, "/proc/self/mountinfo")) {
+        return Ok(parse_mountinfo(&t));
+    }
     let primary = under_root(root, "/proc/mounts");
     match std::fs::read_to_string(&primary) {
         Ok(t) => Ok(parse_mounts(&t)),
@@ -324,14 +358,38 @@ mod tests {
         // The last entry for a mount point is the one on top.
         let cfg = [MountConfig::new("/")];
         let f = NodeFixture::builder("n").build().unwrap();
+        std::fs::remove_file(f.path_of("proc/self/mountinfo")).unwrap();
         f.write("proc/mounts", t).unwrap();
         let r = check(f.root(), &cfg, &FakeFs(vec![("*", Ok(usage(50, 50)))]));
         assert_eq!(r[0].status, CheckStatus::Fail, "{r:?}");
     }
 
     #[test]
+    fn mountinfo_judges_the_super_block_not_the_bind_mount() {
+        // What the agent sees under ProtectSystem=strict: /var bind-mounted read-only in
+        // its namespace (mount options) while the filesystem itself is fine, and /data
+        // whose filesystem went read-only after errors.
+        let t = "29 1 8:1 / / ro,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro\n\
+                 30 29 8:2 / /var ro,nosuid,relatime shared:2 - ext4 /dev/sda2 rw\n\
+                 31 29 8:3 / /data ro,relatime shared:3 - xfs /dev/sdb1 ro,attr2\n\
+                 32 29 0:5 / /mnt/a\\040b rw master:1 - tmpfs tmpfs rw\n\
+                 broken line\n";
+        let m = parse_mountinfo(t);
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[1].mountpoint, "/var");
+        assert!(!m[1].read_only);
+        assert!(m[2].read_only);
+        assert_eq!(
+            (m[2].device.as_str(), m[2].fstype.as_str()),
+            ("/dev/sdb1", "xfs")
+        );
+        assert_eq!(m[3].mountpoint, "/mnt/a b");
+    }
+
+    #[test]
     fn falls_back_to_proc_self_mounts() {
         let f = NodeFixture::builder("n").mount("/var").build().unwrap();
+        std::fs::remove_file(f.path_of("proc/self/mountinfo")).unwrap();
         let t = f.read("proc/mounts").unwrap();
         std::fs::remove_file(f.path_of("proc/mounts")).unwrap();
         let r = check(f.root(), &[MountConfig::new("/var")], &Statvfs);
