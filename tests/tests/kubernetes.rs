@@ -1,0 +1,580 @@
+//! Kubernetes: drain, release, restore, node view and Events, against the fake API server
+//! over real HTTP with the real kube-rs client.
+//!
+//! These run the coordinator's `KubeDrainer` as a library, exactly as the repair engine
+//! calls it (one idempotent pass per call until `Done`). Every wait is bounded.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use coordinator::fence::proof::{DownProof, confirm_power_off};
+use coordinator::gateway::{PowerControl, PowerError};
+use coordinator::k8s::release::{Release, ReleaseProgress, RestoreProgress};
+use coordinator::k8s::{
+    DrainError, DrainOptions, DrainProgress, Drainer, KubeDrainer, KubernetesConfig, NodeEvent,
+    ReleaseMethod,
+};
+use futures::future::BoxFuture;
+use protocol::gateway::{PowerOutcome, PowerRequest, PowerResponse, PowerState};
+use serde_json::json;
+use testkit::fake_k8s::{FakeK8s, Fault, NodeSeed, PodSeed};
+
+const NODE: &str = "node-1";
+const IP: &str = "10.0.0.1";
+
+async fn drainer(fake: &FakeK8s) -> Result<KubeDrainer> {
+    let cfg = KubernetesConfig {
+        kubeconfig: Some(fake.kubeconfig().to_path_buf()),
+        request_timeout_seconds: 5,
+        instance: Some("test-coordinator".into()),
+        ..Default::default()
+    };
+    Ok(KubeDrainer::from_config(&cfg).await?)
+}
+
+fn opts() -> DrainOptions {
+    DrainOptions {
+        protected_namespaces: Some("fleetmend.io/protected=true".into()),
+        protected_job_pods: None,
+        evict_retries: 0,
+        evict_interval_seconds: 0,
+    }
+}
+
+/// Calls `drain` until it is no longer in progress, at most `limit` in total.
+async fn drain_until_settled(
+    d: &KubeDrainer,
+    o: &DrainOptions,
+    limit: Duration,
+) -> Result<(DrainProgress, Vec<DrainProgress>)> {
+    let mut seen = Vec::new();
+    tokio::time::timeout(limit, async {
+        loop {
+            let p = d.drain(NODE, o).await?;
+            match p {
+                DrainProgress::InProgress { .. } => {
+                    seen.push(p);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                }
+                other => return Ok::<_, anyhow::Error>((other, seen)),
+            }
+        }
+    })
+    .await
+    .context("drain did not settle in time")?
+}
+
+fn unschedulable(fake: &FakeK8s) -> bool {
+    fake.node(NODE).expect("node")["spec"]["unschedulable"] == json!(true)
+}
+
+fn base(fake: &FakeK8s) {
+    fake.add_namespace("prod", &[("fleetmend.io/protected", "true")]);
+    fake.add_namespace("dev", &[]);
+    fake.add_node(NodeSeed::new(NODE, IP));
+    fake.add_node(NodeSeed::new("node-2", "10.0.0.2"));
+}
+
+#[tokio::test]
+async fn drain_evicts_skips_deletes_and_waits() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    base(&fake);
+    fake.add_pod(PodSeed::new("prod", "web-1", NODE).owner("ReplicaSet", "web-abc"));
+    fake.add_pod(PodSeed::new("kube-system", "agent-x", NODE).owner("DaemonSet", "agent"));
+    fake.add_pod(PodSeed::new("kube-system", "etcd-node-1", NODE).mirror());
+    fake.add_pod(PodSeed::new("prod", "done", NODE).phase("Succeeded"));
+    fake.add_pod(
+        PodSeed::new("prod", "db-0", NODE)
+            .owner("StatefulSet", "db")
+            .terminate_after(Duration::from_millis(400)),
+    );
+    // An unprotected pod whose budget refuses: CKE deletes it instead.
+    fake.add_pod(
+        PodSeed::new("dev", "tool", NODE)
+            .owner("ReplicaSet", "tool")
+            .label("app", "tool"),
+    );
+    fake.add_pdb("dev", "tool", json!({"matchLabels": {"app": "tool"}}), 0);
+    fake.add_pod(PodSeed::new("prod", "elsewhere", "node-2"));
+
+    let d = drainer(&fake).await?;
+    assert_eq!(d.node_for(IP).await?.as_deref(), Some(NODE));
+    assert_eq!(d.node_for("10.9.9.9").await?, None, "no node: not a node");
+
+    let (last, waits) = drain_until_settled(&d, &opts(), Duration::from_secs(10)).await?;
+    assert_eq!(last, DrainProgress::Done);
+    assert!(
+        waits.iter().any(|p| matches!(p, DrainProgress::InProgress { detail, .. } if detail.contains("prod/db-0"))),
+        "the slow StatefulSet pod was waited on: {waits:?}"
+    );
+    assert!(fake.pod("prod", "web-1").is_none());
+    assert!(fake.pod("prod", "db-0").is_none());
+    assert!(fake.pod("dev", "tool").is_none());
+    assert!(
+        fake.pod("kube-system", "agent-x").is_some(),
+        "DaemonSet pod stays"
+    );
+    assert!(
+        fake.pod("kube-system", "etcd-node-1").is_some(),
+        "mirror pod stays"
+    );
+    assert!(fake.pod("prod", "done").is_some(), "finished pod stays");
+    assert!(fake.pod("prod", "elsewhere").is_some());
+
+    let reqs = fake.requests();
+    let evicted = |ns: &str, n: &str| {
+        reqs.iter().any(|r| {
+            r.method == "POST" && r.path == format!("/api/v1/namespaces/{ns}/pods/{n}/eviction")
+        })
+    };
+    let deleted = |ns: &str, n: &str| {
+        reqs.iter()
+            .any(|r| r.method == "DELETE" && r.path == format!("/api/v1/namespaces/{ns}/pods/{n}"))
+    };
+    assert!(evicted("prod", "web-1") && !deleted("prod", "web-1"));
+    assert!(
+        evicted("dev", "tool") && deleted("dev", "tool"),
+        "429 in an unprotected namespace → delete"
+    );
+    assert!(!evicted("kube-system", "agent-x") && !evicted("kube-system", "etcd-node-1"));
+    // The ReplicaSet pod's eviction is the only one sent for it: a pass never re-evicts
+    // what is already gone, and kube's silent retries are off.
+    assert_eq!(
+        reqs.iter()
+            .filter(|r| r.path.ends_with("/web-1/eviction"))
+            .count(),
+        1
+    );
+
+    let node = fake.node(NODE).unwrap();
+    assert_eq!(node["spec"]["unschedulable"], json!(true));
+    assert_eq!(
+        node["metadata"]["annotations"]["fleetmend.io/cordoned-by"],
+        "fleetmend-coordinator"
+    );
+
+    d.uncordon_if_ours(NODE).await?;
+    assert!(!unschedulable(&fake));
+    assert!(
+        fake.node(NODE).unwrap()["metadata"]["annotations"]["fleetmend.io/cordoned-by"].is_null()
+    );
+    let reasons = fake.node_event_reasons(NODE);
+    assert_eq!(
+        reasons,
+        [
+            "FleetmendCordoned",
+            "FleetmendDrained",
+            "FleetmendUncordoned"
+        ],
+        "{reasons:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn budget_blocked_drain_retries_then_succeeds_when_the_budget_frees() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    base(&fake);
+    fake.add_pod(
+        PodSeed::new("prod", "web-1", NODE)
+            .owner("ReplicaSet", "web")
+            .label("app", "web"),
+    );
+    // An empty selector matches every pod in the namespace (policy/v1).
+    fake.add_pdb("prod", "all", json!({}), 0);
+    let d = drainer(&fake).await?;
+    let o = DrainOptions {
+        evict_retries: 2,
+        evict_interval_seconds: 0,
+        ..opts()
+    };
+    for _ in 0..3 {
+        match d.drain(NODE, &o).await? {
+            DrainProgress::InProgress {
+                remaining: 1,
+                detail,
+            } => {
+                assert!(detail.contains("PodDisruptionBudget"), "{detail}")
+            }
+            other => bail!("expected a budget-blocked pass, got {other:?}"),
+        }
+    }
+    let evictions = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .count();
+    assert_eq!(evictions, 9, "3 passes × (1 + evict_retries) attempts");
+    assert!(fake.pod("prod", "web-1").is_some());
+    fake.set_disruptions_allowed("prod", "all", 1);
+    let (last, _) = drain_until_settled(&d, &o, Duration::from_secs(5)).await?;
+    assert_eq!(last, DrainProgress::Done);
+    assert!(fake.pod("prod", "web-1").is_none());
+    assert_eq!(
+        fake.pdb("prod", "all").unwrap()["status"]["disruptionsAllowed"],
+        0
+    );
+    let reasons = fake.node_event_reasons(NODE);
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| *r == "FleetmendDrainBlockedByBudget")
+            .count(),
+        1,
+        "one Event while the same budget blocks: {reasons:?}"
+    );
+    assert!(reasons.contains(&"FleetmendDrained".to_string()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_budgets_on_one_pod_abandon_the_drain() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    base(&fake);
+    fake.add_pod(PodSeed::new("prod", "web-1", NODE).label("app", "web"));
+    fake.add_pdb("prod", "a", json!({}), 3);
+    fake.add_pdb("prod", "b", json!({"matchLabels": {"app": "web"}}), 3);
+    let d = drainer(&fake).await?;
+    match d.drain(NODE, &opts()).await? {
+        DrainProgress::Abandoned { reason } => {
+            assert!(
+                reason.contains("more than one PodDisruptionBudget"),
+                "{reason}"
+            )
+        }
+        other => bail!("expected abandon, got {other:?}"),
+    }
+    assert!(
+        !unschedulable(&fake),
+        "our cordon is removed when abandoning"
+    );
+    assert!(fake.pod("prod", "web-1").is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn running_protected_job_pod_makes_the_drain_back_off() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    base(&fake);
+    fake.add_pod(PodSeed::new("prod", "web-1", NODE).owner("ReplicaSet", "web"));
+    fake.add_pod(
+        PodSeed::new("prod", "backup-xyz", NODE)
+            .owner("Job", "backup")
+            .label("fleetmend.io/protected-job", "true"),
+    );
+    let d = drainer(&fake).await?;
+    match d.drain(NODE, &opts()).await? {
+        DrainProgress::Abandoned { reason } => {
+            assert!(reason.contains("prod/backup-xyz"), "{reason}")
+        }
+        other => bail!("expected abandon, got {other:?}"),
+    }
+    assert!(!unschedulable(&fake), "uncordoned when backing off");
+    assert!(fake.pod("prod", "web-1").is_some(), "nothing evicted");
+    assert_eq!(
+        fake.node_event_reasons(NODE),
+        [
+            "FleetmendCordoned",
+            "FleetmendDrainAbandoned",
+            "FleetmendUncordoned"
+        ]
+    );
+    // A selector that does not match this Job's pods: the Job pod is deleted like CKE does.
+    let o = DrainOptions {
+        protected_job_pods: Some("fleetmend.io/protected-job=never".into()),
+        ..opts()
+    };
+    let (last, _) = drain_until_settled(&d, &o, Duration::from_secs(5)).await?;
+    assert_eq!(last, DrainProgress::Done);
+    assert!(fake.pod("prod", "backup-xyz").is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_admins_cordon_survives_a_repair() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    fake.add_namespace("prod", &[("fleetmend.io/protected", "true")]);
+    fake.add_node(NodeSeed::new(NODE, IP).cordoned());
+    fake.add_pod(PodSeed::new("prod", "web-1", NODE).owner("ReplicaSet", "web"));
+    let d = drainer(&fake).await?;
+    let (last, _) = drain_until_settled(&d, &opts(), Duration::from_secs(5)).await?;
+    assert_eq!(last, DrainProgress::Done);
+    d.uncordon_if_ours(NODE).await?;
+    assert!(unschedulable(&fake), "the admin's cordon stays");
+    assert!(
+        fake.node(NODE).unwrap()["metadata"]["annotations"]["fleetmend.io/cordoned-by"].is_null()
+    );
+    let reasons = fake.node_event_reasons(NODE);
+    assert!(
+        !reasons
+            .iter()
+            .any(|r| r.contains("Cordoned") || r.contains("Uncordoned")),
+        "{reasons:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn api_down_mid_drain_holds_and_resumes() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    base(&fake);
+    fake.add_pod(
+        PodSeed::new("prod", "db-0", NODE)
+            .owner("StatefulSet", "db")
+            .terminate_after(Duration::from_millis(300)),
+    );
+    fake.add_pod(PodSeed::new("prod", "web-1", NODE).owner("ReplicaSet", "web"));
+    let d = drainer(&fake).await?;
+    assert!(matches!(
+        d.drain(NODE, &opts()).await?,
+        DrainProgress::InProgress { .. }
+    ));
+
+    fake.set_down(true);
+    let err = tokio::time::timeout(Duration::from_secs(10), d.drain(NODE, &opts()))
+        .await
+        .context("a down API server must not hang the drain")?
+        .expect_err("API down is an error");
+    assert!(
+        matches!(err, DrainError::Unavailable(_)) && err.is_retriable(),
+        "{err}"
+    );
+    fake.set_down(false);
+
+    // 5xx answers are "unavailable" too, never a verdict on the node.
+    fake.inject(Fault {
+        path_contains: Some("/pods".into()),
+        method: Some("GET".into()),
+        status: 503,
+        message: "etcdserver: leader changed".into(),
+        times: Some(1),
+    });
+    let err = d.drain(NODE, &opts()).await.expect_err("503 is an error");
+    assert!(err.is_retriable(), "{err}");
+
+    let (last, _) = drain_until_settled(&d, &opts(), Duration::from_secs(5)).await?;
+    assert_eq!(last, DrainProgress::Done);
+    assert!(fake.pods_on(NODE).is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_statefulset_pod_recreated_under_the_same_name_is_a_new_pod() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    base(&fake);
+    fake.add_pod(PodSeed::new("prod", "db-0", NODE).owner("StatefulSet", "db"));
+    let d = drainer(&fake).await?;
+    let first_uid = fake.pod("prod", "db-0").unwrap()["metadata"]["uid"].clone();
+    assert_eq!(d.drain(NODE, &opts()).await?, DrainProgress::Done);
+    // The StatefulSet controller recreates db-0 with a new UID (here: on the same node).
+    fake.add_pod(PodSeed::new("prod", "db-0", NODE).owner("StatefulSet", "db"));
+    let second_uid = fake.pod("prod", "db-0").unwrap()["metadata"]["uid"].clone();
+    assert_ne!(first_uid, second_uid);
+    let (last, _) = drain_until_settled(&d, &opts(), Duration::from_secs(5)).await?;
+    assert_eq!(last, DrainProgress::Done);
+    assert!(fake.pod("prod", "db-0").is_none());
+    Ok(())
+}
+
+/// A gateway stand-in that confirms every fence: the test's way to get a real proof.
+struct ConfirmingGateway(Mutex<Vec<String>>);
+
+impl PowerControl for ConfirmingGateway {
+    fn power(&self, req: PowerRequest) -> BoxFuture<'_, Result<PowerResponse, PowerError>> {
+        self.0.lock().unwrap().push(req.address.clone());
+        Box::pin(async move {
+            Ok(PowerResponse {
+                id: req.id,
+                outcome: PowerOutcome::Done {
+                    state: PowerState::Off,
+                    confirmed_off_unix_ms: Some(1_700_000_000_000),
+                    detail: "chassis power is off".into(),
+                },
+            })
+        })
+    }
+}
+
+async fn proof_for(address: &str) -> Result<DownProof> {
+    let gw = ConfirmingGateway(Mutex::new(Vec::new()));
+    Ok(confirm_power_off(&gw, address, "SER", "fence-1", 0)
+        .await?
+        .into())
+}
+
+async fn release_until_done(
+    d: &KubeDrainer,
+    proof: &DownProof,
+    how: &Release,
+) -> Result<Vec<ReleaseProgress>> {
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let p = d.release(NODE, proof, how).await?;
+            seen.push(p.clone());
+            if p == ReleaseProgress::Done {
+                return Ok::<_, anyhow::Error>(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .context("release did not complete in time")??;
+    Ok(seen)
+}
+
+#[tokio::test]
+async fn release_with_the_out_of_service_taint_and_restore() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    base(&fake);
+    fake.set_gc_delay(Duration::from_millis(100));
+    fake.add_pod(PodSeed::new("prod", "db-0", NODE).owner("StatefulSet", "db"));
+    fake.add_volume_attachment("csi-abc", NODE);
+    let d = drainer(&fake).await?;
+    assert_eq!(
+        d.release_plan(NODE).await?,
+        Release::Taint,
+        "1.33 supports the taint"
+    );
+
+    let wrong = proof_for("10.0.0.2").await?;
+    let err = d
+        .release(NODE, &wrong, &Release::Taint)
+        .await
+        .expect_err("proof for another machine");
+    assert!(matches!(err, DrainError::Refused(_)), "{err}");
+    assert!(fake.node(NODE).unwrap()["spec"]["taints"].is_null());
+
+    let proof = proof_for(IP).await?;
+    d.record_event(NODE, NodeEvent::Fenced, &proof.describe())
+        .await;
+    let seen = release_until_done(&d, &proof, &Release::Taint).await?;
+    assert!(
+        matches!(
+            seen[0],
+            ReleaseProgress::Waiting {
+                terminating_pods: 1,
+                volume_attachments: 1
+            }
+        ),
+        "{seen:?}"
+    );
+    let taints = fake.node(NODE).unwrap()["spec"]["taints"].clone();
+    assert_eq!(
+        taints,
+        json!([{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}])
+    );
+    assert!(fake.pods_on(NODE).is_empty() && fake.volume_attachments_on(NODE).is_empty());
+
+    assert_eq!(
+        d.restore(NODE, &proof, &Release::Taint).await?,
+        RestoreProgress::Done
+    );
+    assert_eq!(fake.node(NODE).unwrap()["spec"]["taints"], json!([]));
+    d.record_event(NODE, NodeEvent::Repaired, "repair succeeded")
+        .await;
+    assert_eq!(
+        fake.node_event_reasons(NODE),
+        [
+            "FleetmendFenced",
+            "FleetmendReleased",
+            "FleetmendRestored",
+            "FleetmendRepaired"
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn release_by_node_deletion_and_restore_of_labels_and_annotations() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    fake.add_namespace("prod", &[]);
+    fake.add_node(
+        NodeSeed::new(NODE, IP)
+            .label("topology.kubernetes.io/zone", "rack-7")
+            .label("node-role.kubernetes.io/storage", "")
+            .annotation("example.com/owner", "team-a"),
+    );
+    fake.add_pod(PodSeed::new("prod", "db-0", NODE).owner("StatefulSet", "db"));
+    fake.add_volume_attachment("csi-abc", NODE);
+    // A cluster older than 1.28 has no out-of-service taint: auto picks Node deletion.
+    fake.set_version("1", "27+");
+    let d = drainer(&fake).await?;
+    let plan = d.release_plan(NODE).await?;
+    let Release::DeleteNode(saved) = &plan else {
+        bail!("expected Node deletion on 1.27, got {plan:?}");
+    };
+    assert_eq!(saved.labels["topology.kubernetes.io/zone"], "rack-7");
+    assert_eq!(saved.annotations["example.com/owner"], "team-a");
+
+    let proof = proof_for(IP).await?;
+    release_until_done(&d, &proof, &plan).await?;
+    assert!(fake.node(NODE).is_none());
+    assert!(fake.pods_on(NODE).is_empty() && fake.volume_attachments_on(NODE).is_empty());
+
+    assert_eq!(
+        d.restore(NODE, &proof, &plan).await?,
+        RestoreProgress::WaitingForNode
+    );
+    // The kubelet re-registers the Node with only its own labels.
+    fake.add_node(NodeSeed::new(NODE, IP));
+    assert_eq!(d.restore(NODE, &proof, &plan).await?, RestoreProgress::Done);
+    let node = fake.node(NODE).unwrap();
+    assert_eq!(
+        node["metadata"]["labels"]["topology.kubernetes.io/zone"],
+        "rack-7"
+    );
+    assert_eq!(
+        node["metadata"]["labels"]["node-role.kubernetes.io/storage"],
+        ""
+    );
+    assert_eq!(
+        node["metadata"]["annotations"]["example.com/owner"],
+        "team-a"
+    );
+    let reasons = fake.node_event_reasons(NODE);
+    assert_eq!(
+        reasons,
+        ["FleetmendReleased", "FleetmendRestored"],
+        "{reasons:?}"
+    );
+
+    // Configured explicitly, the taint is used even where auto would delete.
+    let d = drainer(&fake)
+        .await?
+        .with_release_method(ReleaseMethod::Taint);
+    assert_eq!(d.release_plan(NODE).await?, Release::Taint);
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_view_reads_conditions_leases_taints_and_cordons() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    fake.add_node(NodeSeed::new(NODE, IP).ready("Unknown").taint(
+        "example.com/maint",
+        "x",
+        "NoSchedule",
+    ));
+    fake.add_node(NodeSeed::new("node-2", "10.0.0.2").cordoned());
+    fake.set_lease(NODE, "2026-11-21T10:00:00.000000Z");
+    let d = drainer(&fake).await?;
+    let view = d.node_view().clone();
+    assert!(!view.is_fresh(jiff::Timestamp::now(), Duration::from_secs(60)));
+    let snap = view.refresh().await?;
+    let n1 = &snap.nodes[NODE];
+    assert_eq!(n1.ready, Some(false));
+    assert_eq!(n1.internal_ip.as_deref(), Some(IP));
+    assert_eq!(n1.lease_renew_time, Some("2026-11-21T10:00:00Z".parse()?));
+    assert_eq!(n1.taints[0].key, "example.com/maint");
+    assert!(n1.condition("Ready").unwrap().last_transition.is_some());
+    let n2 = snap.by_address("10.0.0.2").unwrap();
+    assert!(n2.unschedulable && !n2.cordoned_by_us && n2.ready == Some(true));
+    assert!(view.is_fresh(jiff::Timestamp::now(), Duration::from_secs(60)));
+
+    fake.set_down(true);
+    let err = view.refresh().await.expect_err("down");
+    assert!(err.is_retriable());
+    assert_eq!(view.snapshot().nodes.len(), 2, "the last snapshot stays");
+    Ok(())
+}
