@@ -216,6 +216,9 @@ pub fn evaluate(
         }
     }
     let mode = if entry.read_only { "ro" } else { "rw" };
+    if notes.is_empty() {
+        notes.push("no block or inode counts".into());
+    }
     r(status, format!("{mode}, {}", notes.join(", ")))
 }
 
