@@ -1,1 +1,550 @@
-//! (being written)
+//! Running Fleetmend binaries as real processes: a PKI made by the real
+//! `coordinatorctl pki`, coordinator and node-agent processes on loopback, and
+//! `coordinatorctl … --json` parsed into the protocol's types.
+//!
+//! Binaries: integration tests in this crate get no `CARGO_BIN_EXE_*` for other packages,
+//! so [`bin`] builds them once per test process with
+//! `cargo build --workspace --bins --tests` (same profile and
+//! target directory as the running test, found from the test executable's path:
+//! `target/<profile>/deps/<test>`), guarded by a `OnceLock`; cargo's own lock serialises
+//! concurrent test processes. Set `FLEETMEND_BIN_DIR` to use prebuilt binaries instead.
+//!
+//! Every child is killed when its handle drops, its stderr goes to a log file the test can
+//! search, and every wait has a timeout. Children never inherit the test's `FLEETMEND_*`
+//! environment. This module does not decide what a test asserts.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::de::DeserializeOwned;
+
+/// How often [`wait_for`] polls: fast enough that sub-second test intervals are seen
+/// promptly, slow enough not to steal CPU from the processes being watched.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// Generous bound for process start-up on a loaded 2-core CI machine.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Polls `f` until it returns `Some`, or fails after `timeout` naming `what` and the last
+/// observation (from `f`'s `Err`).
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(last) if Instant::now() >= deadline => {
+                bail!("timed out after {timeout:?} waiting for {what}; last seen: {last}")
+            }
+            Err(_) => std::thread::sleep(POLL),
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests crate sits in the workspace root")
+        .to_path_buf()
+}
+
+/// The directory holding `coordinator`, `coordinatorctl` and `node-agent`, built on first
+/// use (see the module docs).
+pub fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("FLEETMEND_BIN_DIR") {
+            return PathBuf::from(d);
+        }
+        let exe = std::env::current_exe().expect("test executable path");
+        // target/<profile>/deps/<test-binary>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary lives in target/<profile>/deps")
+            .to_path_buf();
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        // `--workspace --bins --tests` resolves features exactly as `cargo test --workspace`
+        // does (dev-dependencies included), so after a workspace test build this only links
+        // the plain binaries instead of rebuilding dependencies with another feature set.
+        cmd.current_dir(workspace_root())
+            .args(["build", "--workspace", "--bins", "--tests"]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .status()
+            .expect("cannot run cargo to build the binaries under test");
+        assert!(
+            status.success(),
+            "building coordinator and node-agent failed ({status}); set FLEETMEND_BIN_DIR to use prebuilt binaries"
+        );
+        profile_dir
+    })
+}
+
+/// Path of one of the workspace's binaries.
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
+/// A command for binary `name` with no `FLEETMEND_*` variables inherited.
+pub fn command(name: &str) -> Command {
+    let mut cmd = Command::new(bin(name));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("FLEETMEND_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// Runs a command to completion; an error (with its stderr) if it fails.
+pub fn run_ok(cmd: &mut Command) -> anyhow::Result<Output> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
+/// A free loopback UDP port (QUIC). Racy by nature; good enough on a test machine.
+pub fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("bind an ephemeral UDP port")
+        .port()
+}
+
+/// A free loopback TCP port (HTTP).
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("bind an ephemeral TCP port")
+        .port()
+}
+
+/// A certificate, its key, and the CA that signed it.
+#[derive(Debug, Clone)]
+pub struct CertFiles {
+    /// Fleet CA certificate.
+    pub ca: PathBuf,
+    /// Certificate.
+    pub cert: PathBuf,
+    /// Key.
+    pub key: PathBuf,
+}
+
+/// A fleet PKI made with the real `coordinatorctl pki`.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    /// The CA directory.
+    pub ca_dir: PathBuf,
+    /// Where issued certificates go.
+    pub certs_dir: PathBuf,
+}
+
+impl Pki {
+    /// `coordinatorctl pki init --out <dir>/ca --trust-domain <td>`.
+    pub fn create(dir: &Path, trust_domain: &str) -> anyhow::Result<Self> {
+        let ca_dir = dir.join("ca");
+        run_ok(command("coordinatorctl").args([
+            "pki",
+            "init",
+            "--out",
+            &ca_dir.to_string_lossy(),
+            "--trust-domain",
+            trust_domain,
+        ]))?;
+        Ok(Self {
+            ca_dir,
+            certs_dir: dir.join("certs"),
+        })
+    }
+
+    /// The CA certificate.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.ca_dir.join("ca.crt")
+    }
+
+    /// `coordinatorctl pki issue --ca … --role <role> --name <name> --ip …`.
+    pub fn issue(&self, role: &str, name: &str, ips: &[IpAddr]) -> anyhow::Result<CertFiles> {
+        let mut cmd = command("coordinatorctl");
+        cmd.args([
+            "pki",
+            "issue",
+            "--ca",
+            &self.ca_dir.to_string_lossy(),
+            "--role",
+            role,
+            "--name",
+            name,
+            "--out",
+            &self.certs_dir.to_string_lossy(),
+        ]);
+        for ip in ips {
+            cmd.args(["--ip", &ip.to_string()]);
+        }
+        run_ok(&mut cmd)?;
+        Ok(CertFiles {
+            ca: self.ca_cert(),
+            cert: self.certs_dir.join(format!("{name}.crt")),
+            key: self.certs_dir.join(format!("{name}.key")),
+        })
+    }
+}
+
+/// A child process killed on drop, with its stderr in a log file.
+#[derive(Debug)]
+pub struct Proc {
+    child: Option<Child>,
+    /// The stderr log.
+    pub log: PathBuf,
+    name: String,
+}
+
+impl Proc {
+    /// Spawns `cmd` with stdout discarded and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+        let err = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("cannot open {}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("cannot start {name}: {cmd:?}"))?;
+        Ok(Self {
+            child: Some(child),
+            log: log.to_path_buf(),
+            name: name.to_string(),
+        })
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Everything logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains every one of `needles` on one line.
+    pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> anyhow::Result<String> {
+        wait_for(
+            &format!("{} to log a line with {needles:?}", self.name),
+            timeout,
+            || {
+                self.log_text()
+                    .lines()
+                    .find(|l| needles.iter().all(|n| l.contains(n)))
+                    .map(str::to_string)
+                    .ok_or_else(|| "no such line".to_string())
+            },
+        )
+    }
+
+    /// SIGKILL, and reap.
+    pub fn sigkill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the exit code (SIGKILL after that).
+    pub fn sigterm(&mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        let Some(mut c) = self.child.take() else {
+            return Ok(None);
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let res = wait_for(&format!("{} to exit", self.name), timeout, || {
+            match c.try_wait() {
+                Ok(Some(s)) => Ok(s.code()),
+                Ok(None) => Err("still running".into()),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        if res.is_err() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        res
+    }
+
+    /// The exit status if the process has exited.
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.sigkill();
+    }
+}
+
+/// Settings for a test coordinator.
+#[derive(Debug, Clone)]
+pub struct CoordinatorOptions {
+    /// `health.report_interval`.
+    pub report_interval: Duration,
+    /// `health.unreachable_grace`.
+    pub unreachable_grace: Duration,
+    /// Inventory file contents (TOML), if any.
+    pub inventory: Option<String>,
+    /// Extra TOML appended to the config.
+    pub extra: String,
+}
+
+impl Default for CoordinatorOptions {
+    fn default() -> Self {
+        Self {
+            report_interval: Duration::from_millis(300),
+            unreachable_grace: Duration::from_millis(900),
+            inventory: None,
+            extra: String::new(),
+        }
+    }
+}
+
+/// A coordinator process with its config, ports, and an admin certificate to talk to it.
+#[derive(Debug)]
+pub struct Coordinator {
+    /// The running process (None while stopped).
+    pub proc: Option<Proc>,
+    /// QUIC address.
+    pub quic: SocketAddr,
+    /// HTTP address.
+    pub http: SocketAddr,
+    /// Its working directory (config, database, logs).
+    pub dir: PathBuf,
+    /// Config file.
+    pub config: PathBuf,
+    /// Admin certificate used by [`Coordinator::ctl`].
+    pub admin: CertFiles,
+    starts: u32,
+}
+
+impl Coordinator {
+    /// Issues a coordinator certificate (for 127.0.0.1) and an admin one, writes the config
+    /// into `dir`, starts the process and waits until `/healthz` answers.
+    pub fn start(dir: &Path, pki: &Pki, opts: &CoordinatorOptions) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let tls = pki.issue("coordinator", "coord", &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
+        let admin = pki.issue("admin", "tester", &[])?;
+        let quic = SocketAddr::from(([127, 0, 0, 1], free_udp_port()));
+        let http = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
+        let q = |p: &Path| format!("{:?}", p.to_string_lossy());
+        let mut cfg = format!(
+            "name = \"coord\"\nlisten = \"{quic}\"\ndatabase = {}\nshutdown_grace = \"3s\"\n",
+            q(&dir.join("coordinator.db"))
+        );
+        if let Some(inv) = &opts.inventory {
+            let p = dir.join("inventory.toml");
+            std::fs::write(&p, inv)?;
+            cfg.push_str(&format!("inventory = {}\n", q(&p)));
+        }
+        cfg.push_str(&format!(
+            "{}\n[tls]\nca = {}\ncert = {}\nkey = {}\n\n[http]\nlisten = \"{http}\"\n\n[health]\nreport_interval = \"{}ms\"\nunreachable_grace = \"{}ms\"\n",
+            opts.extra,
+            q(&tls.ca),
+            q(&tls.cert),
+            q(&tls.key),
+            opts.report_interval.as_millis(),
+            opts.unreachable_grace.as_millis()
+        ));
+        let config = dir.join("coordinator.toml");
+        std::fs::write(&config, cfg)?;
+        let mut c = Self {
+            proc: None,
+            quic,
+            http,
+            dir: dir.to_path_buf(),
+            config,
+            admin,
+            starts: 0,
+        };
+        c.restart()?;
+        Ok(c)
+    }
+
+    /// Starts the process (again) with the same config and waits until it serves.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        if let Some(mut p) = self.proc.take() {
+            p.sigterm(Duration::from_secs(10))?;
+        }
+        self.starts += 1;
+        let mut cmd = command("coordinator");
+        cmd.arg("--config")
+            .arg(&self.config)
+            .env("FLEETMEND_LOG", "info,coordinator=debug");
+        let log = self.dir.join(format!("coordinator-{}.log", self.starts));
+        let mut proc = Proc::spawn("coordinator", cmd, &log)?;
+        let http = self.http;
+        wait_for("coordinator /healthz", START_TIMEOUT, || {
+            if let Some(s) = proc.try_exit() {
+                return Ok(Err(format!(
+                    "coordinator exited ({s}) during start:\n{}",
+                    proc.log_text()
+                )));
+            }
+            match http_get(http, "/healthz") {
+                Ok((200, _)) => Ok(Ok(())),
+                Ok((code, body)) => Err(format!("{code} {body}")),
+                Err(e) => Err(e.to_string()),
+            }
+        })?
+        .map_err(anyhow::Error::msg)?;
+        self.proc = Some(proc);
+        Ok(())
+    }
+
+    /// The current process's log.
+    pub fn log_text(&self) -> String {
+        self.proc.as_ref().map(Proc::log_text).unwrap_or_default()
+    }
+
+    /// Waits until the current process's log has a line containing all of `needles`.
+    pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> anyhow::Result<String> {
+        self.proc
+            .as_ref()
+            .context("coordinator is not running")?
+            .wait_for_log(needles, timeout)
+    }
+
+    /// Certificate files for an agent called `hostname` (issued on demand).
+    pub fn agent_tls(pki: &Pki, hostname: &str) -> anyhow::Result<CertFiles> {
+        pki.issue("node", hostname, &[])
+    }
+
+    /// Runs `coordinatorctl --server … --ca … --cert … --key … <args>`.
+    pub fn ctl(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let mut cmd = command("coordinatorctl");
+        cmd.arg("--server")
+            .arg(self.quic.to_string())
+            .arg("--ca")
+            .arg(&self.admin.ca)
+            .arg("--cert")
+            .arg(&self.admin.cert)
+            .arg("--key")
+            .arg(&self.admin.key)
+            .args(args);
+        run_ok(&mut cmd)
+    }
+
+    /// Runs `coordinatorctl <args>` (which must include `--json`) and parses stdout.
+    pub fn ctl_json<T: DeserializeOwned>(&self, args: &[&str]) -> anyhow::Result<T> {
+        let out = self.ctl(args)?;
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "coordinatorctl {args:?} printed no valid JSON: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    /// `machines list --json`.
+    pub fn machines(&self) -> anyhow::Result<Vec<protocol::admin::machines::MachineSummary>> {
+        self.ctl_json(&["machines", "list", "--json"])
+    }
+
+    /// `machines show ADDRESS --json`.
+    pub fn machine(
+        &self,
+        address: &str,
+    ) -> anyhow::Result<protocol::admin::machines::MachineDetail> {
+        self.ctl_json(&["machines", "show", address, "--json"])
+    }
+
+    /// Waits until the machine `hostname` is listed in `state`; returns its summary.
+    pub fn wait_for_state(
+        &self,
+        hostname: &str,
+        state: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<protocol::admin::machines::MachineSummary> {
+        wait_for(&format!("{hostname} to be {state}"), timeout, || {
+            let list = self.machines().map_err(|e| e.to_string())?;
+            let m = list
+                .into_iter()
+                .find(|m| m.spec.hostname == hostname)
+                .ok_or_else(|| format!("{hostname} not listed"))?;
+            if m.state == state {
+                Ok(m)
+            } else {
+                Err(format!("{} ({})", m.state, m.reason))
+            }
+        })
+    }
+
+    /// GET on the HTTP endpoint: (status, body).
+    pub fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.http, path)
+    }
+}
+
+/// A minimal HTTP/1.0 GET (the test kit needs no HTTP client for two endpoints).
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let code = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status line")?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Starts `node-agent run --config <config>` with its stderr in `log`.
+pub fn start_agent(name: &str, config: &Path, log: &Path) -> anyhow::Result<Proc> {
+    let mut cmd = command("node-agent");
+    cmd.arg("run").arg("--config").arg(config);
+    Proc::spawn(name, cmd, log)
+}
+
+/// Inventory TOML for `(address, hostname)` pairs, all of type `qemu` in rack `r1`.
+pub fn inventory_toml(machines: &[(&str, &str)]) -> String {
+    let mut s = String::new();
+    for (addr, host) in machines {
+        s.push_str(&format!(
+            "[[machines]]\naddress = \"{addr}\"\nhostname = \"{host}\"\nserial = \"SN-{host}\"\nrack = \"r1\"\nrole = \"cs\"\nmachine_type = \"qemu\"\n\n"
+        ));
+    }
+    s
+}
