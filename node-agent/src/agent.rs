@@ -270,6 +270,27 @@ impl Agent {
         Ok(resolved)
     }
 
+    /// Re-reads the TLS files before a reconnect, so a renewed certificate is used without
+    /// restarting the agent. Unreadable files or a certificate naming someone else keep the
+    /// material already loaded (with a warning): a half-written renewal must not take the
+    /// node off the air.
+    fn reload_tls(&mut self) {
+        let files = TlsFiles {
+            ca: self.coordinator.ca.clone(),
+            cert: self.coordinator.cert.clone(),
+            key: self.coordinator.key.clone(),
+        };
+        match TlsMaterial::load(&files) {
+            Ok(tls) if tls.identity() == self.tls.identity() => self.tls = tls,
+            Ok(tls) => warn!(
+                loaded = %tls.identity(),
+                keeping = %self.tls.identity(),
+                "certificate file now names another identity; keeping the previous certificate"
+            ),
+            Err(e) => warn!(error = %e, "cannot reload TLS files; keeping the previous ones"),
+        }
+    }
+
     /// Resolves the coordinator and connects to its addresses in turn.
     async fn connect(&self) -> Result<Link, RoundError> {
         let hello = node::hello(&self.cfg.root, self.cfg.hostname.as_deref())?;
@@ -381,13 +402,15 @@ impl Agent {
         let interval = self.cfg.report_interval;
         self.notifier.status("connecting to coordinator");
         'run: loop {
-            let l = match link.as_mut() {
-                Some(l) => l,
-                None => match unless_stopped(&mut stop, self.connect()).await {
+            if link.is_none() {
+                if self.summary.connections > 0 || backoff.attempts() > 0 {
+                    self.reload_tls();
+                }
+                match unless_stopped(&mut stop, self.connect()).await {
                     None => break 'run,
                     Some(Ok(l)) => {
                         self.summary.connections += 1;
-                        link.insert(l)
+                        link = Some(l);
                     }
                     Some(Err(e)) => {
                         let d = backoff.next(rand::random::<f64>());
@@ -398,8 +421,9 @@ impl Agent {
                         }
                         continue;
                     }
-                },
-            };
+                }
+            }
+            let l = link.as_mut().expect("connected above");
             let started = Instant::now();
             let grace = self.opts.goodbye_timeout / 2;
             let mut stopping = false;
@@ -539,7 +563,8 @@ mod tests {
     #[derive(Debug)]
     enum Event {
         HelloRefused,
-        Hello(AgentHello),
+        /// The hello and the DER of the client certificate that came with it.
+        Hello(AgentHello, Vec<u8>),
         Report(HealthReport),
         ReportRefused(u64),
         Goodbye(GoodbyeReason),
@@ -555,7 +580,8 @@ mod tests {
     }
 
     struct Pki {
-        _dir: tempfile::TempDir,
+        authority: Ca,
+        dir: tempfile::TempDir,
         ca: std::path::PathBuf,
         cert: std::path::PathBuf,
         key: std::path::PathBuf,
@@ -588,7 +614,8 @@ mod tests {
         )
         .unwrap();
         Pki {
-            _dir: dir,
+            authority: ca,
+            dir,
             ca: ca_path,
             cert,
             key,
@@ -625,7 +652,16 @@ mod tests {
                 let HelloBody::Agent(h) = pending.hello.clone() else {
                     continue;
                 };
-                let _ = tx.send(Event::Hello(h));
+                let der = pending
+                    .conn
+                    .peer_identity()
+                    .and_then(|a| {
+                        a.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+                            .ok()
+                    })
+                    .and_then(|c| c.first().map(|c| c.to_vec()))
+                    .unwrap_or_default();
+                let _ = tx.send(Event::Hello(h, der));
                 let Ok(mut s) = pending.accept("coord").await else {
                     continue;
                 };
@@ -751,7 +787,7 @@ mod tests {
 
         assert!(matches!(next(&mut rx).await, Event::HelloRefused));
         match next(&mut rx).await {
-            Event::Hello(h) => {
+            Event::Hello(h, _) => {
                 assert_eq!(h.hostname, "node-1");
                 assert_eq!(h.boot_id, fx.boot_id());
                 assert_eq!(
@@ -825,10 +861,24 @@ mod tests {
         );
         let agent = start_agent(&fx, &pki, addr);
         let mut seen = Vec::new();
+        let mut certs = Vec::new();
         while seen.len() < 6 {
             match next(&mut rx).await {
-                Event::Hello(_) => seen.push("hello".to_string()),
-                Event::Report(r) => seen.push(format!("report {}", r.seq)),
+                Event::Hello(_, der) => {
+                    seen.push("hello".to_string());
+                    certs.push(der);
+                }
+                Event::Report(r) => {
+                    if r.seq == 1 {
+                        // Renew the certificate on disk: the reconnect must present it.
+                        let renewed = pki
+                            .authority
+                            .issue(Role::Node, "node-2", &IssueOptions::default())
+                            .unwrap();
+                        renewed.write(pki.dir.path(), true).unwrap();
+                    }
+                    seen.push(format!("report {}", r.seq));
+                }
                 Event::ReportRefused(s) => seen.push(format!("refused {s}")),
                 other => panic!("unexpected {other:?}"),
             }
@@ -844,6 +894,8 @@ mod tests {
                 "report 4"
             ]
         );
+        assert!(!certs[0].is_empty());
+        assert!(certs[0] != certs[1], "the renewed certificate was not used");
         let (summary, _) = finish(agent).await;
         assert_eq!(summary.connections, 2);
         // No scheduled shutdown under the fixture root: only the agent restarts.
