@@ -52,6 +52,9 @@ pub enum AppError {
     /// The repair queue could not start.
     #[error(transparent)]
     Repair(#[from] crate::repair::RepairStartError),
+    /// The `[kubernetes]` section is unusable (kubeconfig missing or invalid).
+    #[error("kubernetes: {0}")]
+    Kubernetes(crate::k8s::DrainError),
     /// A port could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -67,7 +70,10 @@ impl AppError {
     pub fn is_config(&self) -> bool {
         matches!(
             self,
-            AppError::Tls(_) | AppError::WrongRole(_) | AppError::Inventory(_)
+            AppError::Tls(_)
+                | AppError::WrongRole(_)
+                | AppError::Inventory(_)
+                | AppError::Kubernetes(_)
         ) || matches!(self, AppError::Fleet(FleetError::Invalid(_)))
             || matches!(self, AppError::Repair(e) if e.is_config())
             || matches!(self, AppError::Fleet(FleetError::HostnameTaken { .. }))
@@ -150,15 +156,18 @@ impl App {
             ),
             None => None,
         };
+        let drainer = crate::k8s::drainer_for(config.kubernetes.as_ref())
+            .await
+            .map_err(AppError::Kubernetes)?;
         let repair = match config.repair.as_ref().and_then(|r| r.config.as_deref()) {
-            // Drains and power actions: NotANode / NoGateway until those areas are wired here.
+            // Power actions: NoGateway until that area is wired here.
             Some(path) => Some(
                 crate::repair::start_for_app(
                     path,
                     store.clone(),
                     clock.clone(),
                     fleet.clone(),
-                    Arc::new(crate::k8s::NotANode),
+                    drainer,
                     Arc::new(crate::gateway::NoGateway),
                 )
                 .await?,

@@ -184,11 +184,9 @@ pub struct RepairSection {
     pub config: Option<PathBuf>,
 }
 
-/// `[kubernetes]`: the cluster the coordinator drains through. Fields are added by the
-/// Kubernetes area.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KubernetesSection {}
+/// `[kubernetes]`: the cluster the coordinator drains through; its keys are documented on
+/// [`crate::k8s::KubernetesConfig`] (owned by the Kubernetes area).
+pub type KubernetesSection = crate::k8s::KubernetesConfig;
 
 /// `[gateways]`: rack BMC gateways. Fields are added by the gateway area.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -15,7 +15,7 @@
 //! The proof types have private fields and no public constructor, so no other code, in
 //! this crate or outside it, can conjure one: invariant 1 is checked by the compiler.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0451
 //! // Outside the fence module, a proof cannot be built from its fields…
 //! let p = coordinator::fence::proof::PowerOffProof {
 //!     address: "10.0.0.1".into(),
@@ -24,7 +24,7 @@
 //! };
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0624
 //! // …nor from a gateway answer someone wrote by hand…
 //! use protocol::gateway::*;
 //! let req = PowerRequest { id: "r".into(), address: "10.0.0.1".into(), serial: String::new(),
@@ -34,13 +34,13 @@
 //! let p = coordinator::fence::proof::PowerOffProof::from_fence_answer(&req, &resp);
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0624
 //! // …nor a kdump proof…
 //! let p = coordinator::fence::proof::KdumpProof::from_dump_in_progress(
 //!     "10.0.0.1", jiff::Timestamp::now());
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0308
 //! // …and release cannot be called without one.
 //! async fn f(d: &coordinator::k8s::KubeDrainer) {
 //!     d.release("node-1", &(), &coordinator::k8s::release::Release::Taint).await;

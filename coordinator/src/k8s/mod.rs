@@ -108,6 +108,18 @@ pub trait Drainer: Send + Sync + 'static {
     }
 }
 
+/// The drainer for the coordinator's `[kubernetes]` section: a [`KubeDrainer`] when the
+/// section is present, [`NotANode`] (no machine is a node) when it is absent. Builds the
+/// client only; nothing is sent to the API server until the first drain.
+pub async fn drainer_for(
+    cfg: Option<&KubernetesConfig>,
+) -> Result<std::sync::Arc<dyn Drainer>, DrainError> {
+    Ok(match cfg {
+        Some(cfg) => std::sync::Arc::new(KubeDrainer::from_config(cfg).await?),
+        None => std::sync::Arc::new(NotANode),
+    })
+}
+
 /// The drainer used when no cluster is configured: no machine is a node.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NotANode;
