@@ -170,6 +170,8 @@ pub struct Agent {
     opts: AgentOptions,
     seq: u64,
     summary: RunSummary,
+    /// Last STATUS sent, so it is sent on change only (one datagram less per cycle).
+    status: &'static str,
 }
 
 impl std::fmt::Debug for Agent {
@@ -227,7 +229,15 @@ impl Agent {
             opts,
             seq: 0,
             summary: RunSummary::default(),
+            status: "",
         })
+    }
+
+    fn set_status(&mut self, status: &'static str) {
+        if self.status != status {
+            self.status = status;
+            self.notifier.status(status);
+        }
     }
 
     /// Sleeps `d`, pinging the watchdog often enough; `false` if `stop` fired.
@@ -400,7 +410,7 @@ impl Agent {
         let mut link: Option<Link> = None;
         let mut ready = false;
         let interval = self.cfg.report_interval;
-        self.notifier.status("connecting to coordinator");
+        self.set_status("connecting to coordinator");
         'run: loop {
             if link.is_none() {
                 if self.summary.connections > 0 || backoff.attempts() > 0 {
@@ -461,7 +471,7 @@ impl Agent {
                         self.notifier.ready();
                         info!(seq = self.seq, "first report accepted");
                     }
-                    self.notifier.status("reporting");
+                    self.set_status("reporting");
                     self.notifier.watchdog();
                     let next = started + interval;
                     if !self
@@ -477,7 +487,7 @@ impl Agent {
                     }
                     let d = backoff.next(rand::random::<f64>());
                     self.log_round_error(&e, d);
-                    self.notifier.status("reconnecting to coordinator");
+                    self.set_status("reconnecting to coordinator");
                     self.notifier.watchdog();
                     if !self.pause(d, &mut stop).await {
                         break 'run;
@@ -542,6 +552,7 @@ mod tests {
         ready: AtomicU64,
         watchdog: AtomicU64,
         stopping: AtomicU64,
+        statuses: std::sync::Mutex<Vec<String>>,
     }
 
     impl Notifier for FakeNotifier {
@@ -554,7 +565,9 @@ mod tests {
         fn watchdog_period(&self) -> Option<Duration> {
             Some(Duration::from_millis(20))
         }
-        fn status(&self, _: &str) {}
+        fn status(&self, s: &str) {
+            self.statuses.lock().unwrap().push(s.to_string());
+        }
         fn stopping(&self) {
             self.stopping.fetch_add(1, Ordering::SeqCst);
         }
@@ -845,6 +858,11 @@ mod tests {
         assert!(summary.reports_acked >= 4, "{summary:?}");
         assert_eq!(notifier.ready.load(Ordering::SeqCst), 1);
         assert_eq!(notifier.stopping.load(Ordering::SeqCst), 1);
+        // STATUS only on change, not every cycle.
+        assert_eq!(
+            *notifier.statuses.lock().unwrap(),
+            ["connecting to coordinator", "reporting"]
+        );
         assert!(notifier.watchdog.load(Ordering::SeqCst) >= 4);
     }
 
