@@ -578,3 +578,338 @@ async fn node_view_reads_conditions_leases_taints_and_cordons() -> Result<()> {
     assert_eq!(view.snapshot().nodes.len(), 2, "the last snapshot stays");
     Ok(())
 }
+
+// ---- Through a real coordinator ---------------------------------------------------------
+//
+// A coordinator process with a `[kubernetes]` section pointing at the fake API server and a
+// CKE `repair:` file whose procedure drains (`need_drain: true`), driven with
+// `coordinatorctl repair-queue` as an operator would.
+
+mod e2e {
+    use std::path::PathBuf;
+    use std::process::Output;
+    use std::time::Duration;
+
+    use anyhow::{Context, Result};
+    use serde_json::{Value, json};
+    use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed, PodSeed};
+    use testkit::procs::{Coordinator, CoordinatorOptions, Pki, wait_for};
+
+    /// Bound for anything a test causes (drains take well under a second; timeouts a few).
+    const SETTLE: Duration = Duration::from_secs(40);
+
+    const REPAIR_YML: &str = r#"
+repair:
+  max_concurrent_repairs: 10
+  evict_retries: 1
+  evict_interval: 0
+  eviction_timeout_seconds: @T@
+  protected_namespaces:
+    matchLabels:
+      fleetmend.io/protected: "true"
+  repair_procedures:
+    - machine_types: ["worker"]
+      repair_operations:
+        - operation: "unhealthy"
+          repair_steps:
+            - repair_command: ["sh", "-c", "echo x >> @D@/repaired-$1", "repair"]
+              need_drain: true
+              watch_seconds: 30
+          health_check_command: ["sh", "-c", "test -f @D@/repaired-$1 && echo true || echo false", "check"]
+          command_timeout_seconds: 10
+"#;
+
+    struct Env {
+        _tmp: tempfile::TempDir,
+        dir: PathBuf,
+        // Dropped before the fake: the coordinator stops first.
+        coord: Coordinator,
+        fake: BackgroundFake,
+    }
+
+    fn start(eviction_timeout_seconds: u64, seed: impl FnOnce(&FakeK8s)) -> Result<Env> {
+        let fake = FakeK8s::start_background()?;
+        fake.add_namespace("prod", &[("fleetmend.io/protected", "true")]);
+        fake.add_namespace("dev", &[]);
+        seed(&fake);
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().to_path_buf();
+        let pki = Pki::create(&dir.join("pki"), "k8s.test")?;
+        let repair = dir.join("cluster.yml");
+        std::fs::write(
+            &repair,
+            REPAIR_YML
+                .replace("@D@", &dir.display().to_string())
+                .replace("@T@", &eviction_timeout_seconds.to_string()),
+        )?;
+        let opts = CoordinatorOptions {
+            extra: format!(
+                "[repair]\nconfig = {:?}\n\n[kubernetes]\nkubeconfig = {:?}\nrequest_timeout_seconds = 3\ninstance = \"coord-e2e\"\n",
+                repair.display().to_string(),
+                fake.kubeconfig().display().to_string()
+            ),
+            ..Default::default()
+        };
+        let coord = Coordinator::start(&dir.join("coord"), &pki, &opts)?;
+        Ok(Env {
+            _tmp: tmp,
+            dir,
+            coord,
+            fake,
+        })
+    }
+
+    impl Env {
+        fn rq(&self, args: &[&str]) -> Result<Output> {
+            let mut all = vec!["repair-queue"];
+            all.extend_from_slice(args);
+            self.coord.ctl(&all)
+        }
+
+        fn add(&self, address: &str) -> Result<String> {
+            let out = self.rq(&["add", "unhealthy", "worker", address])?;
+            Ok(String::from_utf8(out.stdout)?.trim().to_string())
+        }
+
+        fn entry(&self, index: &str) -> Result<Value> {
+            let list: Vec<Value> = self.coord.ctl_json(&["repair-queue", "list", "--json"])?;
+            list.into_iter()
+                .find(|e| e["index"] == index)
+                .context("entry present")
+        }
+
+        fn history(&self, index: &str) -> Result<Vec<(String, String)>> {
+            let show: Value = self
+                .coord
+                .ctl_json(&["repair-queue", "show", index, "--json"])?;
+            Ok(show["history"]
+                .as_array()
+                .context("history")?
+                .iter()
+                .map(|h| {
+                    (
+                        h["event"].as_str().unwrap_or_default().to_string(),
+                        h["detail"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect())
+        }
+
+        fn wait_entry(&self, index: &str, what: &str, f: impl Fn(&Value) -> bool) -> Result<Value> {
+            wait_for(&format!("entry {index}: {what}"), SETTLE, || {
+                match self.entry(index) {
+                    Ok(e) if f(&e) => Ok(e),
+                    Ok(e) => Err(format!("{e}; history {:?}", self.history(index).ok())),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        }
+
+        fn repaired(&self, address: &str) -> bool {
+            self.dir.join(format!("repaired-{address}")).exists()
+        }
+    }
+
+    fn unschedulable(fake: &FakeK8s, node: &str) -> bool {
+        fake.node(node).expect("node")["spec"]["unschedulable"] == json!(true)
+    }
+
+    #[test]
+    fn coordinator_drains_through_kubernetes_and_keeps_an_admins_cordon() -> Result<()> {
+        let env = start(60, |fake| {
+            fake.add_node(NodeSeed::new("node-1", "10.0.0.1"));
+            fake.add_node(NodeSeed::new("node-2", "10.0.0.2").cordoned());
+            fake.add_pod(PodSeed::new("prod", "web-1", "node-1").owner("ReplicaSet", "web"));
+            fake.add_pod(
+                PodSeed::new("kube-system", "agent-1", "node-1").owner("DaemonSet", "agent"),
+            );
+            fake.add_pod(PodSeed::new("kube-system", "etcd-node-1", "node-1").mirror());
+            fake.add_pod(
+                PodSeed::new("dev", "tool", "node-1")
+                    .owner("ReplicaSet", "tool")
+                    .label("app", "tool"),
+            );
+            fake.add_pdb("dev", "tool", json!({"matchLabels": {"app": "tool"}}), 0);
+            fake.add_pod(
+                PodSeed::new("prod", "db-0", "node-1")
+                    .owner("StatefulSet", "db")
+                    .terminate_after(Duration::from_millis(1500)),
+            );
+            fake.add_pod(PodSeed::new("prod", "web-2", "node-2").owner("ReplicaSet", "web"));
+        })?;
+        let one = env.add("10.0.0.1")?;
+        let two = env.add("10.0.0.2")?;
+        // A machine that is not a node is repaired without a drain.
+        let other = env.add("10.0.0.9")?;
+
+        // While the StatefulSet pod terminates, the entry is draining and the command waits.
+        env.wait_entry(&one, "draining", |e| e["step_status"] == "draining")?;
+        assert!(unschedulable(&env.fake, "node-1"));
+        assert!(
+            !env.repaired("10.0.0.1"),
+            "the repair command waits for the drain"
+        );
+
+        for idx in [&one, &two, &other] {
+            env.wait_entry(idx, "succeeded", |e| e["status"] == "succeeded")?;
+        }
+        assert!(env.repaired("10.0.0.1") && env.repaired("10.0.0.2") && env.repaired("10.0.0.9"));
+        let fake = &env.fake;
+        assert!(fake.pod("prod", "web-1").is_none() && fake.pod("prod", "db-0").is_none());
+        assert!(
+            fake.pod("dev", "tool").is_none(),
+            "unprotected pod deleted past its budget"
+        );
+        assert!(
+            fake.pod("kube-system", "agent-1").is_some()
+                && fake.pod("kube-system", "etcd-node-1").is_some()
+        );
+        assert!(
+            fake.pod("prod", "web-2").is_none(),
+            "node-2 was drained too"
+        );
+
+        // Finished entries uncordon only what Fleetmend cordoned.
+        wait_for("node-1 uncordoned", SETTLE, || {
+            if unschedulable(fake, "node-1") {
+                Err("still cordoned".into())
+            } else {
+                Ok(())
+            }
+        })?;
+        assert!(
+            unschedulable(fake, "node-2"),
+            "the admin's cordon survives the repair"
+        );
+
+        let h = env.history(&one)?;
+        let pos = |ev: &str| h.iter().position(|(e, _)| e == ev);
+        assert!(pos("drain-started") < pos("succeeded"), "{h:?}");
+        let reasons = fake.node_event_reasons("node-1");
+        assert_eq!(
+            &reasons[..2],
+            ["FleetmendCordoned", "FleetmendDrained"],
+            "{reasons:?}"
+        );
+        wait_for("Uncordoned event", SETTLE, || {
+            let r = fake.node_event_reasons("node-1");
+            if r.contains(&"FleetmendUncordoned".to_string()) {
+                Ok(())
+            } else {
+                Err(format!("{r:?}"))
+            }
+        })?;
+        let r2 = fake.node_event_reasons("node-2");
+        assert!(
+            r2.contains(&"FleetmendDrained".to_string())
+                && !r2.iter().any(|r| r.ends_with("Cordoned")),
+            "{r2:?}"
+        );
+        assert!(fake.node_event_reasons("node-9").is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn blocked_drains_back_off_and_succeed_once_unblocked() -> Result<()> {
+        let env = start(3, |fake| {
+            fake.add_node(NodeSeed::new("node-1", "10.0.0.1"));
+            fake.add_node(NodeSeed::new("node-2", "10.0.0.2"));
+            // node-1: a budget that allows no disruption.
+            fake.add_pod(
+                PodSeed::new("prod", "web-1", "node-1")
+                    .owner("ReplicaSet", "web")
+                    .label("app", "web"),
+            );
+            fake.add_pdb("prod", "web", json!({"matchLabels": {"app": "web"}}), 0);
+            // node-2: a running Job pod (every Job pod is protected when protected_job_pods is unset).
+            fake.add_pod(PodSeed::new("prod", "batch-1", "node-2").owner("Job", "batch"));
+            fake.add_pod(PodSeed::new("prod", "web-9", "node-2").owner("ReplicaSet", "web9"));
+        })?;
+        let one = env.add("10.0.0.1")?;
+        let two = env.add("10.0.0.2")?;
+
+        // The Job pod makes node-2's drain back off at once; the budget makes node-1's time
+        // out after eviction_timeout_seconds. Both are uncordoned and backed off.
+        for idx in [&two, &one] {
+            env.wait_entry(idx, "drain backed off", |e| {
+                e["drain_backoff_count"] == 1 && e["step_status"] == "waiting"
+            })?;
+        }
+        let h2 = env.history(&two)?;
+        assert!(
+            h2.iter()
+                .any(|(e, d)| e == "drain-abandoned" && d.contains("prod/batch-1")),
+            "{h2:?}"
+        );
+        let h1 = env.history(&one)?;
+        assert!(
+            h1.iter()
+                .any(|(e, d)| e == "drain-abandoned" && d.contains("eviction_timeout_seconds")),
+            "{h1:?}"
+        );
+        let fake = &env.fake;
+        wait_for("both uncordoned", SETTLE, || {
+            if unschedulable(fake, "node-1") || unschedulable(fake, "node-2") {
+                Err("cordoned".into())
+            } else {
+                Ok(())
+            }
+        })?;
+        assert!(fake.pod("prod", "web-1").is_some() && fake.pod("prod", "web-9").is_some());
+        assert!(!env.repaired("10.0.0.1") && !env.repaired("10.0.0.2"));
+        assert!(
+            fake.node_event_reasons("node-1")
+                .contains(&"FleetmendDrainBlockedByBudget".to_string())
+        );
+        assert!(
+            fake.node_event_reasons("node-2")
+                .contains(&"FleetmendDrainAbandoned".to_string())
+        );
+
+        // The budget frees up and the Job finishes; the operator resets the backoff.
+        fake.set_disruptions_allowed("prod", "web", 1);
+        fake.remove_pod("prod", "batch-1");
+        env.rq(&["reset-backoff"])?;
+        for idx in [&one, &two] {
+            env.wait_entry(idx, "succeeded", |e| e["status"] == "succeeded")?;
+        }
+        assert!(fake.pod("prod", "web-1").is_none() && fake.pod("prod", "web-9").is_none());
+        assert!(env.repaired("10.0.0.1") && env.repaired("10.0.0.2"));
+        Ok(())
+    }
+
+    #[test]
+    fn api_server_down_mid_drain_holds_the_entry_and_it_resumes() -> Result<()> {
+        let env = start(120, |fake| {
+            fake.add_node(NodeSeed::new("node-1", "10.0.0.1"));
+            fake.add_pod(
+                PodSeed::new("prod", "db-0", "node-1")
+                    .owner("StatefulSet", "db")
+                    .terminate_after(Duration::from_millis(1500)),
+            );
+            fake.add_pod(PodSeed::new("prod", "web-1", "node-1").owner("ReplicaSet", "web"));
+        })?;
+        let one = env.add("10.0.0.1")?;
+        env.wait_entry(&one, "draining", |e| e["step_status"] == "draining")?;
+        env.fake.set_down(true);
+        std::thread::sleep(Duration::from_secs(4));
+        let e = env.entry(&one)?;
+        assert_eq!(
+            (e["status"].as_str(), e["step_status"].as_str()),
+            (Some("processing"), Some("draining")),
+            "{e}"
+        );
+        assert_eq!(
+            e["drain_backoff_count"], 0,
+            "an API outage is not a failed drain: {e}"
+        );
+        assert!(!env.repaired("10.0.0.1"));
+        env.coord
+            .wait_for_log(&["drain pass failed; retrying", "unavailable"], SETTLE)?;
+        env.fake.set_down(false);
+        env.wait_entry(&one, "succeeded", |e| e["status"] == "succeeded")?;
+        assert!(env.fake.pods_on("node-1").is_empty());
+        assert!(env.repaired("10.0.0.1"));
+        Ok(())
+    }
+}

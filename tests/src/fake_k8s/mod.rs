@@ -99,6 +99,28 @@ impl Drop for FakeK8s {
     }
 }
 
+/// A [`FakeK8s`] running on its own runtime (see [`FakeK8s::start_background`]).
+pub struct BackgroundFake {
+    fake: Option<FakeK8s>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl std::ops::Deref for BackgroundFake {
+    type Target = FakeK8s;
+    fn deref(&self) -> &FakeK8s {
+        self.fake.as_ref().expect("fake present until drop")
+    }
+}
+
+impl Drop for BackgroundFake {
+    fn drop(&mut self) {
+        drop(self.fake.take());
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// A Node to seed.
 #[derive(Debug, Clone)]
 pub struct NodeSeed {
@@ -260,6 +282,21 @@ impl FakeK8s {
         })
     }
 
+    /// Starts the server on its own runtime thread, for synchronous tests that drive real
+    /// processes (the returned value derefs to [`FakeK8s`]).
+    pub fn start_background() -> anyhow::Result<BackgroundFake> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("fake-k8s")
+            .enable_all()
+            .build()?;
+        let fake = rt.block_on(Self::start())?;
+        Ok(BackgroundFake {
+            fake: Some(fake),
+            rt: Some(rt),
+        })
+    }
+
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
@@ -393,6 +430,11 @@ impl FakeK8s {
     }
 
     // ---- inspection ---------------------------------------------------------------------
+
+    /// Removes a Pod at once (as its controller or a person would).
+    pub fn remove_pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.state().remove(Res::Pod, namespace, name)
+    }
 
     /// A Node as stored.
     pub fn node(&self, name: &str) -> Option<Value> {
