@@ -552,6 +552,14 @@ ca_file = "CA"
     }
 
     #[test]
+    fn packaged_default_config_parses() {
+        let text = include_str!("../../packaging/bmc-gateway/bmc-gateway.toml");
+        let cfg = Config::parse(Path::new("bmc-gateway.toml"), text).unwrap();
+        assert!(cfg.bmcs.is_empty());
+        assert_eq!(cfg.limits.fence_timeout_secs, 60);
+    }
+
+    #[test]
     fn refuses_missing_password_file_and_duplicates() {
         let f = Fixture::new();
         let e = f

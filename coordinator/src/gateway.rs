@@ -165,9 +165,7 @@ impl QuicGateways {
             return Some(i);
         }
         let rack = (self.rack_of)(address)?;
-        self.targets
-            .iter()
-            .position(|t| t.racks.contains(&rack))
+        self.targets.iter().position(|t| t.racks.contains(&rack))
     }
 
     async fn connection(&self, i: usize, fresh: bool) -> Result<quinn::Connection, PowerError> {

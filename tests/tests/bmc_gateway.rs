@@ -1,0 +1,701 @@
+//! End-to-end tests of the bmc-gateway binary against real BMC simulators: `ipmi_sim`
+//! (OpenIPMI, read back with `ipmitool`) and `sushy-emulator` (Redfish), commanded over
+//! mutual-TLS QUIC as a coordinator would.
+//!
+//! Missing simulators fail the tests with a message to run `scripts/setup-test-deps.sh`.
+//! The benchmark at the bottom is `#[ignore]`d and run by name (see docs/benchmarks.md).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use protocol::Role;
+use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest, PowerState};
+use protocol::messages::{AdminHello, AgentHello, HelloBody, RefusalCode};
+use protocol::transport::TransportError;
+use testkit::bmc_sim::{
+    FakeSystem, GatewayClient, GatewayProc, IpmiSim, Sushy, TestPki, free_udp_port, wait_until,
+};
+
+/// Generous bound for one gateway answer on loopback (IPMI session set-up included).
+const ANSWER: Duration = Duration::from_secs(20);
+/// sushy-emulator applies a power change up to ~11 s after it was asked; 25 s leaves margin.
+const SUSHY_APPLY: Duration = Duration::from_secs(25);
+
+fn req(id: &str, machine: &str, action: PowerAction) -> PowerRequest {
+    PowerRequest {
+        id: id.into(),
+        address: machine.into(),
+        serial: String::new(),
+        action,
+        timeout_ms: 0,
+    }
+}
+
+fn ipmi_bmc(dir: &std::path::Path, machine: &str, port: u16, user: &str, pw: &str) -> String {
+    let pw_file = dir.join(format!("{machine}.pw"));
+    std::fs::write(&pw_file, format!("{pw}\n")).unwrap();
+    format!(
+        "[[bmc]]\nmachine = \"{machine}\"\nserial = \"SN-{machine}\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {port}\nusername = \"{user}\"\npassword_file = \"{}\"\n[bmc.ipmi]\nreply_timeout_ms = 500\nattempts = 3\n\n",
+        pw_file.display()
+    )
+}
+
+fn redfish_bmc(dir: &std::path::Path, machine: &str, s: &Sushy, system: &str, pw: &str) -> String {
+    let pw_file = dir.join(format!("{machine}.pw"));
+    std::fs::write(&pw_file, format!("{pw}\n")).unwrap();
+    format!(
+        "[[bmc]]\nmachine = \"{machine}\"\nprotocol = \"redfish\"\nhost = \"127.0.0.1\"\nport = {}\nusername = \"{}\"\npassword_file = \"{}\"\n[bmc.redfish]\nsystem = \"{system}\"\nca_file = \"{}\"\n\n",
+        s.port,
+        s.username,
+        pw_file.display(),
+        s.ca_file.display()
+    )
+}
+
+fn done(o: &PowerOutcome) -> Result<(PowerState, String)> {
+    match o {
+        PowerOutcome::Done { state, detail, .. } => Ok((*state, detail.clone())),
+        PowerOutcome::Failed { detail, .. } => {
+            anyhow::bail!("expected success, got failure: {detail}")
+        }
+    }
+}
+
+fn failed(o: &PowerOutcome) -> Result<(String, bool)> {
+    match o {
+        PowerOutcome::Failed { detail, retriable } => Ok((detail.clone(), *retriable)),
+        PowerOutcome::Done { detail, .. } => {
+            anyhow::bail!("expected failure, got success: {detail}")
+        }
+    }
+}
+
+async fn coordinator(pki: &TestPki, gw: &GatewayProc) -> Result<GatewayClient> {
+    let tls = pki.material(Role::Coordinator, "coord-1")?;
+    Ok(GatewayClient::connect(&tls, gw.quic, GatewayClient::coordinator_hello()).await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipmi_every_action_confirmed_by_ipmitool() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let cfg = ipmi_bmc(
+        pki.dir.path(),
+        "10.0.0.1",
+        sim.port,
+        &sim.username,
+        &sim.password,
+    );
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let c = coordinator(&pki, &gw).await?;
+    let m = "10.0.0.1";
+
+    let r = c.request(req("s1", m, PowerAction::Status), ANSWER).await?;
+    assert_eq!(done(&r.outcome)?.0, PowerState::On);
+    assert!(sim.power_is_on().await?);
+
+    let r = c.request(req("off1", m, PowerAction::Off), ANSWER).await?;
+    done(&r.outcome)?;
+    assert!(
+        !sim.power_is_on().await?,
+        "ipmitool still reads on after off"
+    );
+    assert_eq!(sim.events().last().map(String::as_str), Some("set power 0"));
+    let r = c.request(req("s2", m, PowerAction::Status), ANSWER).await?;
+    assert_eq!(done(&r.outcome)?.0, PowerState::Off);
+
+    // Cycle on an off machine powers it on.
+    let r = c
+        .request(req("cyc-off", m, PowerAction::Cycle), ANSWER)
+        .await?;
+    let (_, detail) = done(&r.outcome)?;
+    assert!(detail.contains("was off"), "{detail}");
+    assert!(
+        sim.power_is_on().await?,
+        "cycle did not power on an off machine"
+    );
+    assert_eq!(sim.events().last().map(String::as_str), Some("set power 1"));
+
+    // Cycle on a running machine: the simulator sees power 0 then (after its own delay) 1.
+    let before = sim.events().len();
+    let r = c
+        .request(req("cyc-on", m, PowerAction::Cycle), ANSWER)
+        .await?;
+    done(&r.outcome)?;
+    wait_until(
+        "cycle completes in ipmi_sim",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let ev = sim.events();
+            Ok(ev[before..].iter().any(|e| e == "set power 0")
+                && ev.last().map(String::as_str) == Some("set power 1"))
+        },
+    )
+    .await?;
+    assert!(sim.power_is_on().await?);
+
+    let before = sim.events().len();
+    let r = c.request(req("rst", m, PowerAction::Reset), ANSWER).await?;
+    done(&r.outcome)?;
+    assert_eq!(sim.events()[before..], ["set reset 1".to_string()]);
+    assert!(sim.power_is_on().await?);
+
+    let r = c
+        .request(req("soft", m, PowerAction::SoftOff), ANSWER)
+        .await?;
+    done(&r.outcome)?;
+    assert_eq!(
+        sim.events().last().map(String::as_str),
+        Some("set shutdown 1")
+    );
+    assert!(!sim.power_is_on().await?);
+
+    let r = c.request(req("on1", m, PowerAction::On), ANSWER).await?;
+    done(&r.outcome)?;
+    assert!(sim.power_is_on().await?);
+
+    let r = c
+        .request(req("fence-1", m, PowerAction::Fence), ANSWER)
+        .await?;
+    let PowerOutcome::Done {
+        state,
+        confirmed_off_unix_ms,
+        detail,
+    } = &r.outcome
+    else {
+        anyhow::bail!("fence failed: {:?}", r.outcome);
+    };
+    assert_eq!(*state, PowerState::Off);
+    assert!(confirmed_off_unix_ms.is_some());
+    assert!(detail.starts_with("fenced, confirmed off at "), "{detail}");
+    assert!(!sim.power_is_on().await?);
+
+    // A repeated id answers with the first result and does not act again: power the machine
+    // on, repeat the fence id, and the machine stays on.
+    let r2 = c.request(req("on2", m, PowerAction::On), ANSWER).await?;
+    done(&r2.outcome)?;
+    let events = sim.events().len();
+    let again = c
+        .request(req("fence-1", m, PowerAction::Fence), ANSWER)
+        .await?;
+    assert_eq!(again, r, "a repeated id must return the first result");
+    assert_eq!(sim.events().len(), events, "a repeated id acted again");
+    assert!(
+        sim.power_is_on().await?,
+        "a repeated fence id powered the machine off"
+    );
+
+    let metrics = gw.metrics().await?;
+    assert!(
+        metrics.contains("bmc_gateway_action_duration_seconds_count{protocol=\"ipmi\",action=\"fence\",result=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("bmc_gateway_bmc_reachable{machine=\"10.0.0.1\",protocol=\"ipmi\"} 1")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redfish_every_action_confirmed_by_sushy() -> Result<()> {
+    let pki = TestPki::new()?;
+    let systems = [
+        FakeSystem::new(1, "status", true),
+        FakeSystem::new(2, "off", true),
+        FakeSystem::new(3, "on", false),
+        FakeSystem::new(4, "soft", true),
+        FakeSystem::new(5, "cycle", true),
+        FakeSystem::new(6, "cycle-off", false),
+        FakeSystem::new(7, "reset", true),
+        FakeSystem::new(8, "fence", true),
+    ];
+    let only = [FakeSystem::new(9, "only", true)];
+    let (sushy, single) = tokio::try_join!(
+        Sushy::start(&pki.ca, &systems),
+        Sushy::start(&pki.ca, &only)
+    )?;
+    let d = pki.dir.path();
+    let mut cfg = String::new();
+    for s in &systems {
+        cfg += &redfish_bmc(
+            d,
+            &format!("rf-{}", s.name),
+            &sushy,
+            &s.uuid,
+            &sushy.password,
+        );
+    }
+    cfg += &redfish_bmc(d, "rf-discover", &single, "discover", &single.password);
+    cfg += &redfish_bmc(d, "rf-ambiguous", &sushy, "discover", &sushy.password);
+    cfg += &redfish_bmc(d, "rf-badpw", &single, "discover", "not-the-password");
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let c = coordinator(&pki, &gw).await?;
+    let uuid = |name: &str| {
+        systems
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap()
+            .uuid
+            .clone()
+    };
+
+    // Independent machines run concurrently: sushy's delays would otherwise add up.
+    let status = async {
+        let r = c
+            .request(req("rs", "rf-status", PowerAction::Status), ANSWER)
+            .await?;
+        ensure!(done(&r.outcome)?.0 == PowerState::On);
+        anyhow::Ok(())
+    };
+    let off = async {
+        let r = c
+            .request(req("roff", "rf-off", PowerAction::Off), ANSWER)
+            .await?;
+        done(&r.outcome)?;
+        sushy.wait_power(&uuid("off"), "Off", SUSHY_APPLY).await?;
+        ensure!(sushy.resets(&uuid("off")) == ["ForceOff"]);
+        anyhow::Ok(())
+    };
+    let on = async {
+        let r = c
+            .request(req("ron", "rf-on", PowerAction::On), ANSWER)
+            .await?;
+        done(&r.outcome)?;
+        sushy.wait_power(&uuid("on"), "On", SUSHY_APPLY).await?;
+        anyhow::Ok(())
+    };
+    let soft = async {
+        let r = c
+            .request(req("rsoft", "rf-soft", PowerAction::SoftOff), ANSWER)
+            .await?;
+        done(&r.outcome)?;
+        sushy.wait_power(&uuid("soft"), "Off", SUSHY_APPLY).await?;
+        ensure!(sushy.resets(&uuid("soft")) == ["GracefulShutdown"]);
+        anyhow::Ok(())
+    };
+    let cycle = async {
+        // sushy offers no PowerCycle: the gateway falls back to ForceRestart, which the
+        // emulator applies as off now, on later.
+        let r = c
+            .request(req("rcyc", "rf-cycle", PowerAction::Cycle), ANSWER)
+            .await?;
+        let (_, detail) = done(&r.outcome)?;
+        ensure!(
+            detail.contains("PowerCycle not offered, used ForceRestart"),
+            "{detail}"
+        );
+        ensure!(sushy.resets(&uuid("cycle")) == ["ForceRestart"]);
+        sushy.wait_power(&uuid("cycle"), "On", SUSHY_APPLY).await?;
+        anyhow::Ok(())
+    };
+    let cycle_off = async {
+        let r = c
+            .request(req("rcycoff", "rf-cycle-off", PowerAction::Cycle), ANSWER)
+            .await?;
+        let (_, detail) = done(&r.outcome)?;
+        ensure!(detail.contains("was off"), "{detail}");
+        ensure!(sushy.resets(&uuid("cycle-off")) == ["On"]);
+        sushy
+            .wait_power(&uuid("cycle-off"), "On", SUSHY_APPLY)
+            .await?;
+        anyhow::Ok(())
+    };
+    let reset = async {
+        let r = c
+            .request(req("rrst", "rf-reset", PowerAction::Reset), ANSWER)
+            .await?;
+        done(&r.outcome)?;
+        ensure!(sushy.resets(&uuid("reset")) == ["ForceRestart"]);
+        sushy.wait_power(&uuid("reset"), "On", SUSHY_APPLY).await?;
+        anyhow::Ok(())
+    };
+    let fence = async {
+        let r = c
+            .request(
+                req("rfence", "rf-fence", PowerAction::Fence),
+                Duration::from_secs(70),
+            )
+            .await?;
+        let PowerOutcome::Done {
+            state,
+            confirmed_off_unix_ms,
+            detail,
+        } = &r.outcome
+        else {
+            anyhow::bail!("fence failed: {:?}", r.outcome);
+        };
+        ensure!(*state == PowerState::Off && confirmed_off_unix_ms.is_some());
+        ensure!(detail.starts_with("fenced, confirmed off at "), "{detail}");
+        ensure!(sushy.power_state(&uuid("fence")).await? == "Off");
+        anyhow::Ok(())
+    };
+    let discover = async {
+        let r = c
+            .request(req("rdisc", "rf-discover", PowerAction::Status), ANSWER)
+            .await?;
+        ensure!(done(&r.outcome)?.0 == PowerState::On);
+        let r = c
+            .request(req("ramb", "rf-ambiguous", PowerAction::Status), ANSWER)
+            .await?;
+        let (detail, _) = failed(&r.outcome)?;
+        ensure!(detail.contains("8 systems"), "{detail}");
+        let t = Instant::now();
+        let r = c
+            .request(req("rbad", "rf-badpw", PowerAction::Off), ANSWER)
+            .await?;
+        let (detail, retriable) = failed(&r.outcome)?;
+        ensure!(
+            detail.contains("refused the credentials") && detail.contains("401"),
+            "{detail}"
+        );
+        ensure!(!retriable);
+        ensure!(t.elapsed() < Duration::from_secs(10));
+        ensure!(
+            single
+                .resets(&FakeSystem::new(9, "only", true).uuid)
+                .is_empty()
+        );
+        anyhow::Ok(())
+    };
+    let r = tokio::try_join!(
+        status, off, on, soft, cycle, cycle_off, reset, fence, discover
+    );
+    if let Err(e) = r {
+        anyhow::bail!(
+            "{e:#}\n--- gateway log ---\n{}\n--- sushy log ---\n{}",
+            gw.log(),
+            sushy.log()
+        );
+    }
+    let metrics = gw.metrics().await?;
+    assert!(
+        metrics.contains("protocol=\"redfish\",action=\"fence\",result=\"ok\""),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_clear_within_their_timeout_and_others_keep_working() -> Result<()> {
+    let (good, hang) = tokio::try_join!(IpmiSim::start(true), IpmiSim::start(true))?;
+    let pki = TestPki::new()?;
+    let d = pki.dir.path();
+    let dead_port = free_udp_port()?;
+    let mut cfg = ipmi_bmc(d, "good", good.port, &good.username, &good.password);
+    cfg += &ipmi_bmc(d, "hang", hang.port, &hang.username, &hang.password);
+    cfg += &ipmi_bmc(d, "badpw", good.port, &good.username, "wrong-password");
+    cfg += &ipmi_bmc(d, "dead", dead_port, "admin", "x");
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let c = coordinator(&pki, &gw).await?;
+
+    // Wrong password: a clear credentials failure, nothing done.
+    let before = good.events().len();
+    let t = Instant::now();
+    let r = c
+        .request(req("bp", "badpw", PowerAction::Off), ANSWER)
+        .await?;
+    let (detail, retriable) = failed(&r.outcome)?;
+    assert!(detail.contains("refused the credentials"), "{detail}");
+    assert!(!retriable);
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(good.events().len(), before);
+    assert!(good.power_is_on().await?);
+
+    // Unreachable BMC (nothing listens): a clear failure within the request's limit.
+    let mut r = req("dead1", "dead", PowerAction::Status);
+    r.timeout_ms = 4000;
+    let t = Instant::now();
+    let r = c.request(r, ANSWER).await?;
+    let (detail, retriable) = failed(&r.outcome)?;
+    assert!(
+        detail.contains("unreachable") || detail.contains("did not answer"),
+        "{detail}"
+    );
+    assert!(retriable);
+    assert!(
+        t.elapsed() < Duration::from_millis(4500),
+        "{:?}",
+        t.elapsed()
+    );
+
+    // A BMC that stops answering mid-action: it accepts the fence's power-off without applying
+    // it, then freezes; the fence fails at its limit saying what it saw, while another BMC
+    // keeps answering promptly.
+    let r = c
+        .request(req("h0", "hang", PowerAction::Status), ANSWER)
+        .await?;
+    done(&r.outcome)?;
+    hang.ignore_off(true)?;
+    let mut fence = req("hfence", "hang", PowerAction::Fence);
+    fence.timeout_ms = 5000;
+    let started = Instant::now();
+    let pending = c.request(fence, ANSWER);
+    let freeze = async {
+        wait_until(
+            "ipmi_sim got the fence's power off",
+            Duration::from_secs(5),
+            Duration::from_millis(20),
+            || async { Ok(hang.events().iter().any(|e| e == "set power 0")) },
+        )
+        .await?;
+        hang.freeze()?;
+        // While the frozen BMC's fence waits, the other BMC answers promptly.
+        let t = Instant::now();
+        let r = c
+            .request(req("g1", "good", PowerAction::Status), ANSWER)
+            .await?;
+        ensure!(done(&r.outcome)?.0 == PowerState::On);
+        ensure!(
+            t.elapsed() < Duration::from_secs(2),
+            "good BMC took {:?}",
+            t.elapsed()
+        );
+        anyhow::Ok(())
+    };
+    let (r, f) = tokio::join!(pending, freeze);
+    f?;
+    let r = r?;
+    let took = started.elapsed();
+    let (detail, retriable) = failed(&r.outcome)?;
+    assert!(retriable);
+    assert!(detail.contains("fence timed out after"), "{detail}");
+    assert!(
+        detail.contains("did not answer") || detail.contains("still reads on"),
+        "{detail}"
+    );
+    assert!(took < Duration::from_millis(6500), "fence took {took:?}");
+    assert!(
+        took >= Duration::from_millis(4900),
+        "fence gave up early: {took:?}"
+    );
+
+    // Thawed, the BMC is usable again (the gateway replaces the dead session).
+    hang.thaw()?;
+    hang.ignore_off(false)?;
+    wait_until(
+        "hang BMC answers again",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let r = c
+                .request(
+                    req(&format!("h-{}", rand_suffix()), "hang", PowerAction::Status),
+                    ANSWER,
+                )
+                .await?;
+            Ok(matches!(r.outcome, PowerOutcome::Done { .. }))
+        },
+    )
+    .await?;
+
+    let metrics = gw.metrics().await?;
+    assert!(
+        metrics.contains("bmc_gateway_bmc_reachable{machine=\"dead\",protocol=\"ipmi\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("bmc_gateway_bmc_reachable{machine=\"good\",protocol=\"ipmi\"} 1"),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_coordinator_certificates_may_command() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let cfg = ipmi_bmc(pki.dir.path(), "m1", sim.port, &sim.username, &sim.password);
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+
+    let agent_hello = HelloBody::Agent(AgentHello {
+        hostname: "web-1".into(),
+        serial: "S".into(),
+        addresses: vec![],
+        agent_version: "test".into(),
+        boot_id: "b".into(),
+    });
+    let admin_hello = HelloBody::Admin(AdminHello {
+        client: "coordinatorctl".into(),
+    });
+    let cases = [
+        (Role::Node, "web-1", agent_hello.clone()),
+        (Role::Node, "web-1", GatewayClient::coordinator_hello()),
+        (Role::Admin, "alice", admin_hello),
+        (Role::Admin, "alice", GatewayClient::coordinator_hello()),
+        (Role::Coordinator, "coord-1", agent_hello),
+    ];
+    for (role, name, hello) in cases {
+        let tls = pki.material(role, name)?;
+        match GatewayClient::connect(&tls, gw.quic, hello.clone()).await {
+            Err(TransportError::Refused(r)) => {
+                assert_eq!(r.code, RefusalCode::NotAuthorized, "{role} {hello:?}: {r}");
+            }
+            Err(other) => anyhow::bail!("{role} {hello:?}: expected a refusal, got {other}"),
+            Ok(c) => {
+                // Even if a session opened, no request may be executed.
+                let r = c
+                    .request(req("x", "m1", PowerAction::Off), Duration::from_secs(5))
+                    .await;
+                anyhow::bail!("{role} {hello:?} was accepted (request: {r:?})");
+            }
+        }
+    }
+    assert!(
+        sim.events().is_empty(),
+        "a refused peer caused {:?}",
+        sim.events()
+    );
+    assert!(sim.power_is_on().await?);
+    let log = gw.log();
+    assert!(log.contains("refused a non-coordinator peer"), "{log}");
+    assert!(log.contains("spiffe://fleet.test/admin/alice"), "{log}");
+    let metrics = gw.metrics().await?;
+    assert!(
+        metrics.contains("bmc_gateway_connections_refused_total{reason=\"not-a-coordinator\"} 5"),
+        "{metrics}"
+    );
+
+    // A coordinator may; and the gateway stops cleanly on SIGTERM.
+    let c = coordinator(&pki, &gw).await?;
+    let r = c
+        .request(req("ok", "m1", PowerAction::Status), ANSWER)
+        .await?;
+    assert_eq!(done(&r.outcome)?.0, PowerState::On);
+    drop(c);
+    let st = gw.terminate().await?;
+    assert!(st.success(), "exit status {st}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result<()> {
+    let bin = testkit::bmc_sim::gateway_binary()?;
+    let dir = tempfile::tempdir()?;
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, "x\n")?;
+    let base = "listen = \"127.0.0.1:0\"\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n";
+    for (extra, key) in [
+        ("colour = \"blue\"\n", "colour"),
+        (
+            &*format!(
+                "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"{}\"\n[bmc.ipmi]\ncipher_suite = 17\n",
+                pw.display()
+            ),
+            "bmc[0].ipmi.cipher_suite",
+        ),
+    ] {
+        let p = dir.path().join("bad.toml");
+        std::fs::write(&p, format!("{base}{extra}"))?;
+        let out = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::process::Command::new(&bin)
+                .arg("--config")
+                .arg(&p)
+                .output(),
+        )
+        .await??;
+        assert_eq!(out.status.code(), Some(64), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key), "stderr does not name {key}: {err}");
+    }
+
+    let sim = IpmiSim::start(false).await?;
+    let cfg = format!(
+        "{base}{}{}",
+        ipmi_bmc(
+            dir.path(),
+            "10.0.0.7",
+            sim.port,
+            &sim.username,
+            &sim.password
+        ),
+        ipmi_bmc(dir.path(), "10.0.0.8", free_udp_port()?, "admin", "x"),
+    );
+    let p = dir.path().join("check.toml");
+    std::fs::write(&p, cfg)?;
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(&bin)
+            .args(["check", "--config"])
+            .arg(&p)
+            .output(),
+    )
+    .await
+    .context("check timed out")??;
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "check must fail when a BMC does not answer"
+    );
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("MACHINE"), "{table}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("10.0.0.7") && l.contains(" off")),
+        "{table}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("10.0.0.8") && l.contains("ERROR")),
+        "{table}"
+    );
+    Ok(())
+}
+
+/// Benchmark, not a test: chassis power status through the gateway on a warm session versus
+/// spawning `ipmitool -I lanplus ... chassis power status`, against the same `ipmi_sim`.
+/// Run: `cargo test --release -p fleetmend-tests --test bmc_gateway -- --ignored --nocapture bench_`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run by name"]
+async fn bench_ipmi_status_gateway_vs_ipmitool() -> Result<()> {
+    const N: usize = 50;
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let cfg = ipmi_bmc(pki.dir.path(), "b1", sim.port, &sim.username, &sim.password);
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let c = coordinator(&pki, &gw).await?;
+    // Warm the session.
+    let r = c
+        .request(req("warm", "b1", PowerAction::Status), ANSWER)
+        .await?;
+    done(&r.outcome)?;
+    let mut gw_times = Vec::new();
+    let mut tool_times = Vec::new();
+    for i in 0..N {
+        let t = Instant::now();
+        let r = c
+            .request(req(&format!("b{i}"), "b1", PowerAction::Status), ANSWER)
+            .await?;
+        gw_times.push(t.elapsed());
+        done(&r.outcome)?;
+        let t = Instant::now();
+        ensure!(sim.power_is_on().await?);
+        tool_times.push(t.elapsed());
+    }
+    gw_times.sort();
+    tool_times.sort();
+    let (g, t) = (gw_times[N / 2], tool_times[N / 2]);
+    println!(
+        "bmc-gateway status (warm session, QUIC round trip included): median {:.2} ms over {N}",
+        g.as_secs_f64() * 1e3
+    );
+    println!(
+        "ipmitool -I lanplus chassis power status (process spawn + session): median {:.2} ms over {N}",
+        t.as_secs_f64() * 1e3
+    );
+    println!(
+        "ratio: gateway is {:.1}x faster",
+        t.as_secs_f64() / g.as_secs_f64()
+    );
+    Ok(())
+}
