@@ -83,6 +83,23 @@ pub fn bin_dir() -> &'static Path {
         if release {
             cmd.arg("--release");
         }
+        // The test process carries the variables cargo sets for *this* crate
+        // (CARGO_MANIFEST_DIR, CARGO_PKG_*, …). Build scripts such as ring's track some of
+        // them, so passing them on would make this build differ from an ordinary one and
+        // rebuild half the dependency tree each time the two alternate.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            let set_by_cargo_for_tests = k == "OUT_DIR"
+                || (k.starts_with("CARGO_")
+                    && !matches!(k.as_str(), "CARGO_HOME" | "CARGO_TARGET_DIR")
+                    && !k.starts_with("CARGO_BUILD_")
+                    && !k.starts_with("CARGO_REGISTRIES_")
+                    && !k.starts_with("CARGO_NET_")
+                    && !k.starts_with("CARGO_PROFILE_"));
+            if set_by_cargo_for_tests {
+                cmd.env_remove(k);
+            }
+        }
         let status = cmd
             .status()
             .expect("cannot run cargo to build the binaries under test");
@@ -107,6 +124,8 @@ pub fn command(name: &str) -> Command {
             cmd.env_remove(k);
         }
     }
+    // Plain logs without colour codes, so tests can search them for `key=value`.
+    cmd.env("NO_COLOR", "1");
     cmd
 }
 
