@@ -661,3 +661,258 @@ impl PowerControl for RedfishPowerControl {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use axum::Router;
+    use axum::extract::{Path, State};
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::{get, post};
+
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn plans_follow_allowable_values() {
+        let all = s(&[
+            "On",
+            "ForceOff",
+            "GracefulShutdown",
+            "ForceRestart",
+            "PowerCycle",
+        ]);
+        assert_eq!(
+            plan_reset(ChassisOp::Cycle, Some(&all)),
+            Ok(ResetPlan::One("PowerCycle".into()))
+        );
+        let sushy = s(&[
+            "On",
+            "ForceOff",
+            "GracefulShutdown",
+            "GracefulRestart",
+            "ForceRestart",
+            "Nmi",
+            "ForceOn",
+        ]);
+        assert_eq!(
+            plan_reset(ChassisOp::Cycle, Some(&sushy)),
+            Ok(ResetPlan::One("ForceRestart".into()))
+        );
+        assert_eq!(
+            plan_reset(ChassisOp::Cycle, Some(&s(&["ForceOff", "On"]))),
+            Ok(ResetPlan::OffThenOn {
+                off: "ForceOff".into(),
+                on: "On".into()
+            })
+        );
+        assert_eq!(
+            plan_reset(ChassisOp::On, Some(&s(&["ForceOn"]))),
+            Ok(ResetPlan::One("ForceOn".into()))
+        );
+        let e = plan_reset(ChassisOp::Off, Some(&s(&["On", "GracefulShutdown"]))).unwrap_err();
+        assert!(
+            e.contains("ForceOff") && e.contains("offered: On, GracefulShutdown"),
+            "{e}"
+        );
+        // A system that lists nothing gets the standard types.
+        assert_eq!(
+            plan_reset(ChassisOp::Cycle, None),
+            Ok(ResetPlan::One("PowerCycle".into()))
+        );
+        assert_eq!(parse_power_state("PoweringOff"), PowerState::On);
+        assert_eq!(parse_power_state("PoweringOn"), PowerState::Unknown);
+    }
+
+    /// A hand-written Redfish service: SessionService login, one system offering only
+    /// ForceOff and On, resets answered 202 with a Task that completes on its second read.
+    #[derive(Default)]
+    struct Fake {
+        power: StdMutex<String>,
+        calls: StdMutex<Vec<String>>,
+        task_reads: StdMutex<u32>,
+    }
+
+    const TOKEN: &str = "tok-123";
+
+    fn authed(h: &HeaderMap) -> bool {
+        h.get("X-Auth-Token").and_then(|v| v.to_str().ok()) == Some(TOKEN)
+    }
+
+    async fn root() -> Response {
+        axum::Json(json!({
+            "Systems": {"@odata.id": "/redfish/v1/Systems"},
+            "Links": {"Sessions": {"@odata.id": "/redfish/v1/SessionService/Sessions"}}
+        }))
+        .into_response()
+    }
+
+    async fn login(State(f): State<Arc<Fake>>, body: axum::Json<Value>) -> Response {
+        f.calls.lock().unwrap().push("login".into());
+        if body["UserName"] == "admin" && body["Password"] == "pw" {
+            (
+                StatusCode::CREATED,
+                [
+                    ("X-Auth-Token", TOKEN),
+                    ("Location", "/redfish/v1/SessionService/Sessions/1"),
+                ],
+                "{}",
+            )
+                .into_response()
+        } else {
+            (
+                StatusCode::UNAUTHORIZED,
+                r#"{"error":{"message":"bad credentials"}}"#,
+            )
+                .into_response()
+        }
+    }
+
+    async fn systems(h: HeaderMap) -> Response {
+        if !authed(&h) {
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+        axum::Json(json!({"Members": [{"@odata.id": "/redfish/v1/Systems/s1"}]})).into_response()
+    }
+
+    async fn system(State(f): State<Arc<Fake>>, h: HeaderMap) -> Response {
+        if !authed(&h) {
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+        let p = f.power.lock().unwrap().clone();
+        axum::Json(json!({
+            "PowerState": p,
+            "Actions": {"#ComputerSystem.Reset": {
+                "target": "/redfish/v1/Systems/s1/Actions/ComputerSystem.Reset",
+                "ResetType@Redfish.AllowableValues": ["ForceOff", "On"]
+            }}
+        }))
+        .into_response()
+    }
+
+    async fn reset(State(f): State<Arc<Fake>>, h: HeaderMap, body: axum::Json<Value>) -> Response {
+        if !authed(&h) {
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+        let t = body["ResetType"].as_str().unwrap_or("").to_string();
+        f.calls.lock().unwrap().push(t.clone());
+        *f.power.lock().unwrap() = if t == "On" { "On" } else { "Off" }.into();
+        *f.task_reads.lock().unwrap() = 0;
+        (
+            StatusCode::ACCEPTED,
+            [("Location", "/redfish/v1/TaskService/Tasks/7")],
+            "{}",
+        )
+            .into_response()
+    }
+
+    async fn task(State(f): State<Arc<Fake>>, h: HeaderMap) -> Response {
+        if !authed(&h) {
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+        let mut n = f.task_reads.lock().unwrap();
+        *n += 1;
+        f.calls.lock().unwrap().push(format!("task{n}"));
+        let state = if *n >= 2 { "Completed" } else { "Running" };
+        axum::Json(json!({"TaskState": state, "TaskStatus": "OK"})).into_response()
+    }
+
+    async fn logout(State(f): State<Arc<Fake>>, Path(id): Path<String>) -> Response {
+        f.calls.lock().unwrap().push(format!("logout {id}"));
+        StatusCode::NO_CONTENT.into_response()
+    }
+
+    async fn serve(fake: Arc<Fake>) -> std::net::SocketAddr {
+        let app = Router::new()
+            .route("/redfish/v1/", get(root))
+            .route("/redfish/v1/SessionService/Sessions", post(login))
+            .route(
+                "/redfish/v1/SessionService/Sessions/{id}",
+                axum::routing::delete(logout),
+            )
+            .route("/redfish/v1/Systems", get(systems))
+            .route("/redfish/v1/Systems/s1", get(system))
+            .route(
+                "/redfish/v1/Systems/s1/Actions/ComputerSystem.Reset",
+                post(reset),
+            )
+            .route("/redfish/v1/TaskService/Tasks/7", get(task))
+            .with_state(fake);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        addr
+    }
+
+    fn client(addr: std::net::SocketAddr, password: &str) -> RedfishPowerControl {
+        RedfishPowerControl::new(RedfishTarget {
+            name: "fake".into(),
+            authority: addr.to_string(),
+            trust: Trust::PlainHttp,
+            username: "admin".into(),
+            password: password.into(),
+            system: "discover".into(),
+            auth: AuthMode::Auto,
+            request_timeout: Duration::from_secs(5),
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn session_login_task_following_and_off_then_on_cycle() {
+        let fake = Arc::new(Fake::default());
+        *fake.power.lock().unwrap() = "On".into();
+        let addr = serve(fake.clone()).await;
+        let c = client(addr, "pw");
+        let limit = Duration::from_secs(20);
+        assert_eq!(
+            tokio::time::timeout(limit, c.power_state()).await.unwrap(),
+            Ok(PowerState::On)
+        );
+        let said = tokio::time::timeout(limit, c.chassis(ChassisOp::Cycle))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            said.contains("PowerCycle and ForceRestart not offered"),
+            "{said}"
+        );
+        assert!(
+            said.contains("task /redfish/v1/TaskService/Tasks/7 completed"),
+            "{said}"
+        );
+        assert_eq!(*fake.power.lock().unwrap(), "On");
+        tokio::time::timeout(limit, c.close()).await.unwrap();
+        assert_eq!(
+            *fake.calls.lock().unwrap(),
+            [
+                "login", "ForceOff", "task1", "task2", "On", "task1", "task2", "logout 1"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn wrong_password_is_an_auth_error() {
+        let fake = Arc::new(Fake::default());
+        let addr = serve(fake).await;
+        let e = client(addr, "nope").power_state().await.unwrap_err();
+        assert!(matches!(e, BmcError::Auth { .. }), "{e}");
+        assert!(e.to_string().contains("bad credentials"), "{e}");
+        assert!(!e.is_retriable());
+    }
+
+    #[tokio::test]
+    async fn unreachable_service_is_retriable() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let e = client(port, "pw").power_state().await.unwrap_err();
+        assert!(e.is_unreachable() && e.is_retriable(), "{e}");
+    }
+}
