@@ -537,3 +537,102 @@ fn a_bad_repair_file_stops_the_coordinator_naming_the_key() -> anyhow::Result<()
     assert!(err.contains("exit status: 64"), "{err}");
     Ok(())
 }
+
+/// Benchmark (run by name, release build):
+/// `cargo test --release -p fleetmend-tests --test repair_queue -- --ignored --nocapture bench_10000_entries`.
+/// Enqueues 10,000 entries through the admin API over one QUIC connection (64 requests in
+/// flight) and runs them with no-op commands; prints enqueue and completion throughput and
+/// the SQLite file size.
+#[test]
+#[ignore = "benchmark: run by name"]
+fn bench_10000_entries() -> anyhow::Result<()> {
+    use coordinator::ctl::{AdminClient, ConnectArgs};
+    use futures::StreamExt;
+    use protocol::admin::repair::{AddRepairEntry, RepairQueueRequest, RepairQueueResponse};
+    use protocol::admin::{AdminRequest, AdminResponse};
+
+    const N: u32 = 10_000;
+    const IN_FLIGHT: usize = 64;
+    // The health check is `sh -c 'echo true' <address>`: `echo true <address>` would not
+    // print exactly `true`.
+    let yaml = "repair:\n  max_concurrent_repairs: 100\n  repair_procedures:\n    - machine_types: [noop]\n      repair_operations:\n        - operation: bench\n          repair_steps:\n            - repair_command: [\"true\"]\n          health_check_command: [\"sh\", \"-c\", \"echo true\"]\n";
+    let env = start(yaml)?;
+    let args = ConnectArgs {
+        server: Some(env.coord.quic.to_string()),
+        server_name: None,
+        ca: Some(env.coord.admin.ca.clone()),
+        cert: Some(env.coord.admin.cert.clone()),
+        key: Some(env.coord.admin.key.clone()),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = AdminClient::connect(&args).await?;
+        let started = std::time::Instant::now();
+        let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..N)
+            .map(|i| {
+                let client = &client;
+                async move {
+                    let req = AdminRequest::RepairQueue(RepairQueueRequest::Add(AddRepairEntry {
+                        operation: "bench".into(),
+                        machine_type: "noop".into(),
+                        address: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+                        serial: String::new(),
+                    }));
+                    match client.request(&req).await? {
+                        AdminResponse::RepairQueue(RepairQueueResponse::Added(_)) => Ok(()),
+                        other => bail!("unexpected {other:?}"),
+                    }
+                }
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .collect()
+            .await;
+        for r in results {
+            r?;
+        }
+        let enqueued = started.elapsed();
+        println!(
+            "enqueue: {N} entries in {:.2} s = {:.0} entries/s",
+            enqueued.as_secs_f64(),
+            f64::from(N) / enqueued.as_secs_f64()
+        );
+        let counts = loop {
+            match client
+                .request(&AdminRequest::RepairQueue(RepairQueueRequest::Counts))
+                .await?
+            {
+                AdminResponse::RepairQueue(RepairQueueResponse::Counts(c))
+                    if c.succeeded + c.failed == u64::from(N) =>
+                {
+                    break c;
+                }
+                AdminResponse::RepairQueue(RepairQueueResponse::Counts(_)) => {}
+                other => bail!("unexpected {other:?}"),
+            }
+            if started.elapsed() > Duration::from_secs(1800) {
+                bail!("not finished after 30 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let done = started.elapsed();
+        assert_eq!(counts.succeeded, u64::from(N), "{counts:?}");
+        println!(
+            "completion: {N} entries (2 processes each) in {:.2} s after the first add = {:.0} entries/s",
+            done.as_secs_f64(),
+            f64::from(N) / done.as_secs_f64()
+        );
+        client.close().await;
+        anyhow::Ok(())
+    })?;
+    let db = env.coord.dir.join("coordinator.db");
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let wal = db.with_extension("db-wal");
+    println!(
+        "sqlite: {} bytes (+ {} bytes WAL) for {N} entries with their history",
+        size(&db),
+        size(&wal)
+    );
+    Ok(())
+}

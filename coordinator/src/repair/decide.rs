@@ -9,12 +9,20 @@
 //!   instead of holding a concurrency slot forever;
 //! - a step's watch starts when its command completes, and the watch only expires after at
 //!   least one health check ran since then (CKE always runs one per loop before deciding);
-//! - CKE's API-server-specific rules (one control-plane node at a time) do not apply: the
-//!   coordinator's repair queue does not know control-plane roles.
+//! - CKE's API-server-specific rules (RepairApiServerHighPriority, RepairMaxConcurrentApiServer,
+//!   RepairApiServerAnotherRebooting, RepairRebootingApiServer) do not apply: the
+//!   coordinator's repair queue does not know control-plane roles;
+//! - CKE's `…Uncordon` cases are not separate operations here: uncordoning is an effect of
+//!   the actions that end a drain or an entry (`AbandonDrain`, `Fail`, `Succeed`, `Dequeue`),
+//!   tested in [`super::engine`].
+//!
+//! The tests at the bottom are named after CKE's `server/strategy_test.go` repair cases
+//! (`RepairDrainWaitRetryExpire` → `repair_drain_wait_retry_expire`), plus the cases above.
 //!
 //! It does no I/O and reads no clock: the engine ([`super::engine`]) gathers observations,
 //! calls [`decide`], commits each action's [`transition`] to SQLite, and only then acts.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use jiff::{SignedDuration, Timestamp};
@@ -106,8 +114,9 @@ pub struct Observations {
 /// What to do with one entry now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Nothing now; the reason is for logs and tests.
-    Hold(String),
+    /// Nothing now; the reason is for logs and tests. Static where possible: with thousands
+    /// of queued entries a pass would otherwise allocate a string per entry.
+    Hold(Cow<'static, str>),
     /// Marked deleted: cancel whatever runs, uncordon if the cordon is ours, remove the entry.
     Dequeue,
     /// The entry fails: cancel what runs, uncordon.
@@ -216,13 +225,12 @@ pub fn decide(
                 RepairStatus::Queued => match config.operation_for(&e.machine_type, &e.operation) {
                     Err(no) => fail(no.to_string()),
                     Ok(_) if !enabled => Action::Hold("repair queue disabled".into()),
-                    Ok(_) if busy.contains(e.address.as_str()) => Action::Hold(format!(
-                        "another entry for {} is being processed",
-                        e.address
+                    Ok(_) if busy.contains(e.address.as_str()) => Action::Hold(Cow::Owned(
+                        format!("another entry for {} is being processed", e.address),
                     )),
-                    Ok(_) if processing >= max => Action::Hold(format!(
-                        "max_concurrent_repairs ({max}) entries are being processed"
-                    )),
+                    Ok(_) if processing >= max => {
+                        Action::Hold("max_concurrent_repairs entries are being processed".into())
+                    }
                     Ok(_) => {
                         processing += 1;
                         busy.insert(e.address.as_str());
@@ -280,7 +288,9 @@ pub fn decide_processing(
                 NodeObs::Resolving => Action::Hold("looking up the machine's node".into()),
                 NodeObs::NotANode => Action::Execute { attempt: 0 },
                 NodeObs::Node(n) => match e.drain_backoff_expire {
-                    Some(t) if t > now => Action::Hold(format!("drain backoff until {t}")),
+                    Some(t) if t > now => {
+                        Action::Hold(Cow::Owned(format!("drain backoff until {t}")))
+                    }
                     _ => Action::StartDrain(n.clone()),
                 },
             }
@@ -335,7 +345,9 @@ pub fn decide_processing(
                 } else if now >= *until {
                     Action::Execute { attempt: *attempt }
                 } else {
-                    Action::Hold(format!("retrying the repair command at {until}"))
+                    Action::Hold(Cow::Owned(format!(
+                        "retrying the repair command at {until}"
+                    )))
                 }
             }
             Phase::Watching { since } => {

@@ -1538,6 +1538,48 @@ mod tests {
         h.stop().await;
     }
 
+    /// CKE's RepairSucceededUncordon, RepairFailedUncordon and RepairDeletedUncordon: the
+    /// node a drain cordoned is uncordoned when its entry ends, however it ends.
+    #[tokio::test]
+    async fn repair_succeeded_failed_and_deleted_uncordon() {
+        let (_d, s) = store();
+        let cfg = config(
+            "repair:\n  max_concurrent_repairs: 4\n  repair_procedures:\n  - machine_types: [t]\n    repair_operations:\n    - operation: ok\n      repair_steps:\n      - repair_command: ['true']\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n    - operation: fail\n      repair_steps:\n      - repair_command: ['false']\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n    - operation: hang\n      repair_steps:\n      - repair_command: [sleep, '60']\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n",
+        );
+        let drainer = Arc::new(FakeDrainer::default());
+        drainer.done.store(true, Ordering::SeqCst);
+        let h = start(&s, cfg, Arc::new(SystemClock), drainer.clone()).await;
+        let ok = h.add("ok", "t", "10.0.0.1").await;
+        let fail = h.add("fail", "t", "10.0.0.2").await;
+        let hang = h.add("hang", "t", "10.0.0.3").await;
+        h.wait(ok, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        h.wait(fail, "failed", |e| e.status == RepairStatus::Failed)
+            .await;
+        h.wait(hang, "running", |e| {
+            e.step_status == RepairStepStatus::Watching
+        })
+        .await;
+        h.q.request(RepairQueueRequest::Delete { index: hang })
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut u = drainer.uncordons.lock().unwrap().clone();
+            u.sort();
+            if u == ["n-10.0.0.1", "n-10.0.0.2", "n-10.0.0.3"] {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "uncordoned only {u:?}"
+            );
+            drop(u);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        h.stop().await;
+    }
+
     #[tokio::test]
     async fn need_drain_on_a_machine_that_is_not_a_node_runs_without_draining() {
         let (_d, s) = store();
