@@ -266,7 +266,7 @@ async fn bench(cycles: u64, interval_ms: u64) {
     );
     println!("  CPU per cycle     {cpu_ms_sched:.3} ms (schedstat, ns resolution)");
     println!(
-        "  CPU incl. startup {:.1} ms total (TLS load, handshake, warm-up)",
+        "  CPU total         {:.1} ms (startup, warm-up and all measured cycles)",
         total_ticks as f64 * 1000.0 / tck
     );
     println!(
