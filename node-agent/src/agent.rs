@@ -27,7 +27,7 @@ use protocol::messages::{
 use protocol::transport::{self, Session, TlsFiles, TlsMaterial, TransportError};
 use quinn::Endpoint;
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backoff::{Backoff, INITIAL_BACKOFF, MAX_BACKOFF};
 use crate::checks::Checker;
@@ -145,6 +145,8 @@ pub struct RunSummary {
 struct Link {
     endpoint: Endpoint,
     session: Session,
+    /// One span per connection, so every report's log lines name the coordinator.
+    span: tracing::Span,
 }
 
 impl Link {
@@ -152,6 +154,7 @@ impl Link {
         let Link {
             endpoint,
             mut session,
+            ..
         } = self;
         let _ = session.send.finish();
         session.conn.close(0u32.into(), reason);
@@ -318,7 +321,12 @@ impl Agent {
             {
                 Ok(session) => {
                     info!(coordinator = %addr, peer = %session.peer, "connected");
-                    return Ok(Link { endpoint, session });
+                    let span = info_span!("connection", coordinator = %addr);
+                    return Ok(Link {
+                        endpoint,
+                        session,
+                        span,
+                    });
                 }
                 Err(TransportError::Refused(r)) => return Err(RoundError::Refused(r)),
                 Err(e) => {
@@ -438,7 +446,8 @@ impl Agent {
             let grace = self.opts.goodbye_timeout / 2;
             let mut stopping = false;
             let outcome = {
-                let mut round = std::pin::pin!(self.report(l));
+                let span = l.span.clone();
+                let mut round = std::pin::pin!(self.report(l).instrument(span));
                 tokio::select! {
                     biased;
                     _ = &mut stop => {
