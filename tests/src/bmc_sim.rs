@@ -564,11 +564,20 @@ impl Drop for Sushy {
     }
 }
 
-/// The `bmc-gateway` binary, built on demand with the same profile as the running test.
+/// The `bmc-gateway` binary, built on demand (once per test process) with the same profile as
+/// the running test; `FLEETMEND_BMC_GATEWAY_BIN` overrides it.
 pub fn gateway_binary() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("FLEETMEND_BMC_GATEWAY_BIN") {
         return Ok(PathBuf::from(p));
     }
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| build_gateway().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+fn build_gateway() -> Result<PathBuf> {
     let release = !cfg!(debug_assertions);
     let mut cmd = std::process::Command::new(env!("CARGO"));
     cmd.current_dir(workspace_root()).args([
