@@ -271,3 +271,68 @@ fn unknown_host_awaits_registration_until_added() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn bad_config_exits_64_naming_the_key() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let path = tmp.path().join("coordinator.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:1\"\ndatabase = \"/nonexistent/c.db\"\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n[health]\nreport_intervall = \"1s\"\n",
+    )?;
+    let out = testkit::procs::command("coordinator")
+        .arg("--config")
+        .arg(&path)
+        .output()?;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("report_intervall"), "{stderr}");
+
+    let out = testkit::procs::command("coordinator")
+        .arg("--config")
+        .arg(tmp.path().join("missing.toml"))
+        .output()?;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    Ok(())
+}
+
+#[test]
+fn pki_refuses_to_overwrite_without_force() -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "fleet.test")?;
+    let ca = pki.ca_dir.to_string_lossy().into_owned();
+    let init = |force: bool| {
+        let mut c = testkit::procs::command("coordinatorctl");
+        c.args(["pki", "init", "--out", &ca]);
+        if force {
+            c.arg("--force");
+        }
+        c.output()
+    };
+    let again = init(false)?;
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("--force"),
+        "{again:?}"
+    );
+    assert!(init(true)?.status.success());
+
+    let files = pki.issue("node", "web-1", &["10.0.0.1".parse()?])?;
+    let mode = std::fs::metadata(&files.key)?.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "key file mode");
+    let e = pki.issue("node", "web-1", &[]).unwrap_err().to_string();
+    assert!(e.contains("--force"), "{e}");
+    let bad_role = testkit::procs::command("coordinatorctl")
+        .args([
+            "pki", "issue", "--ca", &ca, "--role", "root", "--name", "x", "--out",
+        ])
+        .arg(tmp.path())
+        .output()?;
+    assert!(!bad_role.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad_role.stderr).contains("root"),
+        "{bad_role:?}"
+    );
+    Ok(())
+}

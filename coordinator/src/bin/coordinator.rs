@@ -60,10 +60,31 @@ fn main() -> ExitCode {
         tokio::spawn(wait_for_signal(shutdown.clone()));
         // Bound and loaded: from here on connections are accepted.
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+        if let Some(period) = sd_notify::watchdog_enabled() {
+            tokio::spawn(watchdog(period, app.fleet.clone(), shutdown.clone()));
+        }
         app.run(shutdown).await;
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         ExitCode::SUCCESS
     })
+}
+
+/// Pings systemd's watchdog at half its period while the runtime runs and the fleet
+/// registry's lock can be taken (a wedged registry stops the pings and systemd restarts us).
+async fn watchdog(
+    period: std::time::Duration,
+    fleet: std::sync::Arc<coordinator::fleet::Fleet>,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(period / 2);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let _ = fleet.counts_by_state();
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+    }
 }
 
 async fn wait_for_signal(shutdown: CancellationToken) {
