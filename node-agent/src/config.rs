@@ -475,7 +475,15 @@ impl Config {
                 return Err(invalid("nics", format!("{n:?} is not an interface name")));
             }
         }
-        for m in &file.mounts {
+        let mut mounts = file.mounts;
+        for m in &mut mounts {
+            // `/var/` and `/var` name the same mount; the mount table says `/var`.
+            if m.path.len() > 1 {
+                m.path = m.path.trim_end_matches('/').to_string();
+                if m.path.is_empty() {
+                    m.path = "/".into();
+                }
+            }
             if !m.path.starts_with('/') {
                 return Err(invalid(
                     "mounts.path",
@@ -524,7 +532,7 @@ impl Config {
             root,
             hostname,
             nics,
-            mounts: file.mounts,
+            mounts,
             kubelet: KubeletConfig {
                 url: enabled.then_some(url),
                 timeout,
@@ -572,8 +580,11 @@ path = "/var"
 fail_free_percent = 2.5
 
 [[mounts]]
-path = "/boot"
+path = "/boot/"
 read_write = false
+
+[[mounts]]
+path = "//"
 "#;
 
     #[test]
@@ -589,6 +600,8 @@ read_write = false
         assert_eq!(c.mounts[0].fail_free_percent, 2.5);
         assert_eq!(c.mounts[0].warn_free_percent, DEFAULT_WARN_FREE_PERCENT);
         assert!(!c.mounts[1].read_write);
+        assert_eq!(c.mounts[1].path, "/boot");
+        assert_eq!(c.mounts[2].path, "/");
         assert!(c.kdump);
     }
 
