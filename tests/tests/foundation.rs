@@ -336,3 +336,180 @@ fn pki_refuses_to_overwrite_without_force() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Load benchmark (not a timed test): `AGENTS` simulated agents (in-process QUIC clients,
+/// each with its own node certificate) report every `INTERVAL_MS` to a real coordinator
+/// process for `SECS` seconds. Prints reports/s, ack latency percentiles and the
+/// coordinator's CPU and RSS. Run:
+/// `cargo test --release -p fleetmend-tests --test foundation -- --ignored --nocapture coordinator_load`
+/// with optional env `BENCH_AGENTS`, `BENCH_INTERVAL_MS`, `BENCH_SECS`.
+#[test]
+#[ignore]
+fn coordinator_load() -> anyhow::Result<()> {
+    use protocol::Role;
+    use protocol::frame::MAX_FRAME_LEN;
+    use protocol::messages::{
+        AgentHello, AgentMessage, CheckResult, CoordinatorReply, HealthReport, HelloBody,
+    };
+    use protocol::pki::{Ca, IssueOptions};
+    use protocol::transport::{TlsMaterial, connect, expect_msg, write_msg};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let agents = env("BENCH_AGENTS", 1000) as usize;
+    let interval = Duration::from_millis(env("BENCH_INTERVAL_MS", 1000));
+    let secs = env("BENCH_SECS", 20);
+
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "fleet.test")?;
+    let hosts: Vec<(String, String)> = (0..agents)
+        .map(|i| {
+            (
+                format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+                format!("sim-{i}"),
+            )
+        })
+        .collect();
+    let pairs: Vec<(&str, &str)> = hosts
+        .iter()
+        .map(|(a, h)| (a.as_str(), h.as_str()))
+        .collect();
+    let coord = Coordinator::start(
+        &tmp.path().join("coordinator"),
+        &pki,
+        &CoordinatorOptions {
+            report_interval: interval,
+            unreachable_grace: interval * 3,
+            inventory: Some(inventory_toml(&pairs)),
+            ..Default::default()
+        },
+    )?;
+    let pid = coord.proc.as_ref().and_then(|p| p.pid()).context("pid")?;
+    let ca = Arc::new(Ca::load(&pki.ca_dir)?);
+    let ca_pem = Arc::new(std::fs::read(pki.ca_cert())?);
+    let addr = coord.quic;
+
+    let cpu_ticks = || -> anyhow::Result<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let rest = stat.rsplit_once(')').context("stat")?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+    };
+    let rss_kib = || -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .context("VmRSS")
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let latencies = Arc::new(Mutex::new(Vec::<Duration>::new()));
+    let connected = Instant::now();
+    let (window_start, window_end, ticks, reports) = rt.block_on(async {
+        let mut tasks = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(secs) + interval * 2;
+        for (i, (_, host)) in hosts.iter().enumerate() {
+            let issued = ca.issue(Role::Node, host, &IssueOptions::default())?;
+            let tls = TlsMaterial::from_pem(
+                &ca_pem,
+                issued.cert_pem.as_bytes(),
+                issued.key_pem.as_bytes(),
+            )?;
+            let host = host.clone();
+            let lat = latencies.clone();
+            // Spread the agents over one interval, as real agents started at random times are.
+            let offset = interval * (i as u32) / (agents as u32);
+            tasks.push(tokio::spawn(async move {
+                let ep = tls.client_endpoint(addr)?;
+                let hello = HelloBody::Agent(AgentHello {
+                    hostname: host.clone(),
+                    serial: String::new(),
+                    addresses: vec![],
+                    agent_version: "bench".into(),
+                    boot_id: "b".into(),
+                });
+                let mut s = connect(&ep, addr, "127.0.0.1", Role::Coordinator, hello).await?;
+                tokio::time::sleep(offset).await;
+                let mut tick = tokio::time::interval(interval);
+                let mut seq = 0;
+                while Instant::now() < deadline {
+                    tick.tick().await;
+                    seq += 1;
+                    let report = HealthReport {
+                        seq,
+                        time_unix_ms: now_ms(),
+                        boot_id: "b".into(),
+                        checks: vec![CheckResult {
+                            kind: CheckKind::Nic,
+                            subject: "eth0".into(),
+                            status: CheckStatus::Ok,
+                            detail: "up".into(),
+                        }],
+                    };
+                    let t0 = Instant::now();
+                    write_msg(&mut s.send, &AgentMessage::Report(report), MAX_FRAME_LEN).await?;
+                    let reply = expect_msg::<CoordinatorReply>(&mut s.recv, MAX_FRAME_LEN).await?;
+                    anyhow::ensure!(reply == CoordinatorReply::Ack { seq }, "{reply:?}");
+                    lat.lock().unwrap().push(t0.elapsed());
+                }
+                anyhow::Ok(())
+            }));
+        }
+        // Steady state: every agent connected and reporting.
+        tokio::time::sleep(interval * 2).await;
+        latencies.lock().unwrap().clear();
+        let t0 = Instant::now();
+        let c0 = cpu_ticks()?;
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        let c1 = cpu_ticks()?;
+        let t1 = Instant::now();
+        let n = latencies.lock().unwrap().len();
+        for t in tasks {
+            t.await??;
+        }
+        anyhow::Ok((t0, t1, c1 - c0, n))
+    })?;
+    let wall = window_end - window_start;
+    let mut lat = latencies.lock().unwrap().clone();
+    lat.sort();
+    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p) as usize];
+    // Linux reports CPU time in clock ticks of 10 ms (USER_HZ = 100).
+    let cpu = Duration::from_millis(ticks * 10);
+    println!("coordinator load: {agents} agents, interval {interval:?}, window {wall:?}");
+    println!(
+        "  setup (certs + connections): {:?}",
+        window_start - connected
+    );
+    println!(
+        "  reports acked: {reports} ({:.0}/s)",
+        reports as f64 / wall.as_secs_f64()
+    );
+    println!(
+        "  ack latency: p50 {:?}  p99 {:?}  max {:?}",
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    println!(
+        "  coordinator CPU: {cpu:?} in {wall:?} = {:.1} % of one core, {:.1} µs per report",
+        100.0 * cpu.as_secs_f64() / wall.as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / reports.max(1) as f64
+    );
+    println!("  coordinator RSS: {} KiB", rss_kib()?);
+    let list = coord.machines()?;
+    let healthy = list.iter().filter(|m| m.state == "healthy").count();
+    println!("  healthy machines at the end: {healthy}/{agents}");
+    assert_eq!(healthy, agents);
+    Ok(())
+}
