@@ -436,31 +436,42 @@ impl Session {
         }
     }
 
-    /// Closes the session if there is one: Get Session Info for the current session's handle,
-    /// then Close Session by handle (ipmi-rs does not expose the session id). Best effort.
+    /// Closes the session if there is one, best effort. Close Session needs the BMC's session
+    /// id, which ipmi-rs 0.6 keeps private; it shows only in the connection's `Debug` output,
+    /// so it is read from there. Without it, Close Session by handle (from Get Session Info)
+    /// is tried, which some BMCs (ipmi_sim among them) refuse; the session then expires.
     fn close(&mut self) {
-        if self.rmcp.is_none() {
+        let Some(rmcp) = self.rmcp.as_ref() else {
             return;
-        }
+        };
+        let id = session_id_from_debug(&format!("{rmcp:?}"));
         let attempts = self.t.attempts;
         // One try each: closing is a courtesy to the BMC's session table, not worth waiting for.
         self.t.attempts = 1;
-        let handle = match self.exchange(NetFn::App, 0x3D, &[0x00]) {
-            Exchange::Reply(0, d) if !d.is_empty() => Some(d[0]),
-            _ => None,
+        let data = match id {
+            Some(id) => Some(id.to_le_bytes().to_vec()),
+            None => match self.exchange(NetFn::App, 0x3D, &[0x00]) {
+                Exchange::Reply(0, d) if !d.is_empty() => Some(vec![0, 0, 0, 0, d[0]]),
+                _ => None,
+            },
         };
-        if let Some(h) = handle {
-            match self.exchange(NetFn::App, 0x3C, &[0, 0, 0, 0, h]) {
-                Exchange::Reply(0, _) => debug!(bmc = %self.t.name, "session closed"),
-                Exchange::Reply(cc, _) => {
-                    debug!(bmc = %self.t.name, cc, "BMC refused Close Session")
-                }
-                _ => debug!(bmc = %self.t.name, "no answer to Close Session"),
+        match data.map(|d| self.exchange(NetFn::App, 0x3C, &d)) {
+            Some(Exchange::Reply(0, _)) => debug!(bmc = %self.t.name, "session closed"),
+            Some(Exchange::Reply(cc, _)) => {
+                debug!(bmc = %self.t.name, cc, "BMC refused Close Session; session left to expire")
             }
+            _ => debug!(bmc = %self.t.name, "session not closed; left to expire"),
         }
         self.t.attempts = attempts;
         self.rmcp = None;
     }
+}
+
+/// Extracts `session_id: N` from ipmi-rs's `Debug` of an active RMCP+ connection.
+pub fn session_id_from_debug(debug: &str) -> Option<u32> {
+    let rest = debug.split("session_id: ").nth(1)?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|&id| id != 0)
 }
 
 enum ActivationFailure {
@@ -531,6 +542,17 @@ mod tests {
         assert_eq!(chassis_control_byte(ChassisOp::Cycle), 2);
         assert_eq!(chassis_control_byte(ChassisOp::Reset), 3);
         assert_eq!(chassis_control_byte(ChassisOp::SoftOff), 5);
+    }
+
+    #[test]
+    fn reads_the_session_id_from_debug_output() {
+        assert_eq!(
+            session_id_from_debug(
+                "V2_0(State { socket: X, session_id: 1670, session_sequence_number: 3 })"
+            ),
+            Some(1670)
+        );
+        assert_eq!(session_id_from_debug("nothing here"), None);
     }
 
     #[test]
