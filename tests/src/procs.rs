@@ -419,7 +419,14 @@ impl Coordinator {
     /// Starts the process (again) with the same config and waits until it serves.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         if let Some(mut p) = self.proc.take() {
-            p.sigterm(Duration::from_secs(10))?;
+            // A clean drain ends with exit code 0.
+            let code = p.sigterm(Duration::from_secs(10))?;
+            if code != Some(0) {
+                bail!(
+                    "coordinator exited with {code:?} on SIGTERM:\n{}",
+                    p.log_text()
+                );
+            }
         }
         self.starts += 1;
         let mut cmd = command("coordinator");

@@ -341,6 +341,11 @@ async fn every_refusal_is_logged_and_others_keep_being_served() -> anyhow::Resul
         assert_eq!(reply, CoordinatorReply::Ack { seq: 0 });
     }
 
+    // What an operator sees (shown with --nocapture).
+    for l in coord.log_text().lines().filter(|l| l.contains("WARN")) {
+        println!("{l}");
+    }
+
     // Every refusal is counted by reason.
     let (code, metrics) = blocking(|| coord.http_get("/metrics"))?;
     assert_eq!(code, 200);
