@@ -29,7 +29,20 @@ pub struct Defaults {
     pub fence_timeout: Duration,
     /// Fence poll period.
     pub poll: Duration,
+    /// How often an idle BMC's power state is read to keep the reachability metric current
+    /// (`None` = never).
+    pub probe: Option<Duration>,
 }
+
+/// Default idle probe period.
+///
+/// 60 s: an unreachable BMC shows on `/metrics` within a minute, well before anyone needs it
+/// for a repair, at the cost of one status read per BMC per minute.
+pub const PROBE_EVERY: Duration = Duration::from_secs(60);
+
+/// Longest a probe may take: a status read answers in milliseconds when the BMC is up, and
+/// 10 s covers an IPMI session set-up with retries; a real action waits at most this long.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One BMC as the gateway knows it.
 pub struct Bmc {
@@ -131,6 +144,7 @@ impl Gateway {
                     observed,
                     b.protocol,
                     defaults.poll,
+                    defaults.probe,
                     metrics.clone(),
                     clock.clone(),
                 )
@@ -279,10 +293,35 @@ async fn worker(
     power: Arc<dyn PowerControl>,
     protocol: &'static str,
     poll: Duration,
+    probe: Option<Duration>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
 ) {
-    while let Some(job) = rx.recv().await {
+    let mut last_activity = Instant::now();
+    loop {
+        // Wake for the next job, or to probe an idle BMC.
+        let job = match probe {
+            Some(every) => {
+                let idle_until = last_activity + every;
+                match tokio::time::timeout_at(idle_until.into(), rx.recv()).await {
+                    Ok(Some(job)) => job,
+                    Ok(None) => break,
+                    Err(_) => {
+                        // The Observed wrapper records reachability; the state itself is not
+                        // needed. Bounded by PROBE_TIMEOUT so a dead BMC delays a real action
+                        // queued behind the probe by little.
+                        let _ = tokio::time::timeout(PROBE_TIMEOUT.min(every), power.power_state())
+                            .await;
+                        last_activity = Instant::now();
+                        continue;
+                    }
+                }
+            }
+            None => match rx.recv().await {
+                Some(job) => job,
+                None => break,
+            },
+        };
         let now = Instant::now();
         let outcome = if now >= job.deadline {
             PowerOutcome::Failed {
@@ -306,6 +345,7 @@ async fn worker(
             job.arrived.elapsed(),
         );
         let _ = job.reply.send(outcome);
+        last_activity = Instant::now();
     }
 }
 
@@ -319,6 +359,7 @@ mod tests {
             action_timeout: Duration::from_secs(2),
             fence_timeout: Duration::from_secs(2),
             poll: Duration::from_millis(5),
+            probe: None,
         }
     }
 
@@ -406,6 +447,40 @@ mod tests {
             "{h:?}"
         );
         assert!(g.metrics().render().contains("result=\"failed\""));
+    }
+
+    #[tokio::test]
+    async fn idle_bmcs_are_probed_for_reachability() {
+        let p = Arc::new(FakePower::new(PowerState::On));
+        p.fail_next(BmcError::Unreachable {
+            bmc: "m1".into(),
+            detail: "no route".into(),
+        });
+        let mut d = defaults();
+        d.probe = Some(Duration::from_millis(20));
+        let g = Gateway::new(
+            vec![Bmc {
+                machine: "m1".into(),
+                serial: String::new(),
+                protocol: "ipmi",
+                power: p.clone(),
+            }],
+            d,
+            Arc::new(Metrics::new()),
+        );
+        let down = "bmc_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 0";
+        let up = "bmc_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 1";
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !g.metrics().render().contains(down) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            while !g.metrics().render().contains(up) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the probe marked the BMC down, then up");
+        assert!(p.calls().iter().all(|c| c == "status"));
     }
 
     #[tokio::test]

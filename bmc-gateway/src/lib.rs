@@ -150,6 +150,7 @@ pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartE
             action_timeout: Duration::from_secs(cfg.limits.action_timeout_secs),
             fence_timeout: Duration::from_secs(cfg.limits.fence_timeout_secs),
             poll: actions::FENCE_POLL,
+            probe: Some(gateway::PROBE_EVERY),
         },
         metrics,
     ))
