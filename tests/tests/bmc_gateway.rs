@@ -246,6 +246,7 @@ async fn redfish_every_action_confirmed_by_sushy() -> Result<()> {
             .request(req("rs", "rf-status", PowerAction::Status), ANSWER)
             .await?;
         ensure!(done(&r.outcome)?.0 == PowerState::On);
+        ensure!(sushy.power_state(&uuid("status")).await? == "On");
         anyhow::Ok(())
     };
     let off = async {
