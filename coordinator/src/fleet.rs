@@ -515,6 +515,30 @@ impl Fleet {
                 }
                 e.live.agent_version = Some(hello.agent_version.clone());
                 e.live.connections += 1;
+                if !e.record.serial.is_empty()
+                    && !hello.serial.is_empty()
+                    && e.record.serial != hello.serial
+                {
+                    // Trusted anyway (the certificate names the host), but a person should
+                    // know: a board swap, or a certificate on the wrong server.
+                    tracing::warn!(
+                        machine = %addr,
+                        hostname,
+                        registered = %e.record.serial,
+                        reported = %hello.serial,
+                        "agent reports another serial than the inventory"
+                    );
+                }
+                if !hello.addresses.is_empty()
+                    && !hello.addresses.iter().any(|a| a.to_string() == addr)
+                {
+                    tracing::info!(
+                        machine = %addr,
+                        hostname,
+                        reported = ?hello.addresses,
+                        "registered address is not among the agent's addresses"
+                    );
+                }
                 return Ok(addr);
             }
             let ip = remote.to_string();
