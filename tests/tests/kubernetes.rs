@@ -42,6 +42,15 @@ fn opts() -> DrainOptions {
     }
 }
 
+/// One drain pass, bounded: a pass that hangs (hidden retries) fails the test.
+async fn pass(d: &KubeDrainer, o: &DrainOptions) -> Result<DrainProgress> {
+    Ok(
+        tokio::time::timeout(Duration::from_secs(10), d.drain(NODE, o))
+            .await
+            .context("a drain pass hung")??,
+    )
+}
+
 /// Calls `drain` until it is no longer in progress, at most `limit` in total.
 async fn drain_until_settled(
     d: &KubeDrainer,
@@ -190,7 +199,7 @@ async fn budget_blocked_drain_retries_then_succeeds_when_the_budget_frees() -> R
         ..opts()
     };
     for _ in 0..3 {
-        match d.drain(NODE, &o).await? {
+        match pass(&d, &o).await? {
             DrainProgress::InProgress {
                 remaining: 1,
                 detail,
@@ -236,7 +245,7 @@ async fn two_budgets_on_one_pod_abandon_the_drain() -> Result<()> {
     fake.add_pdb("prod", "a", json!({}), 3);
     fake.add_pdb("prod", "b", json!({"matchLabels": {"app": "web"}}), 3);
     let d = drainer(&fake).await?;
-    match d.drain(NODE, &opts()).await? {
+    match pass(&d, &opts()).await? {
         DrainProgress::Abandoned { reason } => {
             assert!(
                 reason.contains("more than one PodDisruptionBudget"),
@@ -264,7 +273,7 @@ async fn running_protected_job_pod_makes_the_drain_back_off() -> Result<()> {
             .label("fleetmend.io/protected-job", "true"),
     );
     let d = drainer(&fake).await?;
-    match d.drain(NODE, &opts()).await? {
+    match pass(&d, &opts()).await? {
         DrainProgress::Abandoned { reason } => {
             assert!(reason.contains("prod/backup-xyz"), "{reason}")
         }
@@ -327,7 +336,7 @@ async fn api_down_mid_drain_holds_and_resumes() -> Result<()> {
     fake.add_pod(PodSeed::new("prod", "web-1", NODE).owner("ReplicaSet", "web"));
     let d = drainer(&fake).await?;
     assert!(matches!(
-        d.drain(NODE, &opts()).await?,
+        pass(&d, &opts()).await?,
         DrainProgress::InProgress { .. }
     ));
 
@@ -350,7 +359,9 @@ async fn api_down_mid_drain_holds_and_resumes() -> Result<()> {
         message: "etcdserver: leader changed".into(),
         times: Some(1),
     });
-    let err = d.drain(NODE, &opts()).await.expect_err("503 is an error");
+    let err = tokio::time::timeout(Duration::from_secs(10), d.drain(NODE, &opts()))
+        .await?
+        .expect_err("503 is an error");
     assert!(err.is_retriable(), "{err}");
 
     let (last, _) = drain_until_settled(&d, &opts(), Duration::from_secs(5)).await?;
@@ -366,7 +377,7 @@ async fn a_statefulset_pod_recreated_under_the_same_name_is_a_new_pod() -> Resul
     fake.add_pod(PodSeed::new("prod", "db-0", NODE).owner("StatefulSet", "db"));
     let d = drainer(&fake).await?;
     let first_uid = fake.pod("prod", "db-0").unwrap()["metadata"]["uid"].clone();
-    assert_eq!(d.drain(NODE, &opts()).await?, DrainProgress::Done);
+    assert_eq!(pass(&d, &opts()).await?, DrainProgress::Done);
     // The StatefulSet controller recreates db-0 with a new UID (here: on the same node).
     fake.add_pod(PodSeed::new("prod", "db-0", NODE).owner("StatefulSet", "db"));
     let second_uid = fake.pod("prod", "db-0").unwrap()["metadata"]["uid"].clone();
@@ -576,6 +587,70 @@ async fn node_view_reads_conditions_leases_taints_and_cordons() -> Result<()> {
     let err = view.refresh().await.expect_err("down");
     assert!(err.is_retriable());
     assert_eq!(view.snapshot().nodes.len(), 2, "the last snapshot stays");
+    Ok(())
+}
+
+#[tokio::test]
+async fn kube_silent_retries_are_off_a_429_comes_back_at_once() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    base(&fake);
+    fake.inject(Fault {
+        path_contains: Some("/api/v1/nodes".into()),
+        method: Some("GET".into()),
+        status: 429,
+        message: "too many requests, please try again later".into(),
+        times: Some(1),
+    });
+    let d = drainer(&fake).await?;
+    let started = std::time::Instant::now();
+    let err = d
+        .node_for(IP)
+        .await
+        .expect_err("429 is reported, not retried");
+    assert!(err.is_retriable(), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no hidden backoff"
+    );
+    let node_gets = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/api/v1/nodes")
+        .count();
+    assert_eq!(
+        node_gets, 1,
+        "exactly one request: kube's default retry is off"
+    );
+    assert_eq!(d.node_for(IP).await?.as_deref(), Some(NODE));
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_view_poller_follows_the_cluster() -> Result<()> {
+    let fake = FakeK8s::start().await?;
+    fake.add_node(NodeSeed::new(NODE, IP));
+    let d = drainer(&fake).await?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = d
+        .node_view()
+        .spawn_poller(Duration::from_millis(30), cancel.clone());
+    let view = d.node_view().clone();
+    let wait = |want: usize| {
+        let view = view.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while view.snapshot().nodes.len() != want {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+        }
+    };
+    wait(1).await.context("first node seen")?;
+    fake.add_node(NodeSeed::new("node-2", "10.0.0.2"));
+    wait(2).await.context("second node seen")?;
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await??;
     Ok(())
 }
 
