@@ -13,6 +13,7 @@ use protocol::transport::{TlsFiles, TlsMaterial, connect, expect_msg, write_msg}
 
 /// How to reach the coordinator (flags, else environment).
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "Connection")]
 pub struct ConnectArgs {
     /// Coordinator QUIC address, `host:port`.
     #[arg(long, env = "FLEETMEND_SERVER", global = true)]
