@@ -417,7 +417,10 @@ impl Session {
         }
         // ipmi-rs asks for administrator in RAKP but never raises the session to it.
         match self.exchange(NetFn::App, 0x3B, &[0x04]) {
-            Exchange::Reply(0, _) => Ok(()),
+            Exchange::Reply(0, _) => {
+                info!(bmc = %self.t.name, "IPMI session opened (administrator)");
+                Ok(())
+            }
             Exchange::Reply(cc, _) => {
                 self.close();
                 Err(BmcError::Auth {

@@ -186,6 +186,10 @@ async fn ipmi_every_action_confirmed_by_ipmitool() -> Result<()> {
         "a repeated fence id powered the machine off"
     );
 
+    // Every action above shared one RMCP+ session.
+    let opened = gw.log().matches("IPMI session opened").count();
+    assert_eq!(opened, 1, "sessions opened: {opened}\n{}", gw.log());
+
     let metrics = gw.metrics().await?;
     assert!(
         metrics.contains("bmc_gateway_action_duration_seconds_count{protocol=\"ipmi\",action=\"fence\",result=\"ok\"} 1"),
