@@ -461,7 +461,7 @@ fn sigkill_mid_step_resumes_without_rerunning_a_completed_command() -> anyhow::R
         (Some(0), Some("watching")),
         "{e}"
     );
-    env.coord.proc.as_mut().context("running")?.sigkill();
+    env.coord.proc.take().context("running")?.sigkill();
     env.coord.restart()?;
     let e = env.status_is(&i, "succeeded")?;
     assert_eq!(e["step"], 1);
@@ -495,7 +495,7 @@ fn sigkill_while_a_command_runs_restarts_only_that_command() -> anyhow::Result<(
             Err("not yet".into())
         }
     })?;
-    env.coord.proc.as_mut().context("running")?.sigkill();
+    env.coord.proc.take().context("running")?.sigkill();
     env.coord.restart()?;
     env.status_is(&i, "succeeded")?;
     assert_eq!(
