@@ -657,6 +657,70 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_client_fences_through_the_real_gateway() -> Result<()> {
+    use coordinator::fence::proof::confirm_power_off;
+    use coordinator::gateway::{GatewayTarget, PowerControl, PowerError, QuicGateways};
+    use std::sync::Arc;
+
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let m = "10.0.3.1";
+    let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password);
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let gws = QuicGateways::new(
+        pki.material(Role::Coordinator, "coord-1")?,
+        "coord-1",
+        vec![GatewayTarget {
+            name: "rack-3".into(),
+            address: gw.quic,
+            server_name: "127.0.0.1".into(),
+            racks: vec!["r3".into()],
+            machines: vec![],
+        }],
+        Arc::new(|addr: &str| addr.starts_with("10.0.3.").then(|| "r3".to_string())),
+    );
+
+    // The coordinator's fence proof, obtained from the real gateway and BMC.
+    let proof = tokio::time::timeout(
+        ANSWER,
+        confirm_power_off(&gws, m, &format!("SN-{m}"), "fence-c1", 0),
+    )
+    .await
+    .context("fence timed out")?
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    assert_eq!(proof.address(), m);
+    assert!(!sim.power_is_on().await?, "fenced machine still on");
+
+    // A serial that does not match the gateway's record is refused without acting.
+    let r = c_on(&gws, m).await?;
+    done(&r.outcome)?;
+    let before = sim.events().len();
+    let mut wrong = req("serial-x", m, PowerAction::Off);
+    wrong.serial = "OTHER".into();
+    let r = tokio::time::timeout(ANSWER, gws.power(wrong)).await??;
+    let (detail, _) = failed(&r.outcome)?;
+    assert!(detail.contains("serial"), "{detail}");
+    assert_eq!(sim.events().len(), before);
+    assert!(sim.power_is_on().await?);
+
+    // A machine no gateway serves is "not available", not a hang.
+    let e = gws
+        .power(req("nowhere", "10.9.9.9", PowerAction::Status))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, PowerError::NotAvailable { .. }), "{e}");
+    Ok(())
+}
+
+async fn c_on(
+    gws: &coordinator::gateway::QuicGateways,
+    m: &str,
+) -> Result<protocol::gateway::PowerResponse> {
+    use coordinator::gateway::PowerControl;
+    Ok(tokio::time::timeout(ANSWER, gws.power(req("on-c1", m, PowerAction::On))).await??)
+}
+
 /// Benchmark, not a test: chassis power status through the gateway on a warm session versus
 /// spawning `ipmitool -I lanplus ... chassis power status`, against the same `ipmi_sim`.
 /// Run: `cargo test --release -p fleetmend-tests --test bmc_gateway -- --ignored --nocapture bench_`
