@@ -692,6 +692,13 @@ repair:
               watch_seconds: 30
           health_check_command: ["sh", "-c", "test -f @D@/repaired-$1 && echo true || echo false", "check"]
           command_timeout_seconds: 10
+    - machine_types: ["broken"]
+      repair_operations:
+        - operation: "unhealthy"
+          repair_steps:
+            - repair_command: ["sh", "-c", "echo BMC unreachable >&2; exit 2"]
+              need_drain: true
+          health_check_command: ["sh", "-c", "echo false"]
 "#;
 
     struct Env {
@@ -811,9 +818,13 @@ repair:
                     .terminate_after(Duration::from_millis(1500)),
             );
             fake.add_pod(PodSeed::new("prod", "web-2", "node-2").owner("ReplicaSet", "web"));
+            fake.add_node(NodeSeed::new("node-3", "10.0.0.3"));
         })?;
         let one = env.add("10.0.0.1")?;
         let two = env.add("10.0.0.2")?;
+        let three = String::from_utf8(env.rq(&["add", "unhealthy", "broken", "10.0.0.3"])?.stdout)?
+            .trim()
+            .to_string();
         // A machine that is not a node is repaired without a drain.
         let other = env.add("10.0.0.9")?;
 
@@ -866,12 +877,27 @@ repair:
             ["FleetmendCordoned", "FleetmendDrained"],
             "{reasons:?}"
         );
-        wait_for("Uncordoned event", SETTLE, || {
-            let r = fake.node_event_reasons("node-1");
-            if r.contains(&"FleetmendUncordoned".to_string()) {
+        let has = |node: &str, reason: &str| {
+            let r = fake.node_event_reasons(node);
+            if r.iter().any(|x| x == reason) {
                 Ok(())
             } else {
-                Err(format!("{r:?}"))
+                Err(format!("{node}: {r:?}"))
+            }
+        };
+        wait_for("Uncordoned and Repaired events", SETTLE, || {
+            has("node-1", "FleetmendUncordoned")?;
+            has("node-1", "FleetmendRepaired")
+        })?;
+        // A failing repair after its drain: failed, uncordoned, and said so on the Node.
+        env.wait_entry(&three, "failed", |e| e["status"] == "failed")?;
+        wait_for("node-3 failure recorded and uncordoned", SETTLE, || {
+            has("node-3", "FleetmendDrained")?;
+            has("node-3", "FleetmendRepairFailed")?;
+            if unschedulable(fake, "node-3") {
+                Err("node-3 still cordoned".into())
+            } else {
+                Ok(())
             }
         })?;
         let r2 = fake.node_event_reasons("node-2");

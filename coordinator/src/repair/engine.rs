@@ -824,6 +824,31 @@ impl Engine {
         (generation, h.abort_handle())
     }
 
+    /// A Kubernetes Event on the entry's node (when it has one) saying how the repair
+    /// ended; best effort, never delays the loop.
+    fn record_outcome(&self, e: &Entry) {
+        let event = match e.status {
+            RepairStatus::Succeeded => crate::k8s::NodeEvent::Repaired,
+            RepairStatus::Failed => crate::k8s::NodeEvent::Failed,
+            _ => return,
+        };
+        if e.nodename.is_empty() {
+            return;
+        }
+        let drainer = self.deps.drainer.clone();
+        let (node, message) = (
+            e.nodename.clone(),
+            format!(
+                "repair entry {} ({} on {}) {}",
+                e.index,
+                e.operation,
+                e.address,
+                e.status.as_str()
+            ),
+        );
+        tokio::spawn(async move { drainer.record_event(&node, event, &message).await });
+    }
+
     fn uncordon(&self, node: String) {
         if node.is_empty() {
             return;
@@ -878,6 +903,7 @@ impl Engine {
                     rt.abort_all();
                 }
                 self.rt.remove(&index);
+                self.record_outcome(&e);
                 self.uncordon(e.nodename.clone());
             }
             Action::Start => {
@@ -984,6 +1010,7 @@ impl Engine {
                 rt.last_health = None;
                 if e.status == RepairStatus::Succeeded {
                     self.rt.remove(&index);
+                    self.record_outcome(&e);
                     self.uncordon(e.nodename.clone());
                 }
             }
