@@ -441,6 +441,16 @@ fn disable_stops_new_work_while_health_checks_finish_entries() -> anyhow::Result
     assert!(err.contains("timed out"), "{err}");
     env.rq(&["enable"])?;
     env.status_is(&b, "succeeded")?;
+    // The flag is durable: disabled before a clean restart (SIGTERM, exit 0), still
+    // disabled after it.
+    env.rq(&["disable"])?;
+    let mut env = env;
+    env.coord.restart()?;
+    assert_eq!(
+        String::from_utf8(env.rq(&["is-enabled"])?.stdout)?.trim(),
+        "false"
+    );
+    assert_eq!(env.list()?.len(), 2, "entries survive the restart");
     Ok(())
 }
 
