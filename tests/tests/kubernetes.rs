@@ -1013,4 +1013,29 @@ repair:
         assert!(env.repaired("10.0.0.1"));
         Ok(())
     }
+
+    #[test]
+    fn an_unusable_kubernetes_section_stops_the_coordinator_with_64() -> Result<()> {
+        for (section, needle) in [
+            (
+                "[kubernetes]\nkubeconfig = \"/nonexistent/kubeconfig\"\n",
+                "cannot read kubeconfig /nonexistent/kubeconfig",
+            ),
+            ("[kubernetes]\nkubeconfg = \"/etc/k\"\n", "kubeconfg"),
+        ] {
+            let tmp = tempfile::tempdir()?;
+            let pki = Pki::create(&tmp.path().join("pki"), "k8s.test")?;
+            let opts = CoordinatorOptions {
+                extra: section.to_string(),
+                ..Default::default()
+            };
+            let err = match Coordinator::start(&tmp.path().join("coord"), &pki, &opts) {
+                Ok(_) => anyhow::bail!("coordinator started with {section:?}"),
+                Err(e) => format!("{e:#}"),
+            };
+            assert!(err.contains("exit status: 64"), "{err}");
+            assert!(err.contains(needle), "{needle:?} not in {err}");
+        }
+        Ok(())
+    }
 }
