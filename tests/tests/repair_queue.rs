@@ -100,10 +100,15 @@ options:
 struct Env {
     _tmp: tempfile::TempDir,
     dir: PathBuf,
+    pki: Pki,
     coord: Coordinator,
 }
 
 fn start(yaml: &str) -> anyhow::Result<Env> {
+    start_with(yaml, None)
+}
+
+fn start_with(yaml: &str, inventory: Option<String>) -> anyhow::Result<Env> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().to_path_buf();
     let pki = Pki::create(&dir.join("pki"), "e2e.test")?;
@@ -111,12 +116,14 @@ fn start(yaml: &str) -> anyhow::Result<Env> {
     std::fs::write(&cluster, yaml.replace("@D@", &dir.display().to_string()))?;
     let opts = CoordinatorOptions {
         extra: format!("[repair]\nconfig = {:?}\n", cluster.display().to_string()),
+        inventory,
         ..Default::default()
     };
     let coord = Coordinator::start(&dir.join("coord"), &pki, &opts)?;
     Ok(Env {
         _tmp: tmp,
         dir,
+        pki,
         coord,
     })
 }
@@ -525,6 +532,49 @@ fn sigkill_while_a_command_runs_restarts_only_that_command() -> anyhow::Result<(
     let _ = std::process::Command::new("kill")
         .args(["-KILL", &orphan])
         .status();
+    Ok(())
+}
+
+#[test]
+fn agent_healthy_builtin_follows_the_agents_reports() -> anyhow::Result<()> {
+    use testkit::fixture::{AgentConfig, NodeFixture};
+    use testkit::procs::{inventory_toml, start_agent};
+
+    let yaml = "repair:\n  repair_procedures:\n    - machine_types: [qemu]\n      repair_operations:\n        - operation: unhealthy\n          repair_steps:\n            - repair_command: [\"true\"]\n              watch_seconds: 60\n          health_check_command: [\"@agent-healthy\"]\n";
+    let env = start_with(yaml, Some(inventory_toml(&[("10.6.0.1", "node-a")])))?;
+    let fixture = NodeFixture::builder("node-a")
+        .nic("eth0")
+        .mount("/var")
+        .address("10.6.0.1".parse()?)
+        .build()?;
+    fixture.set_carrier("eth0", false)?;
+    let tls = Coordinator::agent_tls(&env.pki, "node-a")?;
+    let cfg = fixture.write_agent_config(
+        &AgentConfig::new(&env.coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+            .report_interval(Duration::from_millis(300)),
+    )?;
+    let _agent = start_agent("node-a", &cfg, &env.dir.join("node-a.log"))?;
+    env.coord.wait_for_state("node-a", "unhealthy", SETTLE)?;
+
+    let i = env.add("unhealthy", "qemu", "10.6.0.1")?;
+    wait_for("a failed @agent-healthy check", SETTLE, || {
+        match env.events(&i) {
+            Ok(ev) if ev.iter().any(|e| e == "health-check-failed") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    let e = env.entry(&i)?.context("entry")?;
+    assert_eq!(
+        e["status"], "processing",
+        "a failing check keeps it unhealthy: {e}"
+    );
+    let show = env.show(&i)?;
+    assert!(show.to_string().contains("failing check"), "{show}");
+
+    // The NIC recovers: the agent's next reports are all ok, @agent-healthy passes.
+    fixture.set_carrier("eth0", true)?;
+    env.status_is(&i, "succeeded")?;
     Ok(())
 }
 
