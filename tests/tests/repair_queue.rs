@@ -10,7 +10,9 @@
 //! - SIGKILL of the coordinator mid-step, then a restart: the entry continues where it stood
 //!   and a completed step's command is not run again (counter files prove it),
 //! - `add` refuses unknown procedures and malformed addresses; a bad repair file stops the
-//!   coordinator with exit code 64 naming the key.
+//!   coordinator with exit code 64 naming the key;
+//! - `@agent-healthy` follows a real node-agent's reports;
+//! - `bench_10000_entries` (ignored, run by name) is the queue's benchmark.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
