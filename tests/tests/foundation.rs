@@ -410,6 +410,18 @@ fn coordinator_load() -> anyhow::Result<()> {
             .context("VmRSS")
     };
 
+    let materials = hosts
+        .iter()
+        .map(|(_, host)| {
+            let issued = ca.issue(Role::Node, host, &IssueOptions::default())?;
+            let tls = TlsMaterial::from_pem(
+                &ca_pem,
+                issued.cert_pem.as_bytes(),
+                issued.key_pem.as_bytes(),
+            )?;
+            anyhow::Ok((host.clone(), tls))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -418,15 +430,13 @@ fn coordinator_load() -> anyhow::Result<()> {
     let connected = Instant::now();
     let (window_start, window_end, ticks, reports) = rt.block_on(async {
         let mut tasks = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(secs) + interval * 2;
-        for (i, (_, host)) in hosts.iter().enumerate() {
-            let issued = ca.issue(Role::Node, host, &IssueOptions::default())?;
-            let tls = TlsMaterial::from_pem(
-                &ca_pem,
-                issued.cert_pem.as_bytes(),
-                issued.key_pem.as_bytes(),
-            )?;
-            let host = host.clone();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Bounded concurrent handshakes: a thousand at once would only measure the hello
+        // timeout on two cores (real agents spread out with jittered backoff).
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(32));
+        for (i, (host, tls)) in materials.into_iter().enumerate() {
+            let handshakes = handshakes.clone();
+            let stop = stop.clone();
             let lat = latencies.clone();
             // Spread the agents over one interval, as real agents started at random times are.
             let offset = interval * (i as u32) / (agents as u32);
@@ -439,11 +449,13 @@ fn coordinator_load() -> anyhow::Result<()> {
                     agent_version: "bench".into(),
                     boot_id: "b".into(),
                 });
+                let permit = handshakes.acquire().await?;
                 let mut s = connect(&ep, addr, "127.0.0.1", Role::Coordinator, hello).await?;
+                drop(permit);
                 tokio::time::sleep(offset).await;
                 let mut tick = tokio::time::interval(interval);
                 let mut seq = 0;
-                while Instant::now() < deadline {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     tick.tick().await;
                     seq += 1;
                     let report = HealthReport {
@@ -467,6 +479,16 @@ fn coordinator_load() -> anyhow::Result<()> {
             }));
         }
         // Steady state: every agent connected and reporting.
+        let all = agents;
+        let lat = latencies.clone();
+        let connect_deadline = Instant::now() + Duration::from_secs(120);
+        while lat.lock().unwrap().len() < all {
+            anyhow::ensure!(
+                Instant::now() < connect_deadline,
+                "agents did not all connect"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         tokio::time::sleep(interval * 2).await;
         latencies.lock().unwrap().clear();
         let t0 = Instant::now();
@@ -475,6 +497,7 @@ fn coordinator_load() -> anyhow::Result<()> {
         let c1 = cpu_ticks()?;
         let t1 = Instant::now();
         let n = latencies.lock().unwrap().len();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         for t in tasks {
             t.await??;
         }
