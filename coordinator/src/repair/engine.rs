@@ -1065,8 +1065,8 @@ mod tests {
     use crate::clock::{FakeClock, SystemClock};
     use crate::gateway::NoGateway;
     use crate::k8s::{DrainError, DrainOptions, NotANode};
-    use crate::repair::NoAgents;
     use crate::repair::config::load_str;
+    use crate::repair::{AgentHealth, NoAgents};
 
     fn config(yaml: &str) -> Arc<RepairConfig> {
         Arc::new(load_str(yaml, Path::new("test.yml")).unwrap().config)
@@ -1084,7 +1084,7 @@ mod tests {
         clock: Arc<dyn Clock>,
         drainer: Arc<dyn Drainer>,
     ) -> Harness {
-        let mut deps = RepairDeps::new(
+        let deps = RepairDeps::new(
             store.clone(),
             cfg,
             clock,
@@ -1092,6 +1092,10 @@ mod tests {
             Arc::new(NoGateway),
             Arc::new(NoAgents),
         );
+        start_deps(deps).await
+    }
+
+    async fn start_deps(mut deps: RepairDeps) -> Harness {
         deps.rand = Box::new(|_| 5);
         let shutdown = CancellationToken::new();
         let (q, join) = RepairQueue::start(deps, shutdown.clone()).await.unwrap();
@@ -1562,6 +1566,147 @@ mod tests {
                 .unwrap(),
             RepairQueueResponse::Deleted { count: 2 }
         ));
+        h.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_failed_attempt_is_retried_after_the_interval() {
+        let (d, s) = store();
+        let f = d.path().join("attempts");
+        let cfg = config(&yaml(
+            &format!(
+                "      - repair_command: [sh, -c, 'n=$(cat {f} 2>/dev/null || echo 0); echo $((n+1)) > {f}; test $n -ge 1', retry]\n        command_retries: 2\n        command_interval: 1\n",
+                f = f.display()
+            ),
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let h = start(&s, cfg, Arc::new(SystemClock), Arc::new(NotANode)).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap().trim(),
+            "2",
+            "two attempts"
+        );
+        let hist = h.history(i).await;
+        let events: Vec<&str> = hist.iter().map(|l| l.split(' ').next().unwrap()).collect();
+        assert_eq!(
+            events,
+            [
+                "added",
+                "started",
+                "command-started",
+                "command-failed",
+                "command-started",
+                "command-succeeded",
+                "health-check-passed",
+                "succeeded"
+            ],
+            "{hist:?}"
+        );
+        h.stop().await;
+    }
+
+    /// Power built-ins through a fake gateway; `@agent-healthy` through a fake fleet view
+    /// whose boot id changes when the gateway power-cycles the machine.
+    #[derive(Default)]
+    struct FakeFleet {
+        agent: Mutex<Option<AgentHealth>>,
+        requests: Mutex<Vec<protocol::gateway::PowerRequest>>,
+        reboots: AtomicBool,
+    }
+
+    impl AgentHealthView for FakeFleet {
+        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
+            self.agent.lock().unwrap().clone()
+        }
+    }
+
+    struct Gw(Arc<FakeFleet>);
+
+    impl PowerControl for Gw {
+        fn power(
+            &self,
+            req: protocol::gateway::PowerRequest,
+        ) -> BoxFuture<'_, Result<protocol::gateway::PowerResponse, crate::gateway::PowerError>>
+        {
+            Box::pin(async move {
+                let f = &self.0;
+                f.requests.lock().unwrap().push(req.clone());
+                if f.reboots.load(Ordering::SeqCst) {
+                    let at = Timestamp::now() + SignedDuration::from_millis(5);
+                    *f.agent.lock().unwrap() = Some(AgentHealth {
+                        boot_id: "b2".into(),
+                        last_report: at,
+                        ok_since: Some(at),
+                    });
+                }
+                Ok(protocol::gateway::PowerResponse {
+                    id: req.id,
+                    outcome: protocol::gateway::PowerOutcome::Done {
+                        state: protocol::gateway::PowerState::On,
+                        confirmed_off_unix_ms: None,
+                        detail: "cycled".into(),
+                    },
+                })
+            })
+        }
+    }
+
+    async fn power_case(reboots: bool) -> (Harness, u64, Arc<FakeFleet>, tempfile::TempDir) {
+        let (d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: ['@power-cycle']\n        watch_seconds: 2\n",
+            "['@agent-healthy']",
+            "",
+            "",
+        ));
+        let fleet = Arc::new(FakeFleet::default());
+        fleet.reboots.store(reboots, Ordering::SeqCst);
+        let before = Timestamp::now() - SignedDuration::from_secs(60);
+        *fleet.agent.lock().unwrap() = Some(AgentHealth {
+            boot_id: "b1".into(),
+            last_report: Timestamp::now() + SignedDuration::from_secs(3600),
+            ok_since: Some(before),
+        });
+        let deps = RepairDeps::new(
+            s.clone(),
+            cfg,
+            Arc::new(SystemClock),
+            Arc::new(NotANode),
+            Arc::new(Gw(fleet.clone())),
+            fleet.clone(),
+        );
+        let h = start_deps(deps).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        (h, i, fleet, d)
+    }
+
+    #[tokio::test]
+    async fn power_cycle_then_agent_healthy_needs_a_new_boot() {
+        let (h, i, fleet, _d) = power_case(true).await;
+        h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        let reqs = fleet.requests.lock().unwrap().clone();
+        assert_eq!(reqs.len(), 1);
+        assert_eq!(reqs[0].id, format!("repair-{i}-step0-attempt0"));
+        assert_eq!(reqs[0].action, protocol::gateway::PowerAction::Cycle);
+        assert_eq!(reqs[0].address, "10.0.0.1");
+        h.stop().await;
+
+        // Same boot id after the power cycle: never healthy, the entry fails when the
+        // watch of its last step expires.
+        let (h, i, _fleet, _d) = power_case(false).await;
+        h.wait(i, "failed", |e| e.status == RepairStatus::Failed)
+            .await;
+        let hist = h.history(i).await;
+        assert!(
+            hist.iter().any(|l| l.contains("boot id b1 unchanged")),
+            "{hist:?}"
+        );
         h.stop().await;
     }
 
