@@ -159,8 +159,8 @@ impl App {
         let drainer = crate::k8s::drainer_for(config.kubernetes.as_ref())
             .await
             .map_err(AppError::Kubernetes)?;
+        let power = power_control(&config, &tls, &name, &fleet);
         let repair = match config.repair.as_ref().and_then(|r| r.config.as_deref()) {
-            // Power actions: NoGateway until that area is wired here.
             Some(path) => Some(
                 crate::repair::start_for_app(
                     path,
@@ -168,7 +168,7 @@ impl App {
                     clock.clone(),
                     fleet.clone(),
                     drainer,
-                    Arc::new(crate::gateway::NoGateway),
+                    power,
                 )
                 .await?,
             ),
@@ -258,6 +258,42 @@ impl App {
 /// The sweep period for a report interval.
 pub fn sweep_period(report_interval: Duration) -> Duration {
     (report_interval / 4).clamp(SWEEP_MIN, SWEEP_MAX)
+}
+
+/// The power path for built-in actions: the configured gateways, routed by the machine's
+/// inventory rack, or [`crate::gateway::NoGateway`] (every action "not available") without any.
+fn power_control(
+    config: &Config,
+    tls: &TlsMaterial,
+    name: &str,
+    fleet: &Arc<Fleet>,
+) -> Arc<dyn crate::gateway::PowerControl> {
+    let targets = config
+        .gateways
+        .as_ref()
+        .map(|g| g.targets.clone())
+        .unwrap_or_default();
+    if targets.is_empty() {
+        tracing::info!("no [gateways] configured: built-in power actions are not available");
+        return Arc::new(crate::gateway::NoGateway);
+    }
+    tracing::info!(
+        gateways = targets.len(),
+        "power actions go through rack gateways"
+    );
+    let fleet = fleet.clone();
+    let rack_of: crate::gateway::RackOf = Arc::new(move |address: &str| {
+        fleet
+            .machine(address)
+            .map(|m| m.record.rack)
+            .filter(|rack| !rack.is_empty())
+    });
+    Arc::new(crate::gateway::QuicGateways::new(
+        tls.clone(),
+        name,
+        targets,
+        rack_of,
+    ))
 }
 
 async fn sweep_loop(fleet: Arc<Fleet>, shutdown: CancellationToken) {

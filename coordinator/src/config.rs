@@ -188,10 +188,16 @@ pub struct RepairSection {
 /// [`crate::k8s::KubernetesConfig`] (owned by the Kubernetes area).
 pub type KubernetesSection = crate::k8s::KubernetesConfig;
 
-/// `[gateways]`: rack BMC gateways. Fields are added by the gateway area.
+/// `[gateways]`: the rack BMC gateways that carry out power actions, each as a
+/// `[[gateways.targets]]` table (name, address, server_name, racks, machines). A machine is
+/// routed to the gateway listing its address, else to the one serving its inventory rack.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GatewaysSection {}
+pub struct GatewaysSection {
+    /// The gateways.
+    #[serde(default)]
+    pub targets: Vec<crate::gateway::GatewayTarget>,
+}
 
 fn default_shutdown_grace() -> Duration {
     DEFAULT_SHUTDOWN_GRACE
