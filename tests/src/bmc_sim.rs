@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::procs::{free_tcp_port, free_udp_port, workspace_root};
 use anyhow::{Context, Result, anyhow, bail};
 use protocol::Role;
 use protocol::gateway::{CoordinatorHello, PowerRequest, PowerResponse};
@@ -29,14 +30,6 @@ use tokio::process::{Child, Command};
 /// How long a simulator may take to start answering. ipmi_sim is ready in milliseconds and
 /// sushy-emulator (Python, Flask) in one to three seconds; 30 s absorbs a loaded CI machine.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The workspace root (parent of the `tests` crate).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests crate has a parent")
-        .to_path_buf()
-}
 
 fn setup_hint(what: &str) -> anyhow::Error {
     anyhow!(
@@ -63,20 +56,6 @@ pub fn venv_bin(name: &str) -> Result<PathBuf> {
     } else {
         Err(setup_hint(&format!("{} ({})", name, p.display())))
     }
-}
-
-/// A free UDP port on 127.0.0.1 (bound and released; good enough on loopback).
-pub fn free_udp_port() -> Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// A free TCP port on 127.0.0.1.
-pub fn free_tcp_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 fn signal(pid: u32, sig: &str) -> Result<()> {
@@ -170,7 +149,7 @@ impl IpmiSim {
         let sim = find_program("ipmi_sim")?;
         let ipmitool = find_program("ipmitool")?;
         let dir = tempfile::tempdir()?;
-        let port = free_udp_port()?;
+        let port = free_udp_port();
         let d = dir.path();
         std::fs::create_dir_all(d.join("state"))?;
         std::fs::write(d.join("power"), if on { "1\n" } else { "0\n" })?;
@@ -395,7 +374,7 @@ impl Sushy {
         let python = venv_bin("python")?;
         let dir = tempfile::tempdir()?;
         let d = dir.path();
-        let port = free_tcp_port()?;
+        let port = free_tcp_port();
         let (username, password) = ("redfish".to_string(), "rf-secret-2".to_string());
         let cert = ca.issue(
             Role::Gateway,
@@ -678,8 +657,8 @@ impl GatewayProc {
         let bin = gateway_binary()?;
         let dir = tempfile::tempdir()?;
         let (cert, key) = pki.issue_files(Role::Gateway, "rack-1")?;
-        let quic: SocketAddr = format!("127.0.0.1:{}", free_udp_port()?).parse()?;
-        let http: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
+        let quic: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse()?;
+        let http: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse()?;
         let cfg = format!(
             "listen = \"{quic}\"\nhttp_listen = \"{http}\"\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\n{bmcs_toml}",
             pki.ca_file()?.display(),

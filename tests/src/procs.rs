@@ -50,7 +50,8 @@ pub fn wait_for<T>(
     }
 }
 
-fn workspace_root() -> PathBuf {
+/// The workspace root (parent of the `tests` crate).
+pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests crate sits in the workspace root")

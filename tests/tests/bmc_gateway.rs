@@ -13,8 +13,9 @@ use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest, PowerState};
 use protocol::messages::{AdminHello, AgentHello, HelloBody, RefusalCode};
 use protocol::transport::TransportError;
 use testkit::bmc_sim::{
-    FakeSystem, GatewayClient, GatewayProc, IpmiSim, Sushy, TestPki, free_udp_port, wait_until,
+    FakeSystem, GatewayClient, GatewayProc, IpmiSim, Sushy, TestPki, wait_until,
 };
+use testkit::procs::free_udp_port;
 
 /// Generous bound for one gateway answer on loopback (IPMI session set-up included).
 const ANSWER: Duration = Duration::from_secs(20);
@@ -386,7 +387,7 @@ async fn failures_are_clear_within_their_timeout_and_others_keep_working() -> Re
     let (good, hang) = tokio::try_join!(IpmiSim::start(true), IpmiSim::start(true))?;
     let pki = TestPki::new()?;
     let d = pki.dir.path();
-    let dead_port = free_udp_port()?;
+    let dead_port = free_udp_port();
     let mut cfg = ipmi_bmc(d, "good", good.port, &good.username, &good.password);
     cfg += &ipmi_bmc(d, "hang", hang.port, &hang.username, &hang.password);
     cfg += &ipmi_bmc(d, "badpw", good.port, &good.username, "wrong-password");
@@ -622,7 +623,7 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
             &sim.username,
             &sim.password
         ),
-        ipmi_bmc(dir.path(), "10.0.0.8", free_udp_port()?, "admin", "x"),
+        ipmi_bmc(dir.path(), "10.0.0.8", free_udp_port(), "admin", "x"),
     );
     let p = dir.path().join("check.toml");
     std::fs::write(&p, cfg)?;
