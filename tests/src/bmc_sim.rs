@@ -14,7 +14,7 @@
 //! error telling the reader to run `scripts/setup-test-deps.sh`, never a silent skip.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 

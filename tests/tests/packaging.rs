@@ -25,11 +25,13 @@ fn unit_conditions(unit: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// The value of `key = "…"` on an uncommented line (first match) of a packaged TOML file.
+/// The value of `key = "…"` (first match) in a packaged TOML file, also on a line commented
+/// out with `#` (the node-agent's TLS paths are suggestions until `coordinator` is set).
 fn toml_string(text: &str, key: &str) -> Option<String> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once('=')?;
-        (k.trim() == key).then(|| v.trim().trim_matches('"').to_string())
+        let k = k.trim();
+        (k.strip_prefix('#').unwrap_or(k) == key).then(|| v.trim().trim_matches('"').to_string())
     })
 }
 
