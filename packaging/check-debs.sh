@@ -59,14 +59,15 @@ for deb in "${debs[@]}"; do
     --suppress-tags no-manual-page,no-changelog,debian-changelog-file-missing-or-wrong-name \
     "$deb"
 
-  unit=$(dpkg-deb --contents "$deb" | awk '{print $NF}' | sed -n 's|^\./lib/systemd/system/||p; s|^\./usr/lib/systemd/system/||p' | head -n1)
-  [ -n "$unit" ] || fail "$pkg ships no systemd unit"
+  unit_path=$(dpkg-deb --contents "$deb" | awk '{print $NF}' | grep -E '^\./(usr/)?lib/systemd/system/[^/]+\.service$' | head -n1 | sed 's|^\.||')
+  unit=$(basename "${unit_path:-none}")
+  [ -n "$unit_path" ] || fail "$pkg ships no systemd unit"
 
   work=$(mktemp -d /tmp/check-debs.XXXXXX)
   mkdir -p "$work/upper" "$work/work" "$work/root"
   # Everything below runs in a private mount namespace: the overlay and its bind mounts
   # vanish with it.
-  unshare -m env PKG="$pkg" DEB="$deb" UNIT="$unit" W="$work" bash -euo pipefail <<'INNER'
+  unshare -m env PKG="$pkg" DEB="$deb" UNIT="$unit" UNIT_PATH="$unit_path" W="$work" bash -euo pipefail <<'INNER'
 mount --make-rprivate /
 mount -t overlay overlay -o "lowerdir=/,upperdir=$W/upper,workdir=$W/work" "$W/root"
 mount -t proc proc "$W/root/proc"
@@ -93,9 +94,9 @@ if [ "$PKG" = fleetmend-coordinator ]; then
 fi
 
 echo "check-debs: systemd-analyze verify $UNIT"
-in_root systemd-analyze verify "/lib/systemd/system/$UNIT"
+in_root systemd-analyze verify "$UNIT_PATH"
 echo "check-debs: systemd-analyze security --offline=true $UNIT"
-in_root systemd-analyze security --offline=true --no-pager "/lib/systemd/system/$UNIT" >"$W/security.txt" || true
+in_root systemd-analyze security --offline=true --no-pager "$UNIT_PATH" >"$W/security.txt" || true
 cat "$W/security.txt"
 
 echo "check-debs: dpkg --remove, --purge $PKG"
@@ -123,10 +124,10 @@ INNER
       else
         echo "$f"
       fi
-    done)
+    done || true)
   newdirs=$(cd "$work/upper" && find . -mindepth 1 -type d | sed 's|^\./|/|' |
     grep -Ev '^/(var/lib/dpkg|var/log|var/cache/debconf|tmp|run|proc|dev)(/|$)' |
-    while read -r d; do [ -d "$d" ] || echo "$d/"; done)
+    while read -r d; do [ -d "$d" ] || echo "$d/"; done || true)
   if [ -n "$left$newdirs" ]; then
     printf '%s\n' "$left" "$newdirs" | sed '/^$/d' >&2
     fail "$pkg: purge left the above behind"
