@@ -1,8 +1,36 @@
 #!/usr/bin/env bash
-# Runs the whole test suite on a fresh machine: installs the test peers, then cargo test.
+# Runs the whole test suite on a fresh machine: installs the test peers, builds everything
+# once, then cargo test. Extra arguments go to `cargo test` (e.g. `-- --nocapture`).
+#
+# Build once: `cargo build --workspace --bins --tests` compiles every test target and every
+# binary with the feature resolution `cargo test --workspace` uses (dev-dependencies
+# included), so the test step compiles nothing. The end-to-end tests run the binaries from
+# FLEETMEND_BIN_DIR and never start cargo themselves (tests/src/procs.rs; without the
+# variable, as in a developer's plain `cargo test`, they run that same build lazily).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x scripts/setup-test-deps.sh ]; then
   scripts/setup-test-deps.sh
 fi
-exec cargo test --workspace "$@"
+
+# Step timings go to stderr so a CI log shows where the time went.
+step() {
+  local name=$1 start=$SECONDS
+  shift
+  echo "test.sh: $name: $*" >&2
+  "$@"
+  echo "test.sh: $name took $((SECONDS - start)) s" >&2
+}
+
+profile=debug
+build_args=()
+for a in "$@"; do
+  [ "$a" = -- ] && break
+  if [ "$a" = --release ]; then
+    profile=release
+    build_args=(--release)
+  fi
+done
+step build cargo build --workspace --bins --tests "${build_args[@]}"
+target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
+FLEETMEND_BIN_DIR="$target_dir/$profile" step test cargo test --workspace "$@"

@@ -14,7 +14,7 @@
 //! error telling the reader to run `scripts/setup-test-deps.sh`, never a silent skip.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -543,48 +543,15 @@ impl Drop for Sushy {
     }
 }
 
-/// The `bmc-gateway` binary, built on demand (once per test process) with the same profile as
-/// the running test; `FLEETMEND_BMC_GATEWAY_BIN` overrides it.
+/// The `bmc-gateway` binary: [`crate::procs::bin`], so it comes from the same single build
+/// of every workspace binary as `coordinator` and `node-agent` (or from `FLEETMEND_BIN_DIR`).
 pub fn gateway_binary() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("FLEETMEND_BMC_GATEWAY_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| build_gateway().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(|e| anyhow!(e))
-}
-
-fn build_gateway() -> Result<PathBuf> {
-    let release = !cfg!(debug_assertions);
-    let mut cmd = std::process::Command::new(env!("CARGO"));
-    cmd.current_dir(workspace_root()).args([
-        "build",
-        "-q",
-        "-p",
-        "fleetmend-bmc-gateway",
-        "--bin",
-        "bmc-gateway",
-    ]);
-    if release {
-        cmd.arg("--release");
-    }
-    let st = cmd
-        .status()
-        .context("running cargo build for bmc-gateway")?;
-    if !st.success() {
-        bail!("cargo build -p fleetmend-bmc-gateway failed");
-    }
-    // target/<profile>/deps/<test> → target/<profile>/bmc-gateway
-    let exe = std::env::current_exe()?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test binary has no target dir")?;
-    let p = profile_dir.join("bmc-gateway");
+    let p = crate::procs::bin("bmc-gateway");
     if !p.is_file() {
-        bail!("{} missing after cargo build", p.display());
+        bail!(
+            "{} missing after building the workspace's binaries (is FLEETMEND_BIN_DIR right?)",
+            p.display()
+        );
     }
     Ok(p)
 }

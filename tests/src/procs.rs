@@ -3,11 +3,15 @@
 //! `coordinatorctl … --json` parsed into the protocol's types.
 //!
 //! Binaries: integration tests in this crate get no `CARGO_BIN_EXE_*` for other packages,
-//! so [`bin`] builds them once per test process with
-//! `cargo build --workspace --bins --tests` (same profile and
-//! target directory as the running test, found from the test executable's path:
-//! `target/<profile>/deps/<test>`), guarded by a `OnceLock`; cargo's own lock serialises
-//! concurrent test processes. Set `FLEETMEND_BIN_DIR` to use prebuilt binaries instead.
+//! so [`bin`] is the one way every test finds a workspace binary (`coordinator`,
+//! `coordinatorctl`, `node-agent`, `bmc-gateway`, …). With `FLEETMEND_BIN_DIR` set it uses the
+//! binaries there and runs no cargo at all: `scripts/test.sh` (and so CI) builds every binary
+//! once up front with `cargo build --workspace --bins --tests` and sets it. Without it (a
+//! developer's plain `cargo test`), the first [`bin`] call of a test process runs that same
+//! build, in the same profile and target directory as the running test (found from the test
+//! executable's path: `target/<profile>/deps/<test>`), guarded by a `OnceLock`; cargo's own
+//! lock serialises concurrent test processes, and after the first one it only checks that
+//! everything is fresh.
 //!
 //! Every child is killed when its handle drops, its stderr goes to a log file the test can
 //! search, and every wait has a timeout. Children never inherit the test's `FLEETMEND_*`
@@ -58,8 +62,8 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The directory holding `coordinator`, `coordinatorctl` and `node-agent`, built on first
-/// use (see the module docs).
+/// The directory holding the workspace's binaries: `FLEETMEND_BIN_DIR`, or the running test's
+/// target profile directory after one build (see the module docs).
 pub fn bin_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -106,7 +110,7 @@ pub fn bin_dir() -> &'static Path {
             .expect("cannot run cargo to build the binaries under test");
         assert!(
             status.success(),
-            "building coordinator and node-agent failed ({status}); set FLEETMEND_BIN_DIR to use prebuilt binaries"
+            "building the workspace's binaries failed ({status}); set FLEETMEND_BIN_DIR to use prebuilt binaries"
         );
         profile_dir
     })

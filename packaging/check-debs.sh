@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Checks the packages made by packaging/build-debs.sh (target/debian/*.deb):
+#   1. dpkg-deb --info and --contents of each;
+#   2. lintian: no errors (warnings are printed);
+#   3. in a throwaway root, per package: install, reinstall (the upgrade path of the
+#      maintainer scripts), `systemd-analyze verify` and `systemd-analyze security --offline`
+#      on the installed unit, remove, purge; then nothing may be left behind.
+# Installs what it needs with apt (lintian; systemd for systemd-analyze). Runs as root.
+#
+# The throwaway root is the host's own root under a copy-on-write overlay in a private mount
+# namespace (unshare -m): dpkg runs chrooted into it, every write lands in the overlay's upper
+# directory, and that directory is exactly "what the package changed". No network and no
+# debootstrap are needed, and the host is never touched. There is no running systemd in the
+# root (no /run/systemd/system), as in any chroot, so the maintainer scripts take their
+# offline paths: deb-systemd-helper enable/purge without start/stop.
+#
+# Writes the exposure scores to target/debian/security.txt.
+# Usage: packaging/check-debs.sh [DEB...]   (default: target/debian/fleetmend-*.deb)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+say() { echo "check-debs: $*"; }
+fail() { echo "check-debs: FAIL: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || fail "run as root (dpkg in a throwaway root, apt-get)"
+
+need_apt=()
+command -v lintian >/dev/null 2>&1 || need_apt+=(lintian)
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  say "apt-get install ${need_apt[*]}"
+  env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}" </dev/null
+fi
+
+if [ $# -gt 0 ]; then
+  debs=("$@")
+else
+  debs=(target/debian/fleetmend-*.deb)
+fi
+[ -e "${debs[0]}" ] || fail "no packages: run packaging/build-debs.sh first"
+
+report="$ROOT/target/debian/security.txt"
+: >"$report"
+
+for deb in "${debs[@]}"; do
+  deb=$(realpath "$deb")
+  pkg=$(dpkg-deb --field "$deb" Package)
+  say "== $pkg ($(basename "$deb"))"
+  dpkg-deb --info "$deb"
+  dpkg-deb --contents "$deb"
+
+  # Tags that only make sense for packages built from a Debian source package (changelog,
+  # manual pages, the archive's copyright format) are not errors for a vendor package;
+  # lintian still prints everything else, and any error fails the check.
+  say "lintian $pkg"
+  lintian --fail-on error --no-tag-display-limit \
+    --suppress-tags no-manual-page,no-changelog,debian-changelog-file-missing-or-wrong-name \
+    "$deb"
+
+  unit_path=$(dpkg-deb --contents "$deb" | awk '{print $NF}' | grep -E '^\./(usr/)?lib/systemd/system/[^/]+\.service$' | head -n1 | sed 's|^\.||')
+  unit=$(basename "${unit_path:-none}")
+  [ -n "$unit_path" ] || fail "$pkg ships no systemd unit"
+
+  work=$(mktemp -d /tmp/check-debs.XXXXXX)
+  mkdir -p "$work/upper" "$work/work" "$work/root"
+  # Everything below runs in a private mount namespace: the overlay and its bind mounts
+  # vanish with it.
+  unshare -m env PKG="$pkg" DEB="$deb" UNIT="$unit" UNIT_PATH="$unit_path" W="$work" bash -euo pipefail <<'INNER'
+mount --make-rprivate /
+mount -t overlay overlay -o "lowerdir=/,upperdir=$W/upper,workdir=$W/work" "$W/root"
+mount -t proc proc "$W/root/proc"
+mount --rbind /dev "$W/root/dev"
+mount -t tmpfs tmpfs "$W/root/tmp"
+mount -t tmpfs tmpfs "$W/root/run"
+cp "$DEB" "$W/root/tmp/pkg.deb"
+in_root() { chroot "$W/root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "$@"; }
+
+echo "check-debs: dpkg -i $PKG (install)"
+in_root dpkg -i /tmp/pkg.deb
+echo "check-debs: dpkg -i $PKG (again: the upgrade path)"
+in_root dpkg -i /tmp/pkg.deb
+in_root dpkg-query -W -f='${Status}\n' "$PKG" | grep -qx 'install ok installed'
+# Enabled on install (deb-systemd-helper's symlink), not running (no systemd here).
+in_root test -L "/etc/systemd/system/multi-user.target.wants/$UNIT" ||
+  { echo "check-debs: FAIL: $UNIT not enabled after install" >&2; exit 1; }
+for b in $(in_root dpkg -L "$PKG" | grep '^/usr/bin/'); do
+  in_root "$b" --version
+done
+if [ "$PKG" = fleetmend-coordinator ]; then
+  in_root getent passwd fleetmend >/dev/null ||
+    { echo "check-debs: FAIL: no fleetmend user after install" >&2; exit 1; }
+fi
+
+echo "check-debs: systemd-analyze verify $UNIT"
+in_root systemd-analyze verify "$UNIT_PATH"
+echo "check-debs: systemd-analyze security --offline=true $UNIT"
+in_root systemd-analyze security --offline=true --no-pager "$UNIT_PATH" >"$W/security.txt" || true
+cat "$W/security.txt"
+
+echo "check-debs: dpkg --remove, --purge $PKG"
+in_root dpkg --remove "$PKG"
+in_root dpkg --purge "$PKG"
+if in_root dpkg-query -W "$PKG" >/dev/null 2>&1; then
+  in_root dpkg-query -W -f='${Status}\n' "$PKG" | grep -q 'not-installed' ||
+    { echo "check-debs: FAIL: $PKG still known to dpkg after purge" >&2; exit 1; }
+fi
+INNER
+  # The host's root is the lower layer; whatever the upper layer still holds that differs
+  # from it was left behind by the package. dpkg's own bookkeeping and logs, the shadow-utils
+  # backup files (/etc/passwd- and friends) and the mount points of the namespace are expected.
+  left=$(cd "$work/upper" && find . -mindepth 1 \( -type f -o -type l -o -type c \) | sed 's|^\./|/|' | sort |
+    grep -Ev '^/(var/lib/dpkg/|var/log/|var/cache/debconf/|tmp/|run/|proc/|dev/)' |
+    grep -Ev '^/etc/(passwd|group|shadow|gshadow|subuid|subgid)-$' |
+    while read -r f; do
+      up="$work/upper$f"
+      if [ -c "$up" ]; then
+        echo "removed from the host root: $f"
+      elif [ -L "$up" ]; then
+        [ -L "$f" ] && [ "$(readlink "$up")" = "$(readlink "$f")" ] || echo "$f"
+      elif [ -f "$f" ] && cmp -s "$up" "$f"; then
+        :
+      else
+        echo "$f"
+      fi
+    done || true)
+  newdirs=$(cd "$work/upper" && find . -mindepth 1 -type d | sed 's|^\./|/|' |
+    grep -Ev '^/(var/lib/dpkg|var/log|var/cache/debconf|tmp|run|proc|dev)(/|$)' |
+    while read -r d; do [ -d "$d" ] || echo "$d/"; done || true)
+  if [ -n "$left$newdirs" ]; then
+    printf '%s\n' "$left" "$newdirs" | sed '/^$/d' >&2
+    fail "$pkg: purge left the above behind"
+  fi
+  say "$pkg: install, reinstall, remove, purge: nothing left behind"
+  exposure=$(grep -o 'Overall exposure level for .*' "$work/security.txt" || echo "no exposure reported for $unit")
+  echo "$pkg $exposure" | tee -a "$report"
+  cp "$work/security.txt" "$ROOT/target/debian/security-$unit.txt"
+  rm -rf "$work"
+done
+say "ok: ${#debs[@]} packages; exposure in $report"
