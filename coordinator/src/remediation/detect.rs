@@ -450,6 +450,13 @@ mod tests {
         let (rule, s) = case().machine("a").dead(300).view_age(120).held("a");
         assert_eq!(rule, Rule::NodeViewStale);
         assert!(s.contains("Kubernetes view is 2m old (limit 30s)"), "{s}");
+        let p = case().machine("a").dead(300).view_age(120).run();
+        let l = p
+            .limits
+            .iter()
+            .find(|l| l.rule == Rule::NodeViewStale)
+            .unwrap();
+        assert!(l.holding && l.sentence.contains("2m old"), "{}", l.sentence);
         let (rule, _) = case()
             .machine("a")
             .dead(300)

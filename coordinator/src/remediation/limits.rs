@@ -378,6 +378,28 @@ impl<'a> Limiter<'a> {
             Some((reason, _)) => push(Rule::Paused, true, format!("paused: {reason}")),
             None => push(Rule::Paused, false, "not paused".into()),
         }
+        match ctx.input.kube {
+            None => push(
+                Rule::NodeViewStale,
+                false,
+                "no [kubernetes] section: the agent signal alone counts".into(),
+            ),
+            Some(k) if k.is_fresh(ctx.now) => push(
+                Rule::NodeViewStale,
+                false,
+                format!("Kubernetes view fresh (limit {})", human(k.max_age)),
+            ),
+            Some(k) => push(
+                Rule::NodeViewStale,
+                true,
+                format!(
+                    "Kubernetes view {} (limit {}): decisions that need it are held",
+                    k.age(ctx.now)
+                        .map_or("never loaded".into(), |a| format!("{} old", human(a))),
+                    human(k.max_age)
+                ),
+            ),
+        }
         match &self.isolated {
             Some(s) => push(Rule::SelfIsolation, true, s.clone()),
             None => push(
