@@ -30,12 +30,19 @@ pub const DEFAULT_NODE_STARTUP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// Why a `[remediation]` section cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("config key `remediation.{key}`: {message}")]
-pub struct RemediationConfigError {
-    /// The dotted key below `remediation.`.
-    pub key: String,
-    /// What is wrong and what to do.
-    pub message: String,
+pub enum RemediationConfigError {
+    /// The TOML does not parse, or a key is unknown, missing or of the wrong type (the
+    /// message names it and its position).
+    #[error("config section [remediation]: {0}")]
+    Parse(String),
+    /// A value parses but cannot be used.
+    #[error("config key `remediation.{key}`: {message}")]
+    Invalid {
+        /// The dotted key below `remediation.`.
+        key: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
 }
 
 impl RemediationConfigError {
@@ -525,13 +532,8 @@ impl Default for Escalation {
 impl RemediationConfig {
     /// Parses a `[remediation]` table's body from TOML text, then validates it.
     pub fn from_toml(text: &str) -> Result<Self, RemediationConfigError> {
-        let cfg: Self = toml::from_str(text).map_err(|e| RemediationConfigError {
-            key: e
-                .span()
-                .and_then(|s| text.get(s).map(str::to_string))
-                .unwrap_or_default(),
-            message: e.message().to_string(),
-        })?;
+        let cfg: Self = toml::from_str(text)
+            .map_err(|e| RemediationConfigError::Parse(e.to_string().trim_end().to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -539,7 +541,7 @@ impl RemediationConfig {
     /// Checks values serde cannot; the error names the key.
     pub fn validate(&self) -> Result<(), RemediationConfigError> {
         let err = |key: String, message: &str| {
-            Err(RemediationConfigError {
+            Err(RemediationConfigError::Invalid {
                 key,
                 message: message.to_string(),
             })
