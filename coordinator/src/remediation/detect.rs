@@ -233,12 +233,12 @@ enum Verdict {
     Unhealthy(Option<(String, bool)>),
 }
 
-fn classify(hc: &HealthCheck, m: &Machine, ctx: &Ctx<'_>) -> Verdict {
+fn classify(hc: &HealthCheck, agent: &[bool], m: &Machine, active: bool, ctx: &Ctx<'_>) -> Verdict {
     use MachineState as S;
     let now = ctx.now;
     // Under remediation, rebooting on purpose, or in an operator's hands: never healthy
     // (counting them healthy lets a gate remediate the whole cluster), never proposed.
-    if ctx.is_active(&m.address) || matches!(m.state, S::Stopped | S::Updating | S::Retiring) {
+    if active || matches!(m.state, S::Stopped | S::Updating | S::Retiring) {
         return Verdict::Unhealthy(None);
     }
     if ctx.input.kube.is_some() && m.node.as_ref().is_none_or(|n| n.ready().is_none()) {
@@ -259,8 +259,8 @@ fn classify(hc: &HealthCheck, m: &Machine, ctx: &Ctx<'_>) -> Verdict {
     }
     let reporting = matches!(m.state, S::Healthy | S::Unhealthy);
     let mut pending = false;
-    for c in &hc.unhealthy_conditions {
-        let since = if c.is_agent_check() {
+    for (c, &is_agent) in hc.unhealthy_conditions.iter().zip(agent) {
+        let since = if is_agent {
             // A silent agent's last failures are old news; two-signal death covers it.
             if !reporting {
                 continue;
@@ -283,15 +283,11 @@ fn classify(hc: &HealthCheck, m: &Machine, ctx: &Ctx<'_>) -> Verdict {
             let s = format!(
                 "{} is {} for {} (timeout {})",
                 c.type_,
-                if c.is_agent_check() {
-                    "failing"
-                } else {
-                    &c.status
-                },
+                if is_agent { "failing" } else { &c.status },
                 human(held),
                 human(c.timeout)
             );
-            return Verdict::Unhealthy(Some((s, !c.is_agent_check())));
+            return Verdict::Unhealthy(Some((s, !is_agent)));
         }
         pending = true;
     }
@@ -308,12 +304,17 @@ pub(super) fn health_checks<'a>(ctx: &Ctx<'a>, out: &mut Detected<'a>) {
         let mut pool = 0usize;
         let mut unhealthy = 0usize;
         let mut proposed = Vec::new();
-        for m in &ctx.input.machines {
+        let agent: Vec<bool> = hc
+            .unhealthy_conditions
+            .iter()
+            .map(|c| c.is_agent_check())
+            .collect();
+        for (i, m) in ctx.input.machines.iter().enumerate() {
             if m.state == MachineState::Retired || !hc.selector.matches(m) {
                 continue;
             }
             pool += 1;
-            let Verdict::Unhealthy(fire) = classify(hc, m, ctx) else {
+            let Verdict::Unhealthy(fire) = classify(hc, &agent, m, ctx.is_active_at(i), ctx) else {
                 continue;
             };
             unhealthy += 1;

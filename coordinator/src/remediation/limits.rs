@@ -146,35 +146,36 @@ impl<'a> Limiter<'a> {
     /// and still are.
     fn correlated(&self) -> BTreeMap<&'a str, String> {
         let cf = &self.ctx.cfg.limits.correlated_failure;
-        let mut by_domain: HashMap<&str, (usize, Vec<Timestamp>)> = HashMap::new();
-        for m in &self.ctx.input.machines {
-            let e = by_domain
-                .entry(self.ctx.cfg.failure_domain.of(m))
-                .or_default();
-            e.0 += 1;
-            let failed = match m.state {
+        let domain = &self.ctx.cfg.failure_domain;
+        let machines = &self.ctx.input.machines;
+        // Only failed machines are grouped (a handful); a domain's size is counted only
+        // when it is in an event, so a pass does not hash every machine's domain.
+        let mut failed: HashMap<&str, Vec<Timestamp>> = HashMap::new();
+        for m in machines {
+            let is_failed = match m.state {
                 MachineState::Unhealthy => true,
                 MachineState::Unreachable => m.goodbye.is_none(),
                 _ => false,
             };
-            if failed {
-                e.1.push(m.since);
+            if is_failed {
+                failed.entry(domain.of(m)).or_default().push(m.since);
             }
         }
-        let word = self.ctx.cfg.failure_domain.word();
         let mut out = BTreeMap::new();
-        for (d, (total, mut onsets)) in by_domain {
+        for (d, mut onsets) in failed {
             if onsets.len() < cf.machines as usize {
                 continue;
             }
             onsets.sort_unstable();
             let (n, spread, _) = burst(&onsets, cf.window);
             if n >= cf.machines as usize {
+                let total = machines.iter().filter(|m| domain.of(m) == d).count();
                 out.insert(
                     d,
                     format!(
-                        "held: {word} {d} lost {n} of {total} machines in {} ({} or more \
+                        "held: {} {d} lost {n} of {total} machines in {} ({} or more \
                          within {} is an infrastructure event, not {n} repairs)",
+                        domain.word(),
                         human(spread),
                         cf.machines,
                         human(cf.window)
