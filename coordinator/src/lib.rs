@@ -16,5 +16,6 @@ pub mod health;
 pub mod inventory;
 pub mod k8s;
 pub mod metrics;
+pub mod remediation;
 pub mod repair;
 pub mod store;

@@ -1,0 +1,802 @@
+//! The `[remediation]` section: detectors, their gates and the storm limits.
+//!
+//! Parsed with serde like the rest of the coordinator config (`deny_unknown_fields`,
+//! durations as strings such as `"30s"` or `"5m"` through [`crate::config::duration`]).
+//! Every default is chosen to work on a fresh install and carries its reason. Not yet part
+//! of [`crate::config::Config`]: the loop that runs the detectors wires it in next.
+//! [`RemediationConfig::validate`] names the offending key in every error.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::input::Machine;
+use crate::config::duration;
+use crate::health::MachineState;
+
+/// Two kubelet Lease renewals (kubelet renews every 10 s): one late renewal is not death.
+pub const DEFAULT_LEASE_STALE: Duration = Duration::from_secs(20);
+/// Enough for a rack's worth of repairs, small enough that a detector bug cannot fill the
+/// queue with the fleet. CKE's default 0 never enqueues anything.
+pub const DEFAULT_MAXIMUM_REPAIR_QUEUE_ENTRIES: u32 = 10;
+/// A machine that overran its goodbye grace, or has no Lease to confirm its death, gets
+/// five more minutes: a slow firmware POST of a large server takes that long.
+pub const DEFAULT_WAIT_SECONDS_TO_REPAIR_REBOOTING: u64 = 300;
+/// Bare metal: POST, firmware, PXE and a full boot take far longer than a cloud VM's
+/// 10 minutes (Cluster API's default).
+pub const DEFAULT_NODE_STARTUP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// Why a `[remediation]` section cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemediationConfigError {
+    /// The TOML does not parse, or a key is unknown, missing or of the wrong type (the
+    /// message names it and its position).
+    #[error("config section [remediation]: {0}")]
+    Parse(String),
+    /// A value parses but cannot be used.
+    #[error("config key `remediation.{key}`: {message}")]
+    Invalid {
+        /// The dotted key below `remediation.`.
+        key: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+impl RemediationConfigError {
+    /// Never: a config must be fixed by a person.
+    pub fn is_retriable(&self) -> bool {
+        false
+    }
+}
+
+/// `[remediation]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemediationConfig {
+    /// Observe mode (dry run): every decision recorded as "would enqueue", nothing enqueued.
+    /// Off by default so a configured remediation acts; turn it on for a first week.
+    pub observe: bool,
+    /// The failure domain: `rack` (default: a rack shares a switch and a PDU) or
+    /// `label:NAME` for a label's value.
+    pub failure_domain: FailureDomain,
+    /// How long the kubelet Lease must be unrenewed before it counts as the second signal.
+    #[serde(with = "duration")]
+    pub lease_stale: Duration,
+    /// sabakan-style auto-repair.
+    pub auto_repair: AutoRepair,
+    /// CKE's limiter: if entries in the queue plus new candidates exceed this, none of the
+    /// candidates is enqueued.
+    pub maximum_repair_queue_entries: u32,
+    /// CKE's limiter: an unreachable machine that said goodbye for a reboot, or is not a
+    /// Kubernetes node, waits this many seconds (from becoming unreachable) first.
+    pub wait_seconds_to_repair_rebooting: u64,
+    /// MachineHealthCheck-style checks.
+    pub health_checks: Vec<HealthCheck>,
+    /// Storm limits over every detector.
+    pub limits: Limits,
+}
+
+impl Default for RemediationConfig {
+    fn default() -> Self {
+        Self {
+            observe: false,
+            failure_domain: FailureDomain::Rack,
+            lease_stale: DEFAULT_LEASE_STALE,
+            auto_repair: AutoRepair::default(),
+            maximum_repair_queue_entries: DEFAULT_MAXIMUM_REPAIR_QUEUE_ENTRIES,
+            wait_seconds_to_repair_rebooting: DEFAULT_WAIT_SECONDS_TO_REPAIR_REBOOTING,
+            health_checks: Vec::new(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// What groups machines that fail together.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum FailureDomain {
+    /// The machine's rack.
+    Rack,
+    /// The value of a label (machines without it share the domain `<unset>`).
+    Label(String),
+}
+
+impl TryFrom<String> for FailureDomain {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.strip_prefix("label:") {
+            _ if s == "rack" => Ok(FailureDomain::Rack),
+            Some(l) if !l.is_empty() => Ok(FailureDomain::Label(l.to_string())),
+            _ => Err(format!(
+                "failure_domain {s:?} is neither \"rack\" nor \"label:NAME\""
+            )),
+        }
+    }
+}
+
+impl FailureDomain {
+    /// The domain `m` belongs to; machines without the domain label share `<unset>`.
+    pub fn of<'m>(&self, m: &'m Machine) -> &'m str {
+        match self {
+            FailureDomain::Rack => &m.rack,
+            FailureDomain::Label(l) => m.labels.get(l).map_or("<unset>", String::as_str),
+        }
+    }
+
+    /// `rack` or the label's name, for sentences.
+    pub fn word(&self) -> &str {
+        match self {
+            FailureDomain::Rack => "rack",
+            FailureDomain::Label(l) => l,
+        }
+    }
+}
+
+/// `[remediation.auto_repair]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AutoRepair {
+    /// On by default: the defaults below are safe to run.
+    pub enabled: bool,
+    /// A machine must match every field given here (each list: any of its values).
+    pub having: MachineFilter,
+    /// A machine matching any field given here is left alone.
+    pub not_having: MachineFilter,
+}
+
+impl Default for AutoRepair {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            // sabakan's defaults: repair what is broken or gone …
+            having: MachineFilter {
+                states: vec![MachineState::Unhealthy, MachineState::Unreachable],
+                ..MachineFilter::default()
+            },
+            // … but never the boot servers the repairs themselves depend on.
+            not_having: MachineFilter {
+                roles: vec!["boot".into()],
+                ..MachineFilter::default()
+            },
+        }
+    }
+}
+
+/// sabakan's `MachineParams`: states, roles, racks, labels. Empty fields say nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MachineFilter {
+    /// States, by name (`unhealthy`, `unreachable`, …).
+    #[serde(deserialize_with = "states")]
+    pub states: Vec<MachineState>,
+    /// Roles.
+    pub roles: Vec<String>,
+    /// Racks.
+    pub racks: Vec<String>,
+    /// Labels, each `key = value`.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl MachineFilter {
+    /// True when `m` matches every field given (sabakan's `having`).
+    pub fn matches_all(&self, m: &Machine) -> bool {
+        (self.states.is_empty() || self.states.contains(&m.state))
+            && (self.roles.is_empty() || self.roles.contains(&m.role))
+            && (self.racks.is_empty() || self.racks.contains(&m.rack))
+            && self.labels.iter().all(|(k, v)| m.labels.get(k) == Some(v))
+    }
+
+    /// True when `m` matches any field given (sabakan's `notHaving`).
+    pub fn matches_any(&self, m: &Machine) -> bool {
+        self.states.contains(&m.state)
+            || self.roles.contains(&m.role)
+            || self.racks.contains(&m.rack)
+            || self.labels.iter().any(|(k, v)| m.labels.get(k) == Some(v))
+    }
+}
+
+fn states<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<MachineState>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|s| s.parse().map_err(serde::de::Error::custom))
+        .collect()
+}
+
+/// One `[[remediation.health_checks]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    /// Name, shown in decisions.
+    pub name: String,
+    /// Which machines it watches; empty matches all.
+    #[serde(default)]
+    pub selector: Selector,
+    /// Any of these, held for its timeout, makes a machine unhealthy.
+    pub unhealthy_conditions: Vec<UnhealthyCondition>,
+    /// A machine whose Node has not turned Ready this long after boot is unhealthy.
+    #[serde(default = "default_node_startup_timeout", with = "duration")]
+    pub node_startup_timeout: Duration,
+    /// Remediate only while at most this many (count or `"N%"`) of the selected machines
+    /// are unhealthy. Exclusive with `unhealthy_range`.
+    #[serde(default)]
+    pub max_unhealthy: Option<Threshold>,
+    /// Remediate only while the unhealthy count is within `"[min-max]"`.
+    #[serde(default)]
+    pub unhealthy_range: Option<UnhealthyRange>,
+    /// The operation to enqueue; defaults to `unhealthy`, the operation auto-repair uses
+    /// for the same machines, so one repair procedure serves both.
+    #[serde(default = "default_operation")]
+    pub operation: String,
+}
+
+fn default_node_startup_timeout() -> Duration {
+    DEFAULT_NODE_STARTUP_TIMEOUT
+}
+fn default_operation() -> String {
+    "unhealthy".into()
+}
+
+/// A health check's machine selector. Every field given must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Selector {
+    /// Labels, each `key = value`.
+    pub labels: BTreeMap<String, String>,
+    /// Racks.
+    pub racks: Vec<String>,
+    /// Roles.
+    pub roles: Vec<String>,
+    /// Machine types.
+    pub machine_types: Vec<String>,
+}
+
+impl Selector {
+    /// True when `m` is watched.
+    pub fn matches(&self, m: &Machine) -> bool {
+        self.labels.iter().all(|(k, v)| m.labels.get(k) == Some(v))
+            && (self.racks.is_empty() || self.racks.contains(&m.rack))
+            && (self.roles.is_empty() || self.roles.contains(&m.role))
+            && (self.machine_types.is_empty()
+                || m.machine_type
+                    .as_ref()
+                    .is_some_and(|t| self.machine_types.contains(t)))
+    }
+}
+
+/// The agent check kinds a condition `type` may name instead of a Node condition.
+pub const AGENT_CHECK_KINDS: [&str; 4] = ["kubelet", "nic", "disk", "kdump"];
+
+/// One unhealthy condition.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnhealthyCondition {
+    /// A Node condition type (`Ready`, `KernelDeadlock`, …) or an agent check (`kubelet`,
+    /// `nic`, `nic:eth0`, `disk:/var`, `kdump`).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`. An agent check's status is `False` while it fails.
+    pub status: String,
+    /// How long the condition must hold.
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+}
+
+impl UnhealthyCondition {
+    /// True when `type` names an agent check.
+    pub fn is_agent_check(&self) -> bool {
+        let kind = self.type_.split(':').next().unwrap_or("");
+        AGENT_CHECK_KINDS.contains(&kind)
+    }
+}
+
+/// A count or a percentage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawThreshold")]
+pub enum Threshold {
+    /// A number of machines.
+    Count(u32),
+    /// A percentage of the machines considered.
+    Percent(u32),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawThreshold {
+    Count(u32),
+    Text(String),
+}
+
+impl TryFrom<RawThreshold> for Threshold {
+    type Error = String;
+    fn try_from(r: RawThreshold) -> Result<Self, String> {
+        match r {
+            RawThreshold::Count(n) => Ok(Threshold::Count(n)),
+            RawThreshold::Text(s) => {
+                let bad = || format!("{s:?} is neither a count nor a percentage like \"40%\"");
+                match s.trim().strip_suffix('%') {
+                    Some(p) => p.trim().parse().map(Threshold::Percent).map_err(|_| bad()),
+                    None => s.trim().parse().map(Threshold::Count).map_err(|_| bad()),
+                }
+            }
+        }
+    }
+}
+
+impl Threshold {
+    /// How many machines of `total` this allows. A percentage rounds down (Cluster API's
+    /// rule) but never below one machine of a non-empty pool: 20 % of a pool of four would
+    /// otherwise be zero, and the gate would never let a single repair through.
+    pub fn of(self, total: usize) -> usize {
+        match self {
+            Threshold::Count(n) => n as usize,
+            Threshold::Percent(_) if total == 0 => 0,
+            Threshold::Percent(p) => (total * p as usize / 100).max(1),
+        }
+    }
+}
+
+impl fmt::Display for Threshold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Threshold::Count(n) => write!(f, "{n}"),
+            Threshold::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+/// `"[min-max]"`: remediate only while the unhealthy count is within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct UnhealthyRange {
+    /// Smallest count that remediates.
+    pub min: usize,
+    /// Largest count that remediates.
+    pub max: usize,
+}
+
+impl TryFrom<String> for UnhealthyRange {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a range like \"[1-3]\"");
+        let inner = s
+            .trim()
+            .strip_prefix('[')
+            .and_then(|r| r.strip_suffix(']'))
+            .ok_or_else(bad)?;
+        let (a, b) = inner.split_once('-').ok_or_else(bad)?;
+        let (min, max) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if min > max {
+            return Err(format!("{s:?}: min is larger than max"));
+        }
+        Ok(Self { min, max })
+    }
+}
+
+/// `[remediation.limits]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Fleet-wide cap on repairs in flight.
+    pub fleet_cap: FleetCap,
+    /// Slow start per failure domain.
+    pub slow_start: SlowStart,
+    /// Correlated failure in one domain.
+    pub correlated_failure: Correlated,
+    /// Self-isolation: most agents silent at once.
+    pub self_isolation: SelfIsolation,
+    /// Rate of disruptive remediations.
+    pub rate: Rate,
+    /// Escalation bound per machine.
+    pub escalation: Escalation,
+}
+
+/// At most `min(count, percent of the fleet)` repairs in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetCap {
+    /// Binds in a large fleet, where a percentage would allow hundreds at once.
+    pub count: u32,
+    /// Binds in a small fleet (never below one machine).
+    pub percent: u32,
+}
+
+impl Default for FleetCap {
+    fn default() -> Self {
+        // 10 at once is a rack's worth of drains; 5 % keeps a 40-machine cluster at 2.
+        Self {
+            count: 10,
+            percent: 5,
+        }
+    }
+}
+
+/// Per-domain width: 1, doubling per confirmed success, back to 1 on a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlowStart {
+    /// Starting width. One: the first repair in a domain proves the procedure works there.
+    pub width: u32,
+    /// Largest width. Eight drains at once is as much as one rack's spare capacity takes.
+    pub max_width: u32,
+    /// A success counts once the machine stayed healthy this long after its repair.
+    #[serde(with = "duration")]
+    pub success_after: Duration,
+    /// How far back repair outcomes count.
+    #[serde(with = "duration")]
+    pub lookback: Duration,
+}
+
+impl Default for SlowStart {
+    fn default() -> Self {
+        Self {
+            width: 1,
+            max_width: 8,
+            // Five minutes outlasts a kubelet crash loop's backoff, so a relapse shows.
+            success_after: Duration::from_secs(300),
+            // A day: yesterday's successes say little about today's failure.
+            lookback: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// `machines` or more of one domain failing within `window` is an infrastructure event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Correlated {
+    /// Three: two machines of a rack failing together happens; three is a switch or a PDU.
+    pub machines: u32,
+    /// A minute: a rack that loses power loses its machines within seconds.
+    #[serde(with = "duration")]
+    pub window: Duration,
+}
+
+impl Default for Correlated {
+    fn default() -> Self {
+        Self {
+            machines: 3,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// More than `percent` of all agents (and at least `min_silent`) silent within `window`:
+/// the coordinator suspects its own network and admits nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SelfIsolation {
+    /// 30 %: more than any single rack or switch of a real fleet, far less than "all".
+    pub percent: u32,
+    /// Two silent agents are ordinary failures even in a tiny fleet.
+    pub min_silent: u32,
+    /// A partition silences every agent within one or two report intervals.
+    #[serde(with = "duration")]
+    pub window: Duration,
+}
+
+impl Default for SelfIsolation {
+    fn default() -> Self {
+        Self {
+            percent: 30,
+            min_silent: 3,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Admitted remediations per hour. Every remediation counts as disruptive: its procedure
+/// may reboot, power-cycle or fence, and the core cannot see which step will.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Rate {
+    /// Fleet-wide: 20 an hour keeps a broken detector from cycling a fleet in an afternoon.
+    pub per_hour: u32,
+    /// Per domain: 5 an hour, a quarter of a 20-machine rack.
+    pub per_domain_per_hour: u32,
+}
+
+impl Default for Rate {
+    fn default() -> Self {
+        Self {
+            per_hour: 20,
+            per_domain_per_hour: 5,
+        }
+    }
+}
+
+/// At most `max_remediations` per machine within `window`; past it, `needs-human`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Escalation {
+    /// Three: a reboot, a power cycle and a fence, then a person.
+    pub max_remediations: u32,
+    /// A day, so a weekly flake is repaired but a daily loop is not.
+    #[serde(with = "duration")]
+    pub window: Duration,
+}
+
+impl Default for Escalation {
+    fn default() -> Self {
+        Self {
+            max_remediations: 3,
+            window: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl RemediationConfig {
+    /// Parses a `[remediation]` table's body from TOML text, then validates it.
+    pub fn from_toml(text: &str) -> Result<Self, RemediationConfigError> {
+        let cfg: Self = toml::from_str(text)
+            .map_err(|e| RemediationConfigError::Parse(e.to_string().trim_end().to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks values serde cannot; the error names the key.
+    pub fn validate(&self) -> Result<(), RemediationConfigError> {
+        let err = |key: String, message: &str| {
+            Err(RemediationConfigError::Invalid {
+                key,
+                message: message.to_string(),
+            })
+        };
+        if self.lease_stale.is_zero() {
+            return err("lease_stale".into(), "must be greater than 0");
+        }
+        let l = &self.limits;
+        for (key, v) in [
+            ("limits.fleet_cap.count", l.fleet_cap.count),
+            ("limits.slow_start.width", l.slow_start.width),
+            (
+                "limits.correlated_failure.machines",
+                l.correlated_failure.machines,
+            ),
+            (
+                "limits.self_isolation.min_silent",
+                l.self_isolation.min_silent,
+            ),
+            ("limits.rate.per_hour", l.rate.per_hour),
+            (
+                "limits.rate.per_domain_per_hour",
+                l.rate.per_domain_per_hour,
+            ),
+            (
+                "limits.escalation.max_remediations",
+                l.escalation.max_remediations,
+            ),
+        ] {
+            if v == 0 {
+                return err(
+                    key.into(),
+                    "must be at least 1, or nothing is ever repaired",
+                );
+            }
+        }
+        for (key, p) in [
+            ("limits.fleet_cap.percent", l.fleet_cap.percent),
+            ("limits.self_isolation.percent", l.self_isolation.percent),
+        ] {
+            if p == 0 || p > 100 {
+                return err(key.into(), "must be a percentage from 1 to 100");
+            }
+        }
+        if l.slow_start.max_width < l.slow_start.width {
+            return err(
+                "limits.slow_start.max_width".into(),
+                "must be at least limits.slow_start.width",
+            );
+        }
+        for (key, d) in [
+            (
+                "limits.correlated_failure.window",
+                l.correlated_failure.window,
+            ),
+            ("limits.self_isolation.window", l.self_isolation.window),
+            ("limits.escalation.window", l.escalation.window),
+        ] {
+            if d.is_zero() {
+                return err(key.into(), "must be greater than 0");
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, hc) in self.health_checks.iter().enumerate() {
+            let at = |k: &str| format!("health_checks[{i}].{k}");
+            if hc.name.is_empty() || !names.insert(hc.name.as_str()) {
+                return err(at("name"), "must be non-empty and unique");
+            }
+            if hc.operation.is_empty() {
+                return err(at("operation"), "must not be empty");
+            }
+            if hc.unhealthy_conditions.is_empty() {
+                return err(at("unhealthy_conditions"), "needs at least one condition");
+            }
+            for (j, c) in hc.unhealthy_conditions.iter().enumerate() {
+                if !["True", "False", "Unknown"].contains(&c.status.as_str()) {
+                    return err(
+                        at(&format!("unhealthy_conditions[{j}].status")),
+                        "must be True, False or Unknown",
+                    );
+                }
+                if c.is_agent_check() && c.status != "False" {
+                    return err(
+                        at(&format!("unhealthy_conditions[{j}].status")),
+                        "an agent check is unhealthy only as status False (failing)",
+                    );
+                }
+            }
+            match (hc.max_unhealthy, hc.unhealthy_range) {
+                (Some(_), Some(_)) => {
+                    return err(
+                        at("unhealthy_range"),
+                        "give either max_unhealthy or unhealthy_range, not both",
+                    );
+                }
+                (Some(Threshold::Percent(p)), None) if p > 100 => {
+                    return err(at("max_unhealthy"), "a percentage must be at most 100%");
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_section_gets_working_defaults() {
+        let c = RemediationConfig::from_toml("").unwrap();
+        assert_eq!(c, RemediationConfig::default());
+        assert_eq!(c.lease_stale, Duration::from_secs(20));
+        assert!(c.auto_repair.enabled);
+        assert_eq!(
+            c.auto_repair.having.states,
+            [MachineState::Unhealthy, MachineState::Unreachable]
+        );
+        assert_eq!(c.auto_repair.not_having.roles, ["boot"]);
+        assert!(c.maximum_repair_queue_entries > 0, "CKE's 0 never enqueues");
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn full_section_parses_with_units() {
+        let c = RemediationConfig::from_toml(
+            r#"
+observe = true
+failure_domain = "label:topology.kubernetes.io/zone"
+lease_stale = "30s"
+maximum_repair_queue_entries = 4
+wait_seconds_to_repair_rebooting = 120
+[auto_repair]
+having = { states = ["unreachable"], racks = ["r1"] }
+not_having = { roles = ["boot"], labels = { pinned = "yes" } }
+[[health_checks]]
+name = "ready"
+selector = { roles = ["cs"], machine_types = ["qemu"] }
+unhealthy_conditions = [
+  { type = "Ready", status = "Unknown", timeout = "5m" },
+  { type = "nic:eth0", status = "False", timeout = "1m" },
+]
+max_unhealthy = "40%"
+operation = "node-not-ready"
+[[health_checks]]
+name = "kdump"
+unhealthy_conditions = [{ type = "kdump", status = "False", timeout = "10m" }]
+unhealthy_range = "[1-3]"
+[limits]
+fleet_cap = { count = 20, percent = 10 }
+slow_start = { max_width = 4, success_after = "10m" }
+correlated_failure = { machines = 5, window = "2m" }
+self_isolation = { percent = 50, window = "30s" }
+rate = { per_hour = 6 }
+escalation = { max_remediations = 2, window = "12h" }
+"#,
+        )
+        .unwrap();
+        assert!(c.observe);
+        assert_eq!(
+            c.failure_domain,
+            FailureDomain::Label("topology.kubernetes.io/zone".into())
+        );
+        assert_eq!(c.lease_stale, Duration::from_secs(30));
+        let hc = &c.health_checks[0];
+        assert_eq!(hc.max_unhealthy, Some(Threshold::Percent(40)));
+        assert_eq!(hc.unhealthy_conditions[0].timeout, Duration::from_secs(300));
+        assert!(hc.unhealthy_conditions[1].is_agent_check());
+        assert!(!hc.unhealthy_conditions[0].is_agent_check());
+        assert_eq!(hc.node_startup_timeout, Duration::from_secs(1800));
+        assert_eq!(
+            c.health_checks[1].unhealthy_range,
+            Some(UnhealthyRange { min: 1, max: 3 })
+        );
+        assert_eq!(c.health_checks[1].operation, "unhealthy");
+        assert_eq!(c.limits.slow_start.width, 1, "unset keys keep defaults");
+        assert_eq!(c.limits.slow_start.success_after, Duration::from_secs(600));
+        assert_eq!(c.limits.rate.per_domain_per_hour, 5);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = RemediationConfig::from_toml("[limits.fleet_cap]\ncount = 3\npercentage = 5\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("percentage"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (text, key) in [
+            ("lease_stale = \"0s\"", "remediation.lease_stale"),
+            ("lease_stale = \"soon\"", "soon"),
+            ("[limits]\nrate = { per_hour = 0 }", "limits.rate.per_hour"),
+            (
+                "[limits]\nfleet_cap = { percent = 150 }",
+                "limits.fleet_cap.percent",
+            ),
+            (
+                "[limits]\nslow_start = { width = 4, max_width = 2 }",
+                "limits.slow_start.max_width",
+            ),
+            ("failure_domain = \"row\"", "row"),
+            (
+                "[[health_checks]]\nname = \"a\"\nunhealthy_conditions = []",
+                "health_checks[0].unhealthy_conditions",
+            ),
+            (
+                "[[health_checks]]\nname = \"a\"\nmax_unhealthy = 2\nunhealthy_range = \"[1-2]\"\n\
+                 unhealthy_conditions = [{ type = \"Ready\", status = \"False\", timeout = \"1m\" }]",
+                "health_checks[0].unhealthy_range",
+            ),
+            (
+                "[[health_checks]]\nname = \"a\"\n\
+                 unhealthy_conditions = [{ type = \"kubelet\", status = \"True\", timeout = \"1m\" }]",
+                "health_checks[0].unhealthy_conditions[0].status",
+            ),
+            (
+                "[[health_checks]]\nname = \"a\"\nunhealthy_range = \"[3-1]\"\n\
+                 unhealthy_conditions = [{ type = \"Ready\", status = \"False\", timeout = \"1m\" }]",
+                "min is larger",
+            ),
+        ] {
+            let e = RemediationConfig::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn percent_rounds_down_but_never_below_one_machine() {
+        assert_eq!(Threshold::Percent(40).of(5), 2);
+        assert_eq!(
+            Threshold::Percent(20).of(4),
+            1,
+            "not 0: a small pool still heals"
+        );
+        assert_eq!(Threshold::Percent(20).of(0), 0);
+        assert_eq!(Threshold::Percent(40).of(5000), 2000);
+        assert_eq!(Threshold::Count(3).of(5000), 3);
+    }
+
+    #[test]
+    fn failing_check_matches_kind_or_full_name() {
+        use super::super::input::FailingCheck;
+        let t = jiff::Timestamp::UNIX_EPOCH;
+        let c = FailingCheck {
+            name: "nic:eth0".into(),
+            since: t,
+        };
+        assert!(c.is("nic") && c.is("nic:eth0"));
+        assert!(!c.is("nic:eth1") && !c.is("disk"));
+        let k = FailingCheck {
+            name: "kubelet:kubelet".into(),
+            since: t,
+        };
+        assert!(k.is("kubelet"));
+    }
+}
