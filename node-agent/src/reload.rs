@@ -16,7 +16,7 @@ use crate::config::{Config, ConfigError};
 use crate::node::{self, NodeError};
 
 /// Reads the configuration again, exactly as at start (file, environment, flags).
-pub type LoadConfig = Box<dyn Fn() -> Result<Config, ConfigError> + Send>;
+pub type LoadConfig = Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
 
 /// Reload requests (one per SIGHUP) and how to read the configuration.
 pub struct Reloads {

@@ -106,8 +106,8 @@ pub enum Verdict {
 }
 
 /// Decides whether `rec` still names a running group of the previous coordinator, given
-/// this boot's id, what `/proc` shows for the leader's pid, and the live (non-zombie)
-/// processes whose group id is `rec.pgid`.
+/// this boot's id, what `/proc` shows for the leader's pid (a zombie included), and the
+/// live (non-zombie) processes whose group id is `rec.pgid`.
 pub fn verdict(
     rec: &GroupRecord,
     boot_id: &str,
@@ -117,10 +117,12 @@ pub fn verdict(
     if rec.boot_id != boot_id {
         return Verdict::Gone("the machine rebooted since");
     }
+    if members.is_empty() {
+        return Verdict::Gone("no process of it is left");
+    }
     match leader {
         Some(l) if l.start == rec.leader_start && l.pgid == rec.pgid => Verdict::Kill,
         Some(_) => Verdict::Gone("its pid now belongs to another process"),
-        None if members.is_empty() => Verdict::Gone("no process of it is left"),
         // Every member of a group shares one session; group and session numbers cannot be
         // reused while they have members, so these are the dead leader's descendants.
         None if members.iter().all(|m| m.session == rec.session) => Verdict::Kill,
@@ -390,6 +392,23 @@ mod tests {
             verdict(&rec(), "boot-a", None, &[]),
             Verdict::Gone(_)
         ));
+    }
+
+    #[test]
+    fn a_dead_group_is_forgotten_even_with_its_zombie_leader() {
+        let zombie = ProcStat {
+            state: 'Z',
+            ..stat(4242, 4242, 77, 1000)
+        };
+        assert!(matches!(
+            verdict(&rec(), "boot-a", Some(&zombie), &[]),
+            Verdict::Gone(_)
+        ));
+        let child = stat(4250, 4242, 77, 1010);
+        assert_eq!(
+            verdict(&rec(), "boot-a", Some(&zombie), &[child]),
+            Verdict::Kill
+        );
     }
 
     #[test]
