@@ -17,6 +17,7 @@ pub mod ipmi;
 pub mod metrics;
 pub mod power;
 pub mod redfish;
+pub mod reload;
 pub mod service;
 
 use std::net::SocketAddr;
@@ -165,10 +166,12 @@ pub struct Bound {
     pub http: Option<SocketAddr>,
 }
 
-/// Runs the gateway until `stop` is cancelled; calls `ready` once listening.
+/// Runs the gateway until `stop` is cancelled; calls `ready` once listening. Each request
+/// on `reloads` puts the TLS files in place again ([`reload`]).
 pub async fn run(
     cfg: Config,
     stop: CancellationToken,
+    reloads: Option<reload::Reloads>,
     ready: impl FnOnce(Bound),
 ) -> Result<(), StartError> {
     let tls = TlsMaterial::load(&TlsFiles {
@@ -184,6 +187,10 @@ pub async fn run(
     let gw = build(&cfg, metrics)?;
     let endpoint = tls.server_endpoint(cfg.listen)?;
     let quic = endpoint.local_addr().unwrap_or(cfg.listen);
+    if let Some(r) = reloads {
+        let reloader = reload::Reloader::new(r.path, cfg.clone(), me.clone(), endpoint.clone());
+        tokio::spawn(reload::serve(reloader, r.requests));
+    }
     let http = match cfg.http_listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)

@@ -1,11 +1,13 @@
-//! `bmc-gateway`: parse the command line and config, init tracing, run until SIGTERM/SIGINT,
-//! exit 64 on a bad configuration. Everything else lives in the library.
+//! `bmc-gateway`: parse the command line and config, init tracing, run until SIGTERM/SIGINT
+//! (SIGHUP reloads the TLS files, see `bmc_gateway::reload`), exit 64 on a bad
+//! configuration. Everything else lives in the library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use bmc_gateway::config::Config;
+use bmc_gateway::reload::Reloads;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -14,6 +16,12 @@ use tracing::{error, info};
 const EXIT_CONFIG: u8 = 64;
 
 /// Rack BMC gateway: executes power actions for the Fleetmend coordinator over IPMI and Redfish.
+///
+/// Signals: SIGTERM/SIGINT stop it after in-flight answers. SIGHUP re-reads the configuration
+/// and puts the TLS files in place for new connections (certificate renewal); changes to
+/// BMCs, credentials, limits or listen addresses are reported and need a restart. Files that
+/// do not load, or a certificate naming another identity, are refused with an error log and
+/// the running ones kept.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
@@ -73,8 +81,16 @@ fn main() -> ExitCode {
         }),
         Command::Run => rt.block_on(async {
             let stop = CancellationToken::new();
-            tokio::spawn(signals(stop.clone()));
-            let r = bmc_gateway::run(cfg, stop.clone(), |_| {
+            let (hup_tx, hup_rx) = tokio::sync::mpsc::unbounded_channel();
+            if let Err(e) = install_signals(stop.clone(), hup_tx) {
+                error!(error = %e, "cannot install signal handlers");
+                return ExitCode::FAILURE;
+            }
+            let reloads = Reloads {
+                path: cli.config.clone(),
+                requests: hup_rx,
+            };
+            let r = bmc_gateway::run(cfg, stop.clone(), Some(reloads), |_| {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
                 if let Some(period) = sd_notify::watchdog_enabled() {
                     let stop = stop.clone();
@@ -105,17 +121,29 @@ fn main() -> ExitCode {
     }
 }
 
-async fn signals(stop: CancellationToken) {
+/// Installs the handlers now (a signal arriving before is not lost to the default action
+/// after this returns) and serves them in a task: SIGTERM/SIGINT cancel `stop`, each SIGHUP
+/// is forwarded to `hup`.
+fn install_signals(
+    stop: CancellationToken,
+    hup: tokio::sync::mpsc::UnboundedSender<()>,
+) -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: stopping"),
-        _ = int.recv() => info!("SIGINT: stopping"),
-    }
-    stop.cancel();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => { info!("SIGTERM: stopping"); break; }
+                _ = int.recv() => { info!("SIGINT: stopping"); break; }
+                _ = hangup.recv() => {
+                    info!("SIGHUP: reloading the TLS files");
+                    let _ = hup.send(());
+                }
+            }
+        }
+        stop.cancel();
+    });
+    Ok(())
 }

@@ -77,6 +77,7 @@ impl AppError {
         ) || matches!(self, AppError::Fleet(FleetError::Invalid(_)))
             || matches!(self, AppError::Repair(e) if e.is_config())
             || matches!(self, AppError::Fleet(FleetError::HostnameTaken { .. }))
+            || matches!(self, AppError::Store(e) if e.is_config())
     }
 
     /// True when starting again later may succeed.
@@ -138,7 +139,9 @@ impl App {
             return Err(AppError::WrongRole(me));
         }
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
-        let store = Store::open(&config.database)?;
+        // Exclusive and writable, or no start at all: a second coordinator on this store,
+        // or one that cannot write it, must not say it serves.
+        let store = Store::open_exclusive(&config.database)?;
         let fleet =
             Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
         if let Some(path) = &config.inventory {

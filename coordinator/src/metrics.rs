@@ -3,6 +3,9 @@
 //! The endpoint is read-only and unauthenticated, so it shows counts, never machine
 //! details; it listens on its own port so it can be firewalled apart from the QUIC API.
 //! Other areas add their series by registering a [`MetricsSource`] with the server.
+//!
+//! `/healthz` answers 503 while shutting down, while the store's writes are failing (see
+//! [`crate::store::StoreHealth`]) and when the database cannot be read.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -19,7 +22,7 @@ use protocol::messages::RefusalCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::Fleet;
-use crate::store::Store;
+use crate::store::{Store, StoreHealth};
 
 /// Label of a refusal reason in metrics and logs.
 pub fn refusal_label(code: RefusalCode) -> &'static str {
@@ -181,6 +184,21 @@ impl Metrics {
     }
 }
 
+/// The store's series: failures counted and whether writes are failing now.
+pub fn render_store(health: &StoreHealth, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "# HELP fleetmend_store_failures_total Database operations that failed because the store could not be written or read.\n\
+         # TYPE fleetmend_store_failures_total counter\n\
+         fleetmend_store_failures_total {}\n\
+         # HELP fleetmend_store_failing 1 while database writes are failing (/healthz answers 503).\n\
+         # TYPE fleetmend_store_failing gauge\n\
+         fleetmend_store_failing {}",
+        health.failures(),
+        u8::from(health.failing().is_some())
+    );
+}
+
 /// Something that adds series to `/metrics` (e.g. the repair queue).
 pub trait MetricsSource: Send + Sync + 'static {
     /// Appends series in Prometheus text format.
@@ -211,6 +229,7 @@ impl std::fmt::Debug for HttpState {
 async fn metrics_handler(State(s): State<HttpState>) -> impl IntoResponse {
     let mut out = String::new();
     s.metrics.render(&s.fleet, &mut out);
+    render_store(s.store.health(), &mut out);
     for src in &s.sources {
         src.render(&mut out);
     }
@@ -228,6 +247,12 @@ async fn healthz_handler(State(s): State<HttpState>) -> impl IntoResponse {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "shutting down\n".to_string(),
+        );
+    }
+    if let Some(why) = s.store.health().failing() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("database writes are failing: {why}\n"),
         );
     }
     match s

@@ -8,6 +8,10 @@
 //! stop signal (at any point) ─▶ goodbye on the current connection, or on a fresh one
 //! ```
 //!
+//! A reload request (SIGHUP, see [`crate::reload`]) is taken between reports: the new
+//! settings apply from the next report, a changed coordinator reconnects at once, and
+//! settings that cannot be applied are refused as a whole with an error log.
+//!
 //! Every network step is bounded by a timeout, and the watchdog is pinged between steps
 //! and while waiting, so a hung agent is restarted by systemd but a coordinator outage is
 //! not mistaken for one. This module does not decide what is healthy (see `checks`) nor
@@ -33,6 +37,7 @@ use crate::backoff::{Backoff, INITIAL_BACKOFF, MAX_BACKOFF};
 use crate::checks::Checker;
 use crate::config::{Config, ConfigError, CoordinatorConfig};
 use crate::node::{self, NodeError};
+use crate::reload::{self, Reloads};
 use crate::systemd::{Notifier, ShutdownProbe};
 
 /// How long to wait for the coordinator's answer to a report. Longer than any sane
@@ -175,6 +180,10 @@ pub struct Agent {
     summary: RunSummary,
     /// Last STATUS sent, so it is sent on change only (one datagram less per cycle).
     status: &'static str,
+    /// Reload requests, when the binary handles SIGHUP.
+    reloads: Option<Reloads>,
+    /// A reload changed the coordinator: drop the connection after this pause.
+    reconnect: bool,
 }
 
 impl std::fmt::Debug for Agent {
@@ -183,6 +192,18 @@ impl std::fmt::Debug for Agent {
             .field("coordinator", &self.coordinator)
             .field("seq", &self.seq)
             .finish_non_exhaustive()
+    }
+}
+
+/// Completes on the next reload request; never without a request source.
+async fn next_reload(reloads: &mut Option<Reloads>) {
+    match reloads {
+        Some(r) => {
+            if r.requests.recv().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 
@@ -233,7 +254,43 @@ impl Agent {
             seq: 0,
             summary: RunSummary::default(),
             status: "",
+            reloads: None,
+            reconnect: false,
         })
+    }
+
+    /// Takes reload requests from `reloads` while running.
+    pub fn with_reloads(mut self, reloads: Reloads) -> Self {
+        self.reloads = Some(reloads);
+        self
+    }
+
+    /// Reads the configuration and TLS files again and applies them, or keeps the running
+    /// ones (error log) when they cannot be applied.
+    fn reload(&mut self) {
+        let Some(r) = &self.reloads else { return };
+        let prepared = (r.load)()
+            .map_err(reload::ReloadError::from)
+            .and_then(|new| reload::prepare(&self.cfg, &self.tls, new));
+        match prepared {
+            Err(e) => {
+                error!(error = %e, "reload refused; keeping the running configuration and TLS files")
+            }
+            Ok(r) => {
+                if r.checks_changed {
+                    self.checker = Checker::new(&r.cfg);
+                }
+                self.reconnect |= r.reconnect;
+                self.coordinator = r
+                    .cfg
+                    .require_coordinator()
+                    .cloned()
+                    .unwrap_or_else(|_| self.coordinator.clone());
+                self.cfg = r.cfg;
+                self.tls = r.tls;
+                info!(changed = ?r.changed, "configuration and TLS files reloaded");
+            }
+        }
     }
 
     fn set_status(&mut self, status: &'static str) {
@@ -243,8 +300,9 @@ impl Agent {
         }
     }
 
-    /// Sleeps `d`, pinging the watchdog often enough; `false` if `stop` fired.
-    async fn pause(&self, d: Duration, stop: &mut (impl Future<Output = ()> + Unpin)) -> bool {
+    /// Sleeps `d`, pinging the watchdog often enough and taking reload requests; `false`
+    /// if `stop` fired.
+    async fn pause(&mut self, d: Duration, stop: &mut (impl Future<Output = ()> + Unpin)) -> bool {
         let until = Instant::now() + d;
         loop {
             let now = Instant::now();
@@ -255,13 +313,17 @@ impl Agent {
                 Some(p) => (until - now).min(p),
                 None => until - now,
             };
-            if unless_stopped(stop, tokio::time::sleep(slice))
-                .await
-                .is_none()
-            {
-                return false;
+            let reload_requested = tokio::select! {
+                biased;
+                _ = &mut *stop => return false,
+                _ = next_reload(&mut self.reloads) => true,
+                _ = tokio::time::sleep(slice) => false,
+            };
+            if reload_requested {
+                self.reload();
+            } else {
+                self.notifier.watchdog();
             }
-            self.notifier.watchdog();
         }
     }
 
@@ -417,7 +479,6 @@ impl Agent {
         let mut backoff = Backoff::new(self.opts.backoff_initial, self.opts.backoff_max);
         let mut link: Option<Link> = None;
         let mut ready = false;
-        let interval = self.cfg.report_interval;
         self.set_status("connecting to coordinator");
         'run: loop {
             if link.is_none() {
@@ -482,12 +543,18 @@ impl Agent {
                     }
                     self.set_status("reporting");
                     self.notifier.watchdog();
-                    let next = started + interval;
+                    let next = started + self.cfg.report_interval;
                     if !self
                         .pause(next.saturating_duration_since(Instant::now()), &mut stop)
                         .await
                     {
                         break 'run;
+                    }
+                    if std::mem::take(&mut self.reconnect)
+                        && let Some(l) = link.take()
+                    {
+                        info!("coordinator settings changed; reconnecting");
+                        l.close(b"agent reconnecting").await;
                     }
                 }
                 Err(e) => {

@@ -89,7 +89,11 @@ impl ConfigError {
 #[command(
     name = "node-agent",
     version,
-    about = "Fleetmend node agent: reports this server's health to the coordinator"
+    about = "Fleetmend node agent: reports this server's health to the coordinator",
+    after_help = "Signals: SIGTERM/SIGINT say goodbye to the coordinator and stop. SIGHUP re-reads the \
+configuration and the TLS files: the new report interval, checks and coordinator apply at once \
+(a changed coordinator reconnects), a new certificate from the next connection; settings that \
+do not load or name another node are refused with an error log and the running ones kept."
 )]
 pub struct Cli {
     /// What to do (default: run).
@@ -103,7 +107,8 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Report health to the coordinator until SIGTERM/SIGINT (the default).
+    /// Report health to the coordinator until SIGTERM/SIGINT (the default); SIGHUP reloads
+    /// the configuration and TLS files, keeping the running ones if the new ones are invalid.
     Run,
     /// Run every check once, print the results and exit non-zero if any check fails.
     Check {

@@ -8,6 +8,7 @@
 //! - [`agent`]: the reporting loop with reconnects and goodbye,
 //! - [`backoff`]: reconnect delays,
 //! - [`systemd`]: `sd_notify` and telling a system shutdown from an agent restart,
+//! - [`reload`]: what a SIGHUP may change in a running agent,
 //! - [`cli`]: the `check` subcommand's output.
 //!
 //! The agent deliberately decides nothing about repairs; it only observes and reports.
@@ -20,6 +21,7 @@ pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod node;
+pub mod reload;
 pub mod systemd;
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `node-agent`: parse configuration, set up logging, then either report until
-//! SIGTERM/SIGINT (`run`, the default) or run the checks once (`check`).
+//! SIGTERM/SIGINT (`run`, the default) or run the checks once (`check`). SIGHUP makes a
+//! running agent read its configuration and TLS files again (see `node_agent::reload`).
 //!
 //! Exit codes: 0 after a clean stop or a healthy `check`, 1 when `check` finds a failing
 //! check or the agent cannot start, 64 for a bad configuration.
@@ -11,7 +12,8 @@ use clap::Parser;
 use node_agent::agent::{Agent, AgentOptions};
 use node_agent::checks::Checker;
 use node_agent::cli;
-use node_agent::config::{Cli, Command, Config};
+use node_agent::config::{Cli, Command, Config, Settings};
+use node_agent::reload::Reloads;
 use node_agent::systemd::{SdNotifier, SystemdShutdownProbe};
 
 fn main() -> ExitCode {
@@ -41,7 +43,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Check { json }) => rt.block_on(check(cfg, json)),
-        Some(Command::Run) | None => rt.block_on(run(cfg)),
+        Some(Command::Run) | None => rt.block_on(run(cfg, cli.settings)),
     }
 }
 
@@ -73,7 +75,18 @@ async fn check(cfg: Config, json: bool) -> ExitCode {
     }
 }
 
-async fn run(cfg: Config) -> ExitCode {
+async fn run(cfg: Config, settings: Settings) -> ExitCode {
+    // Installed before anything slow: from here on a SIGHUP cannot kill the agent.
+    let reloads = match hangups() {
+        Ok(requests) => Reloads {
+            requests,
+            load: Box::new(move || Config::load(&settings)),
+        },
+        Err(e) => {
+            eprintln!("node-agent: cannot handle SIGHUP: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let checker = Checker::new(&cfg);
     let probe = Box::new(SystemdShutdownProbe::new(cfg.root.clone()));
     let agent = match Agent::new(
@@ -90,13 +103,29 @@ async fn run(cfg: Config) -> ExitCode {
             return ExitCode::from(e.exit_code());
         }
     };
-    let summary = agent.run(stop_signal()).await;
+    let summary = agent.with_reloads(reloads).run(stop_signal()).await;
     tracing::info!(
         reports = summary.reports_acked,
         goodbye_acked = summary.goodbye_acked,
         "stopped"
     );
     ExitCode::SUCCESS
+}
+
+/// One message per SIGHUP received.
+fn hangups() -> std::io::Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup())?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the configuration and TLS files");
+            if tx.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
 }
 
 /// Completes on the first SIGTERM or SIGINT.

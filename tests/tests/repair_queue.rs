@@ -625,6 +625,7 @@ fn bench_10000_entries() -> anyhow::Result<()> {
         ca: Some(env.coord.admin.ca.clone()),
         cert: Some(env.coord.admin.cert.clone()),
         key: Some(env.coord.admin.key.clone()),
+        ..Default::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

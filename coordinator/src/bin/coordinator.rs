@@ -13,6 +13,12 @@ use tokio_util::sync::CancellationToken;
 const EXIT_CONFIG: u8 = 64;
 
 /// Fleetmend coordinator: inventory, live health, repairs.
+///
+/// Signals: SIGTERM or SIGINT stop it cleanly (running repair commands are killed and run
+/// again after the next start). SIGHUP is logged and ignored: the coordinator reloads
+/// nothing; restart it to apply a changed configuration or certificate (a restart resumes
+/// every repair where it stood). Only one coordinator may use a database: a second one is
+/// refused, naming the lock file `<database>.lock` and the pid holding it.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -89,19 +95,25 @@ async fn watchdog(
 
 async fn wait_for_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (mut term, mut int) = match (
+    let (mut term, mut int, mut hup) = match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(t), Ok(i)) => (t, i),
+        (Ok(t), Ok(i), Ok(h)) => (t, i, h),
         _ => {
             tracing::error!("cannot install signal handlers; stop with SIGKILL");
             return;
         }
     };
-    let which = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    let which = loop {
+        tokio::select! {
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => tracing::warn!(
+                "SIGHUP ignored: the coordinator reloads nothing; restart it to apply a changed configuration or certificate (repairs resume where they stood)"
+            ),
+        }
     };
     tracing::info!(signal = which, "stopping");
     shutdown.cancel();

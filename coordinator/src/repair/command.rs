@@ -5,9 +5,14 @@
 //!
 //! Each call runs inside its own task spawned by the engine; nothing here blocks a thread.
 //! This module does not decide what a result means for the entry: see [`super::decide`].
+//!
+//! An external command's process group is recorded in the store while it runs
+//! ([`super::orphans`]), so a coordinator killed with SIGKILL has it killed by the next one;
+//! the child also gets a parent-death signal where `setpriv` can give it one.
 
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -17,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::config::{Builtin, CommandSpec};
 use super::decide::CommandEnd;
+use super::orphans::GroupLedger;
 use crate::gateway::PowerControl;
 
 /// Bytes kept of each of stdout and stderr. Enough for a BMC tool's error message; a chatty
@@ -119,6 +125,8 @@ pub struct RunContext {
     pub power: Arc<dyn PowerControl>,
     /// Agent health.
     pub agents: Arc<dyn AgentHealthView>,
+    /// Where an external command's process group is recorded; `None` = not recorded.
+    pub groups: Option<GroupLedger>,
 }
 
 /// Runs a command of `kind` and says how it ended.
@@ -132,7 +140,8 @@ pub fn run(
             CommandSpec::External(argv) => {
                 let mut argv = argv;
                 argv.push(ctx.address.clone());
-                let (mut end, mut outcome) = run_external(&argv, ctx.timeout).await;
+                let (mut end, mut outcome) =
+                    run_external(&argv, ctx.timeout, ctx.groups.as_ref()).await;
                 if kind == CommandKind::Health && end.ok {
                     let said = end.output.lines().next().unwrap_or("").to_string();
                     if first_stdout(&end.output).trim() != "true" {
@@ -274,21 +283,85 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
 }
 
 /// Kills the process group it names when dropped, unless disarmed: a timeout or a cancelled
-/// task (entry deleted, coordinator stopping) leaves no grandchild behind.
-struct GroupGuard(Option<u32>);
+/// task (entry deleted, coordinator stopping) leaves no grandchild behind. Removes the
+/// group's record either way.
+struct GroupGuard {
+    pgid: Option<u32>,
+    record: Option<(GroupLedger, u32)>,
+}
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // `kill` from procps: the safe way to signal a process group without `unsafe`.
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", "--", &format!("-{pgid}")])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+        if let Some(pgid) = self.pgid.take()
+            && let Ok(raw) = i32::try_from(pgid)
+        {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(raw),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if let Some((ledger, pgid)) = self.record.take() {
+            // A destructor cannot await; the delete is one small transaction, off the
+            // async threads when a runtime is there to take it.
+            match tokio::runtime::Handle::try_current() {
+                Ok(h) => {
+                    h.spawn_blocking(move || ledger.forget(pgid));
+                }
+                Err(_) => ledger.forget(pgid),
+            }
         }
     }
+}
+
+/// `setpriv` from util-linux, when it is installed and knows `--pdeathsig`.
+///
+/// Why a helper program: the parent-death signal (`PR_SET_PDEATHSIG`) must be set by the
+/// child itself, between `fork` and `exec`. The workspace forbids `unsafe`, and
+/// `CommandExt::pre_exec` is unsafe, so the coordinator cannot do it in-process; `setpriv
+/// --pdeathsig KILL -- CMD` sets it and then execs the command, keeping the pid (so the
+/// recorded group and start time stay the command's). The signal fires when the spawning
+/// thread dies, which for tokio's worker threads is the runtime's end, and it reaches only
+/// the command's first process: the group record ([`super::orphans`]) stays the primary
+/// defence, this is the second. Checked once: without it commands run unguarded by it.
+fn pdeathsig_helper() -> Option<&'static Path> {
+    static HELPER: OnceLock<Option<PathBuf>> = OnceLock::new();
+    HELPER
+        .get_or_init(|| {
+            let found = ["/usr/bin/setpriv", "/bin/setpriv"]
+                .into_iter()
+                .map(PathBuf::from)
+                .find(|p| {
+                    std::process::Command::new(p)
+                        .arg("--help")
+                        .stdin(Stdio::null())
+                        .stderr(Stdio::null())
+                        .output()
+                        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--pdeathsig"))
+                });
+            if found.is_none() {
+                tracing::warn!("util-linux setpriv with --pdeathsig not found: repair commands get no parent-death signal (their process groups are still recorded and killed after a crash)");
+            }
+            found
+        })
+        .as_deref()
+}
+
+/// Finds `program` as `execvp` would (a path as given, else along `PATH`), so that a
+/// missing program is reported as such and not as the helper's exit status.
+fn resolve_program(program: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return runnable(&p).then_some(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| runnable(p))
 }
 
 async fn read_capped<R: AsyncRead + Unpin>(mut r: R) -> (Vec<u8>, bool) {
@@ -316,9 +389,31 @@ fn text(bytes: &[u8], truncated: bool) -> String {
 }
 
 /// Runs `argv` (address already appended) in its own process group, with stdin closed,
-/// under `timeout`. Output is stdout, then a marker and stderr when stderr is not empty.
-pub async fn run_external(argv: &[String], timeout: Option<Duration>) -> (CommandEnd, Outcome) {
-    let mut cmd = tokio::process::Command::new(&argv[0]);
+/// under `timeout`, its group recorded in `groups` while it runs. Output is stdout, then a
+/// marker and stderr when stderr is not empty.
+pub async fn run_external(
+    argv: &[String],
+    timeout: Option<Duration>,
+    groups: Option<&GroupLedger>,
+) -> (CommandEnd, Outcome) {
+    let Some(program) = resolve_program(&argv[0]) else {
+        return (
+            CommandEnd {
+                ok: false,
+                summary: format!("cannot run {}: no such program", argv[0]),
+                output: String::new(),
+            },
+            Outcome::Error,
+        );
+    };
+    let mut cmd = match pdeathsig_helper() {
+        Some(helper) => {
+            let mut c = tokio::process::Command::new(helper);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(&program);
+            c
+        }
+        None => tokio::process::Command::new(&program),
+    };
     cmd.args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -338,7 +433,14 @@ pub async fn run_external(argv: &[String], timeout: Option<Duration>) -> (Comman
             );
         }
     };
-    let mut guard = GroupGuard(child.id());
+    let mut guard = GroupGuard {
+        pgid: child.id(),
+        record: None,
+    };
+    if let (Some(ledger), Some(pid)) = (groups, child.id()) {
+        ledger.record(pid, argv).await;
+        guard.record = Some((ledger.clone(), pid));
+    }
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let work = async {
@@ -362,7 +464,8 @@ pub async fn run_external(argv: &[String], timeout: Option<Duration>) -> (Comman
             Outcome::Timeout,
         );
     };
-    guard.0 = None;
+    guard.pgid = None;
+    drop(guard);
     let mut output = text(&out, out_trunc);
     if !err.is_empty() {
         output.push_str(STDERR_MARKER);
@@ -414,6 +517,7 @@ mod tests {
             boot_id_before: String::new(),
             power: Arc::new(NoGateway),
             agents: Arc::new(NoAgents),
+            groups: None,
         }
     }
 

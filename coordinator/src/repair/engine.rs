@@ -153,6 +153,7 @@ impl RepairQueue {
         shutdown: CancellationToken,
     ) -> Result<(Self, tokio::task::JoinHandle<()>), StoreError> {
         let (enabled, entries) = deps.store.call(|c| rstore::load(c)).await?;
+        super::orphans::reap_previous(&deps.store, &entries).await?;
         let (tx, rx) = mpsc::channel(4096);
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(RepairMetrics::default());
@@ -799,6 +800,10 @@ impl Engine {
             boot_id_before: e.boot_id_before.clone(),
             power: self.deps.power.clone(),
             agents: self.deps.agents.clone(),
+            groups: Some(super::orphans::GroupLedger::new(
+                self.deps.store.clone(),
+                e.index,
+            )),
         }
     }
 

@@ -5,6 +5,8 @@
 //! - [`entry`]: queue entries and where each stands inside its step,
 //! - [`decide`]: the pure step decision and transitions, unit-tested case by case,
 //! - [`command`]: running external commands and built-ins,
+//! - [`orphans`]: the record of running commands' process groups, and the kill of those a
+//!   killed coordinator left behind,
 //! - [`store`]: the SQLite tables of migration 0002,
 //! - [`engine`]: the task that owns the queue, answers admin requests and acts,
 //! - [`ctl`]: `coordinatorctl repair-queue`,
@@ -20,6 +22,7 @@ pub mod ctl;
 pub mod decide;
 pub mod engine;
 pub mod entry;
+pub mod orphans;
 pub mod store;
 pub mod wiring;
 

@@ -7,12 +7,22 @@
 //! process; a second coordinator on the same file is refused by an exclusive lock.
 //!
 //! Each area of the coordinator owns its tables and its migration file; this module only
-//! opens, migrates and hands out the connection.
+//! opens, migrates and hands out the connection, and keeps count of the store's own
+//! failures ([`StoreHealth`]) so `/healthz` can say when writes stop working.
+//!
+//! [`Store::open_exclusive`] is how a coordinator opens its store: the exclusive lock
+//! ([`lock`]) first, then proof that the files can be written, then the database.
+//! [`Store::open`] alone takes no lock (tests, tools reading a copy).
+
+pub mod lock;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
+
+pub use lock::StoreLock;
 
 /// Ordered migrations: `(version, name, sql)`. Append only; a released migration is never
 /// edited. Versions are 1-based and contiguous.
@@ -26,6 +36,16 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "repair_queue",
         include_str!("migrations/0002_repair_queue.sql"),
+    ),
+    (
+        3,
+        "store_identity",
+        include_str!("migrations/0003_store_identity.sql"),
+    ),
+    (
+        4,
+        "command_groups",
+        include_str!("migrations/0004_command_groups.sql"),
     ),
 ];
 
@@ -55,6 +75,39 @@ pub enum StoreError {
     /// A blocking task panicked or was cancelled.
     #[error("database task failed: {0}")]
     Task(String),
+    /// Another process holds the database's lock.
+    #[error(
+        "database {database} is in use by another coordinator (pid {}, holding the lock {lock}); stop it first: two coordinators on one store would both run every repair step",
+        holder.map(|p| p.to_string()).unwrap_or_else(|| "unknown".into())
+    )]
+    Locked {
+        /// The database file.
+        database: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// The holder's pid, as written in the lock file.
+        holder: Option<u32>,
+    },
+    /// The directory meant to hold the database does not exist.
+    #[error(
+        "database {database}: the directory {directory} is missing; create it (owned by the coordinator's user) or fix `database`"
+    )]
+    DirectoryMissing {
+        /// The database file.
+        database: PathBuf,
+        /// Its missing directory.
+        directory: PathBuf,
+    },
+    /// The database, one of its files or its directory cannot be written.
+    #[error(
+        "{path} is not writable ({reason}); the coordinator must be able to write its database, the database's -wal and -shm files and its lock file"
+    )]
+    NotWritable {
+        /// The file or directory.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
 }
 
 impl StoreError {
@@ -66,7 +119,81 @@ impl StoreError {
                 source.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
+            StoreError::Locked { .. } => true,
             _ => false,
+        }
+    }
+
+    /// True when an operator must fix the path or its permissions (exit code 64).
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            StoreError::DirectoryMissing { .. } | StoreError::NotWritable { .. }
+        )
+    }
+}
+
+/// True when `e` says the store itself failed (cannot write, disk full, I/O error, locked,
+/// corrupt) rather than a statement being wrong. A trigger that aborts a write counts too:
+/// the coordinator's schema has none, so one that fires is someone freezing the store.
+pub fn is_storage_failure(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode as C;
+    let Some(f) = e.sqlite_error() else {
+        return false;
+    };
+    match f.code {
+        C::ReadOnly
+        | C::DiskFull
+        | C::SystemIoFailure
+        | C::CannotOpen
+        | C::DatabaseCorrupt
+        | C::NotADatabase
+        | C::PermissionDenied
+        | C::DatabaseBusy
+        | C::DatabaseLocked
+        | C::FileLockingProtocolFailed
+        | C::OutOfMemory => true,
+        C::ConstraintViolation => f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_TRIGGER,
+        _ => false,
+    }
+}
+
+/// What the store has seen of its own health: failures counted, and whether the last write
+/// failed. A failure marks the store failing; only a write that commits clears it, so a
+/// read that works while writes do not keeps `/healthz` at 503.
+#[derive(Debug, Default)]
+pub struct StoreHealth {
+    failures: AtomicU64,
+    failing: Mutex<Option<String>>,
+}
+
+impl StoreHealth {
+    /// Store failures since start.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Why the store is failing, `None` while writes work.
+    pub fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn failed(&self, why: String) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let mut f = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            tracing::error!(error = %why, "database writes are failing; /healthz answers 503 until one succeeds");
+        }
+        *f = Some(why);
+    }
+
+    fn wrote(&self) {
+        let mut f = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        if f.take().is_some() {
+            tracing::info!("database writes work again");
         }
     }
 }
@@ -76,9 +203,35 @@ impl StoreError {
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
     path: Arc<PathBuf>,
+    health: Arc<StoreHealth>,
+    /// Held for as long as any handle lives (the process, for a coordinator).
+    _lock: Option<Arc<StoreLock>>,
 }
 
 impl Store {
+    /// How a coordinator opens its store: takes the exclusive lock, checks that the
+    /// database and its directory can be written, then opens and migrates it. Refuses a
+    /// store another process holds, a missing directory and anything read-only.
+    pub fn open_exclusive(path: &Path) -> Result<Self, StoreError> {
+        let lock = StoreLock::acquire(path)?;
+        lock::check_writable(path)?;
+        let mut store = Self::open(path)?;
+        let readonly = store.with(|c| c.is_readonly(rusqlite::MAIN_DB))?;
+        if readonly {
+            return Err(StoreError::NotWritable {
+                path: path.to_path_buf(),
+                reason: "SQLite could only open it read-only".into(),
+            });
+        }
+        store._lock = Some(Arc::new(lock));
+        Ok(store)
+    }
+
+    /// The store's failure count and state.
+    pub fn health(&self) -> &StoreHealth {
+        &self.health
+    }
+
     /// Opens (creating if needed) and migrates the database at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let err = |source| StoreError::Sqlite {
@@ -101,6 +254,8 @@ impl Store {
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: Arc::new(path.to_path_buf()),
+            health: Arc::default(),
+            _lock: None,
         })
     }
 
@@ -110,6 +265,8 @@ impl Store {
     }
 
     /// Runs `f` with the connection on the current thread. For use inside blocking code only.
+    /// Storage failures are counted in [`Store::health`]; a call that commits a change
+    /// marks the store healthy again.
     pub fn with<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
@@ -118,10 +275,24 @@ impl Store {
             .conn
             .lock()
             .map_err(|_| StoreError::Task("database mutex poisoned".into()))?;
-        f(&mut conn).map_err(|source| StoreError::Sqlite {
-            path: self.path.to_path_buf(),
-            source,
-        })
+        let before = conn.total_changes();
+        match f(&mut conn) {
+            Ok(v) => {
+                if conn.total_changes() != before && conn.is_autocommit() {
+                    self.health.wrote();
+                }
+                Ok(v)
+            }
+            Err(source) => {
+                if is_storage_failure(&source) {
+                    self.health.failed(source.to_string());
+                }
+                Err(StoreError::Sqlite {
+                    path: self.path.to_path_buf(),
+                    source,
+                })
+            }
+        }
     }
 
     /// Runs `f` with the connection on a blocking thread.
@@ -187,5 +358,61 @@ mod tests {
         c.pragma_update(None, "user_version", 999).unwrap();
         drop(c);
         assert!(matches!(Store::open(&db), Err(StoreError::TooNew { .. })));
+    }
+
+    #[test]
+    fn failing_writes_mark_the_store_failing_until_a_write_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let s = Store::open_exclusive(&db).unwrap();
+        let write = |s: &Store| {
+            s.with(|c| {
+                c.execute(
+                    "INSERT INTO repair_queue_settings (key, value) VALUES ('probe', '1')
+                     ON CONFLICT (key) DO UPDATE SET value = value + 1",
+                    [],
+                )
+            })
+        };
+        write(&s).unwrap();
+        assert_eq!((s.health().failures(), s.health().failing()), (0, None));
+        // Another process freezes the store: its writes abort from now on.
+        let other = Connection::open(&db).unwrap();
+        other
+            .execute_batch(
+                "CREATE TRIGGER freeze BEFORE UPDATE ON repair_queue_settings
+                 BEGIN SELECT RAISE(ABORT, 'frozen'); END;",
+            )
+            .unwrap();
+        assert!(write(&s).is_err());
+        assert_eq!(s.health().failures(), 1);
+        assert!(s.health().failing().unwrap().contains("frozen"));
+        // A read that works says nothing about writes.
+        s.with(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
+            .unwrap();
+        assert!(s.health().failing().is_some());
+        // A statement that is merely wrong is not a store failure.
+        assert!(
+            s.with(|c| c.execute("INSERT INTO nowhere VALUES (1)", []))
+                .is_err()
+        );
+        assert_eq!(s.health().failures(), 1);
+        other.execute_batch("DROP TRIGGER freeze").unwrap();
+        write(&s).unwrap();
+        assert_eq!(s.health().failing(), None);
+    }
+
+    #[test]
+    fn exclusive_open_refuses_a_second_holder_and_read_only_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let s = Store::open_exclusive(&db).unwrap();
+        let err = Store::open_exclusive(&db).unwrap_err();
+        assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+        assert!(err.is_retriable() && !err.is_config());
+        drop(s);
+        let err = Store::open_exclusive(Path::new("/proc/fleetmend.db")).unwrap_err();
+        assert!(err.is_config(), "{err}");
+        assert!(err.to_string().contains("/proc"), "{err}");
     }
 }

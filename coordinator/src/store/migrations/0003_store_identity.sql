@@ -1,0 +1,1 @@
+-- reserved: store identity (merged from branch ids)

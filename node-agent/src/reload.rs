@@ -1,0 +1,122 @@
+//! SIGHUP: read the configuration and the TLS files again and work out what the running
+//! agent may take from them.
+//!
+//! Everything but the node's identity can change while running: the report interval, the
+//! checks (NICs, mounts, kubelet, kdump, root), the coordinator's address and server name
+//! (the agent then reconnects at once) and the TLS files (used from the next connection).
+//! A configuration that does not load, TLS files that do not load, or a certificate that
+//! names another node are refused as a whole: the running settings stay, and the refusal is
+//! logged as an error. The agent applies the result ([`crate::agent::Agent`]); this module
+//! reads files and compares, it does not touch the connection.
+
+use protocol::transport::{TlsFiles, TlsMaterial, TransportError};
+use tokio::sync::mpsc;
+
+use crate::config::{Config, ConfigError};
+use crate::node::{self, NodeError};
+
+/// Reads the configuration again, exactly as at start (file, environment, flags).
+pub type LoadConfig = Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
+
+/// Reload requests (one per SIGHUP) and how to read the configuration.
+pub struct Reloads {
+    /// One message per request.
+    pub requests: mpsc::UnboundedReceiver<()>,
+    /// Reads the configuration.
+    pub load: LoadConfig,
+}
+
+impl std::fmt::Debug for Reloads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloads").finish_non_exhaustive()
+    }
+}
+
+/// Why a reload was refused; the running configuration stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The configuration does not load.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The TLS files do not load.
+    #[error("TLS files: {0}")]
+    Tls(#[source] TransportError),
+    /// The new settings would make this agent another node.
+    #[error(
+        "the new settings name {new}, but this agent runs as {running}; restart the agent to change its identity"
+    )]
+    Identity {
+        /// Identity now.
+        running: String,
+        /// Identity the new settings name.
+        new: String,
+    },
+    /// Node facts cannot be read under the new root.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+}
+
+/// A reload that may be applied.
+#[derive(Debug)]
+pub struct Reloaded {
+    /// The new configuration.
+    pub cfg: Config,
+    /// The TLS material its files hold now.
+    pub tls: TlsMaterial,
+    /// The coordinator's address or server name changed: reconnect now.
+    pub reconnect: bool,
+    /// The checks' settings changed: rebuild the checker.
+    pub checks_changed: bool,
+    /// Names of the settings that changed, for the log.
+    pub changed: Vec<&'static str>,
+}
+
+/// Checks `new` against the running `cfg` and `tls` and loads its TLS files.
+pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded, ReloadError> {
+    let coordinator = new.require_coordinator()?.clone();
+    let new_tls = TlsMaterial::load(&TlsFiles {
+        ca: coordinator.ca.clone(),
+        cert: coordinator.cert.clone(),
+        key: coordinator.key.clone(),
+    })
+    .map_err(ReloadError::Tls)?;
+    let hostname = node::hostname(&new.root, new.hostname.as_deref())?;
+    let running = tls.identity();
+    if new_tls.identity() != running || running.name != hostname {
+        return Err(ReloadError::Identity {
+            running: running.to_string(),
+            new: format!("{} (hostname {hostname})", new_tls.identity()),
+        });
+    }
+    let old = cfg.coordinator.as_ref();
+    let reconnect = old.is_none_or(|o| {
+        o.address != coordinator.address || o.server_name != coordinator.server_name
+    });
+    let checks_changed = cfg.root != new.root
+        || cfg.nics != new.nics
+        || cfg.mounts != new.mounts
+        || cfg.kubelet != new.kubelet
+        || cfg.kdump != new.kdump;
+    let mut changed = Vec::new();
+    if reconnect {
+        changed.push("coordinator");
+    }
+    if old.is_some_and(|o| {
+        o.ca != coordinator.ca || o.cert != coordinator.cert || o.key != coordinator.key
+    }) {
+        changed.push("tls files");
+    }
+    if cfg.report_interval != new.report_interval {
+        changed.push("report_interval");
+    }
+    if checks_changed {
+        changed.push("checks");
+    }
+    Ok(Reloaded {
+        cfg: new,
+        tls: new_tls,
+        reconnect,
+        checks_changed,
+        changed,
+    })
+}

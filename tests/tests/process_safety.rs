@@ -1,0 +1,502 @@
+//! Issue 8's process-safety "must show", with real processes:
+//! - a second coordinator on the same database is refused, naming the lock file and the pid
+//!   holding it, while the first keeps serving;
+//! - SIGKILL of the coordinator while a repair command runs (a script that records its pids
+//!   and sleeps), then a restart: exactly one copy of the command runs, and the entry's
+//!   history says the old process group was killed;
+//! - a database that cannot be written refuses the start with the path (missing directory,
+//!   a directory on procfs, a database file bind-mounted read-only in a private mount
+//!   namespace: all of which fail for root too);
+//! - a database that stops taking writes while running turns `/healthz` to 503 with the
+//!   reason and counts the failures in `/metrics`, back to 200 once writes work; a request
+//!   stuck behind the store times out in `coordinatorctl` saying the outcome is unknown;
+//! - SIGHUP: the coordinator logs that it ignores it, the agent reloads (and refuses a broken
+//!   configuration) and keeps reporting, the gateway reloads its TLS files and keeps answering.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use protocol::Role;
+use protocol::gateway::{PowerAction, PowerRequest};
+use serde_json::Value;
+use testkit::bmc_sim::{GatewayClient, GatewayProc, TestPki};
+use testkit::fixture::{AgentConfig, NodeFixture};
+use testkit::procs::{
+    Coordinator, CoordinatorOptions, Pki, Proc, bin, command, free_tcp_port, free_udp_port,
+    inventory_toml, start_agent, wait_for,
+};
+
+/// Bound for anything the test causes (processes start in seconds on a loaded machine).
+const SETTLE: Duration = Duration::from_secs(40);
+
+fn send_signal(pid: u32, sig: &str) -> anyhow::Result<()> {
+    let st = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()?;
+    ensure!(st.success(), "kill -{sig} {pid} failed");
+    Ok(())
+}
+
+/// A process that is running and not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().chars().next())
+        })
+        .flatten()
+        .is_some_and(|state| state != 'Z')
+}
+
+fn pids_in(path: &Path) -> Vec<u32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A copy of `coord`'s configuration on fresh ports, with `database` if given.
+fn variant_config(
+    coord: &Coordinator,
+    name: &str,
+    database: Option<&Path>,
+) -> anyhow::Result<PathBuf> {
+    let quic = SocketAddr::from(([127, 0, 0, 1], free_udp_port()));
+    let http = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
+    let mut text = std::fs::read_to_string(&coord.config)?
+        .replace(&coord.quic.to_string(), &quic.to_string())
+        .replace(&coord.http.to_string(), &http.to_string());
+    if let Some(db) = database {
+        let current = format!("{:?}", coord.dir.join("coordinator.db").to_string_lossy());
+        ensure!(
+            text.contains(&current),
+            "config names no database {current}"
+        );
+        text = text.replace(&current, &format!("{:?}", db.to_string_lossy()));
+    }
+    let path = coord.dir.join(name);
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+/// Runs `cmd` (a coordinator that is expected to refuse to start) and returns its exit code
+/// and log; fails if it is still running after [`SETTLE`].
+fn refused(name: &str, cmd: Command, log: &Path) -> anyhow::Result<(Option<i32>, String)> {
+    let mut p = Proc::spawn(name, cmd, log)?;
+    let status = wait_for(&format!("{name} to exit"), SETTLE, || {
+        p.try_exit().ok_or_else(|| "still running".to_string())
+    })?;
+    Ok((status.code(), p.log_text()))
+}
+
+#[test]
+fn second_coordinator_on_one_database_is_refused_naming_the_lock_and_pid() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions::default(),
+    )?;
+    let first = coord
+        .proc
+        .as_ref()
+        .and_then(Proc::pid)
+        .context("first pid")?;
+    let cfg = variant_config(&coord, "second.toml", None)?;
+    let mut cmd = command("coordinator");
+    cmd.arg("--config").arg(&cfg);
+    let (code, log) = refused("second coordinator", cmd, &coord.dir.join("second.log"))?;
+    assert_eq!(code, Some(1), "{log}");
+    let lock = coord.dir.join("coordinator.db.lock");
+    assert!(
+        log.contains(&lock.display().to_string()),
+        "names the lock: {log}"
+    );
+    assert!(
+        log.contains(&format!("pid {first}")),
+        "names the holder {first}: {log}"
+    );
+    assert!(!log.contains("coordinator serving"), "{log}");
+    let (status, body) = coord.http_get("/healthz")?;
+    assert_eq!(
+        (status, body.trim()),
+        (200, "ok"),
+        "the first one still serves"
+    );
+    Ok(())
+}
+
+const SLOW_REPAIR: &str = r#"
+repair:
+  repair_procedures:
+    - machine_types: ["slow"]
+      repair_operations:
+        - operation: "unreachable"
+          repair_steps:
+            - repair_command: ["sh", "-c", "echo $$ >> @D@/leaders; sleep 300 & echo $! >> @D@/sleeps; wait", "slow"]
+              command_timeout_seconds: 0
+          health_check_command: ["sh", "-c", "echo false"]
+"#;
+
+#[test]
+fn sigkill_mid_command_then_restart_runs_exactly_one_copy() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    let pki = Pki::create(&dir.join("pki"), "e2e.test")?;
+    let cluster = dir.join("cluster.yml");
+    std::fs::write(
+        &cluster,
+        SLOW_REPAIR.replace("@D@", &dir.display().to_string()),
+    )?;
+    let opts = CoordinatorOptions {
+        extra: format!("[repair]\nconfig = {:?}\n", cluster.display().to_string()),
+        ..Default::default()
+    };
+    let mut coord = Coordinator::start(&dir.join("coord"), &pki, &opts)?;
+    coord.ctl(&["repair-queue", "add", "unreachable", "slow", "10.0.0.9"])?;
+    let (leaders, sleeps) = (dir.join("leaders"), dir.join("sleeps"));
+    let first = wait_for("the repair command to start", SETTLE, || {
+        match (pids_in(&leaders).as_slice(), pids_in(&sleeps).as_slice()) {
+            ([l], [s]) => Ok((*l, *s)),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    assert!(alive(first.0) && alive(first.1));
+
+    coord.proc.take().context("running")?.sigkill();
+    // The script's sleep is not the coordinator's child: nothing but the next coordinator
+    // (or the parent-death signal, which reaches only the script) stops it.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        alive(first.1),
+        "the old command's sleep survives a SIGKILLed coordinator"
+    );
+
+    coord.restart()?;
+    let second = wait_for("the command to run again", SETTLE, || {
+        match (pids_in(&leaders).as_slice(), pids_in(&sleeps).as_slice()) {
+            ([_, l], [_, s]) => Ok((*l, *s)),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    assert!(
+        !alive(first.0) && !alive(first.1),
+        "the old copy was killed first"
+    );
+    assert!(alive(second.0) && alive(second.1), "the new copy runs");
+    let running: Vec<u32> = pids_in(&sleeps).into_iter().filter(|p| alive(*p)).collect();
+    assert_eq!(
+        running,
+        vec![second.1],
+        "exactly one copy of the command runs"
+    );
+
+    let show: Value = coord.ctl_json(&["repair-queue", "show", "1", "--json"])?;
+    let history = show["history"].as_array().context("history")?;
+    let killed = history
+        .iter()
+        .find(|h| h["event"] == "orphan-killed")
+        .with_context(|| format!("no orphan-killed event: {history:?}"))?;
+    let detail = killed["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(&format!(
+            "killed process group {} left by the previous coordinator",
+            first.0
+        )),
+        "{detail}"
+    );
+    let pos = |ev: &str| history.iter().rposition(|h| h["event"] == ev);
+    assert!(
+        pos("orphan-killed") < pos("command-started"),
+        "killed before the step ran again: {history:?}"
+    );
+    // Clean stop: the new copy dies with its group.
+    let code = coord.proc.take().context("running")?.sigterm(SETTLE)?;
+    assert_eq!(code, Some(0));
+    wait_for("the command to die with a clean stop", SETTLE, || {
+        if alive(second.1) {
+            Err("still running".into())
+        } else {
+            Ok(())
+        }
+    })?;
+    Ok(())
+}
+
+#[test]
+fn unwritable_database_refuses_to_start_naming_the_path() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let mut coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions::default(),
+    )?;
+    let code = coord.proc.take().context("running")?.sigterm(SETTLE)?;
+    assert_eq!(code, Some(0));
+    let start = |name: &str, db: &Path| -> anyhow::Result<(Option<i32>, String)> {
+        let cfg = variant_config(&coord, &format!("{name}.toml"), Some(db))?;
+        let mut cmd = command("coordinator");
+        cmd.arg("--config").arg(cfg);
+        refused(name, cmd, &coord.dir.join(format!("{name}.log")))
+    };
+
+    let missing = coord.dir.join("no-such-dir");
+    let (code, log) = start("missing", &missing.join("c.db"))?;
+    assert_eq!(code, Some(64), "{log}");
+    assert!(
+        log.contains(&format!("the directory {} is missing", missing.display())),
+        "{log}"
+    );
+
+    // procfs takes no new files, not even from root.
+    let (code, log) = start("procfs", Path::new("/proc/fleetmend-e2e.db"))?;
+    assert_eq!(code, Some(64), "{log}");
+    assert!(log.contains("/proc is not writable"), "{log}");
+
+    // The real database, made read-only by a read-only bind mount of the file in a private
+    // mount namespace (root ignores file modes, not read-only mounts).
+    let db = coord.dir.join("coordinator.db");
+    let cfg = variant_config(&coord, "readonly.toml", None)?;
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-ec"])
+        .arg(r#"mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; shift; exec "$@""#)
+        .arg("sh")
+        .arg(&db)
+        .arg(bin("coordinator"))
+        .arg("--config")
+        .arg(&cfg)
+        .env("NO_COLOR", "1");
+    let (code, log) = refused("readonly", cmd, &coord.dir.join("readonly.log"))?;
+    if log.contains("mount:") || log.contains("unshare:") {
+        bail!(
+            "this test needs root with CAP_SYS_ADMIN (a CI VM, not an unprivileged container): {log}"
+        );
+    }
+    assert_eq!(code, Some(64), "{log}");
+    assert!(
+        log.contains(&format!("{} is not writable", db.display())),
+        "{log}"
+    );
+    assert!(!log.contains("coordinator serving"), "{log}");
+
+    // The same database, writable again, starts.
+    coord.restart()?;
+    Ok(())
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions::default(),
+    )?;
+    let add = |addr: &str, host: &str, timeout: &str| {
+        let mut cmd = command("coordinatorctl");
+        cmd.arg("--server")
+            .arg(coord.quic.to_string())
+            .arg("--ca")
+            .arg(&coord.admin.ca)
+            .arg("--cert")
+            .arg(&coord.admin.cert)
+            .arg("--key")
+            .arg(&coord.admin.key)
+            .args([
+                "--timeout",
+                timeout,
+                "machines",
+                "add",
+                addr,
+                "--hostname",
+                host,
+                "--type",
+                "qemu",
+            ]);
+        cmd.output()
+    };
+    let ok = add("10.0.0.50", "n50", "30s")?;
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+
+    // Another process freezes the store: every write to the machines table aborts.
+    let db = rusqlite::Connection::open(coord.dir.join("coordinator.db"))?;
+    db.busy_timeout(Duration::from_secs(10))?;
+    db.execute_batch(
+        "CREATE TRIGGER freeze_insert BEFORE INSERT ON machines BEGIN SELECT RAISE(ABORT, 'frozen by the test'); END;
+         CREATE TRIGGER freeze_update BEFORE UPDATE ON machines BEGIN SELECT RAISE(ABORT, 'frozen by the test'); END;",
+    )?;
+    let failed = add("10.0.0.51", "n51", "30s")?;
+    assert!(!failed.status.success(), "the write must fail");
+    let (status, body) = coord.http_get("/healthz")?;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("database writes are failing") && body.contains("frozen by the test"),
+        "{body}"
+    );
+    let (_, metrics) = coord.http_get("/metrics")?;
+    assert!(
+        metric(&metrics, "fleetmend_store_failures_total").is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "fleetmend_store_failing"),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    db.execute_batch("DROP TRIGGER freeze_insert; DROP TRIGGER freeze_update;")?;
+    let ok = add("10.0.0.51", "n51", "30s")?;
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let (status, body) = coord.http_get("/healthz")?;
+    assert_eq!((status, body.trim()), (200, "ok"));
+    let (_, metrics) = coord.http_get("/metrics")?;
+    assert_eq!(
+        metric(&metrics, "fleetmend_store_failing"),
+        Some(0.0),
+        "{metrics}"
+    );
+
+    // A writer holding the database stalls the coordinator's write (SQLite's busy wait):
+    // coordinatorctl gives up after --timeout and says the outcome is unknown.
+    db.execute_batch("BEGIN IMMEDIATE")?;
+    let stuck = add("10.0.0.52", "n52", "1s")?;
+    db.execute_batch("ROLLBACK")?;
+    assert!(!stuck.status.success());
+    let err = String::from_utf8_lossy(&stuck.stderr);
+    assert!(err.contains("the outcome is unknown"), "{err}");
+    assert!(err.contains("coordinatorctl machines list"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn sighup_keeps_coordinator_and_agent_running() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+            ..Default::default()
+        },
+    )?;
+    let fixture = NodeFixture::builder("node-1")
+        .nic("eth0")
+        .address("10.0.0.1".parse()?)
+        .build()?;
+    let tls = pki.issue("node", "node-1", &[])?;
+    let agent_cfg = AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+        .report_interval(Duration::from_millis(300));
+    let cfg_path = fixture.write_agent_config(&agent_cfg)?;
+    let mut agent = start_agent("node-1", &cfg_path, &tmp.path().join("agent.log"))?;
+    coord.wait_for_state("node-1", "healthy", SETTLE)?;
+    let last_report = || -> anyhow::Result<u64> {
+        coord
+            .machines()?
+            .into_iter()
+            .find(|m| m.spec.hostname == "node-1")
+            .and_then(|m| m.last_report_unix_ms)
+            .context("node-1 has reported")
+    };
+    let reports_go_on = |agent: &mut Proc| -> anyhow::Result<()> {
+        let before = last_report()?;
+        wait_for("node-1 to report again", SETTLE, || match last_report() {
+            Ok(t) if t > before => Ok(()),
+            other => Err(format!("{other:?}")),
+        })?;
+        ensure!(
+            agent.try_exit().is_none(),
+            "agent exited: {}",
+            agent.log_text()
+        );
+        Ok(())
+    };
+
+    let coord_pid = coord.proc.as_ref().and_then(Proc::pid).context("pid")?;
+    send_signal(coord_pid, "HUP")?;
+    coord.wait_for_log(&["SIGHUP ignored"], SETTLE)?;
+    assert_eq!(coord.http_get("/healthz")?.0, 200);
+
+    let agent_pid = agent.pid().context("agent pid")?;
+    send_signal(agent_pid, "HUP")?;
+    agent.wait_for_log(&["configuration and TLS files reloaded"], SETTLE)?;
+    reports_go_on(&mut agent)?;
+
+    // A broken configuration is refused; the agent goes on with what it had.
+    std::fs::write(&cfg_path, "this is = not [valid toml")?;
+    send_signal(agent_pid, "HUP")?;
+    agent.wait_for_log(
+        &["reload refused", "keeping the running configuration"],
+        SETTLE,
+    )?;
+    reports_go_on(&mut agent)?;
+    assert_eq!(coord.machine("10.0.0.1")?.summary.state, "healthy");
+    // And the coordinator is still the same process.
+    assert_eq!(coord.proc.as_ref().and_then(Proc::pid), Some(coord_pid));
+    Ok(())
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_gateway_tls_and_it_keeps_answering() -> anyhow::Result<()> {
+    let pki = TestPki::new()?;
+    let gw = GatewayProc::start(&pki, "").await?;
+    let pid = gw.pid().context("gateway pid")?;
+    send_signal(pid, "HUP")?;
+    let deadline = std::time::Instant::now() + SETTLE;
+    while !gw.log().contains("TLS files reloaded") {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no reload logged: {}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        testkit::bmc_sim::http_get(gw.http, "/healthz")
+            .await?
+            .contains("ok")
+    );
+    // A new coordinator connection after the reload is served and answered.
+    let c = GatewayClient::connect(
+        &pki.material(Role::Coordinator, "coord-1")?,
+        gw.quic,
+        GatewayClient::coordinator_hello(),
+    )
+    .await?;
+    let resp = c
+        .request(
+            PowerRequest {
+                id: "hup-1".into(),
+                address: "10.9.9.9".into(),
+                serial: String::new(),
+                action: PowerAction::Status,
+                timeout_ms: 5_000,
+            },
+            SETTLE,
+        )
+        .await?;
+    assert_eq!(resp.id, "hup-1", "{resp:?}");
+    assert_eq!(gw.terminate().await?.code(), Some(0));
+    Ok(())
+}
