@@ -18,3 +18,5 @@ pub mod k8s;
 pub mod metrics;
 pub mod repair;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
