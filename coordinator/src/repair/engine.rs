@@ -1091,14 +1091,14 @@ mod tests {
         h.wait(i, "started", |e| e.status == RepairStatus::Processing)
             .await;
         tokio::time::sleep(TICK * 6).await;
-        let e = h.entry(i).await.unwrap();
-        assert_eq!(e.step_status, RepairStepStatus::Waiting, "not committed");
         assert!(
             std::fs::read_to_string(&counter)
                 .unwrap_or_default()
                 .is_empty(),
             "the command ran before its start was committed"
         );
+        let e = h.entry(i).await.unwrap();
+        assert_eq!(e.step_status, RepairStepStatus::Waiting, "not committed");
         mend_writes(&s).await;
         h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
             .await;
@@ -1135,13 +1135,13 @@ mod tests {
         }
         // From the next pass on, every pass decides `StartDrain` and fails to commit it.
         tokio::time::sleep(TICK * 6).await;
-        let e = h.entry(i).await.unwrap();
-        assert_eq!(e.step_status, RepairStepStatus::Waiting, "not committed");
         assert!(
             drainer.drains().is_empty(),
             "drained before the drain was committed: {:?}",
             drainer.drains()
         );
+        let e = h.entry(i).await.unwrap();
+        assert_eq!(e.step_status, RepairStepStatus::Waiting, "not committed");
         mend_writes(&s).await;
         h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
             .await;
@@ -1177,12 +1177,12 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(TICK * 6).await;
-        assert_eq!(h.entry(i).await.unwrap().status, RepairStatus::Processing);
         assert!(
             drainer.uncordons().is_empty(),
             "uncordoned before the end was committed: {:?}",
             drainer.uncordons()
         );
+        assert_eq!(h.entry(i).await.unwrap().status, RepairStatus::Processing);
         mend_writes(&s).await;
         h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
             .await;
