@@ -20,6 +20,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::fleet::{Fleet, FleetError};
 use crate::inventory::{InventoryError, RecordSource, load_inventory};
+use crate::k8s::{Drainer, KubeDrainer, NodeView, NotANode};
 use crate::metrics::{HttpState, Metrics, MetricsSource};
 use crate::store::{Store, StoreError};
 
@@ -54,7 +55,7 @@ pub enum AppError {
     Repair(#[from] crate::repair::RepairStartError),
     /// The `[kubernetes]` section is unusable (kubeconfig missing or invalid).
     #[error("kubernetes: {0}")]
-    Kubernetes(crate::k8s::DrainError),
+    Kubernetes(crate::k8s::KubeError),
     /// A port could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -109,6 +110,10 @@ pub struct App {
     trust_domain: String,
     endpoint: quinn::Endpoint,
     http: Option<tokio::net::TcpListener>,
+    /// The node view and its refresh period, with `[kubernetes]`.
+    node_view: Option<(NodeView, Duration)>,
+    repair_stop: CancellationToken,
+    repair_join: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for App {
@@ -159,23 +164,40 @@ impl App {
             ),
             None => None,
         };
-        let drainer = crate::k8s::drainer_for(config.kubernetes.as_ref())
-            .await
-            .map_err(AppError::Kubernetes)?;
+        let kube = match &config.kubernetes {
+            Some(k) => Some((
+                Arc::new(
+                    KubeDrainer::from_config(k, clock.clone())
+                        .await
+                        .map_err(AppError::Kubernetes)?,
+                ),
+                Duration::from_secs(k.node_view_refresh_seconds),
+            )),
+            None => None,
+        };
+        let drainer: Arc<dyn Drainer> = match &kube {
+            Some((k, _)) => k.clone(),
+            None => Arc::new(NotANode),
+        };
         let power = power_control(&config, &tls, &name, &fleet);
-        let repair = match config.repair.as_ref().and_then(|r| r.config.as_deref()) {
-            Some(path) => Some(
-                crate::repair::start_for_app(
+        // The engine starts now, so a bad `repair:` file fails the build, but stops with
+        // the app: `run` cancels this token when its shutdown token fires.
+        let repair_stop = CancellationToken::new();
+        let (repair, repair_join) = match config.repair.as_ref().and_then(|r| r.config.as_deref()) {
+            Some(path) => {
+                let (q, join) = crate::repair::start_for_app(
                     path,
                     store.clone(),
                     clock.clone(),
                     fleet.clone(),
                     drainer,
                     power,
+                    repair_stop.clone(),
                 )
-                .await?,
-            ),
-            None => None,
+                .await?;
+                (Some(q), Some(join))
+            }
+            None => (None, None),
         };
         let admin = Arc::new(Admin {
             fleet: fleet.clone(),
@@ -195,6 +217,9 @@ impl App {
             trust_domain: me.trust_domain,
             endpoint,
             http,
+            node_view: kube.map(|(k, every)| (k.node_view().clone(), every)),
+            repair_stop,
+            repair_join,
         })
     }
 
@@ -233,6 +258,10 @@ impl App {
             grace,
         ));
         let sweeper = tokio::spawn(sweep_loop(self.fleet.clone(), shutdown.clone()));
+        let node_view = self
+            .node_view
+            .as_ref()
+            .map(|(view, every)| view.spawn_poller(*every, shutdown.clone()));
         let http = self.http.map(|listener| {
             let state = HttpState {
                 fleet: self.fleet.clone(),
@@ -245,8 +274,17 @@ impl App {
         shutdown.cancelled().await;
         self.metrics.set_shutting_down();
         tracing::info!(grace = ?grace, "shutting down");
+        self.repair_stop.cancel();
         let _ = server.await;
         let _ = sweeper.await;
+        if let Some(h) = node_view {
+            let _ = h.await;
+        }
+        if let Some(h) = self.repair_join
+            && tokio::time::timeout(grace, h).await.is_err()
+        {
+            tracing::warn!("repair queue did not stop within the grace");
+        }
         if let Some(h) = http {
             match tokio::time::timeout(grace, h).await {
                 Ok(Ok(Ok(()))) => {}

@@ -1,8 +1,7 @@
-//! Time as a dependency: decisions take `now` from a [`Clock`] so tests can fake it.
+//! Time as a dependency: decisions take `now` from a [`Clock`] so tests can fake it (the
+//! fake is `crate::testing::FakeClock`).
 
-use std::sync::Mutex;
-
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 
 /// A source of the current time.
 pub trait Clock: Send + Sync + 'static {
@@ -17,34 +16,6 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
         Timestamp::now()
-    }
-}
-
-/// A clock that only moves when told to, for tests.
-#[derive(Debug)]
-pub struct FakeClock(Mutex<Timestamp>);
-
-impl FakeClock {
-    /// A fake clock starting at `start`.
-    pub fn new(start: Timestamp) -> Self {
-        Self(Mutex::new(start))
-    }
-
-    /// Moves the clock forward (or back, with a negative duration).
-    pub fn advance(&self, by: SignedDuration) {
-        let mut t = self.0.lock().expect("fake clock poisoned");
-        *t = t.checked_add(by).expect("fake clock overflow");
-    }
-
-    /// Sets the clock.
-    pub fn set(&self, to: Timestamp) {
-        *self.0.lock().expect("fake clock poisoned") = to;
-    }
-}
-
-impl Clock for FakeClock {
-    fn now(&self) -> Timestamp {
-        *self.0.lock().expect("fake clock poisoned")
     }
 }
 

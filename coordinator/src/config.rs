@@ -17,17 +17,7 @@ use serde::Deserialize;
 /// Where the config is read from when neither `--config` nor `FLEETMEND_CONFIG` says.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/fleetmend/coordinator.toml";
 
-/// Default report interval; must match node-agent's default so the unreachable grace
-/// (3 intervals) means "three missed reports".
-pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
-
-/// How many missed report intervals make a machine unreachable by default. Three tolerates
-/// one lost report and one reconnect without flapping to unreachable.
-pub const DEFAULT_GRACE_INTERVALS: u32 = 3;
-
-/// How long a machine whose agent said goodbye may stay silent before it is called
-/// unreachable. Ten minutes covers a slow firmware POST plus a full boot of a large server.
-pub const DEFAULT_GOODBYE_GRACE: Duration = Duration::from_secs(600);
+pub use crate::health::{DEFAULT_GOODBYE_GRACE, DEFAULT_GRACE_INTERVALS, DEFAULT_REPORT_INTERVAL};
 
 /// How long the coordinator waits for open connections to finish on SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -25,6 +25,18 @@ use std::time::Duration;
 use jiff::Timestamp;
 use protocol::messages::{GoodbyeReason, HealthReport};
 
+/// Default report interval; must match node-agent's default so the unreachable grace
+/// (3 intervals) means "three missed reports".
+pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How many missed report intervals make a machine unreachable by default. Three tolerates
+/// one lost report and one reconnect without flapping to unreachable.
+pub const DEFAULT_GRACE_INTERVALS: u32 = 3;
+
+/// How long a machine whose agent said goodbye may stay silent before it is called
+/// unreachable. Ten minutes covers a slow firmware POST plus a full boot of a large server.
+pub const DEFAULT_GOODBYE_GRACE: Duration = Duration::from_secs(600);
+
 /// Settings of the derivation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthConfig {
@@ -38,11 +50,11 @@ pub struct HealthConfig {
 
 impl Default for HealthConfig {
     fn default() -> Self {
-        let report_interval = crate::config::DEFAULT_REPORT_INTERVAL;
+        let report_interval = DEFAULT_REPORT_INTERVAL;
         Self {
             report_interval,
-            unreachable_grace: report_interval * crate::config::DEFAULT_GRACE_INTERVALS,
-            goodbye_grace: crate::config::DEFAULT_GOODBYE_GRACE,
+            unreachable_grace: report_interval * DEFAULT_GRACE_INTERVALS,
+            goodbye_grace: DEFAULT_GOODBYE_GRACE,
         }
     }
 }
@@ -300,7 +312,8 @@ pub fn derive(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{Clock, FakeClock};
+    use crate::clock::Clock;
+    use crate::testing::FakeClock;
     use jiff::SignedDuration;
     use protocol::messages::{CheckKind, CheckResult, CheckStatus};
 

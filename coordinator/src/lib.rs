@@ -19,3 +19,5 @@ pub mod metrics;
 pub mod remediation;
 pub mod repair;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -4,19 +4,18 @@
 //! These run the coordinator's `KubeDrainer` as a library, exactly as the repair engine
 //! calls it (one idempotent pass per call until `Done`). Every wait is bounded.
 
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use coordinator::clock::SystemClock;
 use coordinator::fence::proof::{DownProof, confirm_power_off};
-use coordinator::gateway::{PowerControl, PowerError};
 use coordinator::k8s::release::{Release, ReleaseProgress, RestoreProgress};
 use coordinator::k8s::{
-    DrainError, DrainOptions, DrainProgress, Drainer, KubeDrainer, KubernetesConfig, NodeEvent,
+    DrainOptions, DrainProgress, Drainer, KubeDrainer, KubeError, KubernetesConfig, NodeEvent,
     ReleaseMethod,
 };
-use futures::future::BoxFuture;
-use protocol::gateway::{PowerOutcome, PowerRequest, PowerResponse, PowerState};
+use coordinator::testing::FakePower;
 use serde_json::json;
 use testkit::fake_k8s::{FakeK8s, Fault, NodeSeed, PodSeed};
 
@@ -30,7 +29,7 @@ async fn drainer(fake: &FakeK8s) -> Result<KubeDrainer> {
         instance: Some("test-coordinator".into()),
         ..Default::default()
     };
-    Ok(KubeDrainer::from_config(&cfg).await?)
+    Ok(KubeDrainer::from_config(&cfg, Arc::new(SystemClock)).await?)
 }
 
 fn opts() -> DrainOptions {
@@ -346,7 +345,7 @@ async fn api_down_mid_drain_holds_and_resumes() -> Result<()> {
         .context("a down API server must not hang the drain")?
         .expect_err("API down is an error");
     assert!(
-        matches!(err, DrainError::Unavailable(_)) && err.is_retriable(),
+        matches!(err, KubeError::Unavailable(_)) && err.is_retriable(),
         "{err}"
     );
     fake.set_down(false);
@@ -388,27 +387,9 @@ async fn a_statefulset_pod_recreated_under_the_same_name_is_a_new_pod() -> Resul
     Ok(())
 }
 
-/// A gateway stand-in that confirms every fence: the test's way to get a real proof.
-struct ConfirmingGateway(Mutex<Vec<String>>);
-
-impl PowerControl for ConfirmingGateway {
-    fn power(&self, req: PowerRequest) -> BoxFuture<'_, Result<PowerResponse, PowerError>> {
-        self.0.lock().unwrap().push(req.address.clone());
-        Box::pin(async move {
-            Ok(PowerResponse {
-                id: req.id,
-                outcome: PowerOutcome::Done {
-                    state: PowerState::Off,
-                    confirmed_off_unix_ms: Some(1_700_000_000_000),
-                    detail: "chassis power is off".into(),
-                },
-            })
-        })
-    }
-}
-
 async fn proof_for(address: &str) -> Result<DownProof> {
-    let gw = ConfirmingGateway(Mutex::new(Vec::new()));
+    // A gateway stand-in that confirms every fence: the test's way to get a real proof.
+    let gw = FakePower::confirming_off(jiff::Timestamp::from_millisecond(1_700_000_000_000)?);
     Ok(confirm_power_off(&gw, address, "SER", "fence-1", 0)
         .await?
         .into())
@@ -454,7 +435,7 @@ async fn release_with_the_out_of_service_taint_and_restore() -> Result<()> {
         .release(NODE, &wrong, &Release::Taint)
         .await
         .expect_err("proof for another machine");
-    assert!(matches!(err, DrainError::Refused(_)), "{err}");
+    assert!(matches!(err, KubeError::Refused(_)), "{err}");
     assert!(fake.node(NODE).unwrap()["spec"]["taints"].is_null());
 
     let proof = proof_for(IP).await?;

@@ -3,41 +3,23 @@
 //! Commands are grouped (`pki`, `machines`, …); each group is a clap `Subcommand` enum in
 //! its own file implementing [`CommandGroup`], listed once in the [`command_groups!`]
 //! invocation below. Another area adds its group with one line there, e.g.
-//! `RepairQueue(crate::repair::ctl::RepairQueueCommand),` (its `///` doc becomes the help).
+//! `RepairQueue(repair_queue::RepairQueueCommand),` (its `///` doc becomes the help). What
+//! every group shares (the context, table and time formatting) is in [`common`].
 //!
 //! Connection settings for commands that talk to a coordinator come from flags or the
 //! environment (`FLEETMEND_SERVER`, `FLEETMEND_CA`, `FLEETMEND_CERT`, `FLEETMEND_KEY`); a
 //! connection is only opened by commands that need one. Errors use `anyhow`: this is a CLI.
 
 pub mod client;
+pub mod common;
 pub mod machines;
 pub mod pki;
-
-use std::future::Future;
+pub mod repair_queue;
 
 use clap::{Parser, Subcommand};
 
 pub use client::{AdminClient, ConnectArgs};
-
-/// What a command group gets to run.
-#[derive(Debug, Clone)]
-pub struct Ctx {
-    /// Connection settings (used only by commands that connect).
-    pub connect: ConnectArgs,
-}
-
-impl Ctx {
-    /// Connects to the coordinator with an admin certificate.
-    pub async fn client(&self) -> anyhow::Result<AdminClient> {
-        AdminClient::connect(&self.connect).await
-    }
-}
-
-/// A group of subcommands.
-pub trait CommandGroup {
-    /// Runs the chosen command.
-    fn run(self, ctx: &Ctx) -> impl Future<Output = anyhow::Result<()>>;
-}
+pub use common::{CommandGroup, Ctx, fmt_age, fmt_time, print_table};
 
 /// Declares the top-level command enum and its dispatch from a list of groups.
 macro_rules! command_groups {
@@ -65,7 +47,7 @@ command_groups! {
     /// Inventory and live health of machines.
     Machines(machines::MachinesCommand),
     /// The repair queue (as `ckecli repair-queue`).
-    RepairQueue(crate::repair::ctl::RepairQueueCommand),
+    RepairQueue(repair_queue::RepairQueueCommand),
 }
 
 /// Fleetmend's operator CLI.
@@ -86,55 +68,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         connect: cli.connect,
     };
     cli.command.run(&ctx).await
-}
-
-/// Formats a Unix-millisecond time as RFC 3339 (seconds) for tables.
-pub fn fmt_time(ms: u64) -> String {
-    jiff::Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(0))
-        .map(|t| {
-            t.round(jiff::Unit::Second)
-                .map(|t| t.to_string())
-                .unwrap_or_default()
-        })
-        .unwrap_or_else(|_| "-".into())
-}
-
-/// Formats how long ago a Unix-millisecond time was: `12s`, `5m`, `3h`, `2d`.
-pub fn fmt_age(ms: u64, now_ms: u64) -> String {
-    let s = now_ms.saturating_sub(ms) / 1000;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m", s / 60),
-        3600..86400 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
-    }
-}
-
-/// Prints rows as a left-aligned table with a header.
-pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            if i < widths.len() {
-                widths[i] = widths[i].max(c.chars().count());
-            }
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
-            }
-        }
-        println!("{}", s.trim_end());
-    };
-    line(header.to_vec());
-    for r in rows {
-        line(r.iter().map(String::as_str).collect());
-    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use protocol::Role;
 use protocol::pki::{Ca, DEFAULT_TRUST_DOMAIN, IssueOptions};
 
-use super::{CommandGroup, Ctx};
+use super::common::{CommandGroup, Ctx};
 
 /// PKI commands.
 #[derive(Debug, Subcommand)]

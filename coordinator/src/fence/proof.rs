@@ -65,6 +65,7 @@
 use jiff::Timestamp;
 use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest, PowerResponse, PowerState};
 
+use crate::clock::Clock;
 use crate::gateway::{PowerControl, PowerError};
 
 /// Why no proof could be had.
@@ -110,9 +111,15 @@ pub struct PowerOffProof {
 
 impl PowerOffProof {
     /// Builds the proof from a gateway's answer to `req`, if and only if the answer confirms
-    /// the machine is off. Private to this module: the only callers are
-    /// [`confirm_power_off`] and [`reconfirm_power_off`], which got the answer from a gateway.
-    fn from_fence_answer(req: &PowerRequest, resp: &PowerResponse) -> Result<Self, ProofError> {
+    /// the machine is off. A `status` answer saying "off" counts only when re-confirming a
+    /// fence (`reconfirmed_at`, the time of the read). Private to this module: the only
+    /// callers are [`confirm_power_off`] and [`reconfirm_power_off`], which got the answer
+    /// from a gateway, and [`fence_confirmed`], which returns no proof.
+    fn from_fence_answer(
+        req: &PowerRequest,
+        resp: &PowerResponse,
+        reconfirmed_at: Option<Timestamp>,
+    ) -> Result<Self, ProofError> {
         let not = |detail: String, retriable| ProofError::NotConfirmed {
             address: req.address.clone(),
             detail,
@@ -144,11 +151,17 @@ impl PowerOffProof {
                     state: PowerState::Off,
                     ..
                 },
-            ) => Ok(Self {
-                address: req.address.clone(),
-                request_id: req.id.clone(),
-                confirmed_off: Timestamp::now(),
-            }),
+            ) => match reconfirmed_at {
+                Some(at) => Ok(Self {
+                    address: req.address.clone(),
+                    request_id: req.id.clone(),
+                    confirmed_off: at,
+                }),
+                None => Err(not(
+                    "a power-state read confirms power-off only when re-confirming a fence".into(),
+                    false,
+                )),
+            },
             (
                 PowerAction::Fence | PowerAction::Status,
                 PowerOutcome::Done { state, detail, .. },
@@ -259,7 +272,11 @@ impl From<KdumpProof> for DownProof {
     }
 }
 
-async fn ask(power: &dyn PowerControl, req: PowerRequest) -> Result<PowerOffProof, ProofError> {
+async fn ask(
+    power: &dyn PowerControl,
+    req: PowerRequest,
+    clock: Option<&dyn Clock>,
+) -> Result<PowerOffProof, ProofError> {
     let resp = power
         .power(req.clone())
         .await
@@ -267,7 +284,14 @@ async fn ask(power: &dyn PowerControl, req: PowerRequest) -> Result<PowerOffProo
             address: req.address.clone(),
             source,
         })?;
-    PowerOffProof::from_fence_answer(&req, &resp)
+    PowerOffProof::from_fence_answer(&req, &resp, clock.map(|c| c.now()))
+}
+
+/// Whether a gateway's answer to a `fence` request confirms power-off, and when: the one
+/// meaning of "power-off confirmed", for callers that need the verdict but release nothing
+/// (the repair queue's `@fence` built-in). Returns no proof, so it opens no release.
+pub fn fence_confirmed(req: &PowerRequest, resp: &PowerResponse) -> Result<Timestamp, ProofError> {
+    PowerOffProof::from_fence_answer(req, resp, None).map(|p| p.confirmed_off)
 }
 
 /// Fences the machine through its gateway (power off, then confirm off by reading the power
@@ -289,14 +313,17 @@ pub async fn confirm_power_off(
             action: PowerAction::Fence,
             timeout_ms,
         },
+        None,
     )
     .await
 }
 
 /// Reads the power state and returns the proof when the BMC says "off": for a fence flow
-/// resumed after a restart, which must not trust a stored "it was off" alone.
+/// resumed after a restart, which must not trust a stored "it was off" alone. The proof's
+/// confirmation time is the read's, from `clock`.
 pub async fn reconfirm_power_off(
     power: &dyn PowerControl,
+    clock: &dyn Clock,
     address: &str,
     serial: &str,
     request_id: &str,
@@ -310,6 +337,7 @@ pub async fn reconfirm_power_off(
             action: PowerAction::Status,
             timeout_ms: 0,
         },
+        Some(clock),
     )
     .await
 }
@@ -317,23 +345,7 @@ pub async fn reconfirm_power_off(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::future::BoxFuture;
-    use std::sync::Mutex;
-
-    /// Answers every request with a scripted outcome.
-    struct Scripted(Mutex<Vec<PowerOutcome>>);
-
-    impl PowerControl for Scripted {
-        fn power(&self, req: PowerRequest) -> BoxFuture<'_, Result<PowerResponse, PowerError>> {
-            let outcome = self.0.lock().unwrap().remove(0);
-            Box::pin(async move {
-                Ok(PowerResponse {
-                    id: req.id,
-                    outcome,
-                })
-            })
-        }
-    }
+    use crate::testing::{FakeClock, FakePower};
 
     fn done(state: PowerState, ms: Option<u64>) -> PowerOutcome {
         PowerOutcome::Done {
@@ -345,7 +357,8 @@ mod tests {
 
     #[tokio::test]
     async fn only_a_confirmed_off_makes_a_proof() {
-        let p = Scripted(Mutex::new(vec![
+        let p = FakePower::default();
+        for outcome in [
             done(PowerState::Off, Some(1_700_000_000_000)),
             done(PowerState::On, None),
             done(PowerState::Off, None),
@@ -354,7 +367,9 @@ mod tests {
                 retriable: true,
             },
             done(PowerState::Off, None),
-        ]));
+        ] {
+            p.then(Ok(outcome));
+        }
         let proof = confirm_power_off(&p, "10.0.0.1", "S", "r1", 0)
             .await
             .unwrap();
@@ -375,7 +390,15 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.is_retriable());
-        assert!(reconfirm_power_off(&p, "10.0.0.1", "S", "r5").await.is_ok());
+        let clock = FakeClock::new(Timestamp::from_second(1_800_000_000).unwrap());
+        let proof = reconfirm_power_off(&p, &clock, "10.0.0.1", "S", "r5")
+            .await
+            .unwrap();
+        assert_eq!(
+            proof.confirmed_off(),
+            clock.now(),
+            "stamped with the injected clock"
+        );
     }
 
     #[test]
@@ -391,10 +414,18 @@ mod tests {
             id: id.into(),
             outcome: done(PowerState::Off, Some(5)),
         };
-        assert!(PowerOffProof::from_fence_answer(&req(PowerAction::Cycle), &resp("r")).is_err());
-        assert!(PowerOffProof::from_fence_answer(&req(PowerAction::Off), &resp("r")).is_err());
-        assert!(PowerOffProof::from_fence_answer(&req(PowerAction::Fence), &resp("x")).is_err());
-        assert!(PowerOffProof::from_fence_answer(&req(PowerAction::Fence), &resp("r")).is_ok());
+        let proof = |action, id| PowerOffProof::from_fence_answer(&req(action), &resp(id), None);
+        assert!(proof(PowerAction::Cycle, "r").is_err());
+        assert!(proof(PowerAction::Off, "r").is_err());
+        assert!(proof(PowerAction::Fence, "x").is_err());
+        assert!(proof(PowerAction::Fence, "r").is_ok());
+        // The verdict `@fence` uses is the same one.
+        assert!(fence_confirmed(&req(PowerAction::Fence), &resp("r")).is_ok());
+        assert!(fence_confirmed(&req(PowerAction::Fence), &resp("x")).is_err());
+        assert!(
+            fence_confirmed(&req(PowerAction::Status), &resp("r")).is_err(),
+            "a status read is not a fence"
+        );
         let k: DownProof = KdumpProof::from_dump_in_progress("a", Timestamp::UNIX_EPOCH).into();
         assert_eq!(k.address(), "a");
     }

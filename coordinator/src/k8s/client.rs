@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::DrainError;
+use super::KubeError;
 
 /// How a fenced node's workload is released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -84,7 +84,7 @@ impl Default for KubernetesConfig {
 }
 
 /// Builds the client from `cfg`, with kube's silent retries turned off.
-pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, DrainError> {
+pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, KubeError> {
     let options = kube::config::KubeConfigOptions {
         context: cfg.context.clone(),
         ..Default::default()
@@ -92,19 +92,19 @@ pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, DrainE
     let mut config = match &cfg.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                DrainError::Refused(format!("cannot read kubeconfig {}: {e}", path.display()))
+                KubeError::Refused(format!("cannot read kubeconfig {}: {e}", path.display()))
             })?;
             kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
                 .map_err(|e| {
-                    DrainError::Refused(format!("kubeconfig {} is unusable: {e}", path.display()))
+                    KubeError::Refused(format!("kubeconfig {} is unusable: {e}", path.display()))
                 })?
         }
         None if cfg.context.is_some() => kube::Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| DrainError::Refused(format!("kubeconfig is unusable: {e}")))?,
+            .map_err(|e| KubeError::Refused(format!("kubeconfig is unusable: {e}")))?,
         None => kube::Config::infer().await.map_err(|e| {
-            DrainError::Refused(format!(
+            KubeError::Refused(format!(
                 "no Kubernetes configuration found (kubernetes.kubeconfig, KUBECONFIG, \
                  ~/.kube/config or in-cluster service account): {e}"
             ))
@@ -116,7 +116,7 @@ pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, DrainE
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
     kube::Client::try_from(config)
-        .map_err(|e| DrainError::Refused(format!("cannot build Kubernetes client: {e}")))
+        .map_err(|e| KubeError::Refused(format!("cannot build Kubernetes client: {e}")))
 }
 
 /// HTTP status and message of an API error, if the error is an API answer.
@@ -127,23 +127,23 @@ pub fn api_status(err: &kube::Error) -> Option<(u16, String)> {
     }
 }
 
-/// Maps a kube error to a [`DrainError`], with `what` saying what was attempted.
+/// Maps a kube error to a [`KubeError`], with `what` saying what was attempted.
 ///
 /// Transport failures, timeouts, 429 (API priority and fairness) and 5xx are
-/// [`DrainError::Unavailable`]: the repair entry holds and resumes. Other API answers are
-/// [`DrainError::Refused`].
-pub fn map_err(what: &str, err: kube::Error) -> DrainError {
+/// [`KubeError::Unavailable`]: the repair entry holds and resumes. Other API answers are
+/// [`KubeError::Refused`].
+pub fn map_err(what: &str, err: kube::Error) -> KubeError {
     match &err {
         kube::Error::Api(s) if s.code == 429 || s.code >= 500 => {
-            DrainError::Unavailable(format!("{what}: {} {}", s.code, s.message))
+            KubeError::Unavailable(format!("{what}: {} {}", s.code, s.message))
         }
-        kube::Error::Api(s) => DrainError::Refused(format!("{what}: {} {}", s.code, s.message)),
+        kube::Error::Api(s) => KubeError::Refused(format!("{what}: {} {}", s.code, s.message)),
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
-            DrainError::Unavailable(format!("{what}: {err}"))
+            KubeError::Unavailable(format!("{what}: {err}"))
         }
         // A body that does not parse usually means a proxy or a half-up API server answered.
-        kube::Error::SerdeError(_) => DrainError::Unavailable(format!("{what}: {err}")),
-        _ => DrainError::Refused(format!("{what}: {err}")),
+        kube::Error::SerdeError(_) => KubeError::Unavailable(format!("{what}: {err}")),
+        _ => KubeError::Refused(format!("{what}: {err}")),
     }
 }
 

@@ -9,10 +9,10 @@
 //!
 //! Deliberately not here: the eviction timeout and the drain backoff (the repair engine owns
 //! them; it calls `drain` until `Done` or its timeout, then `uncordon_if_ours`), and any
-//! retry of API outages (they come back as [`DrainError::Unavailable`] so the entry holds).
+//! retry of API outages (they come back as [`KubeError::Unavailable`] so the entry holds).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -21,20 +21,16 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 
 use super::client::{self, KubernetesConfig, api_status, is_conflict, is_not_found, map_err};
+use super::cordon::cordoned_by_us;
+pub use super::cordon::{CORDON_ANNOTATION, CORDON_OWNER};
 use super::decision::{
     EvictNext, EvictionAnswer, PodAction, PodFacts, ProtectedNamespaces, after_eviction, decide_pod,
 };
 use super::events::{EventRecorder, NodeEvent};
 use super::selector::LabelSelector;
 use super::view::{NodeView, internal_ip};
-use super::{DrainError, DrainOptions, DrainProgress, Drainer};
-
-/// Annotation marking a cordon as Fleetmend's. A node that is unschedulable without it was
-/// cordoned by someone else and is never uncordoned by Fleetmend.
-pub const CORDON_ANNOTATION: &str = "fleetmend.io/cordoned-by";
-
-/// Value of [`CORDON_ANNOTATION`].
-pub const CORDON_OWNER: &str = "fleetmend-coordinator";
+use super::{DrainOptions, DrainProgress, Drainer, KubeError};
+use crate::clock::Clock;
 
 /// Evictions in flight at once for one node.
 ///
@@ -75,11 +71,12 @@ impl std::fmt::Debug for KubeDrainer {
 
 impl KubeDrainer {
     /// A drainer over `client` (which must have kube's default retry turned off, as
-    /// [`client::build_client`] does). `instance` names this coordinator in Events.
-    pub fn new(client: kube::Client, instance: impl Into<String>) -> Self {
+    /// [`client::build_client`] does). `instance` names this coordinator in Events; `clock`
+    /// stamps Events and node view refreshes.
+    pub fn new(client: kube::Client, instance: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
         Self {
-            events: EventRecorder::new(client.clone(), instance),
-            view: NodeView::new(client.clone()),
+            events: EventRecorder::new(client.clone(), instance, clock.clone()),
+            view: NodeView::new(client.clone(), clock),
             client,
             release_method: client::ReleaseMethod::Auto,
             last_blocked: Mutex::new(HashMap::new()),
@@ -87,10 +84,13 @@ impl KubeDrainer {
     }
 
     /// Builds the client from the coordinator's `kubernetes` section.
-    pub async fn from_config(cfg: &KubernetesConfig) -> Result<Self, DrainError> {
+    pub async fn from_config(
+        cfg: &KubernetesConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, KubeError> {
         let client = client::build_client(cfg).await?;
         let instance = cfg.instance.clone().unwrap_or_else(|| "coordinator".into());
-        let mut me = Self::new(client, instance);
+        let mut me = Self::new(client, instance, clock);
         me.release_method = cfg.release_method;
         Ok(me)
     }
@@ -115,7 +115,7 @@ impl KubeDrainer {
         Api::all(self.client.clone())
     }
 
-    async fn get_node(&self, node: &str) -> Result<Option<Node>, DrainError> {
+    async fn get_node(&self, node: &str) -> Result<Option<Node>, KubeError> {
         self.nodes()
             .get_opt(node)
             .await
@@ -131,7 +131,7 @@ impl KubeDrainer {
 
     /// Cordons `node` as ours unless it already is unschedulable. Returns `false` when a
     /// concurrent change made the patch conflict (try again next pass).
-    async fn cordon(&self, node: &Node) -> Result<bool, DrainError> {
+    async fn cordon(&self, node: &Node) -> Result<bool, KubeError> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let unschedulable = node
             .spec
@@ -174,7 +174,7 @@ impl KubeDrainer {
     async fn protected_namespaces(
         &self,
         selector: Option<&str>,
-    ) -> Result<ProtectedNamespaces, DrainError> {
+    ) -> Result<ProtectedNamespaces, KubeError> {
         let Some(sel) = selector else {
             return Ok(ProtectedNamespaces::All);
         };
@@ -191,7 +191,7 @@ impl KubeDrainer {
         ))
     }
 
-    async fn pods_on(&self, node: &str) -> Result<Vec<PodFacts>, DrainError> {
+    async fn pods_on(&self, node: &str) -> Result<Vec<PodFacts>, KubeError> {
         let api: Api<Pod> = Api::all(self.client.clone());
         let list = api
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
@@ -216,8 +216,8 @@ impl KubeDrainer {
             }
             Err(e) if is_not_found(&e) || is_conflict(&e) => PodOutcome::Going,
             Err(e) => match map_err(&format!("delete pod {}", pod.key()), e) {
-                DrainError::Unavailable(m) => PodOutcome::Unavailable(m),
-                DrainError::Refused(m) => PodOutcome::Stop(m),
+                KubeError::Unavailable(m) => PodOutcome::Unavailable(m),
+                KubeError::Refused(m) => PodOutcome::Stop(m),
             },
         }
     }
@@ -256,8 +256,8 @@ impl KubeDrainer {
                 Ok(a) => a,
                 Err(e) => {
                     return match map_err(&format!("evict {}", pod.key()), e) {
-                        DrainError::Unavailable(m) => PodOutcome::Unavailable(m),
-                        DrainError::Refused(m) => PodOutcome::Stop(m),
+                        KubeError::Unavailable(m) => PodOutcome::Unavailable(m),
+                        KubeError::Refused(m) => PodOutcome::Stop(m),
                     };
                 }
             };
@@ -291,7 +291,7 @@ impl KubeDrainer {
     }
 
     /// Abandons the drain: uncordon if ours, record why.
-    async fn abandon(&self, node: &Node, reason: String) -> Result<DrainProgress, DrainError> {
+    async fn abandon(&self, node: &Node, reason: String) -> Result<DrainProgress, KubeError> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         tracing::warn!(node = name, %reason, "drain abandoned");
         self.record(node, NodeEvent::DrainAbandoned, &reason).await;
@@ -299,17 +299,11 @@ impl KubeDrainer {
         Ok(DrainProgress::Abandoned { reason })
     }
 
-    async fn uncordon(&self, node: &str) -> Result<(), DrainError> {
+    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
         let Some(n) = self.get_node(node).await? else {
             return Ok(());
         };
-        let ours = n
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(CORDON_ANNOTATION))
-            .is_some_and(|v| v == CORDON_OWNER);
-        if !ours {
+        if !cordoned_by_us(&n) {
             return Ok(());
         }
         let patch = serde_json::json!({
@@ -339,15 +333,15 @@ impl KubeDrainer {
         &self,
         node: &str,
         opts: &DrainOptions,
-    ) -> Result<DrainProgress, DrainError> {
+    ) -> Result<DrainProgress, KubeError> {
         let job_selector = opts
             .protected_job_pods
             .as_deref()
             .map(LabelSelector::parse)
             .transpose()
-            .map_err(|e| DrainError::Refused(e.to_string()))?;
+            .map_err(|e| KubeError::Refused(e.to_string()))?;
         let Some(n) = self.get_node(node).await? else {
-            return Err(DrainError::Refused(format!(
+            return Err(KubeError::Refused(format!(
                 "node {node} does not exist; it cannot be drained"
             )));
         };
@@ -390,7 +384,7 @@ impl KubeDrainer {
             PodOutcome::Unavailable(m) => Some(m.clone()),
             _ => None,
         }) {
-            return Err(DrainError::Unavailable(m));
+            return Err(KubeError::Unavailable(m));
         }
         if let Some(m) = outcomes.iter().find_map(|o| match o {
             PodOutcome::Stop(m) => Some(m.clone()),
@@ -464,7 +458,7 @@ impl KubeDrainer {
     }
 
     /// The name of the Node whose InternalIP is `address`, refreshing the node view.
-    pub async fn find_node(&self, address: &str) -> Result<Option<String>, DrainError> {
+    pub async fn find_node(&self, address: &str) -> Result<Option<String>, KubeError> {
         let nodes = self
             .nodes()
             .list(&ListParams::default())
@@ -481,7 +475,7 @@ impl KubeDrainer {
 }
 
 impl Drainer for KubeDrainer {
-    fn node_for(&self, address: &str) -> BoxFuture<'_, Result<Option<String>, DrainError>> {
+    fn node_for(&self, address: &str) -> BoxFuture<'_, Result<Option<String>, KubeError>> {
         let address = address.to_string();
         Box::pin(async move { self.find_node(&address).await })
     }
@@ -490,11 +484,11 @@ impl Drainer for KubeDrainer {
         &'a self,
         node: &'a str,
         opts: &'a DrainOptions,
-    ) -> BoxFuture<'a, Result<DrainProgress, DrainError>> {
+    ) -> BoxFuture<'a, Result<DrainProgress, KubeError>> {
         Box::pin(self.drain_pass(node, opts))
     }
 
-    fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), DrainError>> {
+    fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), KubeError>> {
         Box::pin(async move {
             self.last_blocked
                 .lock()

@@ -13,6 +13,8 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, PostParams};
 
+use crate::clock::Clock;
+
 /// The namespace Node events live in, as with the kubelet's own.
 pub const EVENT_NAMESPACE: &str = "default";
 
@@ -78,6 +80,7 @@ pub struct EventRecorder {
     api: Api<Event>,
     instance: String,
     seq: std::sync::Arc<AtomicU64>,
+    clock: std::sync::Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for EventRecorder {
@@ -89,12 +92,18 @@ impl std::fmt::Debug for EventRecorder {
 }
 
 impl EventRecorder {
-    /// A recorder posting through `client`; `instance` names this coordinator.
-    pub fn new(client: kube::Client, instance: impl Into<String>) -> Self {
+    /// A recorder posting through `client`; `instance` names this coordinator, `clock`
+    /// stamps the Events.
+    pub fn new(
+        client: kube::Client,
+        instance: impl Into<String>,
+        clock: std::sync::Arc<dyn Clock>,
+    ) -> Self {
         Self {
             api: Api::namespaced(client, EVENT_NAMESPACE),
             instance: instance.into(),
             seq: Default::default(),
+            clock,
         }
     }
 
@@ -106,7 +115,7 @@ impl EventRecorder {
         event: NodeEvent,
         message: &str,
     ) {
-        let now = jiff::Timestamp::now();
+        let now = self.clock.now();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         // Unique per coordinator instance: node name, time in ns, a sequence number.
         let name = format!(

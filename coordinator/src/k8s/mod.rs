@@ -1,19 +1,25 @@
 //! Kubernetes: node mapping, cordon, drain, release and restore, the node view detectors
 //! read, and Events.
 //!
-//! The repair queue drives drains only through the [`Drainer`] trait, so it can run with no
-//! cluster at all ([`NotANode`]) and be tested with hand-written fakes. The real
-//! implementation is [`KubeDrainer`] (CKE's repair drain through kube-rs); it also releases
-//! and restores fenced nodes ([`release`]), keeps the [`view::NodeView`] detectors read, and
-//! records [`events`] on Nodes.
+//! The coordinator reaches Kubernetes only through three traits, so it can run with no
+//! cluster at all and be tested with hand-written fakes (`crate::testing`): [`Drainer`]
+//! (node lookup, drain, uncordon, Events; [`NotANode`] without a cluster), [`NodeRelease`]
+//! (releasing a fenced node's workload and restoring it) and [`NodeViewSource`] (the node
+//! view). The real implementations are [`KubeDrainer`] (CKE's repair drain, release and
+//! restore through kube-rs) and [`NodeView`]. Every call fails with a [`KubeError`].
 //!
 //! Submodules: [`client`] (configuration, client, error mapping), [`selector`] (label
-//! selectors), [`decision`] (pure per-pod drain decisions), [`drain`], [`release`], [`view`],
-//! [`events`].
+//! selectors), [`cordon`] (whose cordon it is), [`decision`] (pure per-pod drain
+//! decisions), [`drain`], [`release`], [`view`], [`events`].
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
+use jiff::Timestamp;
 
 pub mod client;
+pub mod cordon;
 pub mod decision;
 pub mod drain;
 pub mod events;
@@ -24,6 +30,11 @@ pub mod view;
 pub use client::{KubernetesConfig, ReleaseMethod};
 pub use drain::KubeDrainer;
 pub use events::NodeEvent;
+pub use view::NodeView;
+
+use crate::fence::proof::DownProof;
+use release::{Release, ReleaseProgress, RestoreProgress, SavedNodeMetadata};
+use view::NodeViewSnapshot;
 
 /// Everything a drain needs from the repair configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,9 +71,10 @@ pub enum DrainProgress {
     },
 }
 
-/// Why a Kubernetes call failed.
+/// Why a Kubernetes call failed: any call of this module (node lookup, drain, uncordon,
+/// release, restore, node view refresh), not only drains.
 #[derive(Debug, thiserror::Error)]
-pub enum DrainError {
+pub enum KubeError {
     /// The API server could not be reached or answered 5xx: hold and try again.
     #[error("Kubernetes API unavailable: {0}")]
     Unavailable(String),
@@ -71,17 +83,17 @@ pub enum DrainError {
     Refused(String),
 }
 
-impl DrainError {
+impl KubeError {
     /// True when the same call may succeed later.
     pub fn is_retriable(&self) -> bool {
-        matches!(self, DrainError::Unavailable(_))
+        matches!(self, KubeError::Unavailable(_))
     }
 }
 
 /// The repair queue's view of Kubernetes.
 pub trait Drainer: Send + Sync + 'static {
     /// The Node whose InternalIP is `address`, or `None` when the machine is not a node.
-    fn node_for(&self, address: &str) -> BoxFuture<'_, Result<Option<String>, DrainError>>;
+    fn node_for(&self, address: &str) -> BoxFuture<'_, Result<Option<String>, KubeError>>;
 
     /// One idempotent drain pass: cordon (marked as ours), check protected Job pods, evict
     /// or delete what must go, report progress. Called repeatedly until `Done`.
@@ -89,10 +101,10 @@ pub trait Drainer: Send + Sync + 'static {
         &'a self,
         node: &'a str,
         opts: &'a DrainOptions,
-    ) -> BoxFuture<'a, Result<DrainProgress, DrainError>>;
+    ) -> BoxFuture<'a, Result<DrainProgress, KubeError>>;
 
     /// Uncordons `node` if, and only if, the cordon is ours.
-    fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), DrainError>>;
+    fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), KubeError>>;
 
     /// Records a remediation step as a Kubernetes Event on `node` (best effort, never
     /// fails). The repair engine calls it for steps the drainer cannot see, such as
@@ -108,16 +120,47 @@ pub trait Drainer: Send + Sync + 'static {
     }
 }
 
-/// The drainer for the coordinator's `[kubernetes]` section: a [`KubeDrainer`] when the
-/// section is present, [`NotANode`] (no machine is a node) when it is absent. Builds the
-/// client only; nothing is sent to the API server until the first drain.
-pub async fn drainer_for(
-    cfg: Option<&KubernetesConfig>,
-) -> Result<std::sync::Arc<dyn Drainer>, DrainError> {
-    Ok(match cfg {
-        Some(cfg) => std::sync::Arc::new(KubeDrainer::from_config(cfg).await?),
-        None => std::sync::Arc::new(NotANode),
-    })
+/// Releasing a fenced node's workload and restoring the node once its machine is back
+/// (see [`release`]). Every call that lets workload go elsewhere takes a [`DownProof`]
+/// (invariant 1). The real implementation is [`KubeDrainer`].
+pub trait NodeRelease: Send + Sync + 'static {
+    /// Reads what must be saved before a Node is deleted. Read-only; no proof needed.
+    fn save_node_metadata<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<SavedNodeMetadata, KubeError>>;
+
+    /// How to release on this cluster (out-of-service taint or Node deletion).
+    fn release_plan<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Release, KubeError>>;
+
+    /// One idempotent pass of releasing `node`'s workload.
+    fn release<'a>(
+        &'a self,
+        node: &'a str,
+        proof: &'a DownProof,
+        how: &'a Release,
+    ) -> BoxFuture<'a, Result<ReleaseProgress, KubeError>>;
+
+    /// One idempotent pass of restoring `node` after its machine is back.
+    fn restore<'a>(
+        &'a self,
+        node: &'a str,
+        proof: &'a DownProof,
+        how: &'a Release,
+    ) -> BoxFuture<'a, Result<RestoreProgress, KubeError>>;
+}
+
+/// The node view detectors read (see [`view`]): an immutable snapshot of every Node, and
+/// whether it is fresh enough to act on (invariant 7). The real implementation is
+/// [`NodeView`].
+pub trait NodeViewSource: Send + Sync + 'static {
+    /// The current snapshot.
+    fn snapshot(&self) -> Arc<NodeViewSnapshot>;
+
+    /// True when the snapshot was refreshed within `max_age` of `now`.
+    fn is_fresh(&self, now: Timestamp, max_age: Duration) -> bool {
+        self.snapshot().is_fresh(now, max_age)
+    }
 }
 
 /// The drainer used when no cluster is configured: no machine is a node.
@@ -125,7 +168,7 @@ pub async fn drainer_for(
 pub struct NotANode;
 
 impl Drainer for NotANode {
-    fn node_for(&self, _address: &str) -> BoxFuture<'_, Result<Option<String>, DrainError>> {
+    fn node_for(&self, _address: &str) -> BoxFuture<'_, Result<Option<String>, KubeError>> {
         Box::pin(async { Ok(None) })
     }
 
@@ -133,15 +176,15 @@ impl Drainer for NotANode {
         &'a self,
         node: &'a str,
         _opts: &'a DrainOptions,
-    ) -> BoxFuture<'a, Result<DrainProgress, DrainError>> {
+    ) -> BoxFuture<'a, Result<DrainProgress, KubeError>> {
         Box::pin(async move {
-            Err(DrainError::Refused(format!(
+            Err(KubeError::Refused(format!(
                 "no Kubernetes cluster is configured, cannot drain {node}"
             )))
         })
     }
 
-    fn uncordon_if_ours<'a>(&'a self, _node: &'a str) -> BoxFuture<'a, Result<(), DrainError>> {
+    fn uncordon_if_ours<'a>(&'a self, _node: &'a str) -> BoxFuture<'a, Result<(), KubeError>> {
         Box::pin(async { Ok(()) })
     }
 }

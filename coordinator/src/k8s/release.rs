@@ -16,16 +16,18 @@
 
 use std::collections::BTreeMap;
 
+use futures::future::BoxFuture;
+
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use serde::{Deserialize, Serialize};
 
-use super::DrainError;
 use super::client::{ReleaseMethod, is_conflict, is_not_found, map_err};
 use super::drain::KubeDrainer;
 use super::events::NodeEvent;
 use super::view::internal_ip;
+use super::{KubeError, NodeRelease};
 use crate::fence::proof::DownProof;
 
 /// The out-of-service taint's key.
@@ -101,7 +103,7 @@ pub fn parse_minor(minor: &str) -> Option<u32> {
 
 impl KubeDrainer {
     /// Reads what must be saved before a Node is deleted. Read-only; no proof needed.
-    pub async fn save_node_metadata(&self, node: &str) -> Result<SavedNodeMetadata, DrainError> {
+    pub async fn save_node_metadata(&self, node: &str) -> Result<SavedNodeMetadata, KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let n = api
             .get(node)
@@ -117,7 +119,7 @@ impl KubeDrainer {
 
     /// Decides how to release on this cluster: the configured method, with `auto` meaning
     /// the taint on 1.28+ and Node deletion before.
-    pub async fn release_plan(&self, node: &str) -> Result<Release, DrainError> {
+    pub async fn release_plan(&self, node: &str) -> Result<Release, KubeError> {
         let use_taint = match self.release_method {
             ReleaseMethod::Taint => true,
             ReleaseMethod::DeleteNode => false,
@@ -138,10 +140,10 @@ impl KubeDrainer {
         })
     }
 
-    fn check_proof(node: &str, ip: Option<&str>, proof: &DownProof) -> Result<(), DrainError> {
+    fn check_proof(node: &str, ip: Option<&str>, proof: &DownProof) -> Result<(), KubeError> {
         match ip {
             Some(ip) if ip == proof.address() => Ok(()),
-            other => Err(DrainError::Refused(format!(
+            other => Err(KubeError::Refused(format!(
                 "refusing to release node {node} (InternalIP {}): the proof of power-off is for {}",
                 other.unwrap_or("unknown"),
                 proof.address()
@@ -155,7 +157,7 @@ impl KubeDrainer {
         node: &str,
         proof: &DownProof,
         how: &Release,
-    ) -> Result<ReleaseProgress, DrainError> {
+    ) -> Result<ReleaseProgress, KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let current = api
             .get_opt(node)
@@ -164,7 +166,7 @@ impl KubeDrainer {
         match how {
             Release::Taint => {
                 let Some(n) = current else {
-                    return Err(DrainError::Refused(format!(
+                    return Err(KubeError::Refused(format!(
                         "node {node} does not exist; nothing to taint"
                     )));
                 };
@@ -243,7 +245,7 @@ impl KubeDrainer {
         self.release_wait(node).await
     }
 
-    async fn release_wait(&self, node: &str) -> Result<ReleaseProgress, DrainError> {
+    async fn release_wait(&self, node: &str) -> Result<ReleaseProgress, KubeError> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let terminating = pods
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
@@ -279,7 +281,7 @@ impl KubeDrainer {
         node: &str,
         proof: &DownProof,
         how: &Release,
-    ) -> Result<RestoreProgress, DrainError> {
+    ) -> Result<RestoreProgress, KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let Some(n) = api
             .get_opt(node)
@@ -354,6 +356,37 @@ impl KubeDrainer {
             Err(e) if is_conflict(&e) => Ok(RestoreProgress::WaitingForNode),
             Err(e) => Err(map_err(&format!("restore node {node}"), e)),
         }
+    }
+}
+
+impl NodeRelease for KubeDrainer {
+    fn save_node_metadata<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<SavedNodeMetadata, KubeError>> {
+        Box::pin(KubeDrainer::save_node_metadata(self, node))
+    }
+
+    fn release_plan<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<Release, KubeError>> {
+        Box::pin(KubeDrainer::release_plan(self, node))
+    }
+
+    fn release<'a>(
+        &'a self,
+        node: &'a str,
+        proof: &'a DownProof,
+        how: &'a Release,
+    ) -> BoxFuture<'a, Result<ReleaseProgress, KubeError>> {
+        Box::pin(KubeDrainer::release(self, node, proof, how))
+    }
+
+    fn restore<'a>(
+        &'a self,
+        node: &'a str,
+        proof: &'a DownProof,
+        how: &'a Release,
+    ) -> BoxFuture<'a, Result<RestoreProgress, KubeError>> {
+        Box::pin(KubeDrainer::restore(self, node, proof, how))
     }
 }
 

@@ -1,5 +1,7 @@
-//! Kubernetes label selectors in their string form (`app=web,tier!=db,env in (a,b),!legacy`),
-//! parsed once and matched against label maps.
+//! Kubernetes label selectors: the one selector type of the coordinator. Parsed from the
+//! string form (`app=web,tier!=db,env in (a,b),!legacy`) or built from YAML's `matchLabels`
+//! and `matchExpressions` (the repair configuration), matched against label maps, and
+//! rendered back to the string form for the API server.
 //!
 //! Used where the coordinator has to match labels itself (protected Job pods are matched
 //! against pods it already listed); where the API server can filter (`protected_namespaces`)
@@ -86,6 +88,57 @@ impl LabelSelector {
     /// True for the selector that matches everything.
     pub fn is_empty(&self) -> bool {
         self.requirements.is_empty()
+    }
+
+    /// Adds a `matchLabels` entry: `key=value`.
+    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.requirements
+            .push(Requirement::Equals(key.into(), value.into()));
+        self
+    }
+
+    /// Adds a `matchExpressions` entry; `None` when `operator` is not `In`, `NotIn`,
+    /// `Exists` or `DoesNotExist`.
+    pub fn with_expression(
+        mut self,
+        key: impl Into<String>,
+        operator: &str,
+        values: Vec<String>,
+    ) -> Option<Self> {
+        let key = key.into();
+        self.requirements.push(match operator {
+            "In" => Requirement::In(key, values),
+            "NotIn" => Requirement::NotIn(key, values),
+            "Exists" => Requirement::Exists(key),
+            "DoesNotExist" => Requirement::DoesNotExist(key),
+            _ => return None,
+        });
+        Some(self)
+    }
+
+    /// The selector in the string syntax of the Kubernetes API (`a=b,c in (d,e),!f`), as
+    /// sent in `labelSelector`. The empty selector is the empty string.
+    pub fn to_query(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl std::fmt::Display for LabelSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, r) in self.requirements.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match r {
+                Requirement::Equals(k, v) => write!(f, "{k}={v}")?,
+                Requirement::NotEquals(k, v) => write!(f, "{k}!={v}")?,
+                Requirement::In(k, vs) => write!(f, "{k} in ({})", vs.join(","))?,
+                Requirement::NotIn(k, vs) => write!(f, "{k} notin ({})", vs.join(","))?,
+                Requirement::Exists(k) => f.write_str(k)?,
+                Requirement::DoesNotExist(k) => write!(f, "!{k}")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -199,6 +252,24 @@ mod tests {
         assert!(s.matches(&labels(&[("batch", "1")])));
         assert!(!s.matches(&labels(&[("batch", "1"), ("team", "a")])));
         assert!(!s.matches(&labels(&[])));
+    }
+
+    #[test]
+    fn built_selectors_render_in_api_syntax_and_parse_back() {
+        let sel = LabelSelector::default()
+            .with_label("app", "web")
+            .with_expression("tier", "In", vec!["a".into(), "b".into()])
+            .unwrap()
+            .with_expression("gone", "DoesNotExist", Vec::new())
+            .unwrap();
+        assert_eq!(sel.to_query(), "app=web,tier in (a,b),!gone");
+        assert_eq!(LabelSelector::parse(&sel.to_query()).unwrap(), sel);
+        assert!(sel.matches(&labels(&[("app", "web"), ("tier", "a")])));
+        assert!(
+            LabelSelector::default()
+                .with_expression("k", "Gt", Vec::new())
+                .is_none()
+        );
     }
 
     #[test]

@@ -19,9 +19,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use tokio_util::sync::CancellationToken;
 
-use super::DrainError;
 use super::client::map_err;
-use super::drain::{CORDON_ANNOTATION, CORDON_OWNER};
+use super::cordon::cordoned_by_us;
+use super::{KubeError, NodeViewSource};
+use crate::clock::Clock;
 
 /// The namespace holding the kubelets' heartbeat Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -93,6 +94,12 @@ pub struct NodeViewSnapshot {
 }
 
 impl NodeViewSnapshot {
+    /// True when the snapshot was refreshed within `max_age` of `now`.
+    pub fn is_fresh(&self, now: Timestamp, max_age: Duration) -> bool {
+        self.refreshed_at
+            .is_some_and(|t| now.duration_since(t).unsigned_abs() <= max_age && t <= now + max_age)
+    }
+
     /// The Node whose InternalIP is `address`.
     pub fn by_address(&self, address: &str) -> Option<&NodeSnapshot> {
         self.nodes
@@ -149,12 +156,7 @@ pub fn snapshot_of(node: &Node) -> NodeSnapshot {
             })
             .collect(),
         unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
-        cordoned_by_us: node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(CORDON_ANNOTATION))
-            .is_some_and(|v| v == CORDON_OWNER),
+        cordoned_by_us: cordoned_by_us(node),
         lease_renew_time: None,
         labels: node.metadata.labels.clone().unwrap_or_default(),
     }
@@ -164,6 +166,7 @@ pub fn snapshot_of(node: &Node) -> NodeSnapshot {
 #[derive(Clone)]
 pub struct NodeView {
     client: kube::Client,
+    clock: Arc<dyn Clock>,
     current: Arc<RwLock<Arc<NodeViewSnapshot>>>,
 }
 
@@ -174,10 +177,12 @@ impl std::fmt::Debug for NodeView {
 }
 
 impl NodeView {
-    /// An empty view over `client`; call [`NodeView::refresh`] or [`NodeView::spawn_poller`].
-    pub fn new(client: kube::Client) -> Self {
+    /// An empty view over `client` whose refreshes are stamped by `clock`; call
+    /// [`NodeView::refresh`] or [`NodeView::spawn_poller`].
+    pub fn new(client: kube::Client, clock: Arc<dyn Clock>) -> Self {
         Self {
             client,
+            clock,
             current: Arc::new(RwLock::new(Arc::new(NodeViewSnapshot::default()))),
         }
     }
@@ -194,13 +199,11 @@ impl NodeView {
 
     /// True when the view was refreshed within `max_age` of `now`.
     pub fn is_fresh(&self, now: Timestamp, max_age: Duration) -> bool {
-        self.snapshot()
-            .refreshed_at
-            .is_some_and(|t| now.duration_since(t).unsigned_abs() <= max_age && t <= now + max_age)
+        self.snapshot().is_fresh(now, max_age)
     }
 
     /// Lists Nodes and node Leases and replaces the snapshot.
-    pub async fn refresh(&self) -> Result<Arc<NodeViewSnapshot>, DrainError> {
+    pub async fn refresh(&self) -> Result<Arc<NodeViewSnapshot>, KubeError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
         let node_list = nodes
@@ -221,7 +224,7 @@ impl NodeView {
             .collect();
         let mut snap = NodeViewSnapshot {
             nodes: BTreeMap::new(),
-            refreshed_at: Some(Timestamp::now()),
+            refreshed_at: Some(self.clock.now()),
         };
         for n in &node_list.items {
             let mut s = snapshot_of(n);
@@ -273,9 +276,16 @@ impl NodeView {
     }
 }
 
+impl NodeViewSource for NodeView {
+    fn snapshot(&self) -> Arc<NodeViewSnapshot> {
+        NodeView::snapshot(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::k8s::cordon::{CORDON_ANNOTATION, CORDON_OWNER};
 
     #[test]
     fn snapshot_extracts_what_detectors_need() {

@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::config::{Builtin, CommandSpec};
 use super::decide::CommandEnd;
 use super::orphans::GroupLedger;
+use crate::fence::proof::fence_confirmed;
 use crate::gateway::PowerControl;
 
 /// Bytes kept of each of stdout and stderr. Enough for a BMC tool's error message; a chatty
@@ -219,7 +220,7 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
         action,
         timeout_ms: ctx.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
     };
-    let call = ctx.power.power(req);
+    let call = ctx.power.power(req.clone());
     let answer = match ctx.timeout {
         Some(t) => match tokio::time::timeout(t, call).await {
             Ok(a) => a,
@@ -245,32 +246,28 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
             },
             Outcome::Error,
         ),
-        Ok(resp) => match resp.outcome {
-            PowerOutcome::Done {
-                confirmed_off_unix_ms,
-                detail,
-                state,
-            } => {
-                if b == Builtin::Fence && confirmed_off_unix_ms.is_none() {
-                    return (
-                        CommandEnd {
-                            ok: false,
-                            summary: format!("@fence: power off not confirmed (state {state:?})"),
-                            output: detail,
-                        },
-                        Outcome::Failed,
-                    );
-                }
-                (
-                    CommandEnd {
-                        ok: true,
-                        summary: format!("{}: done, power {state:?}", b.name()),
-                        output: detail,
-                    },
-                    Outcome::Ok,
-                )
-            }
-            PowerOutcome::Failed { detail, .. } => (
+        Ok(resp) => match (
+            // `@fence` needs power-off confirmed as `crate::fence::proof` defines it.
+            (b == Builtin::Fence).then(|| fence_confirmed(&req, &resp)),
+            resp.outcome,
+        ) {
+            (Some(Err(e)), PowerOutcome::Done { detail, .. }) => (
+                CommandEnd {
+                    ok: false,
+                    summary: format!("@fence: {e}"),
+                    output: detail,
+                },
+                Outcome::Failed,
+            ),
+            (_, PowerOutcome::Done { detail, state, .. }) => (
+                CommandEnd {
+                    ok: true,
+                    summary: format!("{}: done, power {state:?}", b.name()),
+                    output: detail,
+                },
+                Outcome::Ok,
+            ),
+            (_, PowerOutcome::Failed { detail, .. }) => (
                 CommandEnd {
                     ok: false,
                     summary: format!("{} failed", b.name()),
@@ -506,6 +503,7 @@ pub async fn run_external(
 mod tests {
     use super::*;
     use crate::gateway::NoGateway;
+    use crate::testing::FakeAgents;
 
     fn ctx(timeout: Option<Duration>) -> RunContext {
         RunContext {
@@ -637,20 +635,13 @@ mod tests {
         assert!(end.summary.contains("not available"), "{}", end.summary);
     }
 
-    struct FakeAgents(Option<AgentHealth>);
-    impl AgentHealthView for FakeAgents {
-        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
-            self.0.clone()
-        }
-    }
-
     #[tokio::test]
     async fn agent_healthy_needs_ok_reports_since_the_step_and_a_new_boot_after_power() {
         let began = Timestamp::from_second(1_800_000_000).unwrap();
         let later = began + jiff::SignedDuration::from_secs(30);
         let check = |h: Option<AgentHealth>, boot_before: &str| {
             let mut c = ctx(None);
-            c.agents = Arc::new(FakeAgents(h));
+            c.agents = Arc::new(FakeAgents::with(h));
             c.boot_id_before = boot_before.into();
             run(
                 CommandSpec::Builtin(Builtin::AgentHealthy),

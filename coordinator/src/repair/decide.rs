@@ -415,16 +415,22 @@ pub fn drain_backoff_expire(
 }
 
 /// The new state of `e` after `action`, with its history line; `None` for actions that do
-/// not change the entry. `with_success_command` says whether the operation has one;
-/// `power_boot_id` is the agent's boot id to remember when a power step's command starts.
+/// not change the entry. `op` is the entry's resolved operation (`None` when its machine
+/// type or operation matches nothing): it says whether a success command follows a passed
+/// health check and whether the step's command is a power action, whose start remembers
+/// the agent's current boot id (read through `agent_boot_id`, only then).
 pub fn transition(
     e: &Entry,
+    op: Option<&RepairOperation>,
     action: &Action,
     now: Timestamp,
-    with_success_command: bool,
-    power_boot_id: Option<String>,
+    agent_boot_id: &dyn Fn() -> Option<String>,
     rand: &mut dyn FnMut(u64) -> u64,
 ) -> Option<(Entry, HistoryEvent)> {
+    let with_success_command = op.is_some_and(|o| o.success_command.is_some());
+    let power_step = op
+        .and_then(|o| o.repair_steps.get(e.step as usize))
+        .is_some_and(|s| s.repair_command.power_builtin().is_some());
     let mut n = e.clone();
     let moved = |n: &mut Entry, status, step, step_status| {
         n.status = status;
@@ -497,7 +503,11 @@ pub fn transition(
             // A resumed power step keeps the boot id seen before its first start: the
             // machine may already have rebooted.
             if !resumed {
-                n.boot_id_before = power_boot_id.unwrap_or_default();
+                n.boot_id_before = if power_step {
+                    agent_boot_id().unwrap_or_default()
+                } else {
+                    String::new()
+                };
             }
             HistoryEvent::new(
                 "command-started",
@@ -581,7 +591,7 @@ pub fn transition(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repair::config::{CommandSpec, RepairProcedure, RepairStep};
+    use crate::repair::config::{Builtin, CommandSpec, RepairProcedure, RepairStep};
 
     fn t0() -> Timestamp {
         Timestamp::from_second(1_800_000_000).unwrap()
@@ -696,6 +706,14 @@ mod tests {
             self.enabled = false;
             self
         }
+        /// The resolved operation of the first entry, as the engine passes it to
+        /// [`transition`].
+        fn op(&self) -> Option<&RepairOperation> {
+            let (e, _) = self.entries.first()?;
+            self.config
+                .operation_for(&e.machine_type, &e.operation)
+                .ok()
+        }
         fn run(&self) -> Vec<(u64, Action)> {
             let observed: Vec<Observed<'_>> = self
                 .entries
@@ -742,7 +760,7 @@ mod tests {
 
     fn started(c: &Case) -> Entry {
         let (e, _) = &c.entries[0];
-        let (n, _) = transition(e, &Action::Start, c.now, false, None, &mut |_| 0).unwrap();
+        let (n, _) = transition(e, c.op(), &Action::Start, c.now, &|| None, &mut |_| 0).unwrap();
         n
     }
 
@@ -1077,7 +1095,8 @@ mod tests {
             .watching_since(120)
             .o(|o| health(o, false, 0));
         let (e, _) = &c.entries[0];
-        let (n, ev) = transition(e, &Action::NextStep, c.now, false, None, &mut |_| 0).unwrap();
+        let (n, ev) =
+            transition(e, c.op(), &Action::NextStep, c.now, &|| None, &mut |_| 0).unwrap();
         assert_eq!(
             (n.step, n.step_status, &n.phase),
             (1, RepairStepStatus::Waiting, &Phase::Idle)
@@ -1096,7 +1115,7 @@ mod tests {
             .o(|o| health(o, true, 0));
         assert_eq!(c.ops(), ["healthy"]);
         let (e, _) = &c.entries[0];
-        let (n, _) = transition(e, &Action::Healthy, c.now, false, None, &mut |_| 0).unwrap();
+        let (n, _) = transition(e, c.op(), &Action::Healthy, c.now, &|| None, &mut |_| 0).unwrap();
         assert_eq!(n.status, RepairStatus::Succeeded);
     }
 
@@ -1368,7 +1387,7 @@ mod tests {
         let c = command_phase(case().entry("10.0.0.4", "type1", "op1"), 0, Some(end(true)));
         assert_eq!(c.ops(), ["command-done"]);
         let (e, _) = &c.entries[0];
-        let (n, ev) = transition(e, &c.run()[0].1, c.now, false, None, &mut |_| 0).unwrap();
+        let (n, ev) = transition(e, c.op(), &c.run()[0].1, c.now, &|| None, &mut |_| 0).unwrap();
         assert_eq!(n.phase, Phase::Watching { since: c.now });
         assert_eq!(ev.output, "out");
     }
@@ -1439,7 +1458,7 @@ mod tests {
         c.config.repair_procedures[0].repair_operations[0].success_command =
             Some(CommandSpec::External(vec!["notify".into()]));
         let (e, _) = &c.entries[0];
-        let (n, _) = transition(e, &Action::Healthy, c.now, true, None, &mut |_| 0).unwrap();
+        let (n, _) = transition(e, c.op(), &Action::Healthy, c.now, &|| None, &mut |_| 0).unwrap();
         assert_eq!(
             (n.status, &n.phase),
             (RepairStatus::Processing, &Phase::SuccessCommand)
@@ -1512,7 +1531,7 @@ mod tests {
         let a = &c.run()[0].1;
         assert!(matches!(a, Action::AbandonDrain(_)));
         let (e, _) = &c.entries[0];
-        let (n, ev) = transition(e, a, c.now, false, None, &mut |_| 7).unwrap();
+        let (n, ev) = transition(e, c.op(), a, c.now, &|| None, &mut |_| 7).unwrap();
         assert_eq!(n.step_status, RepairStepStatus::Waiting);
         assert_eq!(n.drain_backoff_count, 2);
         assert_eq!(n.drain_backoff_expire, Some(c.now + secs(307)));
@@ -1529,13 +1548,15 @@ mod tests {
         let c = case()
             .entry("10.0.0.4", "type1", "op1")
             .processing(RepairStepStatus::Waiting, 0);
+        let mut power = c.op().unwrap().clone();
+        power.repair_steps[0].repair_command = CommandSpec::Builtin(Builtin::PowerCycle);
         let (e, _) = &c.entries[0];
         let (n, ev) = transition(
             e,
+            Some(&power),
             &Action::Execute { attempt: 0 },
             c.now,
-            false,
-            Some("boot-a".into()),
+            &|| Some("boot-a".into()),
             &mut |_| 0,
         )
         .unwrap();
@@ -1547,10 +1568,10 @@ mod tests {
         assert_eq!(ev.event, "command-started");
         let (again, ev) = transition(
             &n,
+            Some(&power),
             &Action::Execute { attempt: 0 },
             c.now,
-            false,
-            None,
+            &|| Some("boot-b".into()),
             &mut |_| 0,
         )
         .unwrap();
@@ -1561,10 +1582,10 @@ mod tests {
         );
         let (next, _) = transition(
             &again,
+            c.op(),
             &Action::Execute { attempt: 1 },
             c.now,
-            false,
-            None,
+            &|| Some("boot-c".into()),
             &mut |_| 0,
         )
         .unwrap();

@@ -1,59 +1,57 @@
-//! The repair queue engine: one task that owns the queue, answers admin requests, runs the
-//! pure decision ([`super::decide`]) and carries out its actions.
+//! The repair queue engine: one task that owns the queue, runs the pure decisions and
+//! commits their transitions before anything is acted on.
 //!
-//! Order of work, always: decide → commit every transition of the pass to SQLite in one
-//! transaction → only then act (spawn a command, start a drain, uncordon). A coordinator
-//! killed at any moment therefore finds in SQLite at least every transition whose effect
-//! began, and resumes each entry where it stood ([`super::entry::Phase`]).
+//! Order of work, always: decide ([`super::decide`], [`super::admin`]) → commit every
+//! transition of the pass to SQLite in one transaction → only then act
+//! ([`super::effects`]: spawn a command, start a drain, uncordon). A coordinator killed at
+//! any moment therefore finds in SQLite at least every transition whose effect began, and
+//! resumes each entry where it stood ([`super::entry::Phase`]).
 //!
 //! Commands, health checks, drains and node lookups run as their own tasks and report back
-//! through a channel, so a hung command never stalls another entry or the admin API. Each
-//! task carries a generation number; a report from a task that was cancelled (entry deleted,
-//! step moved on) is ignored.
+//! through a channel ([`super::tasks`]), so a hung command never stalls another entry or the
+//! admin API.
 //!
 //! The engine does not parse configuration, choose a drainer or a gateway, or listen on any
 //! socket: the app wires those in ([`RepairDeps`]).
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::admin::AdminResponse;
-use protocol::admin::repair::{
-    AddRepairEntry, RepairEntryDetail, RepairQueueCounts, RepairQueueRequest, RepairQueueResponse,
-    RepairStatus,
-};
-use protocol::messages::{Refusal, RefusalCode};
+use protocol::admin::repair::{RepairEntryDetail, RepairQueueRequest, RepairQueueResponse};
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{self, AgentHealthView, CommandKind, Outcome, RunContext};
-use super::config::{CommandSpec, RepairConfig};
-use super::decide::{self, Action, CommandEnd, DrainEnd, NodeObs, Observations, Observed, TaskObs};
-use super::entry::{Entry, HistoryEvent};
+use super::admin::{self, Reply};
+use super::command::AgentHealthView;
+use super::config::RepairConfig;
+use super::decide::{self, Action, Observations, Observed};
+use super::effects::Effects;
+use super::entry::Entry;
+use super::metrics::RepairMetrics;
 use super::store::{self as rstore, Write};
+use super::tasks::{Event, Tasks};
 use crate::clock::Clock;
 use crate::gateway::PowerControl;
-use crate::k8s::{DrainProgress, Drainer};
+use crate::k8s::Drainer;
 use crate::store::{Store, StoreError};
+
+pub use super::admin::RepairQueueError;
+pub use super::effects::{DRAIN_POLL_INTERVAL, K8S_RETRY_INTERVAL};
 
 /// How often the engine re-decides without news. Entries only change on task reports and
 /// admin requests (which wake it at once) or on time passing (watch, backoff, retry, drain
 /// timeouts, which are second-granular); a quarter second keeps those punctual at no cost.
 pub const TICK: Duration = Duration::from_millis(250);
 
-/// Pause between drain passes while pods terminate. Evictions take seconds; polling faster
-/// only loads the API server.
-pub const DRAIN_POLL_INTERVAL: Duration = Duration::from_secs(2);
-
-/// Wait before retrying a failed node lookup or uncordon (API server down).
-pub const K8S_RETRY_INTERVAL: Duration = Duration::from_secs(5);
-
 /// Admin requests handled per commit. Group commit: one fsync for a burst of `add`s instead
 /// of one each, which is what makes enqueueing thousands of entries fast.
 const ADMIN_BATCH: usize = 512;
+
+/// Passes per wake-up at most. A pass whose transitions enable further ones (start → look
+/// up the node → drain) runs again at once; the bound keeps a bug from spinning the loop.
+const MAX_PASSES: usize = 8;
 
 /// Everything the engine needs from the rest of the coordinator.
 pub struct RepairDeps {
@@ -95,47 +93,12 @@ impl RepairDeps {
     }
 }
 
-/// Why a repair queue request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RepairQueueError {
-    /// The request is invalid; the message says why.
-    #[error("{0}")]
-    BadRequest(String),
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The engine has stopped (coordinator shutting down).
-    #[error("the repair queue is not running (coordinator shutting down?)")]
-    Stopped,
-}
-
-impl RepairQueueError {
-    /// True when the same request may succeed later.
-    pub fn is_retriable(&self) -> bool {
-        match self {
-            RepairQueueError::BadRequest(_) => false,
-            RepairQueueError::Store(e) => e.is_retriable(),
-            RepairQueueError::Stopped => true,
-        }
-    }
-
-    /// As an admin API refusal.
-    pub fn to_refusal(&self) -> Refusal {
-        let code = match self {
-            RepairQueueError::BadRequest(_) => RefusalCode::BadRequest,
-            RepairQueueError::Stopped => RefusalCode::ShuttingDown,
-            RepairQueueError::Store(_) => RefusalCode::Internal,
-        };
-        Refusal::new(code, self.to_string())
-    }
-}
-
-type Reply = oneshot::Sender<Result<RepairQueueResponse, RepairQueueError>>;
+type ReplyTx = oneshot::Sender<Result<RepairQueueResponse, RepairQueueError>>;
 
 /// Handle to the running engine. Cheap to clone.
 #[derive(Clone)]
 pub struct RepairQueue {
-    tx: mpsc::Sender<(RepairQueueRequest, Reply)>,
+    tx: mpsc::Sender<(RepairQueueRequest, ReplyTx)>,
     metrics: Arc<RepairMetrics>,
 }
 
@@ -147,7 +110,8 @@ impl std::fmt::Debug for RepairQueue {
 
 impl RepairQueue {
     /// Loads the queue from the store and starts the engine; it stops when `shutdown` is
-    /// cancelled (running commands are killed; they run again after a restart).
+    /// cancelled or the last handle is dropped (running commands are killed; they run
+    /// again after a restart).
     pub async fn start(
         deps: RepairDeps,
         shutdown: CancellationToken,
@@ -157,14 +121,19 @@ impl RepairQueue {
         let (tx, rx) = mpsc::channel(4096);
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(RepairMetrics::default());
+        let effects = Effects::new(
+            deps.drainer.clone(),
+            deps.power.clone(),
+            deps.agents.clone(),
+            deps.config.drain_options(),
+            deps.store.clone(),
+        );
         let engine = Engine {
             deps,
             enabled,
             entries: entries.into_iter().map(|e| (e.index, e)).collect(),
-            rt: HashMap::new(),
-            ev_tx,
-            pending_history: Vec::new(),
-            next_gen: 1,
+            tasks: Tasks::new(ev_tx),
+            effects,
             metrics: metrics.clone(),
         };
         let resumed = engine.entries.values().filter(|e| e.is_active()).count();
@@ -212,126 +181,24 @@ impl RepairQueue {
     }
 }
 
-/// Counters and gauges of the queue.
-#[derive(Debug, Default)]
-pub struct RepairMetrics(Mutex<MetricsState>);
-
-#[derive(Debug, Default)]
-struct MetricsState {
-    by_status: [u64; 4],
-    deleting: u64,
-    enabled: bool,
-    commands: BTreeMap<(CommandKind, Outcome), u64>,
-}
-
-impl RepairMetrics {
-    fn with<T>(&self, f: impl FnOnce(&mut MetricsState) -> T) -> T {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut g)
-    }
-
-    /// Prometheus text exposition lines (with HELP and TYPE).
-    pub fn render(&self) -> String {
-        use std::fmt::Write as _;
-        self.with(|m| {
-            let mut s = String::new();
-            s.push_str("# HELP fleetmend_repair_queue_items Repair queue entries by status.\n");
-            s.push_str("# TYPE fleetmend_repair_queue_items gauge\n");
-            for (i, st) in RepairStatus::ALL.iter().enumerate() {
-                let _ = writeln!(s, "fleetmend_repair_queue_items{{status=\"{}\"}} {}", st.as_str(), m.by_status[i]);
-            }
-            s.push_str("# HELP fleetmend_repair_queue_deleting Entries marked for deletion, not yet dequeued.\n");
-            s.push_str("# TYPE fleetmend_repair_queue_deleting gauge\n");
-            let _ = writeln!(s, "fleetmend_repair_queue_deleting {}", m.deleting);
-            s.push_str("# HELP fleetmend_repair_queue_enabled 1 when the repair queue is enabled.\n");
-            s.push_str("# TYPE fleetmend_repair_queue_enabled gauge\n");
-            let _ = writeln!(s, "fleetmend_repair_queue_enabled {}", u8::from(m.enabled));
-            s.push_str("# HELP fleetmend_repair_entries_in_progress Entries being repaired (status processing).\n");
-            s.push_str("# TYPE fleetmend_repair_entries_in_progress gauge\n");
-            let _ = writeln!(s, "fleetmend_repair_entries_in_progress {}", m.by_status[1]);
-            s.push_str("# HELP fleetmend_repair_commands_total Repair, health-check and success commands run, by result.\n");
-            s.push_str("# TYPE fleetmend_repair_commands_total counter\n");
-            for kind in [CommandKind::Repair, CommandKind::Health, CommandKind::Success] {
-                for out in [Outcome::Ok, Outcome::Failed, Outcome::Timeout, Outcome::Error] {
-                    let n = m.commands.get(&(kind, out)).copied().unwrap_or(0);
-                    let _ = writeln!(
-                        s,
-                        "fleetmend_repair_commands_total{{kind=\"{}\",result=\"{}\"}} {n}",
-                        kind.as_str(),
-                        out.as_str()
-                    );
-                }
-            }
-            s
-        })
-    }
-}
-
-/// A task's report.
-enum Event {
-    Node {
-        index: u64,
-        generation: u64,
-        node: Result<Option<String>, String>,
-    },
-    Drain {
-        index: u64,
-        generation: u64,
-        end: DrainEnd,
-    },
-    Command {
-        index: u64,
-        generation: u64,
-        kind: CommandKind,
-        end: CommandEnd,
-        outcome: Outcome,
-    },
-}
-
-#[derive(Default)]
-struct Runtime {
-    obs: Observations,
-    node_gen: u64,
-    drain_gen: u64,
-    command_gen: u64,
-    health_gen: u64,
-    drain_task: Option<AbortHandle>,
-    command_task: Option<AbortHandle>,
-    health_task: Option<AbortHandle>,
-    /// The last health check's (passed, summary), to record only changes in the history.
-    last_health: Option<(bool, String)>,
-}
-
-impl Runtime {
-    fn abort_all(&mut self) {
-        for t in [
-            self.drain_task.take(),
-            self.command_task.take(),
-            self.health_task.take(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            t.abort();
-        }
-    }
-}
-
 struct Engine {
     deps: RepairDeps,
     enabled: bool,
     entries: BTreeMap<u64, Entry>,
-    rt: HashMap<u64, Runtime>,
-    ev_tx: mpsc::UnboundedSender<Event>,
-    pending_history: Vec<(u64, HistoryEvent)>,
-    next_gen: u64,
+    tasks: Tasks,
+    effects: Effects,
     metrics: Arc<RepairMetrics>,
+}
+
+/// The span an entry's work runs in.
+fn entry_span(e: &Entry) -> tracing::Span {
+    tracing::info_span!("repair_entry", index = e.index, address = %e.address)
 }
 
 impl Engine {
     async fn run(
         mut self,
-        mut rx: mpsc::Receiver<(RepairQueueRequest, Reply)>,
+        mut rx: mpsc::Receiver<(RepairQueueRequest, ReplyTx)>,
         mut ev_rx: mpsc::UnboundedReceiver<Event>,
         shutdown: CancellationToken,
     ) {
@@ -363,125 +230,19 @@ impl Engine {
             }
             self.step().await;
         }
-        for rt in self.rt.values_mut() {
-            rt.abort_all();
-        }
+        self.tasks.abort_all();
         tracing::info!("repair queue stopped");
     }
 
-    fn next_generation(&mut self) -> u64 {
-        self.next_gen += 1;
-        self.next_gen
-    }
-
     fn event(&mut self, ev: Event) {
-        let now = self.deps.clock.now();
-        match ev {
-            Event::Node {
-                index,
-                generation,
-                node,
-            } => {
-                let Some(rt) = self.rt.get_mut(&index) else {
-                    return;
-                };
-                if rt.node_gen != generation {
-                    return;
-                }
-                rt.obs.node = match node {
-                    Ok(Some(n)) => NodeObs::Node(n),
-                    Ok(None) => NodeObs::NotANode,
-                    Err(e) => {
-                        tracing::warn!(index, error = %e, "repair: node lookup failed; will retry");
-                        NodeObs::Unknown
-                    }
-                };
-            }
-            Event::Drain {
-                index,
-                generation,
-                end,
-            } => {
-                let Some(rt) = self.rt.get_mut(&index) else {
-                    return;
-                };
-                if rt.drain_gen == generation {
-                    rt.obs.drain = TaskObs::Finished(end);
-                    rt.drain_task = None;
-                }
-            }
-            Event::Command {
-                index,
-                generation,
-                kind,
-                end,
-                outcome,
-            } => {
-                self.metrics
-                    .with(|m| *m.commands.entry((kind, outcome)).or_default() += 1);
-                let Some(rt) = self.rt.get_mut(&index) else {
-                    return;
-                };
-                match kind {
-                    CommandKind::Health => {
-                        if rt.health_gen != generation {
-                            return;
-                        }
-                        rt.health_task = None;
-                        rt.obs.health.running = false;
-                        rt.obs.health.completed += 1;
-                        rt.obs.health.last = Some((now, end.ok));
-                        let key = (end.ok, end.summary.clone());
-                        if rt.last_health.as_ref() != Some(&key) {
-                            rt.last_health = Some(key);
-                            let event = if end.ok {
-                                "health-check-passed"
-                            } else {
-                                "health-check-failed"
-                            };
-                            self.pending_history.push((
-                                index,
-                                HistoryEvent::new(event, end.summary).with_output(end.output),
-                            ));
-                        }
-                    }
-                    CommandKind::Repair | CommandKind::Success => {
-                        if rt.command_gen == generation {
-                            rt.command_task = None;
-                            rt.obs.command = TaskObs::Finished(end);
-                        }
-                    }
-                }
-            }
+        if let Some((kind, outcome)) = self.tasks.record(ev, self.deps.clock.now()) {
+            self.metrics.command_ended(kind, outcome);
         }
-    }
-
-    fn counts(&self) -> RepairQueueCounts {
-        let mut c = RepairQueueCounts {
-            enabled: self.enabled,
-            ..Default::default()
-        };
-        for e in self.entries.values() {
-            if e.deleted {
-                c.deleting += 1;
-            }
-            match e.status {
-                RepairStatus::Queued => c.queued += 1,
-                RepairStatus::Processing => c.processing += 1,
-                RepairStatus::Succeeded => c.succeeded += 1,
-                RepairStatus::Failed => c.failed += 1,
-            }
-        }
-        c
     }
 
     fn update_metrics(&self) {
-        let c = self.counts();
-        self.metrics.with(|m| {
-            m.by_status = [c.queued, c.processing, c.succeeded, c.failed];
-            m.deleting = c.deleting;
-            m.enabled = c.enabled;
-        });
+        self.metrics
+            .set_counts(&admin::counts(self.entries.values(), self.enabled));
     }
 
     async fn commit(&self, writes: Vec<Write>) -> Result<Vec<u64>, StoreError> {
@@ -492,176 +253,43 @@ impl Engine {
             .await
     }
 
-    async fn admin_batch(&mut self, batch: Vec<(RepairQueueRequest, Reply)>) {
-        let now = self.deps.clock.now();
-        let mut writes = Vec::new();
-        // Entries changed by earlier requests of this batch, not yet committed.
-        let mut staged: BTreeMap<u64, Entry> = BTreeMap::new();
-        let mut enabled = self.enabled;
-        enum Pending {
-            Now(Result<RepairQueueResponse, RepairQueueError>),
-            Added(usize),
-            Show(u64),
-        }
-        let mut pending = Vec::with_capacity(batch.len());
-        let mut inserts = Vec::new();
-        for (req, reply) in batch {
-            let p = match req {
-                RepairQueueRequest::Add(add) => match self.validate_add(&add) {
-                    Err(e) => Pending::Now(Err(e)),
-                    Ok(()) => {
-                        let e = Entry::new_queued(
-                            &add.address,
-                            &add.serial,
-                            &add.machine_type,
-                            &add.operation,
-                            now,
-                        );
-                        writes.push(Write::Insert(
-                            e.clone(),
-                            HistoryEvent::new(
-                                "added",
-                                format!("{} {} {}", add.operation, add.machine_type, add.address),
-                            ),
-                        ));
-                        inserts.push(e);
-                        Pending::Added(inserts.len() - 1)
-                    }
-                },
-                RepairQueueRequest::List => {
-                    let list = self
-                        .entries
-                        .values()
-                        .map(|e| staged.get(&e.index).unwrap_or(e).to_wire())
-                        .collect();
-                    Pending::Now(Ok(RepairQueueResponse::List(list)))
-                }
-                RepairQueueRequest::Show { index } => {
-                    if self.entries.contains_key(&index) {
-                        Pending::Show(index)
-                    } else {
-                        Pending::Now(Err(RepairQueueError::BadRequest(format!(
-                            "no repair queue entry {index}"
-                        ))))
-                    }
-                }
-                RepairQueueRequest::Delete { index } => match self.entries.get(&index) {
-                    None => Pending::Now(Err(RepairQueueError::BadRequest(format!(
-                        "no repair queue entry {index}"
-                    )))),
-                    Some(e) => {
-                        let mut e = staged.get(&index).unwrap_or(e).clone();
-                        let count = u64::from(!e.deleted);
-                        if !e.deleted {
-                            e.deleted = true;
-                            writes.push(Write::Update(
-                                e.clone(),
-                                Some(HistoryEvent::new("delete-requested", "repair-queue delete")),
-                            ));
-                            staged.insert(index, e);
-                        }
-                        Pending::Now(Ok(RepairQueueResponse::Deleted { count }))
-                    }
-                },
-                RepairQueueRequest::DeleteFinished | RepairQueueRequest::DeleteUnfinished => {
-                    let finished = matches!(req, RepairQueueRequest::DeleteFinished);
-                    let mut count = 0;
-                    for e in self.entries.values() {
-                        let e = staged.get(&e.index).unwrap_or(e);
-                        if !e.deleted && e.status.is_finished() == finished {
-                            let mut e = e.clone();
-                            e.deleted = true;
-                            let why = if finished {
-                                "repair-queue delete-finished"
-                            } else {
-                                "repair-queue delete-unfinished"
-                            };
-                            writes.push(Write::Update(
-                                e.clone(),
-                                Some(HistoryEvent::new("delete-requested", why)),
-                            ));
-                            staged.insert(e.index, e);
-                            count += 1;
-                        }
-                    }
-                    Pending::Now(Ok(RepairQueueResponse::Deleted { count }))
-                }
-                RepairQueueRequest::Enable | RepairQueueRequest::Disable => {
-                    enabled = matches!(req, RepairQueueRequest::Enable);
-                    writes.push(Write::SetEnabled(enabled));
-                    Pending::Now(Ok(RepairQueueResponse::Enabled(enabled)))
-                }
-                RepairQueueRequest::IsEnabled => {
-                    Pending::Now(Ok(RepairQueueResponse::Enabled(enabled)))
-                }
-                RepairQueueRequest::ResetBackoff => {
-                    let mut count = 0;
-                    for e in self.entries.values() {
-                        let e = staged.get(&e.index).unwrap_or(e);
-                        if e.drain_backoff_count != 0 || e.drain_backoff_expire.is_some() {
-                            let mut e = e.clone();
-                            e.drain_backoff_count = 0;
-                            e.drain_backoff_expire = None;
-                            writes.push(Write::Update(
-                                e.clone(),
-                                Some(HistoryEvent::new(
-                                    "backoff-reset",
-                                    "repair-queue reset-backoff",
-                                )),
-                            ));
-                            staged.insert(e.index, e);
-                            count += 1;
-                        }
-                    }
-                    Pending::Now(Ok(RepairQueueResponse::BackoffReset { count }))
-                }
-                RepairQueueRequest::Counts => {
-                    let mut c = self.counts();
-                    c.enabled = enabled;
-                    Pending::Now(Ok(RepairQueueResponse::Counts(c)))
-                }
-            };
-            pending.push((p, reply));
-        }
-        let committed = if writes.is_empty() {
+    async fn admin_batch(&mut self, batch: Vec<(RepairQueueRequest, ReplyTx)>) {
+        let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+        let plan = admin::plan(
+            &self.entries,
+            self.enabled,
+            &self.deps.config,
+            requests,
+            self.deps.clock.now(),
+        );
+        let committed = if plan.writes.is_empty() {
             Ok(Vec::new())
         } else {
-            self.commit(writes).await
+            self.commit(plan.writes).await
         };
         let ids = match committed {
-            Ok(ids) => {
-                for (index, e) in staged {
-                    self.entries.insert(index, e);
-                }
-                self.enabled = enabled;
-                ids
-            }
+            Ok(ids) => ids,
             Err(e) => {
                 tracing::error!(error = %e, "repair queue: cannot commit admin requests");
-                for (p, reply) in pending {
-                    let r = match p {
-                        Pending::Now(Ok(RepairQueueResponse::List(l))) => {
-                            Ok(RepairQueueResponse::List(l))
-                        }
-                        Pending::Now(Err(err)) => Err(err),
-                        _ => Err(RepairQueueError::Store(StoreError::Task(e.to_string()))),
-                    };
-                    let _ = reply.send(r);
+                for (r, tx) in plan.replies.into_iter().zip(replies) {
+                    let _ = tx.send(r.uncommitted(&e));
                 }
                 return;
             }
         };
-        for (p, reply) in pending {
-            let r = match p {
-                Pending::Now(r) => r,
-                Pending::Added(i) => {
-                    let mut e = inserts[i].clone();
+        self.entries.extend(plan.staged);
+        self.enabled = plan.enabled;
+        for (r, tx) in plan.replies.into_iter().zip(replies) {
+            let r = match r {
+                Reply::Now(r) => r,
+                Reply::Added(i) => {
+                    let mut e = plan.inserts[i].clone();
                     e.index = ids[i];
                     let wire = e.to_wire();
                     self.entries.insert(e.index, e);
                     Ok(RepairQueueResponse::Added(wire))
                 }
-                Pending::Show(index) => {
+                Reply::Show(index) => {
                     let entry = self.entries[&index].to_wire();
                     match self
                         .deps
@@ -677,29 +305,14 @@ impl Engine {
                     }
                 }
             };
-            let _ = reply.send(r);
+            let _ = tx.send(r);
         }
-    }
-
-    fn validate_add(&self, add: &AddRepairEntry) -> Result<(), RepairQueueError> {
-        if add.address.parse::<IpAddr>().is_err() {
-            return Err(RepairQueueError::BadRequest(format!(
-                "`{}` is not an IP address; the repair queue is keyed by machine address",
-                add.address
-            )));
-        }
-        self.deps
-            .config
-            .operation_for(&add.machine_type, &add.operation)
-            .map_err(|no| {
-                RepairQueueError::BadRequest(format!("{no}; check the repair configuration"))
-            })?;
-        Ok(())
     }
 
     /// Decide and act until a pass makes no transition.
     async fn step(&mut self) {
-        for _ in 0..8 {
+        let config = self.deps.config.clone();
+        for _ in 0..MAX_PASSES {
             let now = self.deps.clock.now();
             let empty = Observations::default();
             let actions = {
@@ -709,14 +322,14 @@ impl Engine {
                     .filter(|e| e.is_active() || e.deleted)
                     .map(|e| Observed {
                         entry: e,
-                        obs: self.rt.get(&e.index).map(|r| &r.obs).unwrap_or(&empty),
+                        obs: self.tasks.obs(e.index).unwrap_or(&empty),
                     })
                     .collect();
-                decide::decide(&observed, &self.deps.config, self.enabled, now)
+                decide::decide(&observed, &config, self.enabled, now)
             };
             let mut writes = Vec::new();
             // Health-check results first: they are what the transitions below react to.
-            for (index, ev) in std::mem::take(&mut self.pending_history) {
+            for (index, ev) in self.tasks.take_history() {
                 if let Some(e) = self.entries.get(&index) {
                     writes.push(Write::History(e.clone(), ev));
                 }
@@ -727,52 +340,29 @@ impl Engine {
                     continue;
                 }
                 let e = &self.entries[&index];
+                let op = config.operation_for(&e.machine_type, &e.operation).ok();
                 if !action.is_transition() {
-                    effects.push((index, action, None));
+                    effects.push((index, op, action, None));
                     continue;
                 }
-                let op = self
-                    .deps
-                    .config
-                    .operation_for(&e.machine_type, &e.operation)
-                    .ok();
-                let with_success = op.is_some_and(|o| o.success_command.is_some());
-                let power_boot = match (
-                    &action,
-                    op.and_then(|o| o.repair_steps.get(e.step as usize)),
-                ) {
-                    (Action::Execute { .. }, Some(s))
-                        if s.repair_command.power_builtin().is_some() =>
-                    {
-                        Some(
-                            self.deps
-                                .agents
-                                .agent_health(&e.address)
-                                .map(|h| h.boot_id)
-                                .unwrap_or_default(),
-                        )
-                    }
-                    _ => None,
-                };
-                let Some((new, ev)) = decide::transition(
-                    e,
-                    &action,
-                    now,
-                    with_success,
-                    power_boot,
-                    &mut self.deps.rand,
-                ) else {
+                let agents = &self.deps.agents;
+                let boot_id = || agents.agent_health(&e.address).map(|h| h.boot_id);
+                let Some((new, ev)) =
+                    decide::transition(e, op, &action, now, &boot_id, &mut self.deps.rand)
+                else {
                     continue;
                 };
-                tracing::info!(index, address = %e.address, event = ev.event, detail = %ev.detail, "repair queue");
+                entry_span(e).in_scope(|| {
+                    tracing::info!(event = ev.event, detail = %ev.detail, "repair queue");
+                });
                 if matches!(action, Action::Dequeue) {
                     writes.push(Write::Delete(index));
                 } else {
                     writes.push(Write::Update(new.clone(), Some(ev)));
                 }
-                effects.push((index, action, Some(new)));
+                effects.push((index, op, action, Some(new)));
             }
-            let transitions = effects.iter().any(|(_, _, n)| n.is_some());
+            let transitions = effects.iter().any(|(.., n)| n.is_some());
             if !writes.is_empty()
                 && let Err(e) = self.commit(writes).await
             {
@@ -780,278 +370,21 @@ impl Engine {
                 tracing::error!(error = %e, "repair queue: cannot commit transitions; holding");
                 return;
             }
-            for (index, action, new) in effects {
-                self.act(index, action, new);
+            for (index, op, action, new) in effects {
+                if let Some(n) = new {
+                    self.entries.insert(index, n);
+                }
+                let Some(e) = self.entries.get(&index).cloned() else {
+                    continue;
+                };
+                if matches!(action, Action::Dequeue) {
+                    self.entries.remove(&index);
+                }
+                entry_span(&e).in_scope(|| self.effects.act(&mut self.tasks, &e, op, action));
             }
             self.update_metrics();
             if !transitions {
                 break;
-            }
-        }
-    }
-
-    fn run_ctx(&self, e: &Entry, request_id: String, timeout_seconds: u64) -> RunContext {
-        RunContext {
-            address: e.address.clone(),
-            serial: e.serial.clone(),
-            request_id,
-            timeout: (timeout_seconds > 0).then(|| Duration::from_secs(timeout_seconds)),
-            step_began: e.last_transition,
-            boot_id_before: e.boot_id_before.clone(),
-            power: self.deps.power.clone(),
-            agents: self.deps.agents.clone(),
-            groups: Some(super::orphans::GroupLedger::new(
-                self.deps.store.clone(),
-                e.index,
-            )),
-        }
-    }
-
-    fn spawn_command(
-        &mut self,
-        index: u64,
-        kind: CommandKind,
-        spec: CommandSpec,
-        ctx: RunContext,
-    ) -> (u64, AbortHandle) {
-        let generation = self.next_generation();
-        let tx = self.ev_tx.clone();
-        let h = tokio::spawn(async move {
-            let (end, outcome) = command::run(spec, kind, ctx).await;
-            let _ = tx.send(Event::Command {
-                index,
-                generation,
-                kind,
-                end,
-                outcome,
-            });
-        });
-        (generation, h.abort_handle())
-    }
-
-    /// A Kubernetes Event on the entry's node (when it has one) saying how the repair
-    /// ended; best effort, never delays the loop.
-    fn record_outcome(&self, e: &Entry) {
-        let event = match e.status {
-            RepairStatus::Succeeded => crate::k8s::NodeEvent::Repaired,
-            RepairStatus::Failed => crate::k8s::NodeEvent::Failed,
-            _ => return,
-        };
-        if e.nodename.is_empty() {
-            return;
-        }
-        let drainer = self.deps.drainer.clone();
-        let (node, message) = (
-            e.nodename.clone(),
-            format!(
-                "repair entry {} ({} on {}) {}",
-                e.index,
-                e.operation,
-                e.address,
-                e.status.as_str()
-            ),
-        );
-        tokio::spawn(async move { drainer.record_event(&node, event, &message).await });
-    }
-
-    fn uncordon(&self, node: String) {
-        if node.is_empty() {
-            return;
-        }
-        let drainer = self.deps.drainer.clone();
-        tokio::spawn(async move {
-            for attempt in 1..=5 {
-                match drainer.uncordon_if_ours(&node).await {
-                    Ok(()) => return,
-                    Err(e) if e.is_retriable() && attempt < 5 => {
-                        tracing::warn!(%node, error = %e, "repair: uncordon failed; retrying");
-                        tokio::time::sleep(K8S_RETRY_INTERVAL).await;
-                    }
-                    Err(e) => {
-                        tracing::error!(%node, error = %e, "repair: cannot uncordon node; uncordon it by hand");
-                        return;
-                    }
-                }
-            }
-        });
-    }
-
-    fn act(&mut self, index: u64, action: Action, new: Option<Entry>) {
-        if let Some(n) = new {
-            self.entries.insert(index, n);
-        }
-        let Some(e) = self.entries.get(&index).cloned() else {
-            return;
-        };
-        let op = self
-            .deps
-            .config
-            .operation_for(&e.machine_type, &e.operation)
-            .ok()
-            .cloned();
-        let step = op
-            .as_ref()
-            .and_then(|o| o.repair_steps.get(e.step as usize))
-            .cloned();
-        self.rt.entry(index).or_default();
-        match action {
-            Action::Hold(_) => {}
-            Action::Dequeue => {
-                if let Some(mut rt) = self.rt.remove(&index) {
-                    rt.abort_all();
-                }
-                self.entries.remove(&index);
-                self.uncordon(e.nodename.clone());
-            }
-            Action::Fail { .. } | Action::Succeed { .. } => {
-                if let Some(rt) = self.rt.get_mut(&index) {
-                    rt.abort_all();
-                }
-                self.rt.remove(&index);
-                self.record_outcome(&e);
-                self.uncordon(e.nodename.clone());
-            }
-            Action::Start => {
-                self.rt.insert(index, Runtime::default());
-            }
-            Action::ResolveNode => {
-                let generation = self.next_generation();
-                let rt = self.rt.get_mut(&index).expect("runtime");
-                rt.obs.node = NodeObs::Resolving;
-                rt.node_gen = generation;
-                let drainer = self.deps.drainer.clone();
-                let tx = self.ev_tx.clone();
-                let address = e.address.clone();
-                tokio::spawn(async move {
-                    let node = drainer.node_for(&address).await.map_err(|e| e.to_string());
-                    if node.is_err() {
-                        tokio::time::sleep(K8S_RETRY_INTERVAL).await;
-                    }
-                    let _ = tx.send(Event::Node {
-                        index,
-                        generation,
-                        node,
-                    });
-                });
-            }
-            Action::StartDrain(_) | Action::ResumeDrain => {
-                let generation = self.next_generation();
-                let drainer = self.deps.drainer.clone();
-                let opts = self.deps.config.drain_options();
-                let tx = self.ev_tx.clone();
-                let node = e.nodename.clone();
-                let h = tokio::spawn(async move {
-                    let end = loop {
-                        match drainer.drain(&node, &opts).await {
-                            Ok(DrainProgress::Done) => break DrainEnd::Done,
-                            Ok(DrainProgress::Abandoned { reason }) => {
-                                break DrainEnd::Abandoned(reason);
-                            }
-                            Ok(DrainProgress::InProgress { remaining, detail }) => {
-                                tracing::debug!(%node, remaining, %detail, "repair: draining");
-                            }
-                            Err(err) if err.is_retriable() => {
-                                tracing::warn!(%node, error = %err, "repair: drain pass failed; retrying");
-                            }
-                            Err(err) => break DrainEnd::Abandoned(err.to_string()),
-                        }
-                        tokio::time::sleep(DRAIN_POLL_INTERVAL).await;
-                    };
-                    let _ = tx.send(Event::Drain {
-                        index,
-                        generation,
-                        end,
-                    });
-                });
-                let rt = self.rt.get_mut(&index).expect("runtime");
-                if let Some(old) = rt.drain_task.replace(h.abort_handle()) {
-                    old.abort();
-                }
-                rt.drain_gen = generation;
-                rt.obs.drain = TaskObs::Running;
-            }
-            Action::AbandonDrain(_) => {
-                let rt = self.rt.get_mut(&index).expect("runtime");
-                if let Some(t) = rt.drain_task.take() {
-                    t.abort();
-                }
-                rt.drain_gen = 0;
-                rt.obs.drain = TaskObs::NotStarted;
-                self.uncordon(e.nodename.clone());
-            }
-            Action::Execute { attempt } => {
-                let Some(step) = step else { return };
-                let ctx = self.run_ctx(
-                    &e,
-                    format!("repair-{index}-step{}-attempt{attempt}", e.step),
-                    step.command_timeout_seconds,
-                );
-                let (generation, h) = self.spawn_command(
-                    index,
-                    CommandKind::Repair,
-                    step.repair_command.clone(),
-                    ctx,
-                );
-                let rt = self.rt.get_mut(&index).expect("runtime");
-                if let Some(old) = rt.command_task.replace(h) {
-                    old.abort();
-                }
-                rt.command_gen = generation;
-                rt.obs.command = TaskObs::Running;
-                rt.obs.drain = TaskObs::NotStarted;
-            }
-            Action::RetryLater { .. } => {
-                let rt = self.rt.get_mut(&index).expect("runtime");
-                rt.obs.command = TaskObs::NotStarted;
-            }
-            Action::CommandDone { .. } | Action::NextStep | Action::Healthy => {
-                let rt = self.rt.get_mut(&index).expect("runtime");
-                if let Some(t) = rt.health_task.take() {
-                    t.abort();
-                }
-                rt.health_gen = 0;
-                rt.obs.command = TaskObs::NotStarted;
-                rt.obs.health = Default::default();
-                rt.last_health = None;
-                if e.status == RepairStatus::Succeeded {
-                    self.rt.remove(&index);
-                    self.record_outcome(&e);
-                    self.uncordon(e.nodename.clone());
-                }
-            }
-            Action::RunHealthCheck => {
-                let Some(op) = op else { return };
-                let ctx = self.run_ctx(
-                    &e,
-                    format!("repair-{index}-health"),
-                    op.command_timeout_seconds,
-                );
-                let (generation, h) = self.spawn_command(
-                    index,
-                    CommandKind::Health,
-                    op.health_check_command.clone(),
-                    ctx,
-                );
-                let rt = self.rt.get_mut(&index).expect("runtime");
-                rt.health_task = Some(h);
-                rt.health_gen = generation;
-                rt.obs.health.running = true;
-            }
-            Action::RunSuccessCommand => {
-                let Some(op) = op else { return };
-                let Some(spec) = op.success_command.clone() else {
-                    return;
-                };
-                let ctx = self.run_ctx(
-                    &e,
-                    format!("repair-{index}-success"),
-                    op.success_command_timeout,
-                );
-                let (generation, h) = self.spawn_command(index, CommandKind::Success, spec, ctx);
-                let rt = self.rt.get_mut(&index).expect("runtime");
-                rt.command_task = Some(h);
-                rt.command_gen = generation;
-                rt.obs.command = TaskObs::Running;
             }
         }
     }
@@ -1060,18 +393,17 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
-    use futures::future::BoxFuture;
     use jiff::{SignedDuration, Timestamp};
-    use protocol::admin::repair::{RepairEntry, RepairStepStatus};
+    use protocol::admin::repair::{AddRepairEntry, RepairEntry, RepairStatus, RepairStepStatus};
 
     use super::*;
-    use crate::clock::{FakeClock, SystemClock};
+    use crate::clock::SystemClock;
     use crate::gateway::NoGateway;
-    use crate::k8s::{DrainError, DrainOptions, NotANode};
-    use crate::repair::config::load_str;
+    use crate::k8s::NotANode;
+    use crate::repair::load::load_str;
     use crate::repair::{AgentHealth, NoAgents};
+    use crate::testing::{FakeAgents, FakeClock, FakeDrainer, FakePower};
 
     fn config(yaml: &str) -> Arc<RepairConfig> {
         Arc::new(load_str(yaml, Path::new("test.yml")).unwrap().config)
@@ -1403,45 +735,6 @@ mod tests {
         h.stop().await;
     }
 
-    /// A drainer that says every machine is node `n-<address>`, drains until told to finish,
-    /// and records uncordons.
-    #[derive(Default)]
-    struct FakeDrainer {
-        done: AtomicBool,
-        drains: Mutex<u32>,
-        uncordons: Mutex<Vec<String>>,
-    }
-
-    impl Drainer for FakeDrainer {
-        fn node_for(&self, address: &str) -> BoxFuture<'_, Result<Option<String>, DrainError>> {
-            let n = format!("n-{address}");
-            Box::pin(async move { Ok(Some(n)) })
-        }
-        fn drain<'a>(
-            &'a self,
-            _node: &'a str,
-            _opts: &'a DrainOptions,
-        ) -> BoxFuture<'a, Result<DrainProgress, DrainError>> {
-            Box::pin(async move {
-                *self.drains.lock().unwrap() += 1;
-                Ok(if self.done.load(Ordering::SeqCst) {
-                    DrainProgress::Done
-                } else {
-                    DrainProgress::InProgress {
-                        remaining: 1,
-                        detail: "pod p terminating".into(),
-                    }
-                })
-            })
-        }
-        fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), DrainError>> {
-            Box::pin(async move {
-                self.uncordons.lock().unwrap().push(node.to_string());
-                Ok(())
-            })
-        }
-    }
-
     #[tokio::test]
     async fn drain_timeout_backs_off_linearly_then_drains_again() {
         let (_d, s) = store();
@@ -1474,7 +767,7 @@ mod tests {
             expire.as_millisecond() as u64
         );
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while drainer.uncordons.lock().unwrap().is_empty() {
+        while drainer.uncordons().is_empty() {
             assert!(tokio::time::Instant::now() < deadline, "not uncordoned");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -1485,7 +778,7 @@ mod tests {
             h.entry(i).await.unwrap().step_status,
             RepairStepStatus::Waiting
         );
-        drainer.done.store(true, Ordering::SeqCst);
+        drainer.finish_drains();
         clock.advance(SignedDuration::from_secs(1));
         h.wait(i, "succeeded after the second drain", |e| {
             e.status == RepairStatus::Succeeded
@@ -1537,7 +830,7 @@ mod tests {
             RepairQueueResponse::BackoffReset { count: 1 }
         ));
         assert_eq!(h.entry(i).await.unwrap().drain_backoff_count, 0);
-        drainer.done.store(true, Ordering::SeqCst);
+        drainer.finish_drains();
         assert!(matches!(
             h.q.request(RepairQueueRequest::Enable).await.unwrap(),
             RepairQueueResponse::Enabled(true)
@@ -1615,53 +908,9 @@ mod tests {
         h.stop().await;
     }
 
-    /// Power built-ins through a fake gateway; `@agent-healthy` through a fake fleet view
-    /// whose boot id changes when the gateway power-cycles the machine.
-    #[derive(Default)]
-    struct FakeFleet {
-        agent: Mutex<Option<AgentHealth>>,
-        requests: Mutex<Vec<protocol::gateway::PowerRequest>>,
-        reboots: AtomicBool,
-    }
-
-    impl AgentHealthView for FakeFleet {
-        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
-            self.agent.lock().unwrap().clone()
-        }
-    }
-
-    struct Gw(Arc<FakeFleet>);
-
-    impl PowerControl for Gw {
-        fn power(
-            &self,
-            req: protocol::gateway::PowerRequest,
-        ) -> BoxFuture<'_, Result<protocol::gateway::PowerResponse, crate::gateway::PowerError>>
-        {
-            Box::pin(async move {
-                let f = &self.0;
-                f.requests.lock().unwrap().push(req.clone());
-                if f.reboots.load(Ordering::SeqCst) {
-                    let at = Timestamp::now() + SignedDuration::from_millis(5);
-                    *f.agent.lock().unwrap() = Some(AgentHealth {
-                        boot_id: "b2".into(),
-                        last_report: at,
-                        ok_since: Some(at),
-                    });
-                }
-                Ok(protocol::gateway::PowerResponse {
-                    id: req.id,
-                    outcome: protocol::gateway::PowerOutcome::Done {
-                        state: protocol::gateway::PowerState::On,
-                        confirmed_off_unix_ms: None,
-                        detail: "cycled".into(),
-                    },
-                })
-            })
-        }
-    }
-
-    async fn power_case(reboots: bool) -> (Harness, u64, Arc<FakeFleet>, tempfile::TempDir) {
+    /// Power built-ins through a fake gateway; `@agent-healthy` through fake agents whose
+    /// boot id changes when the gateway power-cycles the machine (if it `reboots`).
+    async fn power_case(reboots: bool) -> (Harness, u64, Arc<FakePower>, tempfile::TempDir) {
         let (d, s) = store();
         let cfg = config(&yaml(
             "      - repair_command: ['@power-cycle']\n        watch_seconds: 2\n",
@@ -1669,33 +918,43 @@ mod tests {
             "",
             "",
         ));
-        let fleet = Arc::new(FakeFleet::default());
-        fleet.reboots.store(reboots, Ordering::SeqCst);
         let before = Timestamp::now() - SignedDuration::from_secs(60);
-        *fleet.agent.lock().unwrap() = Some(AgentHealth {
+        let agents = Arc::new(FakeAgents::with(Some(AgentHealth {
             boot_id: "b1".into(),
             last_report: Timestamp::now() + SignedDuration::from_secs(3600),
             ok_since: Some(before),
-        });
+        })));
+        let power = Arc::new(FakePower::default());
+        if reboots {
+            let agents = agents.clone();
+            power.on_request(move |_| {
+                let at = Timestamp::now() + SignedDuration::from_millis(5);
+                agents.set(Some(AgentHealth {
+                    boot_id: "b2".into(),
+                    last_report: at,
+                    ok_since: Some(at),
+                }));
+            });
+        }
         let deps = RepairDeps::new(
             s.clone(),
             cfg,
             Arc::new(SystemClock),
             Arc::new(NotANode),
-            Arc::new(Gw(fleet.clone())),
-            fleet.clone(),
+            power.clone(),
+            agents,
         );
         let h = start_deps(deps).await;
         let i = h.add("op", "t", "10.0.0.1").await;
-        (h, i, fleet, d)
+        (h, i, power, d)
     }
 
     #[tokio::test]
     async fn power_cycle_then_agent_healthy_needs_a_new_boot() {
-        let (h, i, fleet, _d) = power_case(true).await;
+        let (h, i, power, _d) = power_case(true).await;
         h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
             .await;
-        let reqs = fleet.requests.lock().unwrap().clone();
+        let reqs = power.requests();
         assert_eq!(reqs.len(), 1);
         assert_eq!(reqs[0].id, format!("repair-{i}-step0-attempt0"));
         assert_eq!(reqs[0].action, protocol::gateway::PowerAction::Cycle);
@@ -1704,7 +963,7 @@ mod tests {
 
         // Same boot id after the power cycle: never healthy, the entry fails when the
         // watch of its last step expires.
-        let (h, i, _fleet, _d) = power_case(false).await;
+        let (h, i, _power, _d) = power_case(false).await;
         h.wait(i, "failed", |e| e.status == RepairStatus::Failed)
             .await;
         let hist = h.history(i).await;
@@ -1719,12 +978,16 @@ mod tests {
     /// node a drain cordoned is uncordoned when its entry ends, however it ends.
     #[tokio::test]
     async fn repair_succeeded_failed_and_deleted_uncordon() {
-        let (_d, s) = store();
-        let cfg = config(
-            "repair:\n  max_concurrent_repairs: 4\n  repair_procedures:\n  - machine_types: [t]\n    repair_operations:\n    - operation: ok\n      repair_steps:\n      - repair_command: ['true']\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n    - operation: fail\n      repair_steps:\n      - repair_command: ['false']\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n    - operation: hang\n      repair_steps:\n      - repair_command: [sleep, '60']\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n",
-        );
+        let (d, s) = store();
+        // The hanging command ignores the address appended to it, so it really hangs
+        // until its entry is deleted.
+        let started = d.path().join("hang-started");
+        let cfg = config(&format!(
+            "repair:\n  max_concurrent_repairs: 4\n  repair_procedures:\n  - machine_types: [t]\n    repair_operations:\n    - operation: ok\n      repair_steps:\n      - repair_command: ['true']\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n    - operation: fail\n      repair_steps:\n      - repair_command: ['false']\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n    - operation: hang\n      repair_steps:\n      - repair_command: [sh, -c, 'touch {started}; exec sleep 60', hang]\n        need_drain: true\n      health_check_command: [sh, -c, 'echo true']\n",
+            started = started.display()
+        ));
         let drainer = Arc::new(FakeDrainer::default());
-        drainer.done.store(true, Ordering::SeqCst);
+        drainer.finish_drains();
         let h = start(&s, cfg, Arc::new(SystemClock), drainer.clone()).await;
         let ok = h.add("ok", "t", "10.0.0.1").await;
         let fail = h.add("fail", "t", "10.0.0.2").await;
@@ -1737,12 +1000,28 @@ mod tests {
             e.step_status == RepairStepStatus::Watching
         })
         .await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !started.exists() {
+            assert!(tokio::time::Instant::now() < deadline, "hang never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Its command runs: the entry is still processing and its node still cordoned, so
+        // the uncordon below can only come from the delete.
+        assert_eq!(
+            h.entry(hang).await.unwrap().status,
+            RepairStatus::Processing
+        );
+        assert!(
+            !drainer.uncordons().contains(&"n-10.0.0.3".to_string()),
+            "{:?}",
+            drainer.uncordons()
+        );
         h.q.request(RepairQueueRequest::Delete { index: hang })
             .await
             .unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let mut u = drainer.uncordons.lock().unwrap().clone();
+            let mut u = drainer.uncordons();
             u.sort();
             if u == ["n-10.0.0.1", "n-10.0.0.2", "n-10.0.0.3"] {
                 break;
@@ -1773,6 +1052,148 @@ mod tests {
             .await;
         assert_eq!(e.nodename, "");
         assert!(!h.history(i).await.iter().any(|l| l.starts_with("drain")));
+        h.stop().await;
+    }
+
+    /// Makes every commit that records a history line of `event` fail, as a full disk or a
+    /// failing device would: the whole pass's transaction rolls back.
+    async fn break_writes_of(s: &Store, event: &str) {
+        let sql = format!(
+            "CREATE TRIGGER break_writes BEFORE INSERT ON repair_queue_history \
+             WHEN NEW.event = '{event}' BEGIN SELECT RAISE(ABORT, 'injected write failure'); END;"
+        );
+        s.call(move |c| c.execute_batch(&sql)).await.unwrap();
+    }
+
+    async fn mend_writes(s: &Store) {
+        s.call(|c| c.execute_batch("DROP TRIGGER break_writes;"))
+            .await
+            .unwrap();
+    }
+
+    /// Invariant 6: a command runs only after its `command-started` transition is committed.
+    #[tokio::test]
+    async fn a_command_does_not_run_before_its_start_is_committed() {
+        let (d, s) = store();
+        let counter = d.path().join("runs");
+        let cfg = config(&yaml(
+            &format!(
+                "      - repair_command: [sh, -c, 'echo x >> {}', cmd]\n",
+                counter.display()
+            ),
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        break_writes_of(&s, "command-started").await;
+        let h = start(&s, cfg, Arc::new(SystemClock), Arc::new(NotANode)).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        // The pass that started the entry went on to decide `Execute`, whose commit failed;
+        // later ticks try again and fail again.
+        h.wait(i, "started", |e| e.status == RepairStatus::Processing)
+            .await;
+        tokio::time::sleep(TICK * 6).await;
+        assert!(
+            std::fs::read_to_string(&counter)
+                .unwrap_or_default()
+                .is_empty(),
+            "the command ran before its start was committed"
+        );
+        let e = h.entry(i).await.unwrap();
+        assert_eq!(e.step_status, RepairStepStatus::Waiting, "not committed");
+        mend_writes(&s).await;
+        h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        assert_eq!(
+            std::fs::read_to_string(&counter).unwrap(),
+            "x\n",
+            "ran exactly once"
+        );
+        h.stop().await;
+    }
+
+    /// Invariant 6: a drain starts only after its `drain-started` transition is committed.
+    #[tokio::test]
+    async fn a_drain_does_not_start_before_it_is_committed() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: ['true']\n        need_drain: true\n",
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let drainer = Arc::new(FakeDrainer::default());
+        drainer.finish_drains();
+        break_writes_of(&s, "drain-started").await;
+        let h = start(&s, cfg, Arc::new(SystemClock), drainer.clone()).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while drainer.lookups().is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node never looked up"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // From the next pass on, every pass decides `StartDrain` and fails to commit it.
+        tokio::time::sleep(TICK * 6).await;
+        assert!(
+            drainer.drains().is_empty(),
+            "drained before the drain was committed: {:?}",
+            drainer.drains()
+        );
+        let e = h.entry(i).await.unwrap();
+        assert_eq!(e.step_status, RepairStepStatus::Waiting, "not committed");
+        mend_writes(&s).await;
+        h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        assert_eq!(drainer.drains(), ["n-10.0.0.1"], "one drain, one pass");
+        h.stop().await;
+    }
+
+    /// Invariant 6: a node is uncordoned only after the transition ending its entry is
+    /// committed.
+    #[tokio::test]
+    async fn an_uncordon_does_not_happen_before_the_end_is_committed() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: ['true']\n        need_drain: true\n",
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let drainer = Arc::new(FakeDrainer::default());
+        drainer.finish_drains();
+        break_writes_of(&s, "succeeded").await;
+        let h = start(&s, cfg, Arc::new(SystemClock), drainer.clone()).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        // Once a health check passed, every pass decides the entry healthy and fails to
+        // commit its success.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !h
+            .q
+            .metrics_text()
+            .contains("fleetmend_repair_commands_total{kind=\"health\",result=\"ok\"} 1")
+        {
+            assert!(tokio::time::Instant::now() < deadline, "never checked");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(TICK * 6).await;
+        assert!(
+            drainer.uncordons().is_empty(),
+            "uncordoned before the end was committed: {:?}",
+            drainer.uncordons()
+        );
+        assert_eq!(h.entry(i).await.unwrap().status, RepairStatus::Processing);
+        mend_writes(&s).await;
+        h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while drainer.uncordons().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "never uncordoned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(drainer.uncordons(), ["n-10.0.0.1"], "uncordoned once");
         h.stop().await;
     }
 }

@@ -1,32 +1,44 @@
 //! The repair queue: CKE's repair semantics, durable in SQLite.
 //!
-//! - [`config`]: the `repair:` YAML section (CKE's keys and defaults, strict validation,
-//!   `@` built-in actions),
+//! - [`config`]: the `repair:` section as types (CKE's keys and defaults, `@` built-in
+//!   actions), and [`load`]: reading it from YAML with strict validation,
 //! - [`entry`]: queue entries and where each stands inside its step,
 //! - [`decide`]: the pure step decision and transitions, unit-tested case by case,
+//! - [`admin`]: the pure meaning of admin requests (writes and replies),
 //! - [`command`]: running external commands and built-ins,
 //! - [`orphans`]: the record of running commands' process groups, and the kill of those a
 //!   killed coordinator left behind,
 //! - [`store`]: the SQLite tables of migration 0002,
-//! - [`engine`]: the task that owns the queue, answers admin requests and acts,
-//! - [`ctl`]: `coordinatorctl repair-queue`,
+//! - [`engine`]: the task that owns the queue: its handle, loop, step and commit,
+//! - [`tasks`]: bookkeeping of the tasks each entry runs and what they reported,
+//! - [`effects`]: what an action does once committed (commands, drains, uncordon, Events),
+//! - [`metrics`]: the queue's `/metrics` series,
 //! - [`wiring`]: starting it from the app.
+//!
+//! `coordinatorctl repair-queue` lives with the rest of the CLI, in `crate::ctl`.
 //!
 //! Drains go through [`crate::k8s::Drainer`], power actions through
 //! [`crate::gateway::PowerControl`], agent health through [`AgentHealthView`]; this module
 //! deliberately implements none of those systems.
 
+pub mod admin;
 pub mod command;
 pub mod config;
-pub mod ctl;
 pub mod decide;
+mod effects;
 pub mod engine;
 pub mod entry;
 pub mod orphans;
+pub mod load;
+pub mod metrics;
 pub mod store;
+mod tasks;
 pub mod wiring;
 
+pub use admin::RepairQueueError;
 pub use command::{AgentHealth, AgentHealthView, NoAgents};
-pub use config::{RepairConfig, load_file};
-pub use engine::{RepairDeps, RepairMetrics, RepairQueue, RepairQueueError};
+pub use config::RepairConfig;
+pub use engine::{RepairDeps, RepairQueue};
+pub use load::load_file;
+pub use metrics::RepairMetrics;
 pub use wiring::{RepairStartError, start_for_app};

@@ -7,11 +7,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::command::{AgentHealth, AgentHealthView};
-use super::config::{RepairConfigError, load_file};
-use super::engine::{RepairDeps, RepairMetrics, RepairQueue};
+use super::engine::{RepairDeps, RepairQueue};
+use super::load::{RepairConfigError, load_file};
+use super::metrics::RepairMetrics;
 use crate::clock::Clock;
 use crate::fleet::Fleet;
 use crate::gateway::PowerControl;
@@ -65,8 +67,9 @@ impl MetricsSource for RepairMetrics {
 }
 
 /// Loads the repair configuration at `path` and starts the engine. The engine stops when
-/// the last [`RepairQueue`] handle is dropped (the app's admin handlers, at shutdown); a
-/// command still running then is killed and runs again after a restart.
+/// `shutdown` is cancelled (or the last [`RepairQueue`] handle is dropped); a command still
+/// running then is killed and runs again after a restart. Join the returned handle to know
+/// it has stopped.
 pub async fn start_for_app(
     path: &Path,
     store: Store,
@@ -74,10 +77,11 @@ pub async fn start_for_app(
     fleet: Arc<Fleet>,
     drainer: Arc<dyn Drainer>,
     power: Arc<dyn PowerControl>,
-) -> Result<RepairQueue, RepairStartError> {
+    shutdown: CancellationToken,
+) -> Result<(RepairQueue, JoinHandle<()>), RepairStartError> {
     let loaded = load_file(path)?;
     let deps = RepairDeps::new(store, Arc::new(loaded.config), clock, drainer, power, fleet);
-    let (queue, _join) = RepairQueue::start(deps, CancellationToken::new()).await?;
+    let (queue, join) = RepairQueue::start(deps, shutdown).await?;
     tracing::info!(file = %path.display(), "repair queue started");
-    Ok(queue)
+    Ok((queue, join))
 }

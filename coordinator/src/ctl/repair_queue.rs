@@ -14,7 +14,8 @@ use protocol::admin::repair::{
 use protocol::admin::{AdminRequest, AdminResponse};
 use serde_json::json;
 
-use crate::ctl::{AdminClient, CommandGroup, Ctx, fmt_time, print_table};
+use super::client::AdminClient;
+use super::common::{CommandGroup, Ctx, fmt_time, print_table};
 
 /// Repair queue commands (as `ckecli repair-queue`).
 #[derive(Debug, Subcommand)]

@@ -8,26 +8,35 @@
 //! Reads take a short synchronous lock and never wait for SQLite, except
 //! [`Fleet::transitions`] and [`Fleet::detail`], which read the history.
 //!
-//! Read API for other areas (repair queue, detectors):
+//! Read API for other areas (repair queue, detectors), in domain types ([`snapshot`]):
+//! - [`Fleet::snapshot`]: every machine's record, state and live health under one lock;
 //! - [`Fleet::machine`] / [`Fleet::machine_by_hostname`]: record, state, since, reason;
 //! - [`Fleet::live`]: last report time, boot id, connection, start of the healthy run;
 //! - [`Fleet::healthy_since`] and [`Fleet::ok_continuously_since`]: for `agent-healthy`.
 //!
-//! This module decides nothing itself: states come from [`crate::health::derive`].
+//! This module decides nothing itself: states come from [`crate::health::derive`]. Its SQL
+//! is in [`sql`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use jiff::Timestamp;
 use protocol::admin::machines::{MachineDetail, MachineSummary, StateTransition};
 use protocol::messages::{AgentHello, GoodbyeReason, HealthReport};
-use rusqlite::params;
 
-use crate::clock::{Clock, from_unix_ms, to_unix_ms};
+use crate::clock::{Clock, to_unix_ms};
 use crate::health::{Current, Derived, HealthConfig, MachineState, Observation, derive};
 use crate::inventory::{InventoryError, MachineRecord, RecordSource, check_unique};
 use crate::store::{Store, StoreError};
+
+mod index;
+pub mod snapshot;
+mod sql;
+
+use index::{Entry, Inner, Live, row};
+pub use snapshot::{FleetSnapshot, LiveHealth, MachineSnapshot, MachineView};
+use sql::Write;
 
 /// How many transitions `machines show` returns: enough for weeks of a flapping machine,
 /// bounded so one answer stays small.
@@ -68,238 +77,6 @@ impl FleetError {
     }
 }
 
-/// A machine's record and state, for other areas.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MachineView {
-    /// Registered attributes.
-    pub record: MachineRecord,
-    /// State.
-    pub state: MachineState,
-    /// When it was entered.
-    pub since: Timestamp,
-    /// Why.
-    pub reason: String,
-}
-
-/// Live health of a machine (memory only).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveHealth {
-    /// When the last report was received (coordinator clock).
-    pub last_report_at: Option<Timestamp>,
-    /// The boot id last seen in a hello or report.
-    pub boot_id: Option<String>,
-    /// Start of the current unbroken run of reports with no failing check; `None` when the
-    /// last report had a failing check, after a goodbye or reboot, or before any report.
-    pub healthy_since: Option<Timestamp>,
-    /// Whether an agent connection is open.
-    pub connected: bool,
-    /// The last goodbye, if no report came after it.
-    pub goodbye: Option<(GoodbyeReason, Timestamp)>,
-}
-
-#[derive(Debug, Clone, Default)]
-struct Live {
-    last_report: Option<HealthReport>,
-    last_report_at: Option<Timestamp>,
-    boot_id: Option<String>,
-    agent_version: Option<String>,
-    failing_since: BTreeMap<String, Timestamp>,
-    healthy_since: Option<Timestamp>,
-    goodbye: Option<(GoodbyeReason, Timestamp)>,
-    connections: u32,
-}
-
-impl Live {
-    fn new_boot(&mut self, boot_id: &str) -> bool {
-        let changed = self.boot_id.as_deref().is_some_and(|b| b != boot_id);
-        if changed {
-            // Nothing observed before a reboot says anything about the new boot.
-            self.healthy_since = None;
-            self.failing_since.clear();
-        }
-        self.boot_id = Some(boot_id.to_string());
-        changed
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    record: MachineRecord,
-    state: MachineState,
-    since: Timestamp,
-    reason: String,
-    live: Live,
-}
-
-impl Entry {
-    fn view(&self) -> MachineView {
-        MachineView {
-            record: self.record.clone(),
-            state: self.state,
-            since: self.since,
-            reason: self.reason.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    machines: BTreeMap<String, Entry>,
-    by_hostname: HashMap<String, String>,
-}
-
-impl Inner {
-    fn insert(&mut self, e: Entry) {
-        if let Some(old) = self.machines.get(&e.record.address)
-            && old.record.hostname != e.record.hostname
-        {
-            self.by_hostname.remove(&old.record.hostname);
-        }
-        self.by_hostname
-            .insert(e.record.hostname.clone(), e.record.address.clone());
-        self.machines.insert(e.record.address.clone(), e);
-    }
-
-    fn by_hostname_mut(&mut self, hostname: &str) -> Result<&mut Entry, FleetError> {
-        self.by_hostname
-            .get(hostname)
-            .and_then(|a| self.machines.get_mut(a))
-            .ok_or_else(|| FleetError::UnknownHost(hostname.to_string()))
-    }
-
-    fn remove(&mut self, address: &str) {
-        if let Some(old) = self.machines.remove(address)
-            && self
-                .by_hostname
-                .get(&old.record.hostname)
-                .map(String::as_str)
-                == Some(address)
-        {
-            self.by_hostname.remove(&old.record.hostname);
-        }
-    }
-}
-
-/// One database write, applied with others in one transaction.
-#[derive(Debug)]
-enum Write {
-    Row(Row),
-    Delete(String),
-    Transition {
-        address: String,
-        from: String,
-        to: MachineState,
-        at: Timestamp,
-        reason: String,
-    },
-}
-
-#[derive(Debug)]
-struct Row {
-    record: MachineRecord,
-    state: MachineState,
-    since: Timestamp,
-    reason: String,
-    now: Timestamp,
-}
-
-impl Row {
-    fn of(e: &Entry, now: Timestamp) -> Self {
-        Self {
-            record: e.record.clone(),
-            state: e.state,
-            since: e.since,
-            reason: e.reason.clone(),
-            now,
-        }
-    }
-}
-
-fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
-    for w in writes {
-        match w {
-            Write::Row(r) => {
-                let labels =
-                    serde_json::to_string(&r.record.labels).expect("string map serialises to JSON");
-                tx.execute(
-                    "INSERT INTO machines (address, hostname, serial, rack, role, machine_type, \
-                     labels, source, state, state_since_ms, state_reason, created_ms, updated_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12) \
-                     ON CONFLICT(address) DO UPDATE SET hostname = excluded.hostname, \
-                     serial = excluded.serial, rack = excluded.rack, role = excluded.role, \
-                     machine_type = excluded.machine_type, labels = excluded.labels, \
-                     source = excluded.source, state = excluded.state, \
-                     state_since_ms = excluded.state_since_ms, \
-                     state_reason = excluded.state_reason, updated_ms = excluded.updated_ms",
-                    params![
-                        r.record.address,
-                        r.record.hostname,
-                        r.record.serial,
-                        r.record.rack,
-                        r.record.role,
-                        r.record.machine_type,
-                        labels,
-                        r.record.source.as_str(),
-                        r.state.as_str(),
-                        to_unix_ms(r.since),
-                        r.reason,
-                        to_unix_ms(r.now),
-                    ],
-                )?;
-            }
-            Write::Delete(address) => {
-                tx.execute("DELETE FROM machines WHERE address = ?1", [address])?;
-            }
-            Write::Transition {
-                address,
-                from,
-                to,
-                at,
-                reason,
-            } => {
-                tx.execute(
-                    "INSERT INTO machine_transitions (address, from_state, to_state, at_ms, reason) \
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![address, from, to.as_str(), to_unix_ms(*at), reason],
-                )?;
-            }
-        }
-    }
-    tx.commit()
-}
-
-fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<Entry>> {
-    let mut stmt = conn.prepare(
-        "SELECT address, hostname, serial, rack, role, machine_type, labels, source, state, \
-         state_since_ms, state_reason FROM machines ORDER BY address",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        let labels: String = r.get(6)?;
-        let source: String = r.get(7)?;
-        let state: String = r.get(8)?;
-        Ok(Entry {
-            record: MachineRecord {
-                address: r.get(0)?,
-                hostname: r.get(1)?,
-                serial: r.get(2)?,
-                rack: r.get(3)?,
-                role: r.get(4)?,
-                machine_type: r.get(5)?,
-                labels: serde_json::from_str(&labels).unwrap_or_default(),
-                source: RecordSource::parse(&source),
-            },
-            // A state this build does not know (written by a newer one) reads as
-            // uninitialized and is re-derived from the next report.
-            state: state.parse().unwrap_or(MachineState::Uninitialized),
-            since: from_unix_ms(r.get(9)?),
-            reason: r.get(10)?,
-            live: Live::default(),
-        })
-    })?;
-    rows.collect()
-}
-
 /// The registry. Cheap to share behind an `Arc`.
 pub struct Fleet {
     store: Store,
@@ -326,10 +103,16 @@ impl Fleet {
         clock: Arc<dyn Clock>,
         cfg: HealthConfig,
     ) -> Result<Self, FleetError> {
-        let entries = store.call(load).await?;
+        let stored = store.call(sql::load).await?;
         let mut inner = Inner::default();
-        for e in entries {
-            inner.insert(e);
+        for m in stored {
+            inner.insert(Entry {
+                record: m.record,
+                state: m.state,
+                since: m.since,
+                reason: m.reason,
+                live: Live::default(),
+            });
         }
         let started_at = clock.now();
         Ok(Self {
@@ -390,7 +173,7 @@ impl Fleet {
         e.state = d.state;
         e.since = now;
         e.reason = d.reason;
-        writes.push(Write::Row(Row::of(e, now)));
+        writes.push(Write::Row(row(e, now)));
     }
 
     /// Persists `writes`, then makes `changed` visible and drops `removed`.
@@ -401,7 +184,7 @@ impl Fleet {
         removed: Vec<String>,
     ) -> Result<(), FleetError> {
         if !writes.is_empty() {
-            self.store.call(move |c| persist(c, &writes)).await?;
+            self.store.call(move |c| sql::persist(c, &writes)).await?;
         }
         let mut inner = self.lock();
         for a in removed {
@@ -473,7 +256,7 @@ impl Fleet {
                         e
                     }
                 };
-                writes.push(Write::Row(Row::of(&e, now)));
+                writes.push(Write::Row(row(&e, now)));
                 if let Some(d) = self.evaluate(&e, now) {
                     Self::transition(&mut e, d, now, &mut writes);
                 }
@@ -576,7 +359,7 @@ impl Fleet {
                 machine = %address,
                 "hello from a host not in the inventory; recorded as awaiting registration"
             );
-            writes.push(Write::Row(Row::of(&e, now)));
+            writes.push(Write::Row(row(&e, now)));
             writes.push(Write::Transition {
                 address: address.clone(),
                 from: String::new(),
@@ -599,7 +382,9 @@ impl Fleet {
         let mut writes = Vec::new();
         let changed = {
             let mut inner = self.lock();
-            let e = inner.by_hostname_mut(hostname)?;
+            let e = inner
+                .by_hostname_mut(hostname)
+                .ok_or_else(|| FleetError::UnknownHost(hostname.to_string()))?;
             let address = e.record.address.clone();
             if e.live.new_boot(&report.boot_id) {
                 tracing::info!(machine = %address, boot_id = %report.boot_id, "machine rebooted");
@@ -639,7 +424,9 @@ impl Fleet {
         let mut writes = Vec::new();
         let changed = {
             let mut inner = self.lock();
-            let e = inner.by_hostname_mut(hostname)?;
+            let e = inner
+                .by_hostname_mut(hostname)
+                .ok_or_else(|| FleetError::UnknownHost(hostname.to_string()))?;
             e.live.goodbye = Some((reason, now));
             e.live.healthy_since = None;
             match self.evaluate(e, now) {
@@ -657,7 +444,7 @@ impl Fleet {
     /// An agent connection of `hostname` closed.
     pub async fn disconnected(&self, hostname: &str) {
         let _gate = self.gate.lock().await;
-        if let Ok(e) = self.lock().by_hostname_mut(hostname) {
+        if let Some(e) = self.lock().by_hostname_mut(hostname) {
             e.live.connections = e.live.connections.saturating_sub(1);
         }
     }
@@ -696,6 +483,31 @@ impl Fleet {
             reason: e.reason.clone(),
             last_report_unix_ms: e.live.last_report_at.map(ms),
             connected: e.live.connections > 0,
+        }
+    }
+
+    /// Every machine with its state and live health, under one lock: what detectors read.
+    pub fn snapshot(&self) -> FleetSnapshot {
+        let taken_at = self.clock.now();
+        let machines = self
+            .lock()
+            .machines
+            .values()
+            .map(|e| MachineSnapshot {
+                record: e.record.clone(),
+                state: e.state,
+                since: e.since,
+                reason: e.reason.clone(),
+                last_report_at: e.live.last_report_at,
+                boot_id: e.live.boot_id.clone(),
+                failing: e.live.failing_since.clone(),
+                goodbye: e.live.goodbye,
+                connected: e.live.connections > 0,
+            })
+            .collect();
+        FleetSnapshot {
+            taken_at: Some(taken_at),
+            machines,
         }
     }
 
@@ -780,21 +592,7 @@ impl Fleet {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut rows = self
             .store
-            .call(move |c| {
-                let mut stmt = c.prepare(
-                    "SELECT from_state, to_state, at_ms, reason FROM machine_transitions \
-                     WHERE address = ?1 ORDER BY id DESC LIMIT ?2",
-                )?;
-                let rows = stmt.query_map(params![address, limit], |r| {
-                    Ok(StateTransition {
-                        from: r.get(0)?,
-                        to: r.get(1)?,
-                        at_unix_ms: u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
-                        reason: r.get(3)?,
-                    })
-                })?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()
-            })
+            .call(move |c| sql::transitions(c, &address, limit))
             .await?;
         rows.reverse();
         Ok(rows)
@@ -840,7 +638,7 @@ fn ms(t: Timestamp) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::FakeClock;
+    use crate::testing::FakeClock;
     use jiff::SignedDuration;
     use protocol::messages::{CheckKind, CheckResult, CheckStatus};
     use std::time::Duration;
@@ -964,6 +762,49 @@ mod tests {
             hist,
             ["uninitialized", "healthy", "unhealthy", "unreachable"]
         );
+    }
+
+    #[tokio::test]
+    async fn snapshot_has_what_detectors_read_in_domain_types() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        let mut r = rec("10.0.0.2", "b");
+        r.labels.insert("zone".into(), "z1".into());
+        f.upsert(vec![rec("10.0.0.1", "a"), r]).await.unwrap();
+        f.agent_hello("a", &hello("a", "b1"), "127.0.0.1".parse().unwrap())
+            .await
+            .unwrap();
+        f.report("a", report("b1", false)).await.unwrap();
+        let failed_at = fx.clock.now();
+        fx.tick(1);
+        f.agent_hello("b", &hello("b", "b7"), "127.0.0.1".parse().unwrap())
+            .await
+            .unwrap();
+        f.report("b", report("b7", true)).await.unwrap();
+        f.goodbye("b", GoodbyeReason::Shutdown).await.unwrap();
+        let snap = f.snapshot();
+        assert_eq!(snap.taken_at, Some(fx.clock.now()));
+        assert_eq!(snap.machines.len(), 2);
+        let a = snap.machine("10.0.0.1").unwrap();
+        assert_eq!(
+            (a.record.rack.as_str(), a.record.role.as_str()),
+            ("r1", "cs")
+        );
+        assert_eq!(a.record.machine_type.as_deref(), Some("qemu"));
+        assert_eq!(a.state, MachineState::Unhealthy);
+        assert_eq!(a.since, failed_at);
+        assert_eq!(a.last_report_at, Some(failed_at));
+        assert_eq!(a.boot_id.as_deref(), Some("b1"));
+        assert_eq!(
+            a.failing.iter().collect::<Vec<_>>(),
+            [(&"nic:eth0".to_string(), &failed_at)]
+        );
+        assert_eq!(a.goodbye, None);
+        let b = snap.machine("10.0.0.2").unwrap();
+        assert_eq!(b.record.labels["zone"], "z1");
+        assert!(b.failing.is_empty());
+        assert_eq!(b.goodbye.map(|(why, _)| why), Some(GoodbyeReason::Shutdown));
+        assert!(snap.machine("10.0.0.3").is_none());
     }
 
     #[tokio::test]

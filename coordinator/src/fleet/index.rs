@@ -1,0 +1,114 @@
+//! The registry's in-memory index: every machine's record, state and live health by
+//! address, with a hostname index. Plain data and its bookkeeping; [`super::Fleet`] holds
+//! it under one lock and decides when to change it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use jiff::Timestamp;
+use protocol::messages::{GoodbyeReason, HealthReport};
+
+use super::snapshot::MachineView;
+use super::sql::Row;
+use crate::health::MachineState;
+use crate::inventory::MachineRecord;
+
+/// What is known of a machine's agent (memory only).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Live {
+    pub(super) last_report: Option<HealthReport>,
+    pub(super) last_report_at: Option<Timestamp>,
+    pub(super) boot_id: Option<String>,
+    pub(super) agent_version: Option<String>,
+    pub(super) failing_since: BTreeMap<String, Timestamp>,
+    pub(super) healthy_since: Option<Timestamp>,
+    pub(super) goodbye: Option<(GoodbyeReason, Timestamp)>,
+    pub(super) connections: u32,
+}
+
+impl Live {
+    /// Records the boot id of a hello or report; true when it is a new boot.
+    pub(super) fn new_boot(&mut self, boot_id: &str) -> bool {
+        let changed = self.boot_id.as_deref().is_some_and(|b| b != boot_id);
+        if changed {
+            // Nothing observed before a reboot says anything about the new boot.
+            self.healthy_since = None;
+            self.failing_since.clear();
+        }
+        self.boot_id = Some(boot_id.to_string());
+        changed
+    }
+}
+
+/// One machine.
+#[derive(Debug, Clone)]
+pub(super) struct Entry {
+    pub(super) record: MachineRecord,
+    pub(super) state: MachineState,
+    pub(super) since: Timestamp,
+    pub(super) reason: String,
+    pub(super) live: Live,
+}
+
+/// The row `e` is stored as at `now`.
+pub(super) fn row(e: &Entry, now: Timestamp) -> Row {
+    Row {
+        record: e.record.clone(),
+        state: e.state,
+        since: e.since,
+        reason: e.reason.clone(),
+        now,
+    }
+}
+
+impl Entry {
+    /// The record and state, for other areas.
+    pub(super) fn view(&self) -> MachineView {
+        MachineView {
+            record: self.record.clone(),
+            state: self.state,
+            since: self.since,
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+/// Every machine, by address and by hostname.
+#[derive(Debug, Default)]
+pub(super) struct Inner {
+    pub(super) machines: BTreeMap<String, Entry>,
+    pub(super) by_hostname: HashMap<String, String>,
+}
+
+impl Inner {
+    /// Adds or replaces a machine, keeping the hostname index right.
+    pub(super) fn insert(&mut self, e: Entry) {
+        if let Some(old) = self.machines.get(&e.record.address)
+            && old.record.hostname != e.record.hostname
+        {
+            self.by_hostname.remove(&old.record.hostname);
+        }
+        self.by_hostname
+            .insert(e.record.hostname.clone(), e.record.address.clone());
+        self.machines.insert(e.record.address.clone(), e);
+    }
+
+    /// The machine whose agent has `hostname`.
+    pub(super) fn by_hostname_mut(&mut self, hostname: &str) -> Option<&mut Entry> {
+        self.by_hostname
+            .get(hostname)
+            .and_then(|a| self.machines.get_mut(a))
+    }
+
+    /// Removes a machine and its hostname index entry.
+    pub(super) fn remove(&mut self, address: &str) {
+        if let Some(old) = self.machines.remove(address)
+            && self
+                .by_hostname
+                .get(&old.record.hostname)
+                .map(String::as_str)
+                == Some(address)
+        {
+            self.by_hostname.remove(&old.record.hostname);
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! The repair queue's effects: what an action does once its transition is committed.
+//! Spawning commands and health checks, node lookups and drain loops, uncordoning, and
+//! Kubernetes Events recording how an entry ended.
+//!
+//! Every effect runs as its own task inside the entry's `repair_entry` span (index and
+//! address) and reports back through [`Tasks`]; none blocks the engine's loop. The engine
+//! calls [`Effects::act`] only after the pass's transitions are in SQLite (invariant 6);
+//! this module decides nothing and writes nothing to the queue's tables (a spawned command
+//! records only its own process group, through [`super::orphans::GroupLedger`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::admin::repair::RepairStatus;
+use tracing::Instrument;
+
+use super::command::{self, AgentHealthView, CommandKind, RunContext};
+use super::config::{CommandSpec, RepairOperation};
+use super::decide::{Action, DrainEnd, NodeObs, TaskObs};
+use super::entry::Entry;
+use super::orphans::GroupLedger;
+use super::tasks::{Event, Tasks};
+use crate::gateway::PowerControl;
+use crate::k8s::{DrainOptions, DrainProgress, Drainer};
+use crate::store::Store;
+
+/// Pause between drain passes while pods terminate. Evictions take seconds; polling faster
+/// only loads the API server.
+pub const DRAIN_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Wait before retrying a failed node lookup or uncordon (API server down).
+pub const K8S_RETRY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Attempts at uncordoning a node before asking a person to do it. With
+/// [`K8S_RETRY_INTERVAL`] between them this rides out a short API server restart.
+const UNCORDON_ATTEMPTS: u32 = 5;
+
+/// The systems effects reach.
+pub(super) struct Effects {
+    drainer: Arc<dyn Drainer>,
+    power: Arc<dyn PowerControl>,
+    agents: Arc<dyn AgentHealthView>,
+    drain_opts: DrainOptions,
+    /// Where running commands' process groups are recorded ([`super::orphans`]).
+    store: Store,
+}
+
+impl Effects {
+    /// Effects through these systems; drains use `drain_opts`.
+    pub(super) fn new(
+        drainer: Arc<dyn Drainer>,
+        power: Arc<dyn PowerControl>,
+        agents: Arc<dyn AgentHealthView>,
+        drain_opts: DrainOptions,
+        store: Store,
+    ) -> Self {
+        Self {
+            drainer,
+            power,
+            agents,
+            drain_opts,
+            store,
+        }
+    }
+
+    /// Carries out `action` for entry `e` (as it is after the action's committed
+    /// transition; for `Dequeue`, as it was) whose operation is `op`.
+    pub(super) fn act(
+        &self,
+        tasks: &mut Tasks,
+        e: &Entry,
+        op: Option<&RepairOperation>,
+        action: Action,
+    ) {
+        let index = e.index;
+        let step = op.and_then(|o| o.repair_steps.get(e.step as usize));
+        tasks.runtime(index);
+        match action {
+            Action::Hold(_) => {}
+            Action::Dequeue => {
+                tasks.remove(index);
+                self.uncordon(e.nodename.clone());
+            }
+            Action::Fail { .. } | Action::Succeed { .. } => {
+                tasks.remove(index);
+                self.record_outcome(e);
+                self.uncordon(e.nodename.clone());
+            }
+            Action::Start => tasks.reset(index),
+            Action::ResolveNode => self.resolve_node(tasks, e),
+            Action::StartDrain(_) | Action::ResumeDrain => self.start_drain(tasks, e),
+            Action::AbandonDrain(_) => {
+                let rt = tasks.runtime(index);
+                if let Some(t) = rt.drain_task.take() {
+                    t.abort();
+                }
+                rt.drain_gen = 0;
+                rt.obs.drain = TaskObs::NotStarted;
+                self.uncordon(e.nodename.clone());
+            }
+            Action::Execute { attempt } => {
+                let Some(step) = step else { return };
+                let ctx = self.run_ctx(
+                    e,
+                    format!("repair-{index}-step{}-attempt{attempt}", e.step),
+                    step.command_timeout_seconds,
+                );
+                let (generation, h) = self.spawn_command(
+                    tasks,
+                    index,
+                    CommandKind::Repair,
+                    step.repair_command.clone(),
+                    ctx,
+                );
+                let rt = tasks.runtime(index);
+                if let Some(old) = rt.command_task.replace(h) {
+                    old.abort();
+                }
+                rt.command_gen = generation;
+                rt.obs.command = TaskObs::Running;
+                rt.obs.drain = TaskObs::NotStarted;
+            }
+            Action::RetryLater { .. } => {
+                tasks.runtime(index).obs.command = TaskObs::NotStarted;
+            }
+            Action::CommandDone { .. } | Action::NextStep | Action::Healthy => {
+                let rt = tasks.runtime(index);
+                if let Some(t) = rt.health_task.take() {
+                    t.abort();
+                }
+                rt.health_gen = 0;
+                rt.obs.command = TaskObs::NotStarted;
+                rt.obs.health = Default::default();
+                rt.last_health = None;
+                if e.status == RepairStatus::Succeeded {
+                    tasks.remove(index);
+                    self.record_outcome(e);
+                    self.uncordon(e.nodename.clone());
+                }
+            }
+            Action::RunHealthCheck => {
+                let Some(op) = op else { return };
+                let ctx = self.run_ctx(
+                    e,
+                    format!("repair-{index}-health"),
+                    op.command_timeout_seconds,
+                );
+                let (generation, h) = self.spawn_command(
+                    tasks,
+                    index,
+                    CommandKind::Health,
+                    op.health_check_command.clone(),
+                    ctx,
+                );
+                let rt = tasks.runtime(index);
+                rt.health_task = Some(h);
+                rt.health_gen = generation;
+                rt.obs.health.running = true;
+            }
+            Action::RunSuccessCommand => {
+                let Some(op) = op else { return };
+                let Some(spec) = op.success_command.clone() else {
+                    return;
+                };
+                let ctx = self.run_ctx(
+                    e,
+                    format!("repair-{index}-success"),
+                    op.success_command_timeout,
+                );
+                let (generation, h) =
+                    self.spawn_command(tasks, index, CommandKind::Success, spec, ctx);
+                let rt = tasks.runtime(index);
+                rt.command_task = Some(h);
+                rt.command_gen = generation;
+                rt.obs.command = TaskObs::Running;
+            }
+        }
+    }
+
+    fn run_ctx(&self, e: &Entry, request_id: String, timeout_seconds: u64) -> RunContext {
+        RunContext {
+            address: e.address.clone(),
+            serial: e.serial.clone(),
+            request_id,
+            timeout: (timeout_seconds > 0).then(|| Duration::from_secs(timeout_seconds)),
+            step_began: e.last_transition,
+            boot_id_before: e.boot_id_before.clone(),
+            power: self.power.clone(),
+            agents: self.agents.clone(),
+            groups: Some(GroupLedger::new(self.store.clone(), e.index)),
+        }
+    }
+
+    /// Runs a command as its own task; returns its generation and a handle to cancel it.
+    fn spawn_command(
+        &self,
+        tasks: &mut Tasks,
+        index: u64,
+        kind: CommandKind,
+        spec: CommandSpec,
+        ctx: RunContext,
+    ) -> (u64, tokio::task::AbortHandle) {
+        let generation = tasks.next_generation();
+        let tx = tasks.sender();
+        let h = tokio::spawn(
+            async move {
+                let (end, outcome) = command::run(spec, kind, ctx).await;
+                let _ = tx.send(Event::Command {
+                    index,
+                    generation,
+                    kind,
+                    end,
+                    outcome,
+                });
+            }
+            .in_current_span(),
+        );
+        (generation, h.abort_handle())
+    }
+
+    /// Looks up the entry's Node; a failed lookup reports after [`K8S_RETRY_INTERVAL`] so
+    /// the retry does not spin.
+    fn resolve_node(&self, tasks: &mut Tasks, e: &Entry) {
+        let (index, generation) = (e.index, tasks.next_generation());
+        let rt = tasks.runtime(index);
+        rt.obs.node = NodeObs::Resolving;
+        rt.node_gen = generation;
+        let drainer = self.drainer.clone();
+        let tx = tasks.sender();
+        let address = e.address.clone();
+        tokio::spawn(
+            async move {
+                let node = drainer.node_for(&address).await.map_err(|e| e.to_string());
+                if node.is_err() {
+                    tokio::time::sleep(K8S_RETRY_INTERVAL).await;
+                }
+                let _ = tx.send(Event::Node {
+                    index,
+                    generation,
+                    node,
+                });
+            }
+            .in_current_span(),
+        );
+    }
+
+    /// Starts (or restarts) the drain loop of the entry's node: idempotent passes every
+    /// [`DRAIN_POLL_INTERVAL`] until done or abandoned.
+    fn start_drain(&self, tasks: &mut Tasks, e: &Entry) {
+        let (index, generation) = (e.index, tasks.next_generation());
+        let drainer = self.drainer.clone();
+        let opts = self.drain_opts.clone();
+        let tx = tasks.sender();
+        let node = e.nodename.clone();
+        let h = tokio::spawn(
+            async move {
+                let end = loop {
+                    match drainer.drain(&node, &opts).await {
+                        Ok(DrainProgress::Done) => break DrainEnd::Done,
+                        Ok(DrainProgress::Abandoned { reason }) => {
+                            break DrainEnd::Abandoned(reason);
+                        }
+                        Ok(DrainProgress::InProgress { remaining, detail }) => {
+                            tracing::debug!(%node, remaining, %detail, "repair: draining");
+                        }
+                        Err(err) if err.is_retriable() => {
+                            tracing::warn!(%node, error = %err, "repair: drain pass failed; retrying");
+                        }
+                        Err(err) => break DrainEnd::Abandoned(err.to_string()),
+                    }
+                    tokio::time::sleep(DRAIN_POLL_INTERVAL).await;
+                };
+                let _ = tx.send(Event::Drain {
+                    index,
+                    generation,
+                    end,
+                });
+            }
+            .in_current_span(),
+        );
+        let rt = tasks.runtime(index);
+        if let Some(old) = rt.drain_task.replace(h.abort_handle()) {
+            old.abort();
+        }
+        rt.drain_gen = generation;
+        rt.obs.drain = TaskObs::Running;
+    }
+
+    /// A Kubernetes Event on the entry's node (when it has one) saying how the repair
+    /// ended; best effort, never delays the loop.
+    fn record_outcome(&self, e: &Entry) {
+        let event = match e.status {
+            RepairStatus::Succeeded => crate::k8s::NodeEvent::Repaired,
+            RepairStatus::Failed => crate::k8s::NodeEvent::Failed,
+            _ => return,
+        };
+        if e.nodename.is_empty() {
+            return;
+        }
+        let drainer = self.drainer.clone();
+        let (node, message) = (
+            e.nodename.clone(),
+            format!(
+                "repair entry {} ({} on {}) {}",
+                e.index,
+                e.operation,
+                e.address,
+                e.status.as_str()
+            ),
+        );
+        tokio::spawn(
+            async move { drainer.record_event(&node, event, &message).await }.in_current_span(),
+        );
+    }
+
+    /// Uncordons `node` if the cordon is ours, retrying while the API server is down.
+    fn uncordon(&self, node: String) {
+        if node.is_empty() {
+            return;
+        }
+        let drainer = self.drainer.clone();
+        tokio::spawn(
+            async move {
+                for attempt in 1..=UNCORDON_ATTEMPTS {
+                    match drainer.uncordon_if_ours(&node).await {
+                        Ok(()) => return,
+                        Err(e) if e.is_retriable() && attempt < UNCORDON_ATTEMPTS => {
+                            tracing::warn!(%node, error = %e, "repair: uncordon failed; retrying");
+                            tokio::time::sleep(K8S_RETRY_INTERVAL).await;
+                        }
+                        Err(e) => {
+                            tracing::error!(%node, error = %e, "repair: cannot uncordon node; uncordon it by hand");
+                            return;
+                        }
+                    }
+                }
+            }
+            .in_current_span(),
+        );
+    }
+}
