@@ -195,6 +195,39 @@ fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
     )
 }
 
+/// First pause before resending a power request whose gateway could not be reached.
+///
+/// 1 s: a gateway restarting (upgrade, crash with systemd's `RestartSec=5s`) is back within
+/// seconds; sooner only spins on a dead address.
+pub const HOLD_FIRST_PAUSE: Duration = Duration::from_secs(1);
+
+/// Longest pause between resends while holding: the backoff doubles up to this. 10 s keeps
+/// the step punctual when the gateway returns (at most 10 s late) at one handshake per 10 s
+/// against a dead address.
+pub const HOLD_MAX_PAUSE: Duration = Duration::from_secs(10);
+
+/// How a power built-in waited for an unreachable gateway, for the summary.
+struct Held {
+    since: tokio::time::Instant,
+    attempts: u32,
+    last: String,
+}
+
+impl Held {
+    fn describe(&self) -> String {
+        format!(
+            "held {} s for an unreachable gateway over {} attempts (last: {})",
+            self.since.elapsed().as_secs(),
+            self.attempts,
+            self.last
+        )
+    }
+}
+
+/// Sends a power built-in. A gateway that cannot be reached (nothing sent) or whose answer
+/// was lost (maybe sent) does not fail the step: the request is resent with the same id, with
+/// backoff, until the step's time limit, like a drain holds while the Kubernetes API is down.
+/// The gateway executes an id at most once, so a resend can only fetch the first result.
 async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
     let action = match b {
         Builtin::PowerCycle => PowerAction::Cycle,
@@ -203,35 +236,75 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
         Builtin::Fence => PowerAction::Fence,
         Builtin::AgentHealthy => unreachable!("not a power action"),
     };
-    let req = PowerRequest {
-        id: ctx.request_id.clone(),
-        address: ctx.address.clone(),
-        serial: ctx.serial.clone(),
-        action,
-        timeout_ms: ctx.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
+    let deadline = ctx.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut held: Option<Held> = None;
+    let mut pause = HOLD_FIRST_PAUSE;
+    let note = |held: &Option<Held>| {
+        held.as_ref()
+            .map(|h| format!(" ({})", h.describe()))
+            .unwrap_or_default()
     };
-    let call = ctx.power.power(req);
-    let answer = match ctx.timeout {
-        Some(t) => match tokio::time::timeout(t, call).await {
-            Ok(a) => a,
-            Err(_) => {
-                return (
-                    CommandEnd {
-                        ok: false,
-                        summary: format!("{} timed out after {} s", b.name(), t.as_secs()),
-                        output: String::new(),
-                    },
-                    Outcome::Timeout,
-                );
+    let answer = loop {
+        let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+        let req = PowerRequest {
+            id: ctx.request_id.clone(),
+            address: ctx.address.clone(),
+            serial: ctx.serial.clone(),
+            action,
+            // What is left of the step's limit, so a resend does not run past it.
+            timeout_ms: left.map(|d| d.as_millis().max(1) as u64).unwrap_or(0),
+        };
+        let call = ctx.power.power(req);
+        let answer = match left {
+            Some(t) => match tokio::time::timeout(t, call).await {
+                Ok(a) if !t.is_zero() => a,
+                _ => {
+                    let t = ctx.timeout.unwrap_or_default();
+                    return (
+                        CommandEnd {
+                            ok: false,
+                            summary: format!(
+                                "{} timed out after {} s{}",
+                                b.name(),
+                                t.as_secs(),
+                                note(&held)
+                            ),
+                            output: String::new(),
+                        },
+                        Outcome::Timeout,
+                    );
+                }
+            },
+            None => call.await,
+        };
+        match answer {
+            Err(e) if e.is_retriable() => {
+                let h = held.get_or_insert_with(|| {
+                    tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "power: gateway unreachable; holding the step and retrying with the same id");
+                    Held {
+                        since: tokio::time::Instant::now(),
+                        attempts: 0,
+                        last: String::new(),
+                    }
+                });
+                h.attempts += 1;
+                h.last = e.to_string();
+                let wait = match deadline {
+                    Some(d) => pause.min(d.saturating_duration_since(tokio::time::Instant::now())),
+                    None => pause,
+                };
+                tokio::time::sleep(wait).await;
+                pause = (pause * 2).min(HOLD_MAX_PAUSE);
             }
-        },
-        None => call.await,
+            other => break other,
+        }
     };
+    let held = note(&held);
     match answer {
         Err(e) => (
             CommandEnd {
                 ok: false,
-                summary: format!("{}: {e}", b.name()),
+                summary: format!("{}: {e}{held}", b.name()),
                 output: String::new(),
             },
             Outcome::Error,
@@ -246,7 +319,9 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
                     return (
                         CommandEnd {
                             ok: false,
-                            summary: format!("@fence: power off not confirmed (state {state:?})"),
+                            summary: format!(
+                                "@fence: power off not confirmed (state {state:?}){held}"
+                            ),
                             output: detail,
                         },
                         Outcome::Failed,
@@ -255,7 +330,7 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
                 (
                     CommandEnd {
                         ok: true,
-                        summary: format!("{}: done, power {state:?}", b.name()),
+                        summary: format!("{}: done, power {state:?}{held}", b.name()),
                         output: detail,
                     },
                     Outcome::Ok,
@@ -264,7 +339,7 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
             PowerOutcome::Failed { detail, .. } => (
                 CommandEnd {
                     ok: false,
-                    summary: format!("{} failed", b.name()),
+                    summary: format!("{} failed{held}", b.name()),
                     output: detail,
                 },
                 Outcome::Failed,
@@ -531,6 +606,97 @@ mod tests {
         assert!(!end.ok);
         assert_eq!(o, Outcome::Error);
         assert!(end.summary.contains("not available"), "{}", end.summary);
+    }
+
+    /// A gateway that cannot be reached for its first `down` requests, then answers Done;
+    /// records the ids it was sent.
+    struct FlakyGateway {
+        down: usize,
+        seen: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl crate::gateway::PowerControl for FlakyGateway {
+        fn power(
+            &self,
+            req: PowerRequest,
+        ) -> BoxFuture<'_, Result<protocol::gateway::PowerResponse, crate::gateway::PowerError>>
+        {
+            Box::pin(async move {
+                let n = {
+                    let mut seen = self.seen.lock().unwrap();
+                    seen.push(req.id.clone());
+                    seen.len()
+                };
+                if n <= self.down {
+                    // Alternate the two retriable kinds: nothing sent, and answer lost.
+                    return Err(if n % 2 == 1 {
+                        crate::gateway::PowerError::Unreachable {
+                            gateway: "rack-a".into(),
+                            detail: "connection refused".into(),
+                        }
+                    } else {
+                        crate::gateway::PowerError::AnswerLost {
+                            gateway: "rack-a".into(),
+                            id: req.id.clone(),
+                            detail: "connection lost".into(),
+                        }
+                    });
+                }
+                Ok(protocol::gateway::PowerResponse {
+                    id: req.id,
+                    outcome: PowerOutcome::Done {
+                        state: protocol::gateway::PowerState::On,
+                        confirmed_off_unix_ms: None,
+                        detail: "cycled".into(),
+                    },
+                })
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_gateway_holds_the_step_and_resends_the_same_id() {
+        let gw = Arc::new(FlakyGateway {
+            down: 2,
+            seen: Default::default(),
+        });
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw.clone();
+        let (end, o) = within(run(
+            CommandSpec::Builtin(Builtin::PowerCycle),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(end.ok, "{end:?}");
+        assert_eq!(o, Outcome::Ok);
+        assert_eq!(*gw.seen.lock().unwrap(), ["r1", "r1", "r1"]);
+        assert!(
+            end.summary.contains("held") && end.summary.contains("over 2 attempts"),
+            "{}",
+            end.summary
+        );
+    }
+
+    #[tokio::test]
+    async fn a_gateway_down_past_the_step_limit_times_out_saying_it_held() {
+        let gw = Arc::new(FlakyGateway {
+            down: usize::MAX,
+            seen: Default::default(),
+        });
+        let mut c = ctx(Some(Duration::from_secs(2)));
+        c.power = gw.clone();
+        let started = std::time::Instant::now();
+        let (end, o) = within(run(
+            CommandSpec::Builtin(Builtin::PowerOff),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert_eq!(o, Outcome::Timeout, "{end:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(end.summary.contains("held"), "{}", end.summary);
+        assert!(gw.seen.lock().unwrap().len() >= 2);
     }
 
     struct FakeAgents(Option<AgentHealth>);

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::command::{self, AgentHealthView, CommandKind, Outcome, RunContext};
 use super::config::{CommandSpec, RepairConfig};
 use super::decide::{self, Action, CommandEnd, DrainEnd, NodeObs, Observations, Observed, TaskObs};
-use super::entry::{Entry, HistoryEvent};
+use super::entry::{Entry, HistoryEvent, RequestFor, power_request_id};
 use super::store::{self as rstore, Write};
 use crate::clock::Clock;
 use crate::gateway::PowerControl;
@@ -153,11 +153,13 @@ impl RepairQueue {
         shutdown: CancellationToken,
     ) -> Result<(Self, tokio::task::JoinHandle<()>), StoreError> {
         let (enabled, entries) = deps.store.call(|c| rstore::load(c)).await?;
+        let store_id = deps.store.call(|c| crate::store::identity::read(c)).await?;
         let (tx, rx) = mpsc::channel(4096);
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(RepairMetrics::default());
         let engine = Engine {
             deps,
+            store_id,
             enabled,
             entries: entries.into_iter().map(|e| (e.index, e)).collect(),
             rt: HashMap::new(),
@@ -318,6 +320,8 @@ impl Runtime {
 
 struct Engine {
     deps: RepairDeps,
+    /// This database's identity, the prefix of every power request id.
+    store_id: String,
     enabled: bool,
     entries: BTreeMap<u64, Entry>,
     rt: HashMap<u64, Runtime>,
@@ -978,7 +982,14 @@ impl Engine {
                 let Some(step) = step else { return };
                 let ctx = self.run_ctx(
                     &e,
-                    format!("repair-{index}-step{}-attempt{attempt}", e.step),
+                    power_request_id(
+                        &self.store_id,
+                        index,
+                        RequestFor::Repair {
+                            step: e.step,
+                            attempt,
+                        },
+                    ),
                     step.command_timeout_seconds,
                 );
                 let (generation, h) = self.spawn_command(
@@ -1018,7 +1029,7 @@ impl Engine {
                 let Some(op) = op else { return };
                 let ctx = self.run_ctx(
                     &e,
-                    format!("repair-{index}-health"),
+                    power_request_id(&self.store_id, index, RequestFor::Health),
                     op.command_timeout_seconds,
                 );
                 let (generation, h) = self.spawn_command(
@@ -1039,7 +1050,7 @@ impl Engine {
                 };
                 let ctx = self.run_ctx(
                     &e,
-                    format!("repair-{index}-success"),
+                    power_request_id(&self.store_id, index, RequestFor::Success),
                     op.success_command_timeout,
                 );
                 let (generation, h) = self.spawn_command(index, CommandKind::Success, spec, ctx);
@@ -1617,6 +1628,7 @@ mod tests {
         agent: Mutex<Option<AgentHealth>>,
         requests: Mutex<Vec<protocol::gateway::PowerRequest>>,
         reboots: AtomicBool,
+        store_id: Mutex<String>,
     }
 
     impl AgentHealthView for FakeFleet {
@@ -1682,6 +1694,7 @@ mod tests {
         );
         let h = start_deps(deps).await;
         let i = h.add("op", "t", "10.0.0.1").await;
+        *fleet.store_id.lock().unwrap() = s.with(|c| crate::store::identity::read(c)).unwrap();
         (h, i, fleet, d)
     }
 
@@ -1692,7 +1705,8 @@ mod tests {
             .await;
         let reqs = fleet.requests.lock().unwrap().clone();
         assert_eq!(reqs.len(), 1);
-        assert_eq!(reqs[0].id, format!("repair-{i}-step0-attempt0"));
+        let sid = fleet.store_id.lock().unwrap().clone();
+        assert_eq!(reqs[0].id, format!("{sid}-repair-{i}-step0-attempt0"));
         assert_eq!(reqs[0].action, protocol::gateway::PowerAction::Cycle);
         assert_eq!(reqs[0].address, "10.0.0.1");
         h.stop().await;

@@ -9,6 +9,8 @@
 //! Each area of the coordinator owns its tables and its migration file; this module only
 //! opens, migrates and hands out the connection.
 
+pub mod identity;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +28,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "repair_queue",
         include_str!("migrations/0002_repair_queue.sql"),
+    ),
+    (
+        3,
+        "store_identity",
+        include_str!("migrations/0003_store_identity.sql"),
     ),
 ];
 
