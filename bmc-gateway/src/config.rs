@@ -36,6 +36,10 @@ pub struct Config {
     pub http_listen: Option<SocketAddr>,
     /// The gateway's certificate, key and the fleet CA.
     pub tls: TlsConfig,
+    /// Directory for the gateway's own state: the record of executed request ids
+    /// (`requests.log`), which makes "at most once per id" hold across restarts.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
     /// Default and per-action limits.
     #[serde(default)]
     pub limits: Limits,
@@ -66,6 +70,14 @@ pub struct Limits {
     /// How long a fence waits for the power state to read off, in seconds.
     #[serde(default = "default_fence_secs")]
     pub fence_timeout_secs: u64,
+}
+
+/// `/var/lib/fleetmend-gateway`: the systemd unit's `StateDirectory=`, writable by the
+/// unit's dynamic user and kept across restarts and upgrades.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/fleetmend-gateway";
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_STATE_DIR)
 }
 
 fn default_action_secs() -> u64 {
@@ -305,6 +317,15 @@ impl Config {
             key,
             detail,
         };
+        if self.state_dir.as_os_str().is_empty() || !self.state_dir.is_absolute() {
+            return Err(bad(
+                "state_dir".into(),
+                format!(
+                    "{:?} is not an absolute path; the request record must not depend on the working directory",
+                    self.state_dir
+                ),
+            ));
+        }
         if self.limits.action_timeout_secs == 0 {
             return Err(bad(
                 "limits.action_timeout_secs".into(),
@@ -557,6 +578,7 @@ ca_file = "CA"
         let cfg = Config::parse(Path::new("bmc-gateway.toml"), text).unwrap();
         assert!(cfg.bmcs.is_empty());
         assert_eq!(cfg.limits.fence_timeout_secs, 60);
+        assert_eq!(cfg.state_dir, Path::new(DEFAULT_STATE_DIR));
     }
 
     #[test]

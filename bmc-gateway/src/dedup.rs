@@ -4,7 +4,8 @@
 //! restarted mid-flow); a repeated id must return the first result without acting again. This
 //! module remembers ids and their results, lets a repeat of an id that is still running wait for
 //! the first execution, and forgets the oldest finished ids beyond a fixed bound. It does not run
-//! anything itself.
+//! anything itself, and it lives in memory: [`crate::journal`] keeps the same record on disk so
+//! that it survives a restart.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -129,6 +130,26 @@ impl RequestLog {
             if let Some(old) = self.order.pop_front() {
                 self.entries.remove(&old);
             }
+        }
+    }
+
+    /// Remembers an id finished before a restart (read back from [`crate::journal`]).
+    pub fn remember(&mut self, id: &str, fingerprint: &str, outcome: PowerOutcome) {
+        self.entries.insert(
+            id.to_string(),
+            Entry::Running {
+                fingerprint: fingerprint.to_string(),
+                rx: watch::channel(None).1,
+            },
+        );
+        self.finish(id, outcome);
+    }
+
+    /// Forgets a running id that was not executed after all (it could not be recorded), so
+    /// that a resend may execute it.
+    pub fn forget(&mut self, id: &str) {
+        if matches!(self.entries.get(id), Some(Entry::Running { .. })) {
+            self.entries.remove(id);
         }
     }
 

@@ -2,21 +2,28 @@
 //! request at most once per id, one action per BMC at a time in arrival order, under a deadline,
 //! and records metrics.
 //!
+//! Request ids and their outcomes are remembered in memory ([`crate::dedup`]) and, when the
+//! gateway has a state directory, on disk ([`crate::journal`]): "started" is on disk before
+//! an action runs and "finished" before its answer is sent, so a resend after a restart is
+//! answered from the record and never executed again.
+//!
 //! Each BMC has a worker task fed by a queue; a request's time limit counts from its arrival,
 //! so one waiting behind a long fence fails with "not attempted" instead of running late. This
 //! module does not speak QUIC (see [`crate::service`]) or any BMC protocol (see [`crate::power`]).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest, PowerResponse};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::actions::{self, ActionLimits, Clock, SystemClock};
-use crate::dedup::{Admission, RequestLog};
+use crate::dedup::{self, Admission, RequestLog};
+use crate::journal::{Journal, JournalError, Record};
 use crate::metrics::Metrics;
 use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
 
@@ -57,6 +64,7 @@ pub struct Bmc {
 }
 
 struct Job {
+    id: String,
     action: PowerAction,
     deadline: Instant,
     arrived: Instant,
@@ -74,6 +82,8 @@ struct Handle {
 pub struct Gateway {
     bmcs: HashMap<String, Handle>,
     log: Mutex<RequestLog>,
+    /// The record on disk; `None` = memory only (unit tests).
+    journal: Option<Arc<Mutex<Journal>>>,
     metrics: Arc<Metrics>,
     defaults: Defaults,
 }
@@ -122,6 +132,33 @@ impl Gateway {
         Self::with_clock(bmcs, defaults, metrics, Arc::new(SystemClock))
     }
 
+    /// As [`Gateway::new`], remembering request ids in `state_dir` across restarts: reads the
+    /// record back (ids interrupted by the last stop answer "outcome unknown") and keeps
+    /// appending to it.
+    pub fn durable(
+        bmcs: Vec<Bmc>,
+        defaults: Defaults,
+        metrics: Arc<Metrics>,
+        state_dir: &Path,
+    ) -> Result<Arc<Self>, JournalError> {
+        let (journal, loaded) = Journal::open(state_dir, dedup::REMEMBERED_IDS)?;
+        let mut log = RequestLog::new();
+        for r in &loaded.finished {
+            log.remember(&r.id, &r.fingerprint, r.outcome.clone());
+        }
+        if loaded.skipped > 0 {
+            warn!(file = %journal.path().display(), skipped = loaded.skipped, "request record: skipped torn or corrupt lines");
+        }
+        for id in &loaded.interrupted {
+            warn!(%id, "request record: this request was running when the gateway stopped; its outcome is unknown and it will not be executed again");
+        }
+        info!(file = %journal.path().display(), remembered = loaded.finished.len(), "request record loaded");
+        let mut g = Self::assemble(bmcs, defaults, metrics, Arc::new(SystemClock));
+        g.log = Mutex::new(log);
+        g.journal = Some(Arc::new(Mutex::new(journal)));
+        Ok(Arc::new(g))
+    }
+
     /// As [`Gateway::new`] with a given clock (tests).
     pub fn with_clock(
         bmcs: Vec<Bmc>,
@@ -129,6 +166,15 @@ impl Gateway {
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
+        Arc::new(Self::assemble(bmcs, defaults, metrics, clock))
+    }
+
+    fn assemble(
+        bmcs: Vec<Bmc>,
+        defaults: Defaults,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let mut map = HashMap::new();
         for b in bmcs {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -160,12 +206,28 @@ impl Gateway {
                 },
             );
         }
-        Arc::new(Self {
+        Self {
             bmcs: map,
             log: Mutex::new(RequestLog::new()),
+            journal: None,
             metrics,
             defaults,
-        })
+        }
+    }
+
+    /// Appends `rec` to the record on disk (fsync'd) on a blocking thread.
+    async fn record(&self, rec: Record) -> Result<(), JournalError> {
+        let Some(j) = self.journal.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || j.lock().expect("not poisoned").append(&rec))
+            .await
+            .unwrap_or_else(|e| {
+                Err(JournalError::Io {
+                    path: "request record".into(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
     }
 
     /// The metrics.
@@ -200,7 +262,34 @@ impl Gateway {
                 }
             }
             Admission::Execute(tx) => {
+                let fingerprint = dedup::fingerprint(&req);
+                let started = Record::Started {
+                    id: req.id.clone(),
+                    fingerprint: fingerprint.clone(),
+                };
+                if let Err(e) = self.record(started).await {
+                    // Not executed: without the record a restart could execute it twice.
+                    error!(id = %req.id, error = %e, "cannot record the request; not executing it");
+                    self.log.lock().expect("not poisoned").forget(&req.id);
+                    let o = PowerOutcome::Failed {
+                        detail: format!("not executed: the gateway cannot record it: {e}"),
+                        retriable: true,
+                    };
+                    tx.send_replace(Some(o.clone()));
+                    return PowerResponse {
+                        id: req.id,
+                        outcome: o,
+                    };
+                }
                 let o = self.execute(&req, arrived).await;
+                let finished = Record::Finished {
+                    id: req.id.clone(),
+                    fingerprint,
+                    outcome: o.clone(),
+                };
+                if let Err(e) = self.record(finished).await {
+                    error!(id = %req.id, error = %e, "cannot record the outcome; after a restart this id answers \"outcome unknown\"");
+                }
                 tx.send_replace(Some(o.clone()));
                 self.log
                     .lock()
@@ -249,6 +338,7 @@ impl Gateway {
         }
         let (reply, rx) = oneshot::channel();
         let job = Job {
+            id: req.id.clone(),
             action: req.action,
             deadline: arrived + self.timeout_for(req),
             arrived,
@@ -336,8 +426,10 @@ async fn worker(
                 timeout: job.deadline - now,
                 poll,
             };
+            info!(id = %job.id, action = actions::action_name(job.action), waited_ms = now.duration_since(job.arrived).as_millis() as u64, "power action started");
             actions::run(power.as_ref(), job.action, limits, clock.as_ref()).await
         };
+        info!(id = %job.id, action = actions::action_name(job.action), ok = matches!(outcome, PowerOutcome::Done { .. }), "power action finished");
         metrics.action(
             protocol,
             actions::action_name(job.action),
@@ -421,6 +513,7 @@ mod tests {
             g.handle(req("3", "m1", PowerAction::Status)),
         );
         assert_eq!(p.calls(), ["off", "status", "on", "status", "status"]);
+        assert_eq!(p.max_in_flight(), 1, "two actions ran on one BMC at once");
     }
 
     #[tokio::test]
@@ -481,6 +574,58 @@ mod tests {
         .await
         .expect("the probe marked the BMC down, then up");
         assert!(p.calls().iter().all(|c| c == "status"));
+    }
+
+    fn durable(dir: &Path, p: Arc<FakePower>) -> Arc<Gateway> {
+        let bmcs = vec![Bmc {
+            machine: "m1".into(),
+            serial: String::new(),
+            protocol: "ipmi",
+            power: p,
+        }];
+        Gateway::durable(bmcs, defaults(), Arc::new(Metrics::new()), dir).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_resend_after_a_restart_is_answered_from_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Arc::new(FakePower::new(PowerState::On));
+        let g = durable(dir.path(), first.clone());
+        let a = g.handle(req("r1", "m1", PowerAction::Cycle)).await;
+        assert!(matches!(a.outcome, PowerOutcome::Done { .. }), "{a:?}");
+        drop(g);
+        // A new gateway on the same state directory, with a BMC that has seen nothing.
+        let second = Arc::new(FakePower::new(PowerState::On));
+        let g = durable(dir.path(), second.clone());
+        let b = g.handle(req("r1", "m1", PowerAction::Cycle)).await;
+        assert_eq!(a, b);
+        assert!(second.calls().is_empty(), "{:?}", second.calls());
+        // Another id still runs.
+        let c = g.handle(req("r2", "m1", PowerAction::Status)).await;
+        assert!(matches!(c.outcome, PowerOutcome::Done { .. }));
+        assert_eq!(second.calls(), ["status"]);
+    }
+
+    #[tokio::test]
+    async fn a_request_interrupted_by_a_restart_is_not_executed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = req("r1", "m1", PowerAction::Cycle);
+        {
+            let (mut j, _) = Journal::open(dir.path(), 10).unwrap();
+            j.append(&Record::Started {
+                id: "r1".into(),
+                fingerprint: dedup::fingerprint(&r),
+            })
+            .unwrap();
+        }
+        let p = Arc::new(FakePower::new(PowerState::On));
+        let g = durable(dir.path(), p.clone());
+        let resp = g.handle(r).await;
+        assert!(
+            matches!(&resp.outcome, PowerOutcome::Failed { detail, retriable: false } if detail.starts_with("outcome unknown: the gateway restarted")),
+            "{resp:?}"
+        );
+        assert!(p.calls().is_empty(), "{:?}", p.calls());
     }
 
     #[tokio::test]

@@ -2,8 +2,8 @@
 //!
 //! It keeps the rack's BMC credentials, speaks IPMI over LAN ([`ipmi`]) and Redfish
 //! ([`redfish`]) behind one [`power::PowerControl`] trait, gives each action its meaning
-//! ([`actions`]), runs one action per BMC at a time and each request id at most once
-//! ([`gateway`], [`dedup`]), and obeys only coordinator certificates over mutual-TLS QUIC
+//! ([`actions`]), runs one action per BMC at a time and each request id at most once, also
+//! across its own restarts ([`gateway`], [`dedup`], [`journal`]), and obeys only coordinator certificates over mutual-TLS QUIC
 //! ([`service`]). [`check`] reads every BMC's power state for the person installing it.
 //!
 //! It deliberately decides nothing about *whether* a machine should be power-cycled: that is
@@ -14,6 +14,7 @@ pub mod config;
 pub mod dedup;
 pub mod gateway;
 pub mod ipmi;
+pub mod journal;
 pub mod metrics;
 pub mod power;
 pub mod redfish;
@@ -53,6 +54,9 @@ pub enum StartError {
         /// What went wrong.
         detail: String,
     },
+    /// The request record in the state directory could not be opened.
+    #[error("{0}; check state_dir in the configuration and that the gateway may write there")]
+    State(#[from] journal::JournalError),
     /// The HTTP listener could not be bound.
     #[error("cannot bind HTTP {addr}: {source}")]
     Http {
@@ -66,7 +70,7 @@ pub enum StartError {
 impl StartError {
     /// True when retrying may succeed (a port in use may be freed); config errors are not.
     pub fn is_retriable(&self) -> bool {
-        matches!(self, StartError::Http { .. })
+        matches!(self, StartError::Http { .. } | StartError::State(_))
     }
 }
 
@@ -134,7 +138,8 @@ pub fn power_for(b: &BmcConfig) -> Result<Arc<dyn PowerControl>, StartError> {
     }
 }
 
-/// Builds the gateway core from the configuration (needs a Tokio runtime).
+/// Builds the gateway core from the configuration, reading back the request record in its
+/// state directory (needs a Tokio runtime).
 pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartError> {
     let mut bmcs = Vec::new();
     for b in &cfg.bmcs {
@@ -145,16 +150,13 @@ pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartE
             power: power_for(b)?,
         });
     }
-    Ok(Gateway::new(
-        bmcs,
-        Defaults {
-            action_timeout: Duration::from_secs(cfg.limits.action_timeout_secs),
-            fence_timeout: Duration::from_secs(cfg.limits.fence_timeout_secs),
-            poll: actions::FENCE_POLL,
-            probe: Some(gateway::PROBE_EVERY),
-        },
-        metrics,
-    ))
+    let defaults = Defaults {
+        action_timeout: Duration::from_secs(cfg.limits.action_timeout_secs),
+        fence_timeout: Duration::from_secs(cfg.limits.fence_timeout_secs),
+        poll: actions::FENCE_POLL,
+        probe: Some(gateway::PROBE_EVERY),
+    };
+    Ok(Gateway::durable(bmcs, defaults, metrics, &cfg.state_dir)?)
 }
 
 /// Addresses the running gateway is bound to.

@@ -149,9 +149,13 @@ pub mod fake {
         off_lag: u32,
         lag_left: u32,
         delay: Duration,
+        /// Calls running now, and the most ever running at once.
+        in_flight: usize,
+        max_in_flight: usize,
     }
 
-    /// A fake BMC: keeps a power state, records calls, plays scripted errors.
+    /// A fake BMC: keeps a power state, records calls and how many ran at once, plays
+    /// scripted errors.
     #[derive(Debug, Default)]
     pub struct FakePower {
         state: Mutex<State>,
@@ -192,6 +196,12 @@ pub mod fake {
             self.state.lock().unwrap().calls.clone()
         }
 
+        /// The most calls that were ever running at the same time (1 when the gateway keeps
+        /// to one action per BMC).
+        pub fn max_in_flight(&self) -> usize {
+            self.state.lock().unwrap().max_in_flight
+        }
+
         /// Current power state.
         pub fn power(&self) -> PowerState {
             self.state
@@ -205,8 +215,12 @@ pub mod fake {
             let (delay, scripted) = {
                 let mut s = self.state.lock().unwrap();
                 s.calls.push(call.to_string());
+                s.in_flight += 1;
+                s.max_in_flight = s.max_in_flight.max(s.in_flight);
                 (s.delay, s.script.pop_front().flatten())
             };
+            // Counts the call as finished even when its future is dropped (a timeout).
+            let _running = InFlight(self);
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
@@ -214,6 +228,14 @@ pub mod fake {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
+        }
+    }
+
+    struct InFlight<'a>(&'a FakePower);
+
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            self.0.state.lock().unwrap().in_flight -= 1;
         }
     }
 

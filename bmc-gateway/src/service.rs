@@ -16,7 +16,7 @@ use axum::routing::get;
 use protocol::gateway::{PowerRequest, PowerResponse};
 use protocol::messages::{HelloBody, Refusal, RefusalCode};
 use protocol::transport::{self, HelloError};
-use protocol::{Role, frame};
+use protocol::{Identity, Role, frame};
 use quinn::Endpoint;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -26,6 +26,18 @@ use crate::gateway::Gateway;
 /// Largest request frame accepted. A [`PowerRequest`] is well under 1 KiB; 64 KiB leaves room
 /// for long ids and addresses while refusing garbage early.
 pub const MAX_REQUEST: usize = 64 * 1024;
+
+/// The gateway's one authorisation rule: only a peer whose certificate names a coordinator and
+/// who says a coordinator hello may command it. `Err` carries the reason sent to the peer.
+pub fn may_command(peer: &Identity, hello: &HelloBody) -> Result<(), String> {
+    if peer.role == Role::Coordinator && matches!(hello, HelloBody::Coordinator(_)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{peer} may not command this gateway: only coordinator certificates with a coordinator hello may"
+        ))
+    }
+}
 
 /// Accepts connections on `endpoint` until `stop` is cancelled.
 pub async fn serve_quic(
@@ -76,12 +88,7 @@ async fn connection(
         }
     };
     let peer = pending.peer.clone();
-    let is_coordinator =
-        peer.role == Role::Coordinator && matches!(pending.hello, HelloBody::Coordinator(_));
-    if !is_coordinator {
-        let reason = format!(
-            "{peer} may not command this gateway: only coordinator certificates with a coordinator hello may"
-        );
+    if let Err(reason) = may_command(&peer, &pending.hello) {
         warn!(%peer, "refused a non-coordinator peer: {reason}");
         gw.metrics().refused("not-a-coordinator");
         pending
@@ -170,4 +177,170 @@ pub async fn serve_http(
     axum::serve(listener, http_router(gateway))
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::time::Duration;
+
+    use protocol::gateway::{CoordinatorHello, PowerAction, PowerOutcome, PowerState};
+    use protocol::messages::{AdminHello, AgentHello};
+    use protocol::pki::{Ca, IssueOptions};
+    use protocol::transport::{TlsMaterial, TransportError};
+
+    use crate::gateway::{Bmc, Defaults};
+    use crate::metrics::Metrics;
+    use crate::power::fake::FakePower;
+
+    fn coordinator_hello() -> HelloBody {
+        HelloBody::Coordinator(CoordinatorHello {
+            coordinator: "c1".into(),
+        })
+    }
+
+    #[test]
+    fn only_a_coordinator_certificate_with_a_coordinator_hello_may_command() {
+        let id = |role, name| Identity::new("fleet.test", role, name).unwrap();
+        assert!(may_command(&id(Role::Coordinator, "c1"), &coordinator_hello()).is_ok());
+        for (role, name) in [
+            (Role::Node, "n1"),
+            (Role::Admin, "alice"),
+            (Role::Gateway, "rack-2"),
+        ] {
+            let e = may_command(&id(role, name), &coordinator_hello()).unwrap_err();
+            assert!(e.contains("may not command"), "{e}");
+            assert!(e.contains(name), "{e}");
+        }
+        let admin_hello = HelloBody::Admin(AdminHello {
+            client: "coordinatorctl".into(),
+        });
+        assert!(may_command(&id(Role::Coordinator, "c1"), &admin_hello).is_err());
+        let agent_hello = HelloBody::Agent(AgentHello {
+            hostname: "n1".into(),
+            serial: String::new(),
+            addresses: vec![],
+            agent_version: "0".into(),
+            boot_id: "b".into(),
+        });
+        assert!(may_command(&id(Role::Coordinator, "c1"), &agent_hello).is_err());
+    }
+
+    fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
+        let c = ca
+            .issue(
+                role,
+                name,
+                &IssueOptions {
+                    ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        TlsMaterial::from_pem(
+            ca.cert_pem().as_bytes(),
+            c.cert_pem.as_bytes(),
+            c.key_pem.as_bytes(),
+        )
+        .unwrap()
+    }
+
+    /// Over real QUIC on loopback with certificates of each role: node, admin and gateway
+    /// certificates are refused before any request is read; a coordinator's is served.
+    #[tokio::test]
+    async fn node_admin_and_gateway_certificates_are_refused_over_quic() {
+        let ca = Ca::generate("fleet.test").unwrap();
+        let power = Arc::new(FakePower::new(PowerState::On));
+        let gw = Gateway::new(
+            vec![Bmc {
+                machine: "m1".into(),
+                serial: String::new(),
+                protocol: "ipmi",
+                power: power.clone(),
+            }],
+            Defaults {
+                action_timeout: Duration::from_secs(5),
+                fence_timeout: Duration::from_secs(5),
+                poll: Duration::from_millis(5),
+                probe: None,
+            },
+            Arc::new(Metrics::new()),
+        );
+        let me = material(&ca, Role::Gateway, "rack-1");
+        let ep = me.server_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = ep.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_quic(
+            ep,
+            gw.clone(),
+            "fleet.test".into(),
+            "spiffe://fleet.test/gateway/rack-1".into(),
+            stop.clone(),
+        ));
+        let connect = |role, name: &'static str| {
+            let tls = material(&ca, role, name);
+            async move {
+                let ep = tls.client_endpoint(addr).unwrap();
+                let r = tokio::time::timeout(
+                    Duration::from_secs(20),
+                    transport::connect(&ep, addr, "127.0.0.1", Role::Gateway, coordinator_hello()),
+                )
+                .await
+                .expect("no answer to the hello");
+                (ep, r)
+            }
+        };
+        for (role, name) in [
+            (Role::Node, "n1"),
+            (Role::Admin, "alice"),
+            (Role::Gateway, "rack-2"),
+        ] {
+            let (_ep, r) = connect(role, name).await;
+            match r {
+                Err(TransportError::Refused(refusal)) => {
+                    assert_eq!(
+                        refusal.code,
+                        RefusalCode::NotAuthorized,
+                        "{name}: {refusal:?}"
+                    )
+                }
+                Err(e) => panic!("{name}: expected a refusal, got {e}"),
+                Ok(_) => panic!("{name}: a {role:?} certificate was accepted"),
+            }
+        }
+        let (_ep, r) = connect(Role::Coordinator, "c1").await;
+        let session = r.expect("a coordinator is accepted");
+        let (mut send, mut recv) = session.conn.open_bi().await.unwrap();
+        let req = PowerRequest {
+            id: "q1".into(),
+            address: "m1".into(),
+            serial: String::new(),
+            action: PowerAction::Status,
+            timeout_ms: 0,
+        };
+        transport::write_msg(&mut send, &req, frame::MAX_FRAME_LEN)
+            .await
+            .unwrap();
+        let _ = send.finish();
+        let resp: PowerResponse = tokio::time::timeout(
+            Duration::from_secs(20),
+            transport::expect_msg(&mut recv, frame::MAX_FRAME_LEN),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(
+            matches!(resp.outcome, PowerOutcome::Done { .. }),
+            "{resp:?}"
+        );
+        assert_eq!(
+            power.calls(),
+            ["status"],
+            "only the coordinator's request ran"
+        );
+        assert!(gw.metrics().render().contains("not-a-coordinator"));
+        stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    }
 }

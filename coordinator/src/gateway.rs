@@ -7,8 +7,11 @@
 //! "not available" when none is configured.
 //!
 //! A request whose connection fails is sent once more on a fresh connection with the same id:
-//! the gateway executes an id at most once, so the retry can only fetch the first result. This
-//! module decides nothing about which action to take.
+//! the gateway executes an id at most once, so the retry can only fetch the first result.
+//! Errors say whether the request may have reached the gateway ([`PowerError::AnswerLost`]) or
+//! surely did not ([`PowerError::Unreachable`]); both are retriable with the same id, and the
+//! repair queue holds on them (see [`crate::repair::command`]). This module decides nothing
+//! about which action to take, and does not wait between attempts.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -34,11 +37,23 @@ pub enum PowerError {
         /// Why.
         reason: String,
     },
-    /// The gateway could not be reached or did not answer in time.
+    /// The gateway could not be reached: nothing was sent (no answer to the handshake,
+    /// connection refused, the gateway shutting down).
     #[error("gateway {gateway} unreachable: {detail}")]
     Unreachable {
         /// The gateway.
         gateway: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The request was sent but no answer came back (connection lost, no answer in time):
+    /// the gateway may have executed it. Resending the same id fetches its result.
+    #[error("gateway {gateway}: no answer to request {id}: {detail}")]
+    AnswerLost {
+        /// The gateway.
+        gateway: String,
+        /// The request id.
+        id: String,
         /// What happened.
         detail: String,
     },
@@ -53,9 +68,17 @@ pub enum PowerError {
 }
 
 impl PowerError {
-    /// True when retrying later may succeed.
+    /// True when retrying later (with the same request id) may succeed.
     pub fn is_retriable(&self) -> bool {
-        matches!(self, PowerError::Unreachable { .. })
+        matches!(
+            self,
+            PowerError::Unreachable { .. } | PowerError::AnswerLost { .. }
+        )
+    }
+
+    /// True when the request may have reached the gateway (and may have been executed).
+    pub fn may_have_reached_gateway(&self) -> bool {
+        matches!(self, PowerError::AnswerLost { .. })
     }
 }
 
@@ -190,6 +213,8 @@ impl QuicGateways {
                 .await
             {
                 Ok(s) => s,
+                // A gateway shutting down refuses retriably: it will be back.
+                Err(e) if e.is_retriable() => return Err(unreachable(t, &e)),
                 Err(TransportError::Refused(r)) => {
                     return Err(PowerError::Refused {
                         gateway: t.name.clone(),
@@ -202,27 +227,46 @@ impl QuicGateways {
                         detail: e.to_string(),
                     });
                 }
-                Err(e) => return Err(unreachable(t, &e)),
+                Err(e) => {
+                    return Err(PowerError::Refused {
+                        gateway: t.name.clone(),
+                        detail: e.to_string(),
+                    });
+                }
             };
         debug!(gateway = %t.name, addr = %t.address, "connected to gateway");
         conns.insert(i, (endpoint, session.conn.clone()));
         Ok(session.conn)
     }
 
+    /// Sends `req` and reads the answer. On error, says whether anything was sent: `false`
+    /// only when no stream could be opened.
     async fn exchange(
         conn: &quinn::Connection,
         req: &PowerRequest,
         wait: Duration,
-    ) -> Result<PowerResponse, TransportError> {
+    ) -> Result<PowerResponse, (TransportError, bool)> {
+        let sent = std::sync::atomic::AtomicBool::new(false);
         let work = async {
             let (mut send, mut recv) = conn.open_bi().await?;
+            sent.store(true, std::sync::atomic::Ordering::SeqCst);
             transport::write_msg(&mut send, req, frame::MAX_FRAME_LEN).await?;
             let _ = send.finish();
             transport::expect_msg::<PowerResponse>(&mut recv, frame::MAX_FRAME_LEN).await
         };
-        tokio::time::timeout(wait, work)
-            .await
-            .map_err(|_| TransportError::Timeout(wait))?
+        let r = match tokio::time::timeout(wait, work).await {
+            Ok(r) => r,
+            Err(_) => Err(TransportError::Timeout(wait)),
+        };
+        r.map_err(|e| (e, sent.load(std::sync::atomic::Ordering::SeqCst)))
+    }
+}
+
+fn answer_lost(t: &GatewayTarget, req: &PowerRequest, e: &dyn std::fmt::Display) -> PowerError {
+    PowerError::AnswerLost {
+        gateway: t.name.clone(),
+        id: req.id.clone(),
+        detail: format!("{} ({}): {e}", t.address, t.server_name),
     }
 }
 
@@ -254,20 +298,21 @@ impl PowerControl for QuicGateways {
                 let conn = self.connection(i, fresh).await?;
                 match Self::exchange(&conn, &req, wait).await {
                     Ok(resp) => return Ok(resp),
-                    Err(e @ TransportError::Timeout(_)) => {
-                        // The gateway holds the request; resending would only wait again.
-                        return Err(unreachable(t, &e));
+                    Err((e @ TransportError::Timeout(_), _)) => {
+                        // The gateway holds the request; resending at once would only wait again.
+                        return Err(answer_lost(t, &req, &e));
                     }
-                    Err(e) => {
-                        warn!(gateway = %t.name, id = %req.id, error = %e, fresh, "power request failed on the connection");
-                        last = Some(e);
+                    Err((e, sent)) => {
+                        warn!(gateway = %t.name, id = %req.id, error = %e, fresh, sent, "power request failed on the connection");
+                        last = Some((e, sent));
                     }
                 }
             }
-            Err(unreachable(
-                t,
-                &last.map(|e| e.to_string()).unwrap_or_default(),
-            ))
+            Err(match last {
+                Some((e, true)) => answer_lost(t, &req, &e),
+                Some((e, false)) => unreachable(t, &e),
+                None => unreachable(t, &"no attempt"),
+            })
         })
     }
 }
@@ -342,6 +387,55 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// A gateway that reads each request, records its id, and drops the connection without
+    /// answering (as a gateway killed mid-request would).
+    async fn silent_gateway(ca: &Ca, ids: Arc<std::sync::Mutex<Vec<String>>>) -> SocketAddr {
+        let tls = material(ca, Role::Gateway, "rack-a");
+        let ep = tls.server_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = ep.local_addr().unwrap();
+        let td = ca.trust_domain().to_string();
+        tokio::spawn(async move {
+            while let Some(inc) = ep.accept().await {
+                let td = td.clone();
+                let ids = ids.clone();
+                tokio::spawn(async move {
+                    let Ok(p) = transport::accept_hello(inc, &td).await else {
+                        return;
+                    };
+                    let s = p.accept("rack-a").await.unwrap();
+                    if let Ok((_send, mut recv)) = s.conn.accept_bi().await {
+                        let req: PowerRequest =
+                            transport::expect_msg(&mut recv, 65536).await.unwrap();
+                        ids.lock().unwrap().push(req.id);
+                        s.conn.close(0u32.into(), b"gone");
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_lost_answer_is_retriable_and_says_the_request_may_have_arrived() {
+        let ca = Ca::generate("fleet.test").unwrap();
+        let ids = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let addr = silent_gateway(&ca, ids.clone()).await;
+        let g = QuicGateways::new(
+            material(&ca, Role::Coordinator, "c1"),
+            "c1",
+            vec![target(addr)],
+            racks(),
+        );
+        let e = tokio::time::timeout(Duration::from_secs(30), g.power(req("lost", "10.0.0.1")))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, PowerError::AnswerLost { .. }), "{e}");
+        assert!(e.is_retriable() && e.may_have_reached_gateway(), "{e}");
+        // Resent once on a fresh connection, with the same id.
+        assert_eq!(*ids.lock().unwrap(), ["lost", "lost"]);
     }
 
     fn req(id: &str, address: &str) -> PowerRequest {
@@ -432,5 +526,6 @@ mod tests {
             .unwrap()
             .unwrap_err();
         assert!(e.is_retriable(), "{e}");
+        assert!(!e.may_have_reached_gateway(), "{e}");
     }
 }

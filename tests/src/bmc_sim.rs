@@ -613,21 +613,43 @@ pub struct GatewayProc {
     pub quic: SocketAddr,
     /// HTTP address (/metrics, /healthz).
     pub http: SocketAddr,
+    /// The state directory (the request record).
+    pub state_dir: PathBuf,
     log: PathBuf,
     _dir: tempfile::TempDir,
+}
+
+/// Where a [`GatewayProc`] listens and keeps its state, for a restart "in the same place".
+#[derive(Debug, Clone, Default)]
+pub struct GatewayOptions {
+    /// QUIC address; a free loopback port when `None`.
+    pub quic: Option<SocketAddr>,
+    /// State directory; one inside the gateway's own temporary directory when `None` (gone
+    /// with the process handle).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl GatewayProc {
     /// Writes a config with `bmcs_toml` (the `[[bmc]]` tables) and starts the gateway with a
     /// `gateway/rack-1` certificate from `pki`; waits for `/healthz`.
     pub async fn start(pki: &TestPki, bmcs_toml: &str) -> Result<Self> {
+        Self::start_with(pki, bmcs_toml, GatewayOptions::default()).await
+    }
+
+    /// As [`GatewayProc::start`], on a given QUIC address and state directory.
+    pub async fn start_with(pki: &TestPki, bmcs_toml: &str, opts: GatewayOptions) -> Result<Self> {
         let bin = gateway_binary()?;
         let dir = tempfile::tempdir()?;
         let (cert, key) = pki.issue_files(Role::Gateway, "rack-1")?;
-        let quic: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse()?;
+        let quic: SocketAddr = match opts.quic {
+            Some(a) => a,
+            None => format!("127.0.0.1:{}", free_udp_port()).parse()?,
+        };
         let http: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse()?;
+        let state_dir = opts.state_dir.unwrap_or_else(|| dir.path().join("state"));
         let cfg = format!(
-            "listen = \"{quic}\"\nhttp_listen = \"{http}\"\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\n{bmcs_toml}",
+            "listen = \"{quic}\"\nhttp_listen = \"{http}\"\nstate_dir = \"{}\"\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\n{bmcs_toml}",
+            state_dir.display(),
             pki.ca_file()?.display(),
             cert.display(),
             key.display()
@@ -650,6 +672,7 @@ impl GatewayProc {
             child,
             quic,
             http,
+            state_dir,
             log,
             _dir: dir,
         };
@@ -687,6 +710,14 @@ impl GatewayProc {
     /// The process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
+    }
+
+    /// Kills the gateway with SIGKILL (no chance to flush or close anything) and waits for it;
+    /// returns its log.
+    pub async fn kill(mut self) -> Result<String> {
+        signal(self.child.id().context("already exited")?, "KILL")?;
+        tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await??;
+        Ok(self.log())
     }
 
     /// Sends SIGTERM and waits for the exit status.

@@ -13,7 +13,7 @@ use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest, PowerState};
 use protocol::messages::{AdminHello, AgentHello, HelloBody, RefusalCode};
 use protocol::transport::TransportError;
 use testkit::bmc_sim::{
-    FakeSystem, GatewayClient, GatewayProc, IpmiSim, Sushy, TestPki, wait_until,
+    FakeSystem, GatewayClient, GatewayOptions, GatewayProc, IpmiSim, Sushy, TestPki, wait_until,
 };
 use testkit::procs::free_udp_port;
 
@@ -767,5 +767,151 @@ async fn bench_ipmi_status_gateway_vs_ipmitool() -> Result<()> {
         "ratio: gateway is {:.1}x faster",
         t.as_secs_f64() / g.as_secs_f64()
     );
+    Ok(())
+}
+
+/// Issue 8: the at-most-once record survives the gateway's death. A gateway killed with
+/// SIGKILL after executing a request answers its resend from the record (ipmi_sim sees
+/// nothing new); a request it was killed in the middle of answers "outcome unknown" and is
+/// not executed again either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_after_executing_answers_the_resend_from_its_record() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let m = "10.0.0.1";
+    let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password);
+    let state = tempfile::tempdir()?;
+    let opts = GatewayOptions {
+        quic: None,
+        state_dir: Some(state.path().to_path_buf()),
+    };
+    let gw = GatewayProc::start_with(&pki, &cfg, opts.clone()).await?;
+    let c = coordinator(&pki, &gw).await?;
+    let first = c
+        .request(req("kill-1", m, PowerAction::Cycle), ANSWER)
+        .await?;
+    done(&first.outcome)?;
+    wait_until(
+        "the cycle to complete in ipmi_sim",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async { Ok(sim.events().last().map(String::as_str) == Some("set power 1")) },
+    )
+    .await?;
+    // A second request the gateway is killed in the middle of: the BMC is frozen so the
+    // action is still running when SIGKILL comes.
+    sim.freeze()?;
+    let c2 = coordinator(&pki, &gw).await?;
+    let pending = tokio::spawn(async move {
+        let _ = c2.request(req("kill-2", m, PowerAction::Off), ANSWER).await;
+    });
+    wait_until(
+        "kill-2 to start",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { Ok(gw.log().contains("power action started") && gw.log().contains("kill-2")) },
+    )
+    .await?;
+    let quic = gw.quic;
+    let before_kill = gw.kill().await?;
+    pending.abort();
+    // The off datagram sent before the kill waits in the frozen simulator's socket and is
+    // carried out when it thaws: kill-2 ran once, on the first gateway. Let it land first.
+    sim.thaw()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let events = sim.events();
+    drop(c);
+
+    let gw = GatewayProc::start_with(
+        &pki,
+        &cfg,
+        GatewayOptions {
+            quic: Some(quic),
+            ..opts
+        },
+    )
+    .await?;
+    let c = coordinator(&pki, &gw).await?;
+    let again = c
+        .request(req("kill-1", m, PowerAction::Cycle), ANSWER)
+        .await?;
+    assert_eq!(again.outcome, first.outcome, "not the recorded answer");
+    let interrupted = c
+        .request(req("kill-2", m, PowerAction::Off), ANSWER)
+        .await?;
+    let (detail, retriable) = failed(&interrupted.outcome)?;
+    assert!(
+        detail.starts_with("outcome unknown: the gateway restarted"),
+        "{detail}"
+    );
+    assert!(!retriable);
+    // Nothing was executed for either resend.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        sim.events(),
+        events,
+        "the BMC was commanded again after the restart\nbefore the kill:\n{before_kill}\nafter:\n{}",
+        gw.log()
+    );
+    // A new id is executed as usual; it reads the off kill-2 carried out before the kill.
+    let r = c
+        .request(req("kill-3", m, PowerAction::Status), ANSWER)
+        .await?;
+    assert_eq!(done(&r.outcome)?.0, PowerState::Off);
+    Ok(())
+}
+
+/// Invariant 5 end to end: two actions sent at the same moment for one BMC run one after the
+/// other, never together. The gateway logs when each starts and finishes on the BMC; the
+/// first must finish before the second starts, and ipmi_sim sees both in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_actions_on_one_bmc_run_one_after_the_other() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let m = "10.0.0.1";
+    let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password);
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let a = coordinator(&pki, &gw).await?;
+    let b = coordinator(&pki, &gw).await?;
+    let (ra, rb) = tokio::join!(
+        a.request(req("seq-off-1", m, PowerAction::Off), ANSWER),
+        b.request(req("seq-on-2", m, PowerAction::On), ANSWER),
+    );
+    done(&ra?.outcome)?;
+    done(&rb?.outcome)?;
+    let log = gw.log();
+    let line = |needle: &str, id: &str| {
+        log.lines()
+            .position(|l| l.contains(needle) && l.contains(id))
+            .with_context(|| format!("no {needle:?} for {id} in the gateway log:\n{log}"))
+    };
+    let (s1, f1) = (
+        line("power action started", "seq-off-1")?,
+        line("power action finished", "seq-off-1")?,
+    );
+    let (s2, f2) = (
+        line("power action started", "seq-on-2")?,
+        line("power action finished", "seq-on-2")?,
+    );
+    let (first, second) = if s1 < s2 {
+        ((s1, f1), (s2, f2))
+    } else {
+        ((s2, f2), (s1, f1))
+    };
+    assert!(
+        first.0 < first.1 && first.1 < second.0 && second.0 < second.1,
+        "the two actions overlapped on one BMC:\n{log}"
+    );
+    let sets: Vec<String> = sim
+        .events()
+        .into_iter()
+        .filter(|e| e.starts_with("set power"))
+        .collect();
+    let want = if s1 < s2 {
+        ["set power 0", "set power 1"]
+    } else {
+        ["set power 1", "set power 0"]
+    };
+    assert_eq!(sets, want, "{log}");
     Ok(())
 }

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use testkit::bmc_sim::{GatewayProc, IpmiSim, TestPki, find_program};
+use testkit::bmc_sim::{GatewayOptions, GatewayProc, IpmiSim, TestPki, find_program, wait_until};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, wait_for};
 
 const MACHINE: &str = "192.0.2.31";
@@ -152,5 +152,253 @@ async fn repair_steps_power_off_then_on_through_the_gateway() -> Result<()> {
         metrics.contains("bmc_gateway_action_duration_seconds"),
         "{metrics}"
     );
+    Ok(())
+}
+
+/// What the tests below share: an ipmi_sim machine, one fleet PKI, a gateway configuration
+/// for the machine, and the health check.
+struct Rig {
+    dir: tempfile::TempDir,
+    sim: IpmiSim,
+    pki: Pki,
+    gw_pki: TestPki,
+    bmcs: String,
+    check: std::path::PathBuf,
+}
+
+impl Rig {
+    async fn new() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let sim = IpmiSim::start(true).await?;
+        let pki = {
+            let d = dir.path().join("pki");
+            tokio::task::spawn_blocking(move || Pki::create(&d, "fleet.test")).await??
+        };
+        let gw_pki = TestPki {
+            ca: protocol::pki::Ca::load(&pki.ca_dir)?,
+            dir: tempfile::tempdir()?,
+        };
+        let pw_file = gw_pki.dir.path().join("bmc.pw");
+        std::fs::write(&pw_file, format!("{}\n", sim.password))?;
+        let bmcs = format!(
+            "[[bmc]]\nmachine = \"{MACHINE}\"\nserial = \"SN-{MACHINE}\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {}\nusername = \"{}\"\npassword_file = {:?}\n",
+            sim.port,
+            sim.username,
+            pw_file.to_string_lossy()
+        );
+        let check = power_on_check(dir.path(), &sim)?;
+        Ok(Self {
+            dir,
+            sim,
+            pki,
+            gw_pki,
+            bmcs,
+            check,
+        })
+    }
+
+    async fn gateway(&self, opts: GatewayOptions) -> Result<GatewayProc> {
+        GatewayProc::start_with(&self.gw_pki, &self.bmcs, opts).await
+    }
+
+    /// A coordinator with its own database in `name`, whose repair is one `@power-cycle`
+    /// step through the gateway at `gw`.
+    async fn coordinator(
+        &self,
+        name: &str,
+        gw: std::net::SocketAddr,
+    ) -> Result<std::sync::Arc<Coordinator>> {
+        let dir = self.dir.path().join(name);
+        std::fs::create_dir_all(&dir)?;
+        let repair_yaml = dir.join("repair.yaml");
+        std::fs::write(
+            &repair_yaml,
+            format!(
+                "repair:\n  repair_procedures:\n    - machine_types: [\"qemu\"]\n      repair_operations:\n        - operation: \"unreachable\"\n          repair_steps:\n            - repair_command: [\"@power-cycle\"]\n              command_timeout_seconds: 150\n              watch_seconds: 60\n          health_check_command: [{:?}]\n          command_timeout_seconds: 20\n",
+                self.check.to_string_lossy()
+            ),
+        )?;
+        let inventory = format!(
+            "[[machines]]\naddress = \"{MACHINE}\"\nhostname = \"pw-1\"\nserial = \"SN-{MACHINE}\"\nrack = \"{RACK}\"\nrole = \"cs\"\nmachine_type = \"qemu\"\n"
+        );
+        let extra = format!(
+            "\n[repair]\nconfig = {:?}\n\n[[gateways.targets]]\nname = \"{RACK}\"\naddress = \"{gw}\"\nserver_name = \"127.0.0.1\"\nracks = [\"{RACK}\"]\n",
+            repair_yaml.to_string_lossy(),
+        );
+        let opts = CoordinatorOptions {
+            inventory: Some(inventory),
+            extra,
+            ..Default::default()
+        };
+        let pki = Pki {
+            ca_dir: self.pki.ca_dir.clone(),
+            certs_dir: self.pki.certs_dir.clone(),
+        };
+        let c =
+            tokio::task::spawn_blocking(move || Coordinator::start(&dir.join("c"), &pki, &opts))
+                .await??;
+        Ok(std::sync::Arc::new(c))
+    }
+
+    /// How many power cycles ipmi_sim carried out (each is a `set power 0`).
+    fn cycles(&self) -> usize {
+        self.sim
+            .events()
+            .iter()
+            .filter(|e| *e == "set power 0")
+            .count()
+    }
+}
+
+/// Adds the repair entry and returns the entry once finished, with its history.
+async fn repair(
+    c: std::sync::Arc<Coordinator>,
+    timeout: Duration,
+) -> Result<(serde_json::Value, String)> {
+    tokio::task::spawn_blocking(move || -> Result<_> {
+        c.ctl(&[
+            "repair-queue",
+            "add",
+            "unreachable",
+            "qemu",
+            MACHINE,
+            &format!("SN-{MACHINE}"),
+        ])?;
+        let entry = wait_for("the repair entry to finish", timeout, || {
+            let list: Vec<serde_json::Value> = c
+                .ctl_json(&["repair-queue", "list", "--json"])
+                .map_err(|e| e.to_string())?;
+            let e = list.first().cloned().ok_or("no entry")?;
+            match e["status"].as_str() {
+                Some("succeeded") | Some("failed") => Ok(e),
+                other => Err(format!("{other:?} at step {}", e["step"])),
+            }
+        })?;
+        let index = match &entry["index"] {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let out = c.ctl(&["repair-queue", "show", &index])?;
+        Ok((entry, String::from_utf8_lossy(&out.stdout).to_string()))
+    })
+    .await?
+}
+
+/// Issue 8: a second database (re-created, restored elsewhere, a test install) numbers its
+/// entries from 1 again. Its power request for entry 1, step 0, attempt 0 must not be taken
+/// for the first database's: the gateway must really power-cycle the machine a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_database_with_the_same_entry_number_really_power_cycles() -> Result<()> {
+    let rig = Rig::new().await?;
+    let gw = rig.gateway(GatewayOptions::default()).await?;
+    let first = rig.coordinator("first", gw.quic).await?;
+    let (e1, h1) = repair(first.clone(), Duration::from_secs(150)).await?;
+    assert_eq!(e1["status"], "succeeded", "{e1}\n{h1}\n{}", gw.log());
+    wait_until(
+        "the first cycle to show in ipmi_sim",
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || async { Ok(rig.cycles() == 1) },
+    )
+    .await?;
+    drop(first);
+
+    let second = rig.coordinator("second", gw.quic).await?;
+    let (e2, h2) = repair(second.clone(), Duration::from_secs(150)).await?;
+    assert_eq!(e2["status"], "succeeded", "{e2}\n{h2}\n{}", gw.log());
+    assert_eq!(
+        e1["index"], e2["index"],
+        "the test needs both databases to use the same entry number"
+    );
+    wait_until(
+        "the second cycle to show in ipmi_sim",
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || async { Ok(rig.cycles() == 2) },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "events {:?}\nhistory:\n{h2}\ngateway log:\n{}",
+            rig.sim.events(),
+            gw.log()
+        )
+    })?;
+    assert!(
+        !gw.log().contains("repeated request id"),
+        "the gateway took the second database's request for a repeat:\n{}",
+        gw.log()
+    );
+    Ok(())
+}
+
+/// Issue 8: the gateway is down for 20 s while a power step runs. The entry holds (it does
+/// not fail), and succeeds once a new gateway process is back on the same port and state
+/// directory; the history says it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_outage_holds_the_power_step_until_it_is_back() -> Result<()> {
+    let rig = Rig::new().await?;
+    let state = tempfile::tempdir()?;
+    let opts = GatewayOptions {
+        quic: None,
+        state_dir: Some(state.path().to_path_buf()),
+    };
+    let gw = rig.gateway(opts.clone()).await?;
+    let quic = gw.quic;
+    let c = rig.coordinator("c", quic).await?;
+    gw.kill().await?;
+    let down_at = std::time::Instant::now();
+
+    let job = tokio::spawn(repair(c.clone(), Duration::from_secs(200)));
+    // While the gateway is away the entry is held: still processing, never failed.
+    {
+        let c = c.clone();
+        tokio::task::spawn_blocking(move || {
+            c.wait_for_log(&["holding the step"], Duration::from_secs(30))
+        })
+        .await??;
+    }
+    while down_at.elapsed() < Duration::from_secs(20) {
+        let c2 = c.clone();
+        let list: Vec<serde_json::Value> =
+            tokio::task::spawn_blocking(move || c2.ctl_json(&["repair-queue", "list", "--json"]))
+                .await??;
+        let e = list.first().context("no entry")?;
+        assert_eq!(
+            e["status"], "processing",
+            "not held while the gateway is down: {e}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert_eq!(
+        rig.cycles(),
+        0,
+        "nothing reached the BMC while the gateway was down"
+    );
+    let gw = rig
+        .gateway(GatewayOptions {
+            quic: Some(quic),
+            ..opts
+        })
+        .await?;
+    let (entry, history) = job.await??;
+    eprintln!("{history}");
+    assert_eq!(
+        entry["status"],
+        "succeeded",
+        "{entry}\n{history}\ngateway log:\n{}",
+        gw.log()
+    );
+    assert!(
+        history.contains("held") && history.contains("attempts"),
+        "the history does not say the step held:\n{history}"
+    );
+    wait_until(
+        "the cycle to show in ipmi_sim",
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || async { Ok(rig.cycles() == 1) },
+    )
+    .await?;
     Ok(())
 }

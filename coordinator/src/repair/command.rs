@@ -205,6 +205,39 @@ fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
     )
 }
 
+/// First pause before resending a power request whose gateway could not be reached.
+///
+/// 1 s: a gateway restarting (upgrade, crash with systemd's `RestartSec=5s`) is back within
+/// seconds; sooner only spins on a dead address.
+pub const HOLD_FIRST_PAUSE: Duration = Duration::from_secs(1);
+
+/// Longest pause between resends while holding: the backoff doubles up to this. 10 s keeps
+/// the step punctual when the gateway returns (at most 10 s late) at one handshake per 10 s
+/// against a dead address.
+pub const HOLD_MAX_PAUSE: Duration = Duration::from_secs(10);
+
+/// How a power built-in waited for an unreachable gateway, for the summary.
+struct Held {
+    since: tokio::time::Instant,
+    attempts: u32,
+    last: String,
+}
+
+impl Held {
+    fn describe(&self) -> String {
+        format!(
+            "held {} s for an unreachable gateway over {} attempts (last: {})",
+            self.since.elapsed().as_secs(),
+            self.attempts,
+            self.last
+        )
+    }
+}
+
+/// Sends a power built-in. A gateway that cannot be reached (nothing sent) or whose answer
+/// was lost (maybe sent) does not fail the step: the request is resent with the same id, with
+/// backoff, until the step's time limit, like a drain holds while the Kubernetes API is down.
+/// The gateway executes an id at most once, so a resend can only fetch the first result.
 async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
     let action = match b {
         Builtin::PowerCycle => PowerAction::Cycle,
@@ -213,35 +246,76 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
         Builtin::Fence => PowerAction::Fence,
         Builtin::AgentHealthy => unreachable!("not a power action"),
     };
-    let req = PowerRequest {
-        id: ctx.request_id.clone(),
-        address: ctx.address.clone(),
-        serial: ctx.serial.clone(),
-        action,
-        timeout_ms: ctx.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
+    let deadline = ctx.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut held: Option<Held> = None;
+    let mut pause = HOLD_FIRST_PAUSE;
+    let note = |held: &Option<Held>| {
+        held.as_ref()
+            .map(|h| format!(" ({})", h.describe()))
+            .unwrap_or_default()
     };
-    let call = ctx.power.power(req.clone());
-    let answer = match ctx.timeout {
-        Some(t) => match tokio::time::timeout(t, call).await {
-            Ok(a) => a,
-            Err(_) => {
-                return (
-                    CommandEnd {
-                        ok: false,
-                        summary: format!("{} timed out after {} s", b.name(), t.as_secs()),
-                        output: String::new(),
-                    },
-                    Outcome::Timeout,
-                );
+    let answer = loop {
+        let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+        let req = PowerRequest {
+            id: ctx.request_id.clone(),
+            address: ctx.address.clone(),
+            serial: ctx.serial.clone(),
+            action,
+            // What is left of the step's limit, so a resend does not run past it.
+            timeout_ms: left.map(|d| d.as_millis().max(1) as u64).unwrap_or(0),
+        };
+        let call = ctx.power.power(req.clone());
+        let answer = match left {
+            Some(t) => match tokio::time::timeout(t, call).await {
+                Ok(a) if !t.is_zero() => a,
+                _ => {
+                    let t = ctx.timeout.unwrap_or_default();
+                    return (
+                        CommandEnd {
+                            ok: false,
+                            summary: format!(
+                                "{} timed out after {} s{}",
+                                b.name(),
+                                t.as_secs(),
+                                note(&held)
+                            ),
+                            output: String::new(),
+                        },
+                        Outcome::Timeout,
+                    );
+                }
+            },
+            None => call.await,
+        };
+        match answer {
+            Err(e) if e.is_retriable() => {
+                let h = held.get_or_insert_with(|| {
+                    tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "power: gateway unreachable; holding the step and retrying with the same id");
+                    Held {
+                        since: tokio::time::Instant::now(),
+                        attempts: 0,
+                        last: String::new(),
+                    }
+                });
+                h.attempts += 1;
+                h.last = e.to_string();
+                let wait = match deadline {
+                    Some(d) => pause.min(d.saturating_duration_since(tokio::time::Instant::now())),
+                    None => pause,
+                };
+                tokio::time::sleep(wait).await;
+                pause = (pause * 2).min(HOLD_MAX_PAUSE);
             }
-        },
-        None => call.await,
+            other => break (req, other),
+        }
     };
+    let held = note(&held);
+    let (req, answer) = answer;
     match answer {
         Err(e) => (
             CommandEnd {
                 ok: false,
-                summary: format!("{}: {e}", b.name()),
+                summary: format!("{}: {e}{held}", b.name()),
                 output: String::new(),
             },
             Outcome::Error,
@@ -254,7 +328,7 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
             (Some(Err(e)), PowerOutcome::Done { detail, .. }) => (
                 CommandEnd {
                     ok: false,
-                    summary: format!("@fence: {e}"),
+                    summary: format!("@fence: {e}{held}"),
                     output: detail,
                 },
                 Outcome::Failed,
@@ -262,7 +336,7 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
             (_, PowerOutcome::Done { detail, state, .. }) => (
                 CommandEnd {
                     ok: true,
-                    summary: format!("{}: done, power {state:?}", b.name()),
+                    summary: format!("{}: done, power {state:?}{held}", b.name()),
                     output: detail,
                 },
                 Outcome::Ok,
@@ -270,7 +344,7 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
             (_, PowerOutcome::Failed { detail, .. }) => (
                 CommandEnd {
                     ok: false,
-                    summary: format!("{} failed", b.name()),
+                    summary: format!("{} failed{held}", b.name()),
                     output: detail,
                 },
                 Outcome::Failed,
@@ -503,7 +577,7 @@ pub async fn run_external(
 mod tests {
     use super::*;
     use crate::gateway::NoGateway;
-    use crate::testing::FakeAgents;
+    use crate::testing::{FakeAgents, FakePower};
 
     fn ctx(timeout: Option<Duration>) -> RunContext {
         RunContext {
@@ -633,6 +707,63 @@ mod tests {
         assert!(!end.ok);
         assert_eq!(o, Outcome::Error);
         assert!(end.summary.contains("not available"), "{}", end.summary);
+    }
+
+    fn unreachable() -> crate::gateway::PowerError {
+        crate::gateway::PowerError::Unreachable {
+            gateway: "rack-a".into(),
+            detail: "connection refused".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_gateway_holds_the_step_and_resends_the_same_id() {
+        // The two retriable kinds: nothing sent, then an answer lost.
+        let gw = Arc::new(FakePower::default());
+        gw.then(Err(unreachable()))
+            .then(Err(crate::gateway::PowerError::AnswerLost {
+                gateway: "rack-a".into(),
+                id: "r1".into(),
+                detail: "connection lost".into(),
+            }));
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw.clone();
+        let (end, o) = within(run(
+            CommandSpec::Builtin(Builtin::PowerCycle),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(end.ok, "{end:?}");
+        assert_eq!(o, Outcome::Ok);
+        let ids: Vec<String> = gw.requests().into_iter().map(|r| r.id).collect();
+        assert_eq!(ids, ["r1", "r1", "r1"]);
+        assert!(
+            end.summary.contains("held") && end.summary.contains("over 2 attempts"),
+            "{}",
+            end.summary
+        );
+    }
+
+    #[tokio::test]
+    async fn a_gateway_down_past_the_step_limit_times_out_saying_it_held() {
+        let gw = Arc::new(FakePower::default());
+        for _ in 0..1000 {
+            gw.then(Err(unreachable()));
+        }
+        let mut c = ctx(Some(Duration::from_secs(2)));
+        c.power = gw.clone();
+        let started = std::time::Instant::now();
+        let (end, o) = within(run(
+            CommandSpec::Builtin(Builtin::PowerOff),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert_eq!(o, Outcome::Timeout, "{end:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(end.summary.contains("held"), "{}", end.summary);
+        assert!(gw.requests().len() >= 2);
     }
 
     #[tokio::test]

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::command::{self, AgentHealthView, CommandKind, RunContext};
 use super::config::{CommandSpec, RepairOperation};
 use super::decide::{Action, DrainEnd, NodeObs, TaskObs};
-use super::entry::Entry;
+use super::entry::{Entry, RequestFor, power_request_id};
 use super::orphans::GroupLedger;
 use super::tasks::{Event, Tasks};
 use crate::gateway::PowerControl;
@@ -43,6 +43,8 @@ pub(super) struct Effects {
     drain_opts: DrainOptions,
     /// Where running commands' process groups are recorded ([`super::orphans`]).
     store: Store,
+    /// This database's identity, the prefix of every power request id.
+    store_id: String,
 }
 
 impl Effects {
@@ -53,6 +55,7 @@ impl Effects {
         agents: Arc<dyn AgentHealthView>,
         drain_opts: DrainOptions,
         store: Store,
+        store_id: String,
     ) -> Self {
         Self {
             drainer,
@@ -60,6 +63,7 @@ impl Effects {
             agents,
             drain_opts,
             store,
+            store_id,
         }
     }
 
@@ -102,7 +106,14 @@ impl Effects {
                 let Some(step) = step else { return };
                 let ctx = self.run_ctx(
                     e,
-                    format!("repair-{index}-step{}-attempt{attempt}", e.step),
+                    power_request_id(
+                        &self.store_id,
+                        index,
+                        RequestFor::Repair {
+                            step: e.step,
+                            attempt,
+                        },
+                    ),
                     step.command_timeout_seconds,
                 );
                 let (generation, h) = self.spawn_command(
@@ -142,7 +153,7 @@ impl Effects {
                 let Some(op) = op else { return };
                 let ctx = self.run_ctx(
                     e,
-                    format!("repair-{index}-health"),
+                    power_request_id(&self.store_id, index, RequestFor::Health),
                     op.command_timeout_seconds,
                 );
                 let (generation, h) = self.spawn_command(
@@ -164,7 +175,7 @@ impl Effects {
                 };
                 let ctx = self.run_ctx(
                     e,
-                    format!("repair-{index}-success"),
+                    power_request_id(&self.store_id, index, RequestFor::Success),
                     op.success_command_timeout,
                 );
                 let (generation, h) =

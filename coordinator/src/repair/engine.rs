@@ -118,6 +118,7 @@ impl RepairQueue {
     ) -> Result<(Self, tokio::task::JoinHandle<()>), StoreError> {
         let (enabled, entries) = deps.store.call(|c| rstore::load(c)).await?;
         super::orphans::reap_previous(&deps.store, &entries).await?;
+        let store_id = deps.store.call(|c| crate::store::identity::read(c)).await?;
         let (tx, rx) = mpsc::channel(4096);
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(RepairMetrics::default());
@@ -127,9 +128,11 @@ impl RepairQueue {
             deps.agents.clone(),
             deps.config.drain_options(),
             deps.store.clone(),
+            store_id,
         );
         let engine = Engine {
             deps,
+            store_id,
             enabled,
             entries: entries.into_iter().map(|e| (e.index, e)).collect(),
             tasks: Tasks::new(ev_tx),
@@ -183,6 +186,8 @@ impl RepairQueue {
 
 struct Engine {
     deps: RepairDeps,
+    /// This database's identity, the prefix of every power request id.
+    store_id: String,
     enabled: bool,
     entries: BTreeMap<u64, Entry>,
     tasks: Tasks,
@@ -910,7 +915,7 @@ mod tests {
 
     /// Power built-ins through a fake gateway; `@agent-healthy` through fake agents whose
     /// boot id changes when the gateway power-cycles the machine (if it `reboots`).
-    async fn power_case(reboots: bool) -> (Harness, u64, Arc<FakePower>, tempfile::TempDir) {
+    async fn power_case(reboots: bool) -> (Harness, u64, Arc<FakePower>, tempfile::TempDir, String) {
         let (d, s) = store();
         let cfg = config(&yaml(
             "      - repair_command: ['@power-cycle']\n        watch_seconds: 2\n",
@@ -946,24 +951,25 @@ mod tests {
         );
         let h = start_deps(deps).await;
         let i = h.add("op", "t", "10.0.0.1").await;
-        (h, i, power, d)
+        let sid = s.with(|c| crate::store::identity::read(c)).unwrap();
+        (h, i, power, d, sid)
     }
 
     #[tokio::test]
     async fn power_cycle_then_agent_healthy_needs_a_new_boot() {
-        let (h, i, power, _d) = power_case(true).await;
+        let (h, i, power, _d, sid) = power_case(true).await;
         h.wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
             .await;
         let reqs = power.requests();
         assert_eq!(reqs.len(), 1);
-        assert_eq!(reqs[0].id, format!("repair-{i}-step0-attempt0"));
+        assert_eq!(reqs[0].id, format!("{sid}-repair-{i}-step0-attempt0"));
         assert_eq!(reqs[0].action, protocol::gateway::PowerAction::Cycle);
         assert_eq!(reqs[0].address, "10.0.0.1");
         h.stop().await;
 
         // Same boot id after the power cycle: never healthy, the entry fails when the
         // watch of its last step expires.
-        let (h, i, _power, _d) = power_case(false).await;
+        let (h, i, _power, _d, _sid) = power_case(false).await;
         h.wait(i, "failed", |e| e.status == RepairStatus::Failed)
             .await;
         let hist = h.history(i).await;

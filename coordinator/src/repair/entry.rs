@@ -171,3 +171,74 @@ impl HistoryEvent {
         self
     }
 }
+
+/// Which of an entry's commands a power request belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFor {
+    /// Attempt `attempt` of step `step`'s repair command.
+    Repair {
+        /// The step.
+        step: u32,
+        /// 0-based attempt.
+        attempt: u32,
+    },
+    /// The operation's health check.
+    Health,
+    /// The operation's success command.
+    Success,
+}
+
+/// The id of a power request: `<store id>-repair-<index>-step<s>-attempt<a>` (or `-health`,
+/// `-success`).
+///
+/// The same command of the same entry gets the same id after a coordinator restart, so the
+/// gateway, which executes an id at most once, never acts twice for one attempt. The store's
+/// identity ([`crate::store::identity`]) makes it unique across databases: another database's
+/// entry 3 is not this one's.
+pub fn power_request_id(store_id: &str, index: u64, what: RequestFor) -> String {
+    match what {
+        RequestFor::Repair { step, attempt } => {
+            format!("{store_id}-repair-{index}-step{step}-attempt{attempt}")
+        }
+        RequestFor::Health => format!("{store_id}-repair-{index}-health"),
+        RequestFor::Success => format!("{store_id}-repair-{index}-success"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn power_request_ids_carry_the_store_identity() {
+        let a = power_request_id(
+            "aa11",
+            3,
+            RequestFor::Repair {
+                step: 0,
+                attempt: 1,
+            },
+        );
+        assert_eq!(a, "aa11-repair-3-step0-attempt1");
+        assert_ne!(
+            a,
+            power_request_id(
+                "bb22",
+                3,
+                RequestFor::Repair {
+                    step: 0,
+                    attempt: 1
+                }
+            ),
+            "two databases' entry 3 must not share ids"
+        );
+        assert_eq!(
+            power_request_id("aa11", 3, RequestFor::Health),
+            "aa11-repair-3-health"
+        );
+        assert_eq!(
+            power_request_id("aa11", 3, RequestFor::Success),
+            "aa11-repair-3-success"
+        );
+    }
+}

@@ -16,6 +16,8 @@
 
 pub mod lock;
 
+pub mod identity;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
