@@ -230,9 +230,12 @@ impl Rig {
             extra,
             ..Default::default()
         };
+        // Same fleet CA, but certificates of its own (coordinatorctl never overwrites one).
+        let certs_dir = dir.join("certs");
+        std::fs::create_dir_all(&certs_dir)?;
         let pki = Pki {
             ca_dir: self.pki.ca_dir.clone(),
-            certs_dir: self.pki.certs_dir.clone(),
+            certs_dir,
         };
         let c =
             tokio::task::spawn_blocking(move || Coordinator::start(&dir.join("c"), &pki, &opts))
