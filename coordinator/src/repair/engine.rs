@@ -132,7 +132,6 @@ impl RepairQueue {
         );
         let engine = Engine {
             deps,
-            store_id,
             enabled,
             entries: entries.into_iter().map(|e| (e.index, e)).collect(),
             tasks: Tasks::new(ev_tx),
@@ -186,8 +185,6 @@ impl RepairQueue {
 
 struct Engine {
     deps: RepairDeps,
-    /// This database's identity, the prefix of every power request id.
-    store_id: String,
     enabled: bool,
     entries: BTreeMap<u64, Entry>,
     tasks: Tasks,
@@ -915,7 +912,9 @@ mod tests {
 
     /// Power built-ins through a fake gateway; `@agent-healthy` through fake agents whose
     /// boot id changes when the gateway power-cycles the machine (if it `reboots`).
-    async fn power_case(reboots: bool) -> (Harness, u64, Arc<FakePower>, tempfile::TempDir, String) {
+    async fn power_case(
+        reboots: bool,
+    ) -> (Harness, u64, Arc<FakePower>, tempfile::TempDir, String) {
         let (d, s) = store();
         let cfg = config(&yaml(
             "      - repair_command: ['@power-cycle']\n        watch_seconds: 2\n",
