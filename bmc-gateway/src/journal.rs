@@ -261,9 +261,9 @@ fn read_back(f: File, capacity: usize) -> std::io::Result<(Vec<ReadBack>, usize)
         match rec {
             None => skipped += 1,
             Some(Record::Started { id, fingerprint }) => {
-                if !state.contains_key(&id) {
-                    order.push_back(id.clone());
-                    state.insert(id, (fingerprint, None));
+                if let std::collections::hash_map::Entry::Vacant(v) = state.entry(id.clone()) {
+                    order.push_back(id);
+                    v.insert((fingerprint, None));
                 }
             }
             Some(Record::Finished {
