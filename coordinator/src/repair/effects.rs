@@ -20,6 +20,7 @@ use super::decide::{Action, DrainEnd, NodeObs, TaskObs};
 use super::entry::{Entry, RequestFor, power_request_id};
 use super::orphans::GroupLedger;
 use super::tasks::{Event, Tasks};
+use crate::clock::Clock;
 use crate::gateway::PowerControl;
 use crate::k8s::{DrainOptions, DrainProgress, Drainer};
 use crate::store::Store;
@@ -43,6 +44,8 @@ pub(super) struct Effects {
     drain_opts: DrainOptions,
     /// Where running commands' process groups are recorded ([`super::orphans`]).
     store: Store,
+    /// The clock of the process-group records.
+    clock: Arc<dyn Clock>,
     /// This database's identity, the prefix of every power request id.
     store_id: String,
 }
@@ -55,6 +58,7 @@ impl Effects {
         agents: Arc<dyn AgentHealthView>,
         drain_opts: DrainOptions,
         store: Store,
+        clock: Arc<dyn Clock>,
         store_id: String,
     ) -> Self {
         Self {
@@ -63,6 +67,7 @@ impl Effects {
             agents,
             drain_opts,
             store,
+            clock,
             store_id,
         }
     }
@@ -198,7 +203,11 @@ impl Effects {
             boot_id_before: e.boot_id_before.clone(),
             power: self.power.clone(),
             agents: self.agents.clone(),
-            groups: Some(GroupLedger::new(self.store.clone(), e.index)),
+            groups: Some(GroupLedger::new(
+                self.store.clone(),
+                self.clock.clone(),
+                e.index,
+            )),
         }
     }
 

@@ -117,7 +117,7 @@ impl RepairQueue {
         shutdown: CancellationToken,
     ) -> Result<(Self, tokio::task::JoinHandle<()>), StoreError> {
         let (enabled, entries) = deps.store.call(|c| rstore::load(c)).await?;
-        super::orphans::reap_previous(&deps.store, &entries).await?;
+        super::orphans::reap_previous(&deps.store, deps.clock.as_ref(), &entries).await?;
         let store_id = deps.store.call(|c| crate::store::identity::read(c)).await?;
         let (tx, rx) = mpsc::channel(4096);
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
@@ -128,6 +128,7 @@ impl RepairQueue {
             deps.agents.clone(),
             deps.config.drain_options(),
             deps.store.clone(),
+            deps.clock.clone(),
             store_id,
         );
         let engine = Engine {

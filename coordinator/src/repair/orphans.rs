@@ -18,16 +18,16 @@
 //! This module decides nothing about the entry; the engine resumes it as before.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jiff::Timestamp;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use rusqlite::params;
 
 use super::entry::{Entry, HistoryEvent};
 use super::store::{self as rstore, Write};
-use crate::clock::to_unix_ms;
+use crate::clock::{Clock, to_unix_ms};
 use crate::store::{Store, StoreError};
 
 /// How long [`reap_previous`] waits for a killed group to vanish. SIGKILL cannot be caught;
@@ -149,16 +149,29 @@ fn members_of(pgid: u32) -> Vec<ProcStat> {
 }
 
 /// Writes and removes the group records of one entry's commands.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GroupLedger {
     store: Store,
+    clock: Arc<dyn Clock>,
     entry: u64,
+}
+
+impl std::fmt::Debug for GroupLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupLedger")
+            .field("entry", &self.entry)
+            .finish_non_exhaustive()
+    }
 }
 
 impl GroupLedger {
     /// A ledger for the commands of entry `entry`.
-    pub fn new(store: Store, entry: u64) -> Self {
-        Self { store, entry }
+    pub fn new(store: Store, clock: Arc<dyn Clock>, entry: u64) -> Self {
+        Self {
+            store,
+            clock,
+            entry,
+        }
     }
 
     /// Records the group led by `pid` (just spawned in its own group, not yet waited for,
@@ -180,7 +193,7 @@ impl GroupLedger {
             boot_id: boot_id(),
             command: argv.join(" "),
         };
-        let now = to_unix_ms(Timestamp::now());
+        let now = to_unix_ms(self.clock.now());
         let r = self
             .store
             .call(move |c| {
@@ -240,7 +253,11 @@ fn load(c: &rusqlite::Connection) -> rusqlite::Result<Vec<GroupRecord>> {
 /// Kills the process groups a previous coordinator left running, records each kill in its
 /// entry's history ("killed process group N left by the previous coordinator"), and clears
 /// the records. Called once at start, before any entry resumes.
-pub async fn reap_previous(store: &Store, entries: &[Entry]) -> Result<(), StoreError> {
+pub async fn reap_previous(
+    store: &Store,
+    clock: &dyn Clock,
+    entries: &[Entry],
+) -> Result<(), StoreError> {
     let records = store.call(|c| load(c)).await?;
     if records.is_empty() {
         return Ok(());
@@ -282,7 +299,7 @@ pub async fn reap_previous(store: &Store, entries: &[Entry]) -> Result<(), Store
             }
         }
     }
-    let now = Timestamp::now();
+    let now = clock.now();
     store
         .call(move |c| {
             rstore::commit(c, &writes, now)?;
@@ -319,6 +336,8 @@ mod tests {
     use std::os::unix::process::CommandExt;
 
     use super::*;
+    use crate::clock::SystemClock;
+    use jiff::Timestamp;
 
     fn rec() -> GroupRecord {
         GroupRecord {
@@ -445,10 +464,10 @@ mod tests {
         let pid = child.id();
         // Let sh fork its sleep.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        GroupLedger::new(store.clone(), e.index)
+        GroupLedger::new(store.clone(), Arc::new(SystemClock), e.index)
             .record(pid, &["sh".into(), "-c".into(), "sleep 300 & wait".into()])
             .await;
-        reap_previous(&store, std::slice::from_ref(&e))
+        reap_previous(&store, &SystemClock, std::slice::from_ref(&e))
             .await
             .unwrap();
         let status = child.wait().unwrap();
