@@ -197,20 +197,22 @@ impl GroupLedger {
         let r = self
             .store
             .call(move |c| {
-                c.execute(
-                    "INSERT OR REPLACE INTO repair_command_groups
+                without_fsync(c, |c| {
+                    c.execute(
+                        "INSERT OR REPLACE INTO repair_command_groups
                          (pgid, entry_idx, leader_start, session_id, boot_id, command, started_ms)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    params![
-                        rec.pgid,
-                        rec.entry as i64,
-                        rec.leader_start as i64,
-                        rec.session,
-                        rec.boot_id,
-                        rec.command,
-                        now
-                    ],
-                )
+                        params![
+                            rec.pgid,
+                            rec.entry as i64,
+                            rec.leader_start as i64,
+                            rec.session,
+                            rec.boot_id,
+                            rec.command,
+                            now
+                        ],
+                    )
+                })
             })
             .await;
         if let Err(e) = r {
@@ -222,14 +224,36 @@ impl GroupLedger {
     /// Runs from a destructor, so it is synchronous and only logs failures.
     pub fn forget(&self, pgid: u32) {
         if let Err(e) = self.store.with(|c| {
-            c.execute(
-                "DELETE FROM repair_command_groups WHERE pgid = ?1",
-                params![pgid],
-            )
+            without_fsync(c, |c| {
+                c.execute(
+                    "DELETE FROM repair_command_groups WHERE pgid = ?1",
+                    params![pgid],
+                )
+            })
         }) {
             tracing::warn!(pgid, error = %e, "cannot remove the command's group record; the next start will find it gone");
         }
     }
+}
+
+/// Runs `f` (one autocommit statement) with `synchronous = NORMAL`, then restores the
+/// store's `FULL`.
+///
+/// Why: a group record only has to outlive the coordinator *process* (SIGKILL, panic), and in
+/// WAL mode a commit without fsync already does; a crash of the *machine* kills the commands as
+/// well and changes the boot id, which [`reap_previous`] checks, so a record lost with it is
+/// never needed. Two fsyncs per command (record and forget) would otherwise cost the queue
+/// about two thirds of its throughput when many short commands run (see docs/benchmarks.md).
+fn without_fsync<T>(
+    c: &rusqlite::Connection,
+    f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    c.pragma_update(None, "synchronous", "NORMAL")?;
+    let r = f(c);
+    let restored = c.pragma_update(None, "synchronous", "FULL");
+    let v = r?;
+    restored?;
+    Ok(v)
 }
 
 fn load(c: &rusqlite::Connection) -> rusqlite::Result<Vec<GroupRecord>> {
