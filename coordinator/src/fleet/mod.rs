@@ -153,6 +153,19 @@ impl Fleet {
         )
     }
 
+    /// Re-derives `e`'s state after a live update: if it changes, a copy of `e` with the
+    /// transition applied (for [`Self::commit`]) and its writes queued; otherwise nothing.
+    fn changed_copy(&self, e: &Entry, now: Timestamp, writes: &mut Vec<Write>) -> Vec<Entry> {
+        match self.evaluate(e, now) {
+            Some(d) => {
+                let mut e = e.clone();
+                Self::transition(&mut e, d, now, writes);
+                vec![e]
+            }
+            None => Vec::new(),
+        }
+    }
+
     /// Applies `d` to `e` and queues the writes recording it.
     fn transition(e: &mut Entry, d: Derived, now: Timestamp, writes: &mut Vec<Write>) {
         tracing::info!(
@@ -405,14 +418,7 @@ impl Fleet {
             e.live.goodbye = None;
             e.live.last_report_at = Some(now);
             e.live.last_report = Some(report);
-            match self.evaluate(e, now) {
-                Some(d) => {
-                    let mut e = e.clone();
-                    Self::transition(&mut e, d, now, &mut writes);
-                    vec![e]
-                }
-                None => Vec::new(),
-            }
+            self.changed_copy(e, now, &mut writes)
         };
         self.commit(writes, changed, Vec::new()).await
     }
@@ -429,14 +435,7 @@ impl Fleet {
                 .ok_or_else(|| FleetError::UnknownHost(hostname.to_string()))?;
             e.live.goodbye = Some((reason, now));
             e.live.healthy_since = None;
-            match self.evaluate(e, now) {
-                Some(d) => {
-                    let mut e = e.clone();
-                    Self::transition(&mut e, d, now, &mut writes);
-                    vec![e]
-                }
-                None => Vec::new(),
-            }
+            self.changed_copy(e, now, &mut writes)
         };
         self.commit(writes, changed, Vec::new()).await
     }
