@@ -19,6 +19,7 @@ pub mod identity;
 pub mod messages;
 #[cfg(feature = "pki")]
 pub mod pki;
+pub mod process_metrics;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
 #[cfg(feature = "transport")]
