@@ -1,7 +1,7 @@
 //! Running repair, health-check and success commands: external programs with the machine's
 //! address appended, under a time limit that kills the whole process group, with output kept
 //! (truncated) for the entry's history; and the `@` built-ins, which go through
-//! [`PowerControl`] and [`AgentHealthView`].
+//! [`PowerControl`] and [`AgentHealthView`], or to the agent ([`super::agent_steps`]).
 //!
 //! Each call runs inside its own task spawned by the engine; nothing here blocks a thread.
 //! This module does not decide what a result means for the entry: see [`super::decide`].
@@ -22,7 +22,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::config::{Builtin, CommandSpec};
 use super::decide::CommandEnd;
+use super::diagnostics::DiagnosticsShelf;
 use super::orphans::GroupLedger;
+use crate::agent_link::AgentActions;
 use crate::fence::proof::fence_confirmed;
 use crate::gateway::PowerControl;
 
@@ -128,6 +130,10 @@ pub struct RunContext {
     pub agents: Arc<dyn AgentHealthView>,
     /// Where an external command's process group is recorded; `None` = not recorded.
     pub groups: Option<GroupLedger>,
+    /// Agent actions (`@restart-unit`, `@reboot`, `@collect-diagnostics`).
+    pub actions: Arc<dyn AgentActions>,
+    /// Where `@collect-diagnostics` keeps what it got; `None` = nowhere (the step fails).
+    pub diagnostics: Option<DiagnosticsShelf>,
 }
 
 /// Runs a command of `kind` and says how it ended.
@@ -154,6 +160,7 @@ pub fn run(
                 (end, outcome)
             }
             CommandSpec::Builtin(Builtin::AgentHealthy) => agent_healthy(&ctx),
+            CommandSpec::Agent(step) => super::agent_steps::run(step, &ctx).await,
             CommandSpec::Builtin(b) => power(b, &ctx).await,
         }
     })
@@ -590,6 +597,8 @@ mod tests {
             power: Arc::new(NoGateway),
             agents: Arc::new(NoAgents),
             groups: None,
+            actions: Arc::new(crate::agent_link::NoAgentLinks),
+            diagnostics: None,
         }
     }
 

@@ -430,7 +430,7 @@ pub fn transition(
     let with_success_command = op.is_some_and(|o| o.success_command.is_some());
     let power_step = op
         .and_then(|o| o.repair_steps.get(e.step as usize))
-        .is_some_and(|s| s.repair_command.power_builtin().is_some());
+        .is_some_and(|s| s.repair_command.changes_boot());
     let mut n = e.clone();
     let moved = |n: &mut Entry, status, step, step_status| {
         n.status = status;

@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::config::{
-    Builtin, CommandSpec, DEFAULT_COMMAND_TIMEOUT_SECONDS, DEFAULT_EVICTION_TIMEOUT_SECONDS,
-    DEFAULT_MAX_CONCURRENT_REPAIRS, LabelSelector, RepairConfig, RepairOperation, RepairProcedure,
-    RepairStep,
+    AgentStep, Builtin, CommandSpec, DEFAULT_COMMAND_TIMEOUT_SECONDS,
+    DEFAULT_EVICTION_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_REPAIRS, LabelSelector, RepairConfig,
+    RepairOperation, RepairProcedure, RepairStep,
 };
 
 /// Why a repair configuration could not be used.
@@ -271,11 +271,19 @@ impl Parser<'_> {
         if first.trim().is_empty() {
             return Err(self.invalid(&format!("{at}[0]"), "program must not be empty"));
         }
+        // Agent steps are repair steps only: a health check must not reboot anything.
+        if key == "repair_command"
+            && let Some(step) = AgentStep::parse(&argv)
+        {
+            return step
+                .map(|s| Some(CommandSpec::Agent(s)))
+                .map_err(|e| self.invalid(&at, e));
+        }
         if let Some(name) = first.strip_prefix('@') {
             let builtin = Builtin::parse(first).ok_or_else(|| {
                 self.invalid(
                     &format!("{at}[0]"),
-                    format!("unknown built-in action `@{name}`; known: @power-cycle, @power-off, @power-on, @fence, @agent-healthy"),
+                    format!("unknown built-in action `@{name}`; known: @power-cycle, @power-off, @power-on, @fence, @agent-healthy, {}", AgentStep::NAMES),
                 )
             })?;
             if !allowed.contains(&builtin) {

@@ -1,0 +1,225 @@
+//! The repair steps a machine's node-agent carries out: `@restart-unit NAME`, `@reboot` and
+//! `@collect-diagnostics`, asked through [`crate::agent_link::AgentActions`].
+//!
+//! A machine whose agent is not connected fails the step at once, saying so, so that the
+//! procedure's next step (a power cycle) runs without waiting out a timeout. Every request
+//! carries the step attempt's id, the same after a coordinator restart, and the agent acts
+//! at most once per id. `@reboot` is done when the agent reports from a new boot; its
+//! goodbye (reason reboot) keeps the machine from being taken for crashed meanwhile.
+//!
+//! Like [`super::command`], this module decides nothing about the entry.
+
+use std::time::Duration;
+
+use protocol::actions::ActionStatus;
+
+use super::command::{Outcome, RunContext};
+use super::config::AgentStep;
+use super::decide::CommandEnd;
+use crate::agent_link::AgentActionError;
+
+/// Limit of an agent step whose `command_timeout_seconds` is 0 (no limit): a reboot of a
+/// big server with slow firmware takes up to ~10 min; past 15 the next step should run.
+pub const DEFAULT_AGENT_STEP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// How often `@reboot` looks for the agent's return. Reports come every 5 s by default;
+/// polling the in-memory view faster costs nothing and makes the step end promptly.
+const REBOOT_POLL: Duration = Duration::from_millis(500);
+
+/// Pause before asking again after the connection broke mid-request.
+const RESEND_PAUSE: Duration = Duration::from_secs(1);
+
+fn end(ok: bool, summary: String, output: String, outcome: Outcome) -> (CommandEnd, Outcome) {
+    (
+        CommandEnd {
+            ok,
+            summary,
+            output,
+        },
+        outcome,
+    )
+}
+
+fn failed(step: &AgentStep, status: ActionStatus) -> (CommandEnd, Outcome) {
+    match status {
+        ActionStatus::Failed { code, detail } => end(
+            false,
+            format!("{step}: the agent answered {}: {detail}", code.as_str()),
+            String::new(),
+            Outcome::Failed,
+        ),
+        other => end(
+            false,
+            format!("{step}: unexpected answer from the agent: {other:?}"),
+            String::new(),
+            Outcome::Error,
+        ),
+    }
+}
+
+/// Runs an agent step for the entry in `ctx`.
+pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let limit = ctx.timeout.unwrap_or(DEFAULT_AGENT_STEP_TIMEOUT);
+    let deadline = tokio::time::Instant::now() + limit;
+    if step == AgentStep::Reboot {
+        return reboot(ctx, deadline, limit).await;
+    }
+    let answer = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match ctx
+            .actions
+            .act(&ctx.address, &ctx.request_id, step.action(), left)
+            .await
+        {
+            Err(e) if e.is_retriable() && !left.is_zero() => {
+                tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "agent step: connection lost; asking again with the same id");
+                tokio::time::sleep(RESEND_PAUSE.min(left)).await;
+            }
+            other => break other,
+        }
+    };
+    let outcome = |e: &AgentActionError| match e {
+        AgentActionError::Timeout { .. } => Outcome::Timeout,
+        _ => Outcome::Error,
+    };
+    match answer {
+        Err(e) => end(false, format!("{step}: {e}"), String::new(), outcome(&e)),
+        Ok(a) => match a.status {
+            Some(ActionStatus::Done { detail }) => end(
+                true,
+                format!("{step}: {detail}"),
+                String::new(),
+                Outcome::Ok,
+            ),
+            Some(ActionStatus::Diagnostics(bundle)) => {
+                let Some(shelf) = &ctx.diagnostics else {
+                    return end(
+                        false,
+                        format!("{step}: nowhere to keep diagnostics"),
+                        String::new(),
+                        Outcome::Error,
+                    );
+                };
+                match shelf.keep(&ctx.address, &ctx.request_id, &bundle).await {
+                    Ok(id) => {
+                        let cut: Vec<&str> = bundle
+                            .parts
+                            .iter()
+                            .filter(|p| p.truncated)
+                            .map(|p| p.name.as_str())
+                            .collect();
+                        end(
+                            true,
+                            format!(
+                                "{step}: {} bytes in {} parts kept as diagnostics #{id}{}",
+                                bundle.total_bytes(),
+                                bundle.parts.len(),
+                                if cut.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(" (cut to fit: {})", cut.join(", "))
+                                }
+                            ),
+                            String::new(),
+                            Outcome::Ok,
+                        )
+                    }
+                    Err(e) => end(
+                        false,
+                        format!("{step}: cannot store the diagnostics: {e}"),
+                        String::new(),
+                        Outcome::Error,
+                    ),
+                }
+            }
+            Some(other) => failed(&step, other),
+            None => end(
+                false,
+                format!("{step}: the agent accepted the request but gave no result"),
+                String::new(),
+                Outcome::Error,
+            ),
+        },
+    }
+}
+
+/// `@reboot`: ask once (again with the same id if the connection broke before an answer),
+/// then wait for a report from a new boot.
+async fn reboot(
+    ctx: &RunContext,
+    deadline: tokio::time::Instant,
+    limit: Duration,
+) -> (CommandEnd, Outcome) {
+    let step = AgentStep::Reboot;
+    let before = if ctx.boot_id_before.is_empty() {
+        ctx.agents
+            .agent_health(&ctx.address)
+            .map(|h| h.boot_id)
+            .unwrap_or_default()
+    } else {
+        ctx.boot_id_before.clone()
+    };
+    let mut asked = false;
+    let mut first = true;
+    loop {
+        if let Some(h) = ctx.agents.agent_health(&ctx.address)
+            && h.boot_id != before
+            && h.last_report > ctx.step_began
+        {
+            return end(
+                true,
+                format!(
+                    "@reboot: the agent is back from a new boot (boot id {} → {})",
+                    before, h.boot_id
+                ),
+                String::new(),
+                Outcome::Ok,
+            );
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return end(
+                false,
+                format!(
+                    "@reboot: no report from a new boot within {} s (boot id still {before}{})",
+                    limit.as_secs(),
+                    if asked {
+                        ""
+                    } else {
+                        "; the request never reached the agent"
+                    }
+                ),
+                String::new(),
+                Outcome::Timeout,
+            );
+        }
+        if !asked {
+            match ctx
+                .actions
+                .act(&ctx.address, &ctx.request_id, step.action(), left)
+                .await
+            {
+                Err(e @ AgentActionError::NotConnected { .. }) if first => {
+                    return end(
+                        false,
+                        format!("@reboot: {e}"),
+                        String::new(),
+                        Outcome::Error,
+                    );
+                }
+                Err(e) => {
+                    tracing::info!(machine = %ctx.address, id = %ctx.request_id, error = %e, "@reboot: no answer yet; asking again with the same id when the agent is back");
+                }
+                Ok(a) => match a.status {
+                    Some(s @ ActionStatus::Failed { .. }) => return failed(&step, s),
+                    _ => {
+                        tracing::info!(machine = %ctx.address, id = %ctx.request_id, boot_id = %before, "@reboot: accepted; waiting for the agent's return from a new boot");
+                        asked = true;
+                    }
+                },
+            }
+            first = false;
+        }
+        tokio::time::sleep(REBOOT_POLL.min(left)).await;
+    }
+}
