@@ -536,7 +536,7 @@ impl Config {
         if timeout.is_zero() {
             return Err(invalid("kubelet.timeout", "must be more than 0".into()));
         }
-        let actions = crate::actions::config::ActionsConfig::resolve(file.actions, &invalid)?;
+        let actions = crate::actions::config::ActionsConfig::resolve(file.actions, invalid)?;
         Ok(Config {
             actions,
             coordinator,

@@ -29,6 +29,18 @@ const REBOOT_POLL: Duration = Duration::from_millis(500);
 /// Pause before asking again after the connection broke mid-request.
 const RESEND_PAUSE: Duration = Duration::from_secs(1);
 
+/// How long a step waits for an agent this coordinator has not heard from at all since it
+/// started (a step resumed after a coordinator restart, before the agents reconnected). An
+/// agent notices a dead coordinator within its 10 s reply timeout and reconnects after a
+/// backoff of seconds; a machine that did report and is not connected fails at once.
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(30);
+
+/// True while it is worth waiting for the agent of the entry to connect: nothing heard
+/// from it since this coordinator started, and the grace since `started` not over.
+fn worth_waiting(ctx: &RunContext, started: tokio::time::Instant) -> bool {
+    ctx.agents.agent_health(&ctx.address).is_none() && started.elapsed() < RECONNECT_GRACE
+}
+
 fn end(ok: bool, summary: String, output: String, outcome: Outcome) -> (CommandEnd, Outcome) {
     (
         CommandEnd {
@@ -64,6 +76,7 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
     if step == AgentStep::Reboot {
         return reboot(ctx, deadline, limit).await;
     }
+    let started = tokio::time::Instant::now();
     let answer = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match ctx
@@ -71,6 +84,11 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
             .act(&ctx.address, &ctx.request_id, step.action(), left)
             .await
         {
+            Err(AgentActionError::NotConnected { .. })
+                if worth_waiting(ctx, started) && !left.is_zero() =>
+            {
+                tokio::time::sleep(REBOOT_POLL.min(left)).await;
+            }
             Err(e) if e.is_retriable() && !left.is_zero() => {
                 tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "agent step: connection lost; asking again with the same id");
                 tokio::time::sleep(RESEND_PAUSE.min(left)).await;
@@ -161,6 +179,7 @@ async fn reboot(
     };
     let mut asked = false;
     let mut first = true;
+    let started = tokio::time::Instant::now();
     loop {
         if let Some(h) = ctx.agents.agent_health(&ctx.address)
             && h.boot_id != before
@@ -199,6 +218,12 @@ async fn reboot(
                 .act(&ctx.address, &ctx.request_id, step.action(), left)
                 .await
             {
+                Err(AgentActionError::NotConnected { .. })
+                    if first && worth_waiting(ctx, started) =>
+                {
+                    tokio::time::sleep(REBOOT_POLL.min(left)).await;
+                    continue;
+                }
                 Err(e @ AgentActionError::NotConnected { .. }) if first => {
                     return end(
                         false,

@@ -145,7 +145,10 @@ impl Effects {
             Action::RetryLater { .. } => {
                 tasks.runtime(index).obs.command = TaskObs::NotStarted;
             }
-            Action::CommandDone { .. } | Action::NextStep | Action::Healthy => {
+            Action::CommandDone { .. }
+            | Action::NextStep
+            | Action::Escalate { .. }
+            | Action::Healthy => {
                 let rt = tasks.runtime(index);
                 if let Some(t) = rt.health_task.take() {
                     t.abort();
