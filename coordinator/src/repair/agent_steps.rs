@@ -248,3 +248,151 @@ async fn reboot(
         tokio::time::sleep(REBOOT_POLL.min(left)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use futures::future::BoxFuture;
+    use jiff::Timestamp;
+    use protocol::actions::{ActionFailure, AgentAction};
+
+    use super::*;
+    use crate::agent_link::{ActionAnswer, AgentActions, NoAgentLinks};
+    use crate::gateway::NoGateway;
+    use crate::repair::command::{AgentHealth, AgentHealthView, NoAgents};
+
+    /// Answers every request with one scripted status and records the requests.
+    struct Scripted {
+        status: ActionStatus,
+        asked: Mutex<Vec<(String, AgentAction)>>,
+    }
+
+    impl AgentActions for Scripted {
+        fn act(
+            &self,
+            _address: &str,
+            id: &str,
+            action: AgentAction,
+            _timeout: Duration,
+        ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
+            self.asked.lock().unwrap().push((id.to_string(), action));
+            let status = Some(self.status.clone());
+            Box::pin(async move {
+                Ok(ActionAnswer {
+                    accepted: true,
+                    status,
+                })
+            })
+        }
+    }
+
+    /// An agent that reported (so it is known to this coordinator).
+    struct Reported;
+
+    impl AgentHealthView for Reported {
+        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
+            Some(AgentHealth {
+                boot_id: "b1".into(),
+                last_report: Timestamp::from_second(1_800_000_000).unwrap(),
+                ok_since: None,
+            })
+        }
+    }
+
+    fn ctx(actions: Arc<dyn AgentActions>, agents: Arc<dyn AgentHealthView>) -> RunContext {
+        RunContext {
+            address: "10.0.0.9".into(),
+            serial: String::new(),
+            request_id: "db-e1-r0-a0".into(),
+            timeout: Some(Duration::from_secs(20)),
+            step_began: Timestamp::from_second(1_800_000_000).unwrap(),
+            boot_id_before: String::new(),
+            power: Arc::new(NoGateway),
+            agents,
+            groups: None,
+            actions,
+            diagnostics: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_agent_fails_the_step_at_once_with_that_reason() {
+        let started = std::time::Instant::now();
+        for step in [
+            AgentStep::RestartUnit("kubelet".into()),
+            AgentStep::Reboot,
+            AgentStep::CollectDiagnostics,
+        ] {
+            let (end, outcome) = run(
+                step.clone(),
+                &ctx(Arc::new(NoAgentLinks), Arc::new(Reported)),
+            )
+            .await;
+            assert!(!end.ok, "{step}");
+            assert!(end.summary.contains("not connected"), "{}", end.summary);
+            assert_eq!(outcome, Outcome::Error);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "did not fail at once"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_unheard_since_the_coordinator_started_gets_a_grace_to_reconnect() {
+        let started = tokio::time::Instant::now();
+        let (end, _) = run(
+            AgentStep::RestartUnit("kubelet".into()),
+            &ctx(Arc::new(NoAgentLinks), Arc::new(NoAgents)),
+        )
+        .await;
+        assert!(!end.ok);
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(19) && waited <= RECONNECT_GRACE,
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_agents_answer_decides_the_step_and_the_request_carries_the_step_id() {
+        let refused = Arc::new(Scripted {
+            status: ActionStatus::Failed {
+                code: ActionFailure::NotAllowed,
+                detail: "restart-unit docker is not allowed".into(),
+            },
+            asked: Mutex::new(Vec::new()),
+        });
+        let (end, outcome) = run(
+            AgentStep::RestartUnit("docker".into()),
+            &ctx(refused.clone(), Arc::new(Reported)),
+        )
+        .await;
+        assert!(!end.ok);
+        assert!(end.summary.contains("not-allowed"), "{}", end.summary);
+        assert_eq!(outcome, Outcome::Failed);
+        assert_eq!(
+            *refused.asked.lock().unwrap(),
+            [(
+                "db-e1-r0-a0".to_string(),
+                AgentAction::RestartUnit {
+                    unit: "docker".into()
+                }
+            )]
+        );
+        let done = Arc::new(Scripted {
+            status: ActionStatus::Done {
+                detail: "restart-unit kubelet: exit status: 0".into(),
+            },
+            asked: Mutex::new(Vec::new()),
+        });
+        let (end, outcome) = run(
+            AgentStep::RestartUnit("kubelet".into()),
+            &ctx(done, Arc::new(Reported)),
+        )
+        .await;
+        assert!(end.ok, "{}", end.summary);
+        assert_eq!(outcome, Outcome::Ok);
+    }
+}

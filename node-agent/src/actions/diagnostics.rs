@@ -63,7 +63,7 @@ async fn command_text(argv: &[String], timeout: Duration, keep: usize) -> String
             stderr,
             ..
         } => format!(
-            "({} {status}; stderr: {})\n{stdout}",
+            "(`{}` ended with {status}; stderr: {})\n{stdout}",
             argv.join(" "),
             stderr.trim()
         ),
@@ -201,7 +201,7 @@ mod tests {
         assert!(b.total_bytes() <= 4096);
         assert!(b.parts[0].truncated && b.parts[0].content.ends_with("unit=kubelet\n"));
         assert!(
-            b.parts[1].content.contains("exit status 1"),
+            b.parts[1].content.contains("ended with exit status: 1"),
             "{:?}",
             b.parts[1]
         );
