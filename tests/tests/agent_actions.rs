@@ -150,7 +150,7 @@ fn restart_unit_runs_once_even_when_the_coordinator_resends_it() -> anyhow::Resu
     })?;
     // The coordinator dies mid-step; the next one resumes the step and asks again with the
     // same request id.
-    env.coord.proc.as_mut().context("coordinator")?.sigkill();
+    env.coord.proc.take().context("coordinator")?.sigkill();
     env.coord.restart()?;
     let v = env.finished(&i)?;
     assert_eq!(v["status"], "succeeded", "{v}");
