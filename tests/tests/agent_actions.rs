@@ -11,7 +11,10 @@
 //!   turns unreachable,
 //! - an action the agent's config does not allow is refused with that reason and the step
 //!   fails, so the procedure escalates to its next step,
-//! - a node certificate cannot ask another agent for anything.
+//! - a node certificate cannot ask another agent for anything,
+//! - a whole `unhealthy` procedure on a machine whose kubelet stays broken walks
+//!   `@restart-unit kubelet` → `@reboot` → `@power-cycle`, the last through a real bmc-gateway
+//!   process driving OpenIPMI's `ipmi_sim` (needs `ipmi_sim` and `ipmitool`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -37,13 +40,26 @@ impl Env {
     /// A coordinator with `yaml` (`@D@` = the test directory) and machines
     /// `(address, hostname)`.
     fn start(yaml: &str, machines: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::start_with(yaml, machines, |_| Ok(String::new()))
+    }
+
+    /// As [`Env::start`], with more coordinator config from `extra` (given the fleet PKI).
+    fn start_with(
+        yaml: &str,
+        machines: &[(&str, &str)],
+        extra: impl FnOnce(&Pki) -> anyhow::Result<String>,
+    ) -> anyhow::Result<Self> {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().to_path_buf();
         let pki = Pki::create(&dir.join("pki"), "e2e.test")?;
         let cluster = dir.join("repair.yml");
         std::fs::write(&cluster, yaml.replace("@D@", &dir.display().to_string()))?;
         let opts = CoordinatorOptions {
-            extra: format!("[repair]\nconfig = {:?}\n", cluster.display().to_string()),
+            extra: format!(
+                "[repair]\nconfig = {:?}\n{}",
+                cluster.display().to_string(),
+                extra(&pki)?
+            ),
             inventory: Some(inventory_toml(machines)),
             ..Default::default()
         };
@@ -419,5 +435,120 @@ async fn a_node_certificate_cannot_ask_another_agent_for_anything() -> anyhow::R
     // node-d's agent never restarted anything.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(lines(&env.dir.join("restarts-d")), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_kubelet_escalates_restart_then_reboot_then_power_cycle() -> anyhow::Result<()> {
+    use testkit::bmc_sim::{GatewayProc, IpmiSim, TestPki};
+    use testkit::fixture::FakeKubelet;
+
+    const ADDR: &str = "10.12.0.7";
+    const HOST: &str = "esc-1";
+    let sim = IpmiSim::start(true).await?;
+    let gw_pki = std::sync::Arc::new(std::sync::Mutex::new(None::<TestPki>));
+    let yaml = "repair:\n  repair_procedures:\n    - machine_types: [qemu]\n      repair_operations:\n        - operation: unhealthy\n          repair_steps:\n            - repair_command: [\"@restart-unit\", \"kubelet\"]\n              command_timeout_seconds: 30\n              watch_seconds: 2\n            - repair_command: [\"@reboot\"]\n              command_timeout_seconds: 60\n              watch_seconds: 2\n            - repair_command: [\"@power-cycle\"]\n              command_timeout_seconds: 90\n              watch_seconds: 60\n          health_check_command: [\"@agent-healthy\"]\n";
+    // The gateway needs the fleet PKI, which Env creates: start it from inside.
+    let (sim_port, sim_user, sim_pass) = (sim.port, sim.username.clone(), sim.password.clone());
+    let gw_slot = gw_pki.clone();
+    let rt = tokio::runtime::Handle::current();
+    let (env, gw) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let mut gw = None;
+        let env = Env::start_with(yaml, &[(ADDR, HOST)], |pki| {
+            let tp = TestPki {
+                ca: protocol::pki::Ca::load(&pki.ca_dir)?,
+                dir: tempfile::tempdir()?,
+            };
+            let pw = tp.dir.path().join("bmc.pw");
+            std::fs::write(&pw, format!("{sim_pass}\n"))?;
+            let bmcs = format!(
+                "[[bmc]]\nmachine = \"{ADDR}\"\nserial = \"SN-{HOST}\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {sim_port}\nusername = \"{sim_user}\"\npassword_file = {:?}\n",
+                pw.to_string_lossy()
+            );
+            let g = rt.block_on(GatewayProc::start(&tp, &bmcs))?;
+            let extra = format!(
+                "\n[[gateways.targets]]\nname = \"r1\"\naddress = \"{}\"\nserver_name = \"127.0.0.1\"\nracks = [\"r1\"]\n",
+                g.quic
+            );
+            *gw_slot.lock().unwrap() = Some(tp);
+            gw = Some(g);
+            Ok(extra)
+        })?;
+        Ok((env, gw.context("gateway")?))
+    })
+    .await??;
+    let env = std::sync::Arc::new(env);
+
+    // The kubelet answers 500 whatever the agent restarts, and after the "reboot" too.
+    let kubelet = FakeKubelet::start()?;
+    kubelet.set_healthy(false);
+    let fx = NodeFixture::builder(HOST).address(ADDR.parse()?).build()?;
+    let tls = Coordinator::agent_tls(&env.pki, HOST)?;
+    let cfg = fx.write_agent_config(
+        &AgentConfig::new(&env.coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+            .report_interval(Duration::from_millis(300))
+            .kubelet_url(&kubelet.url()),
+    )?;
+    let d = env.dir.display().to_string();
+    let root = fx.root().display().to_string();
+    let mut text = std::fs::read_to_string(&cfg)?;
+    text.push_str(&format!(
+        "\n[actions]\nreboot = true\nstate_dir = \"{d}/state-esc\"\nrestart_command = [\"sh\", \"-c\", \"echo \\\"$0\\\" >> {d}/restarts\"]\nreboot_command = [\"sh\", \"-c\", \"echo x >> {d}/reboots; echo 1b1b1b1b-0000-0000-0000-000000000001 > {root}/proc/sys/kernel/random/boot_id\"]\n"
+    ));
+    std::fs::write(&cfg, text)?;
+    let _agent = start_agent(HOST, &cfg, &env.dir.join(format!("{HOST}.log")))?;
+    {
+        let env = env.clone();
+        tokio::task::spawn_blocking(move || env.coord.wait_for_state(HOST, "unhealthy", SETTLE))
+            .await??;
+    }
+    let i = {
+        let env = env.clone();
+        tokio::task::spawn_blocking(move || env.add("unhealthy", ADDR)).await??
+    };
+
+    // The machine "boots" once its BMC power-cycled it: new boot id, a working kubelet.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(150);
+    while !sim
+        .events()
+        .iter()
+        .any(|e| e.starts_with("set power") || e.starts_with("set reset"))
+    {
+        if tokio::time::Instant::now() > deadline {
+            let h = env.history(&i)?;
+            bail!(
+                "no power action reached the BMC: {h:?}\ngateway log:\n{}",
+                gw.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    fx.new_boot_id()?;
+    kubelet.set_healthy(true);
+
+    let v = {
+        let env = env.clone();
+        let i = i.clone();
+        tokio::task::spawn_blocking(move || env.finished(&i)).await??
+    };
+    let history = env.history(&i)?;
+    assert_eq!(v["status"], "succeeded", "{v}\n{history:?}");
+    assert_eq!(v["step"], 2, "{history:?}");
+    let events: Vec<&str> = history.iter().map(|(e, _)| e.as_str()).collect();
+    assert_eq!(
+        events.iter().filter(|e| **e == "next-step").count(),
+        2,
+        "restart and reboot each watched, then escalated: {history:?}"
+    );
+    assert_eq!(lines(&env.dir.join("restarts")), 1, "{history:?}");
+    assert_eq!(lines(&env.dir.join("reboots")), 1, "{history:?}");
+    assert!(
+        history
+            .iter()
+            .any(|(e, d)| e == "command-succeeded" && d.contains("@power-cycle")),
+        "{history:?}"
+    );
+    assert!(sim.power_is_on().await?, "machine left off");
+    drop(gw_pki);
     Ok(())
 }
