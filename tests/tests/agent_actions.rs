@@ -549,6 +549,14 @@ async fn a_broken_kubelet_escalates_restart_then_reboot_then_power_cycle() -> an
         "{history:?}"
     );
     assert!(sim.power_is_on().await?, "machine left off");
+    // The agent was still there before the power cycle: its diagnostics were kept first.
+    assert!(
+        history
+            .iter()
+            .any(|(e, d)| e == "command-succeeded" && d.contains("kept first")),
+        "{history:?}"
+    );
+    assert_eq!(v["diagnostics"].as_array().map(Vec::len), Some(1), "{v}");
     drop(gw_pki);
     Ok(())
 }

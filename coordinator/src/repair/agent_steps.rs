@@ -16,11 +16,16 @@ use protocol::actions::ActionStatus;
 use super::command::{Outcome, RunContext};
 use super::config::AgentStep;
 use super::decide::CommandEnd;
-use crate::agent_link::AgentActionError;
+use crate::agent_link::{ActionAnswer, AgentActionError};
 
 /// Limit of an agent step whose `command_timeout_seconds` is 0 (no limit): a reboot of a
 /// big server with slow firmware takes up to ~10 min; past 15 the next step should run.
 pub const DEFAULT_AGENT_STEP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// How long a power action or fence waits for diagnostics from the machine's agent before
+/// it acts. Collecting takes a second or two; the fence must not wait on a sick agent, and
+/// 10 s is small next to a BMC's power cycle.
+pub const DIAGNOSTICS_BEFORE_POWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often `@reboot` looks for the agent's return. Reports come every 5 s by default;
 /// polling the in-memory view faster costs nothing and makes the step end promptly.
@@ -158,6 +163,43 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
                 Outcome::Error,
             ),
         },
+    }
+}
+
+/// Before a power action or fence: when the machine's agent is connected, keep its
+/// diagnostics with the entry, bounded by [`DIAGNOSTICS_BEFORE_POWER_TIMEOUT`] (the step's
+/// own limit if shorter). Never fails and never waits for an agent that is not connected;
+/// returns a note for the step's summary.
+pub async fn diagnostics_before_power(ctx: &RunContext) -> String {
+    let Some(shelf) = &ctx.diagnostics else {
+        return String::new();
+    };
+    let limit = ctx.timeout.map_or(DIAGNOSTICS_BEFORE_POWER_TIMEOUT, |t| {
+        t.min(DIAGNOSTICS_BEFORE_POWER_TIMEOUT)
+    });
+    let id = format!("{}-diagnostics", ctx.request_id);
+    let asked = ctx.actions.act(
+        &ctx.address,
+        &id,
+        protocol::actions::AgentAction::CollectDiagnostics,
+        limit,
+    );
+    match tokio::time::timeout(limit, asked).await {
+        Ok(Ok(ActionAnswer {
+            status: Some(ActionStatus::Diagnostics(bundle)),
+            ..
+        })) => match shelf.keep(&ctx.address, &id, &bundle).await {
+            Ok(n) => format!(" (diagnostics #{n} kept first)"),
+            Err(e) => {
+                tracing::warn!(machine = %ctx.address, error = %e, "cannot keep diagnostics before the power action");
+                String::new()
+            }
+        },
+        Ok(Err(AgentActionError::NotConnected { .. })) => String::new(),
+        other => {
+            tracing::info!(machine = %ctx.address, answer = ?other.map(|r| r.map(|a| a.status.is_some())), "no diagnostics before the power action");
+            String::new()
+        }
     }
 }
 
@@ -391,5 +433,47 @@ mod tests {
         .await;
         assert!(end.ok, "{}", end.summary);
         assert_eq!(outcome, Outcome::Ok);
+    }
+
+    #[tokio::test]
+    async fn diagnostics_before_power_are_kept_when_the_agent_is_there_and_skipped_at_once_when_not()
+     {
+        use protocol::actions::{DiagnosticsBundle, DiagnosticsPart};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("db")).unwrap();
+        let shelf = crate::repair::diagnostics::DiagnosticsShelf::new(
+            store.clone(),
+            Arc::new(crate::clock::SystemClock),
+            3,
+        );
+        let agent = Arc::new(Scripted {
+            status: ActionStatus::Diagnostics(DiagnosticsBundle {
+                parts: vec![DiagnosticsPart {
+                    name: "kernel log".into(),
+                    content: "oops".into(),
+                    truncated: false,
+                }],
+                limit_bytes: 1024,
+            }),
+            asked: Mutex::new(Vec::new()),
+        });
+        let mut c = ctx(agent.clone(), Arc::new(Reported));
+        c.diagnostics = Some(shelf.clone());
+        let note = diagnostics_before_power(&c).await;
+        assert!(note.contains("kept first"), "{note}");
+        assert_eq!(agent.asked.lock().unwrap()[0].0, "db-e1-r0-a0-diagnostics");
+        let kept = store
+            .with(|conn| crate::repair::diagnostics::for_entry(conn, 3))
+            .unwrap();
+        assert_eq!(kept.len(), 1);
+
+        let mut c = ctx(Arc::new(NoAgentLinks), Arc::new(NoAgents));
+        c.diagnostics = Some(shelf);
+        let started = std::time::Instant::now();
+        assert_eq!(diagnostics_before_power(&c).await, "");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited for a missing agent"
+        );
     }
 }

@@ -253,7 +253,15 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
         Builtin::Fence => PowerAction::Fence,
         Builtin::AgentHealthy => unreachable!("not a power action"),
     };
-    let deadline = ctx.timeout.map(|t| tokio::time::Instant::now() + t);
+    // Evidence before force: the agent's diagnostics, if it is there to give them, within a
+    // short bound that never delays the action much (and counts against the step's limit).
+    let started = tokio::time::Instant::now();
+    let diagnostics = if matches!(b, Builtin::PowerCycle | Builtin::PowerOff | Builtin::Fence) {
+        super::agent_steps::diagnostics_before_power(ctx).await
+    } else {
+        String::new()
+    };
+    let deadline = ctx.timeout.map(|t| started + t);
     let mut held: Option<Held> = None;
     let mut pause = HOLD_FIRST_PAUSE;
     let note = |held: &Option<Held>| {
@@ -316,7 +324,7 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
             other => break (req, other),
         }
     };
-    let held = note(&held);
+    let held = format!("{}{diagnostics}", note(&held));
     let (req, answer) = answer;
     match answer {
         Err(e) => (
