@@ -219,6 +219,15 @@ fn diagnostics_then_reboot_say_goodbye_and_succeed_on_a_new_boot_id() -> anyhow:
     agent.wait_for_log(&["saying goodbye", "Reboot"], SETTLE)?;
     env.coord
         .wait_for_log(&["agent said goodbye", "Reboot"], SETTLE)?;
+    // Goodbye first, then the reboot: the new boot connects after the goodbye was taken.
+    let log = env.coord.log_text();
+    let bye = log
+        .find("agent said goodbye")
+        .context("no goodbye in the coordinator log")?;
+    let back = log
+        .find("boot_id=0a0b0c0d-1111-2222-3333-444455556666")
+        .context("the agent never came back from the new boot")?;
+    assert!(bye < back, "the new boot connected before the goodbye");
     let m = env.coord.machine("10.12.0.2")?;
     assert!(
         m.transitions.iter().all(|t| t.to != "unreachable"),
