@@ -21,6 +21,8 @@ pub struct Admin {
     pub fleet: Arc<Fleet>,
     /// The repair queue, when a repair configuration is set.
     pub repair: Option<crate::repair::RepairQueue>,
+    /// The store, for diagnostics kept with repair entries.
+    pub store: crate::store::Store,
 }
 
 fn error(code: RefusalCode, reason: impl Into<String>) -> AdminResponse {
@@ -47,6 +49,40 @@ impl Admin {
                     "the repair queue is not enabled in this coordinator: set [repair] config",
                 ),
             },
+            AdminRequest::Diagnostics(d) => self.diagnostics(d).await,
+        }
+    }
+
+    async fn diagnostics(
+        &self,
+        req: protocol::admin::diagnostics::DiagnosticsRequest,
+    ) -> AdminResponse {
+        use crate::repair::diagnostics as d;
+        use protocol::admin::diagnostics::{DiagnosticsRequest, DiagnosticsResponse};
+        let result = match req {
+            DiagnosticsRequest::List { address } => self
+                .store
+                .call(move |c| d::list(c, &address))
+                .await
+                .map(|l| Ok(DiagnosticsResponse::List(l))),
+            DiagnosticsRequest::Get { address, id } => self
+                .store
+                .call(move |c| Ok((d::get(c, &address, id)?, address)))
+                .await
+                .map(|(r, address)| match r {
+                    Some(r) => Ok(DiagnosticsResponse::Get(Box::new(r))),
+                    None => Err(match id {
+                        Some(id) => format!("no diagnostics #{id} for {address}"),
+                        None => format!(
+                            "no diagnostics kept for {address}: they are collected by an @collect-diagnostics repair step"
+                        ),
+                    }),
+                }),
+        };
+        match result {
+            Ok(Ok(r)) => AdminResponse::Diagnostics(r),
+            Ok(Err(reason)) => error(RefusalCode::BadRequest, reason),
+            Err(e) => error(RefusalCode::Internal, e.to_string()),
         }
     }
 

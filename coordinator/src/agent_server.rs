@@ -10,6 +10,10 @@
 //! Every refusal is answered with a reason, logged at warn with structured fields and
 //! counted in metrics; a misbehaving peer only ever loses its own connection.
 //!
+//! An agent's connection is registered in [`crate::agent_link::AgentLinks`] while its
+//! session lasts, so the repair queue can open action streams on it; the coordinator
+//! accepts no stream an agent opens besides the first.
+//!
 //! This module moves frames and enforces who may say what; what a report means is
 //! [`crate::fleet`]'s business, what an admin request does is [`crate::admin`]'s.
 
@@ -55,6 +59,8 @@ pub struct ServerCtx {
     pub metrics: Arc<Metrics>,
     /// Admin request handlers.
     pub admin: Arc<Admin>,
+    /// Connections of connected agents, for agent actions.
+    pub links: Arc<crate::agent_link::AgentLinks>,
 }
 
 /// Accepts connections until `shutdown`, then gives open sessions up to `grace` to end and
@@ -243,6 +249,7 @@ async fn agent_session(
         }
     };
     let _open = ctx.metrics.session_opened(SessionKind::Agent);
+    let link = ctx.links.insert(&address, conn.clone());
     tracing::info!(machine = %address, agent_version = %hello.agent_version, boot_id = %hello.boot_id, "agent connected");
     loop {
         let read = tokio::select! {
@@ -310,6 +317,7 @@ async fn agent_session(
             break;
         }
     }
+    ctx.links.remove(&address, link);
     ctx.fleet.disconnected(&hostname).await;
 }
 

@@ -114,6 +114,8 @@ pub struct App {
     node_view: Option<(NodeView, Duration)>,
     repair_stop: CancellationToken,
     repair_join: Option<tokio::task::JoinHandle<()>>,
+    /// Connected agents' connections, for agent actions.
+    links: Arc<crate::agent_link::AgentLinks>,
 }
 
 impl std::fmt::Debug for App {
@@ -180,6 +182,7 @@ impl App {
             None => Arc::new(NotANode),
         };
         let power = power_control(&config, &tls, &name, &fleet);
+        let links = crate::agent_link::AgentLinks::new();
         // The engine starts now, so a bad `repair:` file fails the build, but stops with
         // the app: `run` cancels this token when its shutdown token fires.
         let repair_stop = CancellationToken::new();
@@ -192,6 +195,7 @@ impl App {
                     fleet.clone(),
                     drainer,
                     power,
+                    links.clone(),
                     repair_stop.clone(),
                 )
                 .await?;
@@ -202,6 +206,7 @@ impl App {
         let admin = Arc::new(Admin {
             fleet: fleet.clone(),
             repair: repair.clone(),
+            store: store.clone(),
         });
         Ok(Self {
             config,
@@ -220,6 +225,7 @@ impl App {
             node_view: kube.map(|(k, every)| (k.node_view().clone(), every)),
             repair_stop,
             repair_join,
+            links,
         })
     }
 
@@ -243,6 +249,7 @@ impl App {
             fleet: self.fleet.clone(),
             metrics: self.metrics.clone(),
             admin: self.admin.clone(),
+            links: self.links.clone(),
         });
         tracing::info!(
             name = %self.name,

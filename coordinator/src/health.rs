@@ -186,6 +186,7 @@ fn goodbye_word(r: GoodbyeReason) -> &'static str {
     match r {
         GoodbyeReason::Shutdown => "shutdown",
         GoodbyeReason::Restart => "restart",
+        GoodbyeReason::Reboot => "reboot",
     }
 }
 

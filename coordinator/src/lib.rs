@@ -4,6 +4,7 @@
 //! Logic lives in this library; the `coordinator` and `coordinatorctl` binaries are thin.
 
 pub mod admin;
+pub mod agent_link;
 pub mod agent_server;
 pub mod app;
 pub mod clock;

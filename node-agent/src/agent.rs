@@ -8,6 +8,11 @@
 //! stop signal (at any point) ─▶ goodbye on the current connection, or on a fresh one
 //! ```
 //!
+//! While connected, the coordinator may open action streams on the same connection
+//! ([`crate::actions`]); a reboot it asks for ends the round like a stop, with a goodbye
+//! saying reboot, after which the reboot command runs and the agent carries on (until the
+//! system stops it).
+//!
 //! A reload request (SIGHUP, see [`crate::reload`]) is taken between reports: the new
 //! settings apply from the next report, a changed coordinator reconnects at once, and
 //! settings that cannot be applied are refused as a whole with an error log.
@@ -33,6 +38,7 @@ use quinn::Endpoint;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use crate::actions::{self, ActionServer, RebootOrder};
 use crate::backoff::{Backoff, INITIAL_BACKOFF, MAX_BACKOFF};
 use crate::checks::Checker;
 use crate::config::{Config, ConfigError, CoordinatorConfig};
@@ -184,6 +190,12 @@ pub struct Agent {
     reloads: Option<Reloads>,
     /// A reload changed the coordinator: drop the connection after this pause.
     reconnect: bool,
+    /// Serves the coordinator's action requests on every connection.
+    actions: Arc<ActionServer>,
+    /// Reboots the action server asks for.
+    reboot_orders: tokio::sync::mpsc::UnboundedReceiver<RebootOrder>,
+    /// The reboot this round ends for.
+    reboot: Option<RebootOrder>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -243,7 +255,16 @@ impl Agent {
                 hostname,
             });
         }
+        let (orders, reboot_orders) = tokio::sync::mpsc::unbounded_channel();
+        let actions = Arc::new(ActionServer::new(
+            cfg.actions.clone(),
+            cfg.root.clone(),
+            orders,
+        ));
         Ok(Self {
+            actions,
+            reboot_orders,
+            reboot: None,
             cfg,
             coordinator,
             tls,
@@ -286,6 +307,7 @@ impl Agent {
                     .require_coordinator()
                     .cloned()
                     .unwrap_or_else(|_| self.coordinator.clone());
+                self.actions.set_config(r.cfg.actions.clone());
                 self.cfg = r.cfg;
                 self.tls = r.tls;
                 info!(changed = ?r.changed, "configuration and TLS files reloaded");
@@ -316,6 +338,10 @@ impl Agent {
             let reload_requested = tokio::select! {
                 biased;
                 _ = &mut *stop => return false,
+                Some(order) = self.reboot_orders.recv() => {
+                    self.reboot = Some(order);
+                    return false;
+                }
                 _ = next_reload(&mut self.reloads) => true,
                 _ = tokio::time::sleep(slice) => false,
             };
@@ -384,6 +410,10 @@ impl Agent {
                 Ok(session) => {
                     info!(coordinator = %addr, peer = %session.peer, "connected");
                     let span = info_span!("connection", coordinator = %addr);
+                    tokio::spawn(
+                        actions::serve(session.conn.clone(), self.actions.clone())
+                            .instrument(span.clone()),
+                    );
                     return Ok(Link {
                         endpoint,
                         session,
@@ -403,6 +433,7 @@ impl Agent {
     /// Runs the checks, sends one report and reads its ack.
     async fn report(&mut self, link: &mut Link) -> Result<(), RoundError> {
         let checks = self.checker.run().await;
+        self.actions.set_checks(&checks);
         let boot_id = node::boot_id(&self.cfg.root)?;
         self.seq += 1;
         let seq = self.seq;
@@ -477,15 +508,48 @@ impl Agent {
     pub async fn run(mut self, stop: impl Future<Output = ()>) -> RunSummary {
         let mut stop = std::pin::pin!(stop);
         let mut backoff = Backoff::new(self.opts.backoff_initial, self.opts.backoff_max);
-        let mut link: Option<Link> = None;
         let mut ready = false;
         self.set_status("connecting to coordinator");
+        loop {
+            let link = self.rounds(&mut stop, &mut backoff, &mut ready).await;
+            self.goodbye(link).await;
+            match self.reboot.take() {
+                Some(order) => self.run_reboot(order).await,
+                None => break,
+            }
+        }
+        self.summary
+    }
+
+    /// Runs the reboot command after the goodbye and records its outcome; the agent then
+    /// reconnects (a real reboot stops it soon; the coordinator waits for a new boot id).
+    async fn run_reboot(&mut self, order: RebootOrder) {
+        let cfg = self.actions.config();
+        info!(id = %order.id, command = %cfg.reboot_command.join(" "), "rebooting as the coordinator asked");
+        let ran = actions::exec::run(&cfg.reboot_command, cfg.command_timeout, 2048).await;
+        let status = actions::command_status("reboot", &cfg.reboot_command, ran);
+        if let protocol::actions::ActionStatus::Failed { detail, .. } = &status {
+            error!(id = %order.id, %detail, "reboot command failed; carrying on");
+        }
+        self.actions.reboot_finished(&order.id, status);
+        self.notifier.watchdog();
+    }
+
+    /// Connects and reports until `stop` completes or a reboot is ordered; returns the
+    /// connection, if any, for the goodbye.
+    async fn rounds(
+        &mut self,
+        stop: &mut (impl Future<Output = ()> + Unpin),
+        backoff: &mut Backoff,
+        ready: &mut bool,
+    ) -> Option<Link> {
+        let mut link: Option<Link> = None;
         'run: loop {
             if link.is_none() {
                 if self.summary.connections > 0 || backoff.attempts() > 0 {
                     self.reload_tls();
                 }
-                match unless_stopped(&mut stop, self.connect()).await {
+                match unless_stopped(&mut *stop, self.connect()).await {
                     None => break 'run,
                     Some(Ok(l)) => {
                         self.summary.connections += 1;
@@ -495,7 +559,7 @@ impl Agent {
                         let d = backoff.next(rand::random::<f64>());
                         self.log_round_error(&e, d);
                         self.notifier.watchdog();
-                        if !self.pause(d, &mut stop).await {
+                        if !self.pause(d, &mut *stop).await {
                             break 'run;
                         }
                         continue;
@@ -511,7 +575,7 @@ impl Agent {
                 let mut round = std::pin::pin!(self.report(l).instrument(span));
                 tokio::select! {
                     biased;
-                    _ = &mut stop => {
+                    _ = &mut *stop => {
                         // Let the report in flight finish briefly so the goodbye can use
                         // this connection; a stream abandoned mid-frame cannot be reused.
                         stopping = true;
@@ -536,8 +600,8 @@ impl Agent {
                 Ok(()) => {
                     self.summary.reports_acked += 1;
                     backoff.reset();
-                    if !ready {
-                        ready = true;
+                    if !*ready {
+                        *ready = true;
                         self.notifier.ready();
                         info!(seq = self.seq, "first report accepted");
                     }
@@ -545,7 +609,7 @@ impl Agent {
                     self.notifier.watchdog();
                     let next = started + self.cfg.report_interval;
                     if !self
-                        .pause(next.saturating_duration_since(Instant::now()), &mut stop)
+                        .pause(next.saturating_duration_since(Instant::now()), &mut *stop)
                         .await
                     {
                         break 'run;
@@ -565,19 +629,22 @@ impl Agent {
                     self.log_round_error(&e, d);
                     self.set_status("reconnecting to coordinator");
                     self.notifier.watchdog();
-                    if !self.pause(d, &mut stop).await {
+                    if !self.pause(d, &mut *stop).await {
                         break 'run;
                     }
                 }
             }
         }
-        self.goodbye(link).await;
-        self.summary
+        link
     }
 
     async fn goodbye(&mut self, link: Option<Link>) {
-        self.notifier.stopping();
-        let reason = self.probe.reason().await;
+        let reason = if self.reboot.is_some() {
+            GoodbyeReason::Reboot
+        } else {
+            self.notifier.stopping();
+            self.probe.reason().await
+        };
         info!(reason = ?reason, "stopping; saying goodbye to the coordinator");
         self.summary.goodbye = Some(reason);
         let work = async {

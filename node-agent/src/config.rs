@@ -194,6 +194,9 @@ pub struct FileConfig {
     /// kdump check.
     #[serde(default)]
     pub kdump: KdumpConfig,
+    /// Actions the coordinator may ask for.
+    #[serde(default)]
+    pub actions: crate::actions::config::ActionsFile,
 }
 
 /// `[kubelet]` in the file.
@@ -321,6 +324,8 @@ pub struct Config {
     pub kubelet: KubeletConfig,
     /// Whether to check kdump.
     pub kdump: bool,
+    /// Actions the coordinator may ask for.
+    pub actions: crate::actions::config::ActionsConfig,
     /// The file that was read, if any (for messages).
     pub source: Option<PathBuf>,
 }
@@ -531,7 +536,9 @@ impl Config {
         if timeout.is_zero() {
             return Err(invalid("kubelet.timeout", "must be more than 0".into()));
         }
+        let actions = crate::actions::config::ActionsConfig::resolve(file.actions, invalid)?;
         Ok(Config {
+            actions,
             coordinator,
             report_interval,
             root,

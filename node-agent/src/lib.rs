@@ -6,15 +6,19 @@
 //! - [`checks`]: the health checks, each over a root directory so tests use fixture trees,
 //! - [`node`]: the facts in the agent's hello (hostname, serial, addresses, boot id),
 //! - [`agent`]: the reporting loop with reconnects and goodbye,
+//! - [`actions`]: the few actions the coordinator may ask for (restart an allowed unit,
+//!   clean reboot, diagnostics), each only when `[actions]` enables it,
 //! - [`backoff`]: reconnect delays,
 //! - [`systemd`]: `sd_notify` and telling a system shutdown from an agent restart,
 //! - [`reload`]: what a SIGHUP may change in a running agent,
 //! - [`cli`]: the `check` subcommand's output.
 //!
-//! The agent deliberately decides nothing about repairs; it only observes and reports.
+//! The agent deliberately decides nothing about repairs; it observes, reports, and carries
+//! out the actions its configuration allows when the coordinator asks.
 //! It must stay small (resident memory under 8 MiB): no HTTP library, a single-threaded
 //! runtime, no allocation-heavy work per cycle.
 
+pub mod actions;
 pub mod agent;
 pub mod backoff;
 pub mod checks;

@@ -1,7 +1,7 @@
 //! Fleetmend's wire protocol.
 //!
 //! This crate holds what every Fleetmend component must agree on:
-//! - the message types ([`messages`], [`admin`], [`gateway`]) and the protocol version,
+//! - the message types ([`messages`], [`actions`], [`admin`], [`gateway`]) and the protocol version,
 //! - length-delimited framing with a hard size limit ([`frame`]), sans-IO,
 //! - identities carried in certificate URI SANs ([`identity`]),
 //! - behind the `transport` feature, rustls and quinn configuration builders and async
@@ -12,6 +12,7 @@
 //! The message and framing modules do no I/O: they are tested without sockets. The crate
 //! deliberately knows nothing about what the coordinator does with a report.
 
+pub mod actions;
 pub mod admin;
 pub mod frame;
 pub mod gateway;

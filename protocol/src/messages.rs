@@ -237,6 +237,9 @@ pub enum GoodbyeReason {
     Shutdown,
     /// Only the agent restarts (upgrade, config change).
     Restart,
+    /// The coordinator asked for a clean reboot ([`crate::actions::AgentAction::Reboot`]);
+    /// the agent comes back with a new boot id.
+    Reboot,
 }
 
 /// The coordinator's answer to each [`AgentMessage`].

@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod common;
+pub mod diagnostics;
 pub mod machines;
 pub mod pki;
 pub mod repair_queue;
@@ -48,6 +49,8 @@ command_groups! {
     Machines(machines::MachinesCommand),
     /// The repair queue (as `ckecli repair-queue`).
     RepairQueue(repair_queue::RepairQueueCommand),
+    /// Diagnostics collected from agents by repair steps.
+    Diagnostics(diagnostics::DiagnosticsCommand),
 }
 
 /// Fleetmend's operator CLI.

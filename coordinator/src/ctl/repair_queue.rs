@@ -242,6 +242,11 @@ fn detail_json(d: &RepairEntryDetail) -> serde_json::Value {
             })
         })
         .collect();
+    v["diagnostics"] = d
+        .diagnostics
+        .iter()
+        .map(super::diagnostics::summary_json)
+        .collect();
     v
 }
 
@@ -344,6 +349,13 @@ fn print_detail(d: &RepairEntryDetail) {
                 println!("      | {line}");
             }
         }
+    }
+    if !d.diagnostics.is_empty() {
+        println!(
+            "diagnostics:  (coordinatorctl diagnostics get {} --id ID)",
+            e.address
+        );
+        super::diagnostics::summary_table(&d.diagnostics);
     }
 }
 

@@ -105,6 +105,7 @@ fn rebooting_wait(m: &Machine, ctx: &Ctx<'_>) -> Option<String> {
             match reason {
                 GoodbyeReason::Shutdown => "shutdown or reboot",
                 GoodbyeReason::Restart => "agent restart",
+                GoodbyeReason::Reboot => "reboot asked by a repair",
             },
             human(elapsed(ctx.now, at))
         ),

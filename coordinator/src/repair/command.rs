@@ -1,7 +1,7 @@
 //! Running repair, health-check and success commands: external programs with the machine's
 //! address appended, under a time limit that kills the whole process group, with output kept
 //! (truncated) for the entry's history; and the `@` built-ins, which go through
-//! [`PowerControl`] and [`AgentHealthView`].
+//! [`PowerControl`] and [`AgentHealthView`], or to the agent ([`super::agent_steps`]).
 //!
 //! Each call runs inside its own task spawned by the engine; nothing here blocks a thread.
 //! This module does not decide what a result means for the entry: see [`super::decide`].
@@ -22,7 +22,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::config::{Builtin, CommandSpec};
 use super::decide::CommandEnd;
+use super::diagnostics::DiagnosticsShelf;
 use super::orphans::GroupLedger;
+use crate::agent_link::AgentActions;
 use crate::fence::proof::fence_confirmed;
 use crate::gateway::PowerControl;
 
@@ -128,6 +130,10 @@ pub struct RunContext {
     pub agents: Arc<dyn AgentHealthView>,
     /// Where an external command's process group is recorded; `None` = not recorded.
     pub groups: Option<GroupLedger>,
+    /// Agent actions (`@restart-unit`, `@reboot`, `@collect-diagnostics`).
+    pub actions: Arc<dyn AgentActions>,
+    /// Where `@collect-diagnostics` keeps what it got; `None` = nowhere (the step fails).
+    pub diagnostics: Option<DiagnosticsShelf>,
 }
 
 /// Runs a command of `kind` and says how it ended.
@@ -154,6 +160,7 @@ pub fn run(
                 (end, outcome)
             }
             CommandSpec::Builtin(Builtin::AgentHealthy) => agent_healthy(&ctx),
+            CommandSpec::Agent(step) => super::agent_steps::run(step, &ctx).await,
             CommandSpec::Builtin(b) => power(b, &ctx).await,
         }
     })
@@ -246,7 +253,15 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
         Builtin::Fence => PowerAction::Fence,
         Builtin::AgentHealthy => unreachable!("not a power action"),
     };
-    let deadline = ctx.timeout.map(|t| tokio::time::Instant::now() + t);
+    // Evidence before force: the agent's diagnostics, if it is there to give them, within a
+    // short bound that never delays the action much (and counts against the step's limit).
+    let started = tokio::time::Instant::now();
+    let diagnostics = if matches!(b, Builtin::PowerCycle | Builtin::PowerOff | Builtin::Fence) {
+        super::agent_steps::diagnostics_before_power(ctx).await
+    } else {
+        String::new()
+    };
+    let deadline = ctx.timeout.map(|t| started + t);
     let mut held: Option<Held> = None;
     let mut pause = HOLD_FIRST_PAUSE;
     let note = |held: &Option<Held>| {
@@ -309,7 +324,7 @@ async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
             other => break (req, other),
         }
     };
-    let held = note(&held);
+    let held = format!("{}{diagnostics}", note(&held));
     let (req, answer) = answer;
     match answer {
         Err(e) => (
@@ -590,6 +605,8 @@ mod tests {
             power: Arc::new(NoGateway),
             agents: Arc::new(NoAgents),
             groups: None,
+            actions: Arc::new(crate::agent_link::NoAgentLinks),
+            diagnostics: None,
         }
     }
 

@@ -4,7 +4,9 @@
 //! Built-in actions are spelled with a leading `@`, which no program on `PATH` can be named
 //! in practice: `@power-cycle`, `@power-off`, `@power-on` and `@fence` (through the BMC
 //! gateway) in `repair_command` and `success_command`; `@agent-healthy` in
-//! `health_check_command`.
+//! `health_check_command`; `@restart-unit NAME`, `@reboot` and `@collect-diagnostics` (asked
+//! of the machine's agent over its own connection, see [`crate::agent_link`]) in
+//! `repair_command`.
 //!
 //! Reading and validating YAML is [`super::load`]'s job; this module neither reads files
 //! nor runs anything.
@@ -75,6 +77,77 @@ pub enum CommandSpec {
     External(Vec<String>),
     /// A built-in action.
     Builtin(Builtin),
+    /// An action asked of the machine's node-agent.
+    Agent(AgentStep),
+}
+
+/// A repair step carried out by the machine's node-agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentStep {
+    /// `@restart-unit NAME`: restart a unit the agent allows; done when the restart command
+    /// succeeded.
+    RestartUnit(String),
+    /// `@reboot`: a clean reboot; done when the agent returns with a new boot id.
+    Reboot,
+    /// `@collect-diagnostics`: diagnostics kept with the entry.
+    CollectDiagnostics,
+}
+
+impl AgentStep {
+    /// The built-in names of agent steps, for messages.
+    pub const NAMES: &'static str = "@restart-unit NAME, @reboot, @collect-diagnostics";
+
+    /// Parses an agent step from its argv (`["@restart-unit", "kubelet"]`); `None` if the
+    /// first word is not an agent step, `Some(Err)` if its arguments are wrong.
+    pub fn parse(argv: &[String]) -> Option<Result<Self, String>> {
+        let args = &argv[1..];
+        let no_args = |s: AgentStep| {
+            if args.is_empty() {
+                Ok(s)
+            } else {
+                Err(format!("`{}` takes no arguments", argv[0]))
+            }
+        };
+        Some(match argv[0].as_str() {
+            "@restart-unit" => match args {
+                [unit] if valid_unit(unit) => Ok(AgentStep::RestartUnit(unit.clone())),
+                [unit] => Err(format!("{unit:?} is not a unit name")),
+                _ => Err("`@restart-unit` takes exactly one unit name, e.g. kubelet".into()),
+            },
+            "@reboot" => no_args(AgentStep::Reboot),
+            "@collect-diagnostics" => no_args(AgentStep::CollectDiagnostics),
+            _ => return None,
+        })
+    }
+
+    /// The agent action this step asks for.
+    pub fn action(&self) -> protocol::actions::AgentAction {
+        use protocol::actions::AgentAction;
+        match self {
+            AgentStep::RestartUnit(u) => AgentAction::RestartUnit { unit: u.clone() },
+            AgentStep::Reboot => AgentAction::Reboot,
+            AgentStep::CollectDiagnostics => AgentAction::CollectDiagnostics,
+        }
+    }
+}
+
+/// Letters, digits and `-_.@:`, not starting with `-`: what the agent accepts too.
+fn valid_unit(u: &str) -> bool {
+    !u.is_empty()
+        && u.len() <= 256
+        && !u.starts_with('-')
+        && u.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.@:".contains(c))
+}
+
+impl std::fmt::Display for AgentStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentStep::RestartUnit(u) => write!(f, "@restart-unit {u}"),
+            AgentStep::Reboot => f.write_str("@reboot"),
+            AgentStep::CollectDiagnostics => f.write_str("@collect-diagnostics"),
+        }
+    }
 }
 
 impl CommandSpec {
@@ -85,6 +158,12 @@ impl CommandSpec {
             _ => None,
         }
     }
+
+    /// True for a step after which the machine should come back from a new boot: a power
+    /// built-in or `@reboot`. The boot id before it is kept for `@agent-healthy`.
+    pub fn changes_boot(&self) -> bool {
+        self.power_builtin().is_some() || *self == CommandSpec::Agent(AgentStep::Reboot)
+    }
 }
 
 impl std::fmt::Display for CommandSpec {
@@ -92,6 +171,7 @@ impl std::fmt::Display for CommandSpec {
         match self {
             CommandSpec::External(argv) => write!(f, "{}", argv.join(" ")),
             CommandSpec::Builtin(b) => f.write_str(b.name()),
+            CommandSpec::Agent(a) => a.fmt(f),
         }
     }
 }

@@ -28,7 +28,7 @@ use std::collections::HashSet;
 use jiff::{SignedDuration, Timestamp};
 use protocol::admin::repair::{RepairStatus, RepairStepStatus};
 
-use super::config::{RepairConfig, RepairOperation};
+use super::config::{CommandSpec, RepairConfig, RepairOperation};
 use super::entry::{Entry, HistoryEvent, Phase};
 
 /// Base of the drain backoff, CKE's `drainBackOffBaseSeconds`: the wait after the n-th failed
@@ -163,6 +163,14 @@ pub enum Action {
     RunHealthCheck,
     /// The watch expired: step + 1, waiting.
     NextStep,
+    /// A graceful (agent) step's command failed, e.g. the agent is unreachable or refused:
+    /// step + 1, waiting, so the procedure escalates instead of failing the entry.
+    Escalate {
+        /// The failed attempt's summary.
+        summary: String,
+        /// Its output.
+        output: String,
+    },
     /// The health check passed: run the success command.
     Healthy,
     /// Run (again) the success command (no transition).
@@ -329,6 +337,14 @@ pub fn decide_processing(
                     summary: end.summary.clone(),
                     output: end.output.clone(),
                 },
+                TaskObs::Finished(end)
+                    if !is_last && matches!(step.repair_command, CommandSpec::Agent(_)) =>
+                {
+                    Action::Escalate {
+                        summary: end.summary.clone(),
+                        output: end.output.clone(),
+                    }
+                }
                 TaskObs::Finished(end) => Action::Fail {
                     reason: format!(
                         "repair command of step {} failed ({}) after {} attempt(s)",
@@ -430,7 +446,7 @@ pub fn transition(
     let with_success_command = op.is_some_and(|o| o.success_command.is_some());
     let power_step = op
         .and_then(|o| o.repair_steps.get(e.step as usize))
-        .is_some_and(|s| s.repair_command.power_builtin().is_some());
+        .is_some_and(|s| s.repair_command.changes_boot());
     let mut n = e.clone();
     let moved = |n: &mut Entry, status, step, step_status| {
         n.status = status;
@@ -562,6 +578,24 @@ pub fn transition(
                 format!("watch of step {} expired, machine still unhealthy", e.step),
             )
         }
+        Action::Escalate { summary, output } => {
+            moved(
+                &mut n,
+                RepairStatus::Processing,
+                e.step + 1,
+                RepairStepStatus::Waiting,
+            );
+            n.phase = Phase::Idle;
+            HistoryEvent::new(
+                "escalated",
+                format!(
+                    "step {} failed ({summary}); going on to step {}",
+                    e.step,
+                    e.step + 1
+                ),
+            )
+            .with_output(output.clone())
+        }
         Action::Healthy => {
             if with_success_command {
                 n.phase = Phase::SuccessCommand;
@@ -591,7 +625,7 @@ pub fn transition(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repair::config::{Builtin, CommandSpec, RepairProcedure, RepairStep};
+    use crate::repair::config::{Builtin, RepairProcedure, RepairStep};
 
     fn t0() -> Timestamp {
         Timestamp::from_second(1_800_000_000).unwrap()
@@ -743,6 +777,7 @@ mod tests {
             Action::CommandDone { .. } => "command-done",
             Action::RunHealthCheck => "health-check",
             Action::NextStep => "next-step",
+            Action::Escalate { .. } => "escalate",
             Action::Healthy => "healthy",
             Action::RunSuccessCommand => "success-command",
             Action::Succeed { .. } => "succeed",
@@ -1406,6 +1441,30 @@ mod tests {
             }
             a => panic!("{a:?}"),
         }
+    }
+
+    #[test]
+    fn failed_agent_step_escalates_to_the_next_step_but_fails_the_entry_when_last() {
+        use crate::repair::config::AgentStep;
+        let mut c = command_phase(
+            case().entry("10.0.0.4", "type1", "op1"),
+            0,
+            Some(end(false)),
+        );
+        c.config.repair_procedures[0].repair_operations[0].repair_steps[0].repair_command =
+            CommandSpec::Agent(AgentStep::RestartUnit("kubelet".into()));
+        assert_eq!(c.ops(), ["escalate"]);
+        let e = &c.entries[0].0;
+        let (n, ev) = transition(e, c.op(), &c.run()[0].1, c.now, &|| None, &mut |_| 0).unwrap();
+        assert_eq!((n.step, n.step_status), (1, RepairStepStatus::Waiting));
+        assert_eq!(n.status, RepairStatus::Processing);
+        assert_eq!(ev.event, "escalated");
+        assert!(ev.detail.contains("exit status 1"), "{}", ev.detail);
+        // The same failure on the last step fails the entry, as any command does.
+        c.config.repair_procedures[0].repair_operations[0].repair_steps[1].repair_command =
+            CommandSpec::Agent(AgentStep::Reboot);
+        let c = c.e(|e| e.step = 1);
+        assert_eq!(c.ops(), ["fail"]);
     }
 
     #[test]

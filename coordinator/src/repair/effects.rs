@@ -17,9 +17,11 @@ use tracing::Instrument;
 use super::command::{self, AgentHealthView, CommandKind, RunContext};
 use super::config::{CommandSpec, RepairOperation};
 use super::decide::{Action, DrainEnd, NodeObs, TaskObs};
+use super::diagnostics::DiagnosticsShelf;
 use super::entry::{Entry, RequestFor, power_request_id};
 use super::orphans::GroupLedger;
 use super::tasks::{Event, Tasks};
+use crate::agent_link::AgentActions;
 use crate::clock::Clock;
 use crate::gateway::PowerControl;
 use crate::k8s::{DrainOptions, DrainProgress, Drainer};
@@ -41,6 +43,7 @@ pub(super) struct Effects {
     drainer: Arc<dyn Drainer>,
     power: Arc<dyn PowerControl>,
     agents: Arc<dyn AgentHealthView>,
+    actions: Arc<dyn AgentActions>,
     drain_opts: DrainOptions,
     /// Where running commands' process groups are recorded ([`super::orphans`]).
     store: Store,
@@ -52,10 +55,12 @@ pub(super) struct Effects {
 
 impl Effects {
     /// Effects through these systems; drains use `drain_opts`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         drainer: Arc<dyn Drainer>,
         power: Arc<dyn PowerControl>,
         agents: Arc<dyn AgentHealthView>,
+        actions: Arc<dyn AgentActions>,
         drain_opts: DrainOptions,
         store: Store,
         clock: Arc<dyn Clock>,
@@ -65,6 +70,7 @@ impl Effects {
             drainer,
             power,
             agents,
+            actions,
             drain_opts,
             store,
             clock,
@@ -139,7 +145,10 @@ impl Effects {
             Action::RetryLater { .. } => {
                 tasks.runtime(index).obs.command = TaskObs::NotStarted;
             }
-            Action::CommandDone { .. } | Action::NextStep | Action::Healthy => {
+            Action::CommandDone { .. }
+            | Action::NextStep
+            | Action::Escalate { .. }
+            | Action::Healthy => {
                 let rt = tasks.runtime(index);
                 if let Some(t) = rt.health_task.take() {
                     t.abort();
@@ -204,6 +213,12 @@ impl Effects {
             power: self.power.clone(),
             agents: self.agents.clone(),
             groups: Some(GroupLedger::new(
+                self.store.clone(),
+                self.clock.clone(),
+                e.index,
+            )),
+            actions: self.actions.clone(),
+            diagnostics: Some(DiagnosticsShelf::new(
                 self.store.clone(),
                 self.clock.clone(),
                 e.index,

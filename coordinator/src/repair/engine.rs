@@ -67,6 +67,9 @@ pub struct RepairDeps {
     pub power: Arc<dyn PowerControl>,
     /// Agent health, for `@agent-healthy`.
     pub agents: Arc<dyn AgentHealthView>,
+    /// Agent actions, for `@restart-unit`, `@reboot`, `@collect-diagnostics`
+    /// ([`crate::agent_link::NoAgentLinks`] unless set).
+    pub actions: Arc<dyn crate::agent_link::AgentActions>,
     /// `rand(n)` in `0..n`, for the drain backoff; injectable for tests.
     pub rand: Box<dyn FnMut(u64) -> u64 + Send + Sync>,
 }
@@ -88,6 +91,7 @@ impl RepairDeps {
             drainer,
             power,
             agents,
+            actions: Arc::new(crate::agent_link::NoAgentLinks),
             rand: Box::new(|n| if n == 0 { 0 } else { rand::random_range(0..n) }),
         }
     }
@@ -126,6 +130,7 @@ impl RepairQueue {
             deps.drainer.clone(),
             deps.power.clone(),
             deps.agents.clone(),
+            deps.actions.clone(),
             deps.config.drain_options(),
             deps.store.clone(),
             deps.clock.clone(),
@@ -297,13 +302,21 @@ impl Engine {
                     match self
                         .deps
                         .store
-                        .call(move |c| rstore::history(c, index))
+                        .call(move |c| {
+                            Ok((
+                                rstore::history(c, index)?,
+                                super::diagnostics::for_entry(c, index)?,
+                            ))
+                        })
                         .await
                     {
-                        Ok(history) => Ok(RepairQueueResponse::Show(Box::new(RepairEntryDetail {
-                            entry,
-                            history,
-                        }))),
+                        Ok((history, diagnostics)) => {
+                            Ok(RepairQueueResponse::Show(Box::new(RepairEntryDetail {
+                                entry,
+                                history,
+                                diagnostics,
+                            })))
+                        }
                         Err(e) => Err(RepairQueueError::Store(e)),
                     }
                 }

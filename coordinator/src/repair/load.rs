@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::config::{
-    Builtin, CommandSpec, DEFAULT_COMMAND_TIMEOUT_SECONDS, DEFAULT_EVICTION_TIMEOUT_SECONDS,
-    DEFAULT_MAX_CONCURRENT_REPAIRS, LabelSelector, RepairConfig, RepairOperation, RepairProcedure,
-    RepairStep,
+    AgentStep, Builtin, CommandSpec, DEFAULT_COMMAND_TIMEOUT_SECONDS,
+    DEFAULT_EVICTION_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_REPAIRS, LabelSelector, RepairConfig,
+    RepairOperation, RepairProcedure, RepairStep,
 };
 
 /// Why a repair configuration could not be used.
@@ -271,11 +271,19 @@ impl Parser<'_> {
         if first.trim().is_empty() {
             return Err(self.invalid(&format!("{at}[0]"), "program must not be empty"));
         }
+        // Agent steps are repair steps only: a health check must not reboot anything.
+        if key == "repair_command"
+            && let Some(step) = AgentStep::parse(&argv)
+        {
+            return step
+                .map(|s| Some(CommandSpec::Agent(s)))
+                .map_err(|e| self.invalid(&at, e));
+        }
         if let Some(name) = first.strip_prefix('@') {
             let builtin = Builtin::parse(first).ok_or_else(|| {
                 self.invalid(
                     &format!("{at}[0]"),
-                    format!("unknown built-in action `@{name}`; known: @power-cycle, @power-off, @power-on, @fence, @agent-healthy"),
+                    format!("unknown built-in action `@{name}`; known: @power-cycle, @power-off, @power-on, @fence, @agent-healthy, {}", AgentStep::NAMES),
                 )
             })?;
             if !allowed.contains(&builtin) {
@@ -810,13 +818,46 @@ options:
         );
         let (key, message) = err_key(&CKE_CLUSTER_YML.replace(
             r#"repair_command: ["sh", "-c", "touch /tmp/mtest-repair-$1", "repair"]"#,
-            r#"repair_command: ["@reboot"]"#,
+            r#"repair_command: ["@reboot-now"]"#,
         ));
         assert_eq!(
             key,
             "repair.repair_procedures[0].repair_operations[0].repair_steps[0].repair_command[0]"
         );
         assert!(message.contains("unknown built-in"), "{message}");
+        // Agent steps: repair steps only, with their arguments checked.
+        let step = |cmd: &str| {
+            CKE_CLUSTER_YML.replace(
+                r#"repair_command: ["sh", "-c", "touch /tmp/mtest-repair-$1", "repair"]"#,
+                &format!("repair_command: {cmd}"),
+            )
+        };
+        let c = load(&step(r#"["@restart-unit", "kubelet"]"#))
+            .unwrap()
+            .config;
+        assert_eq!(
+            c.operation_for("Cray-1", "unreachable")
+                .unwrap()
+                .repair_steps[0]
+                .repair_command,
+            CommandSpec::Agent(AgentStep::RestartUnit("kubelet".into()))
+        );
+        assert!(load(&step(r#"["@reboot"]"#)).is_ok());
+        assert!(load(&step(r#"["@collect-diagnostics"]"#)).is_ok());
+        let (_, message) = err_key(&step(r#"["@restart-unit"]"#));
+        assert!(message.contains("exactly one unit"), "{message}");
+        let (_, message) = err_key(&step(r#"["@restart-unit", "-kubelet"]"#));
+        assert!(message.contains("not a unit name"), "{message}");
+        let (_, message) = err_key(&step(r#"["@reboot", "now"]"#));
+        assert!(message.contains("takes no arguments"), "{message}");
+        let (_, message) = err_key(&CKE_CLUSTER_YML.replace(
+            r#"health_check_command: ["sh", "-c", "test -f /tmp/mtest-repair-$1 && echo true", "health_check"]"#,
+            r#"health_check_command: ["@reboot"]"#,
+        ));
+        assert!(
+            message.contains("unknown built-in"),
+            "a health check must not reboot: {message}"
+        );
         let (_, message) = err_key(&CKE_CLUSTER_YML.replace(
             r#"repair_command: ["sh", "-c", "touch /tmp/mtest-repair-$1", "repair"]"#,
             r#"repair_command: ["@agent-healthy"]"#,

@@ -6,6 +6,8 @@
 //! - [`decide`]: the pure step decision and transitions, unit-tested case by case,
 //! - [`admin`]: the pure meaning of admin requests (writes and replies),
 //! - [`command`]: running external commands and built-ins,
+//! - [`agent_steps`]: the steps the machine's agent carries out (`@restart-unit`,
+//!   `@reboot`, `@collect-diagnostics`), and [`diagnostics`]: where their bundles are kept,
 //! - [`orphans`]: the record of running commands' process groups, and the kill of those a
 //!   killed coordinator left behind,
 //! - [`store`]: the SQLite tables of migration 0002,
@@ -22,9 +24,11 @@
 //! deliberately implements none of those systems.
 
 pub mod admin;
+pub mod agent_steps;
 pub mod command;
 pub mod config;
 pub mod decide;
+pub mod diagnostics;
 mod effects;
 pub mod engine;
 pub mod entry;

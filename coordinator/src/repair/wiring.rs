@@ -14,6 +14,7 @@ use super::command::{AgentHealth, AgentHealthView};
 use super::engine::{RepairDeps, RepairQueue};
 use super::load::{RepairConfigError, load_file};
 use super::metrics::RepairMetrics;
+use crate::agent_link::AgentActions;
 use crate::clock::Clock;
 use crate::fleet::Fleet;
 use crate::gateway::PowerControl;
@@ -70,6 +71,7 @@ impl MetricsSource for RepairMetrics {
 /// `shutdown` is cancelled (or the last [`RepairQueue`] handle is dropped); a command still
 /// running then is killed and runs again after a restart. Join the returned handle to know
 /// it has stopped.
+#[allow(clippy::too_many_arguments)]
 pub async fn start_for_app(
     path: &Path,
     store: Store,
@@ -77,10 +79,12 @@ pub async fn start_for_app(
     fleet: Arc<Fleet>,
     drainer: Arc<dyn Drainer>,
     power: Arc<dyn PowerControl>,
+    actions: Arc<dyn AgentActions>,
     shutdown: CancellationToken,
 ) -> Result<(RepairQueue, JoinHandle<()>), RepairStartError> {
     let loaded = load_file(path)?;
-    let deps = RepairDeps::new(store, Arc::new(loaded.config), clock, drainer, power, fleet);
+    let mut deps = RepairDeps::new(store, Arc::new(loaded.config), clock, drainer, power, fleet);
+    deps.actions = actions;
     let (queue, join) = RepairQueue::start(deps, shutdown).await?;
     tracing::info!(file = %path.display(), "repair queue started");
     Ok((queue, join))

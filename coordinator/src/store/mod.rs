@@ -27,7 +27,7 @@ use rusqlite::Connection;
 pub use lock::StoreLock;
 
 /// Ordered migrations: `(version, name, sql)`. Append only; a released migration is never
-/// edited. Versions are 1-based and contiguous.
+/// edited. Versions are 1-based and ascending (areas reserve their numbers).
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (
         1,
@@ -48,6 +48,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         4,
         "command_groups",
         include_str!("migrations/0004_command_groups.sql"),
+    ),
+    (
+        6,
+        "diagnostics",
+        include_str!("migrations/0006_diagnostics.sql"),
     ),
 ];
 

@@ -6,6 +6,7 @@
 //! small and areas can grow independently. Same postcard rules as [`crate::messages`]:
 //! append variants, never reorder.
 
+pub mod diagnostics;
 pub mod machines;
 pub mod repair;
 
@@ -20,6 +21,8 @@ pub enum AdminRequest {
     Machines(machines::MachinesRequest),
     /// The repair queue.
     RepairQueue(repair::RepairQueueRequest),
+    /// Diagnostics collected from agents.
+    Diagnostics(diagnostics::DiagnosticsRequest),
 }
 
 /// The answer to one [`AdminRequest`].
@@ -31,4 +34,6 @@ pub enum AdminResponse {
     Error(Refusal),
     /// Answer to a [`AdminRequest::RepairQueue`].
     RepairQueue(repair::RepairQueueResponse),
+    /// Answer to a [`AdminRequest::Diagnostics`].
+    Diagnostics(diagnostics::DiagnosticsResponse),
 }

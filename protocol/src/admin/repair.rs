@@ -217,6 +217,9 @@ pub struct RepairEntryDetail {
     pub entry: RepairEntry,
     /// Its history, oldest first.
     pub history: Vec<RepairHistoryRecord>,
+    /// Diagnostics collected for it, oldest first, without their contents
+    /// (`coordinatorctl diagnostics get ADDRESS --id ID` prints one).
+    pub diagnostics: Vec<super::diagnostics::DiagnosticsSummary>,
 }
 
 /// Entry counts by status.

@@ -1,0 +1,211 @@
+//! Asking a node-agent for an action over the connection it opened to us.
+//!
+//! [`AgentLinks`] holds the live QUIC connection of every connected agent, keyed by the
+//! machine's address, registered by [`crate::agent_server`] after the agent's certificate
+//! and hello were checked and removed when that session ends. [`AgentActions::act`] opens
+//! a stream on that connection, sends one [`ActionRequest`] and reads the answers. The
+//! coordinator never dials an agent: a machine without a live connection is unreachable
+//! and the call fails at once, so a repair procedure moves on to its next (power) step.
+//!
+//! Which agent is asked is decided here by the address only; the connection itself was
+//! authenticated as that machine's node certificate, so no other node can be asked through
+//! it, and nodes cannot open action streams towards anyone (agents accept them, the
+//! coordinator never does).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use protocol::actions::{
+    ActionReply, ActionRequest, ActionStatus, AgentAction, MAX_ACTION_FRAME_LEN,
+};
+use protocol::transport::{TransportError, read_msg, write_msg};
+use quinn::Connection;
+
+/// Why an action could not be asked for or its answer not read.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentActionError {
+    /// The machine's agent is not connected.
+    #[error(
+        "the agent of {address} is not connected (unreachable); a graceful action is not possible"
+    )]
+    NotConnected {
+        /// The machine.
+        address: String,
+    },
+    /// The connection failed while asking or waiting.
+    #[error("the agent of {address} went away during {action}: {detail}")]
+    Lost {
+        /// The machine.
+        address: String,
+        /// The action.
+        action: String,
+        /// What failed.
+        detail: String,
+    },
+    /// No final answer within the time limit (an agent from before actions never answers).
+    #[error(
+        "the agent of {address} did not answer {action} within {timeout:?} (an agent older than action support never answers)"
+    )]
+    Timeout {
+        /// The machine.
+        address: String,
+        /// The action.
+        action: String,
+        /// The limit.
+        timeout: Duration,
+    },
+}
+
+impl AgentActionError {
+    /// A lost connection may come back; a missing agent or a timeout is for the next step.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, AgentActionError::Lost { .. })
+    }
+}
+
+/// How an action ended, as far as the coordinator saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionAnswer {
+    /// Whether the agent accepted the request before its final status (or before the stream
+    /// ended, for a reboot).
+    pub accepted: bool,
+    /// The final status; `None` when the stream ended after `Accepted` (a reboot).
+    pub status: Option<ActionStatus>,
+}
+
+/// Agent actions as the repair queue needs them. Implemented by [`AgentLinks`]; faked in
+/// tests.
+pub trait AgentActions: Send + Sync + 'static {
+    /// Asks the agent of `address` for `action` under request `id`, waiting up to `timeout`
+    /// for its final answer.
+    fn act(
+        &self,
+        address: &str,
+        id: &str,
+        action: AgentAction,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>>;
+}
+
+/// Nobody connected: every action fails as unreachable.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoAgentLinks;
+
+impl AgentActions for NoAgentLinks {
+    fn act(
+        &self,
+        address: &str,
+        _id: &str,
+        _action: AgentAction,
+        _timeout: Duration,
+    ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
+        let address = address.to_string();
+        Box::pin(async move { Err(AgentActionError::NotConnected { address }) })
+    }
+}
+
+/// The connections of the agents connected now.
+#[derive(Debug, Default)]
+pub struct AgentLinks {
+    /// address → (session number, connection).
+    links: Mutex<HashMap<String, (u64, Connection)>>,
+    next: Mutex<u64>,
+}
+
+impl AgentLinks {
+    /// An empty registry.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Registers the connection of the agent of `address` (replacing an older one);
+    /// returns the session number to pass to [`AgentLinks::remove`].
+    pub fn insert(&self, address: &str, conn: Connection) -> u64 {
+        let n = {
+            let mut next = self.next.lock().expect("links lock");
+            *next += 1;
+            *next
+        };
+        self.links
+            .lock()
+            .expect("links lock")
+            .insert(address.to_string(), (n, conn));
+        n
+    }
+
+    /// Forgets session `n` of `address`, unless a newer session replaced it.
+    pub fn remove(&self, address: &str, n: u64) {
+        let mut links = self.links.lock().expect("links lock");
+        if links.get(address).is_some_and(|(m, _)| *m == n) {
+            links.remove(address);
+        }
+    }
+
+    fn get(&self, address: &str) -> Option<Connection> {
+        self.links
+            .lock()
+            .expect("links lock")
+            .get(address)
+            .map(|(_, c)| c.clone())
+    }
+}
+
+async fn ask(conn: Connection, req: ActionRequest) -> Result<ActionAnswer, TransportError> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(TransportError::from)?;
+    write_msg(&mut send, &req, MAX_ACTION_FRAME_LEN).await?;
+    let _ = send.finish();
+    let mut answer = ActionAnswer {
+        accepted: false,
+        status: None,
+    };
+    while let Some(reply) = read_msg::<ActionReply>(&mut recv, MAX_ACTION_FRAME_LEN).await? {
+        if reply.id != req.id {
+            continue;
+        }
+        if reply.status.is_final() {
+            answer.status = Some(reply.status);
+            break;
+        }
+        answer.accepted = true;
+    }
+    Ok(answer)
+}
+
+impl AgentActions for AgentLinks {
+    fn act(
+        &self,
+        address: &str,
+        id: &str,
+        action: AgentAction,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
+        let address = address.to_string();
+        let conn = self.get(&address);
+        let req = ActionRequest {
+            id: id.to_string(),
+            action,
+        };
+        Box::pin(async move {
+            let Some(conn) = conn else {
+                return Err(AgentActionError::NotConnected { address });
+            };
+            let what = req.action.describe();
+            tracing::info!(machine = %address, id = %req.id, action = %what, "asking the agent");
+            match tokio::time::timeout(timeout, ask(conn, req)).await {
+                Err(_) => Err(AgentActionError::Timeout {
+                    address,
+                    action: what,
+                    timeout,
+                }),
+                Ok(Err(e)) => Err(AgentActionError::Lost {
+                    address,
+                    action: what,
+                    detail: e.to_string(),
+                }),
+                Ok(Ok(a)) => Ok(a),
+            }
+        })
+    }
+}

@@ -1,0 +1,479 @@
+//! The repair steps a machine's node-agent carries out: `@restart-unit NAME`, `@reboot` and
+//! `@collect-diagnostics`, asked through [`crate::agent_link::AgentActions`].
+//!
+//! A machine whose agent is not connected fails the step at once, saying so, so that the
+//! procedure's next step (a power cycle) runs without waiting out a timeout. Every request
+//! carries the step attempt's id, the same after a coordinator restart, and the agent acts
+//! at most once per id. `@reboot` is done when the agent reports from a new boot; its
+//! goodbye (reason reboot) keeps the machine from being taken for crashed meanwhile.
+//!
+//! Like [`super::command`], this module decides nothing about the entry.
+
+use std::time::Duration;
+
+use protocol::actions::ActionStatus;
+
+use super::command::{Outcome, RunContext};
+use super::config::AgentStep;
+use super::decide::CommandEnd;
+use crate::agent_link::{ActionAnswer, AgentActionError};
+
+/// Limit of an agent step whose `command_timeout_seconds` is 0 (no limit): a reboot of a
+/// big server with slow firmware takes up to ~10 min; past 15 the next step should run.
+pub const DEFAULT_AGENT_STEP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// How long a power action or fence waits for diagnostics from the machine's agent before
+/// it acts. Collecting takes a second or two; the fence must not wait on a sick agent, and
+/// 10 s is small next to a BMC's power cycle.
+pub const DIAGNOSTICS_BEFORE_POWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often `@reboot` looks for the agent's return. Reports come every 5 s by default;
+/// polling the in-memory view faster costs nothing and makes the step end promptly.
+const REBOOT_POLL: Duration = Duration::from_millis(500);
+
+/// Pause before asking again after the connection broke mid-request.
+const RESEND_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long a step waits for an agent this coordinator has not heard from at all since it
+/// started (a step resumed after a coordinator restart, before the agents reconnected). An
+/// agent notices a dead coordinator within its 10 s reply timeout and reconnects after a
+/// backoff of seconds; a machine that did report and is not connected fails at once.
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(30);
+
+/// True while it is worth waiting for the agent of the entry to connect: nothing heard
+/// from it since this coordinator started, and the grace since `started` not over.
+fn worth_waiting(ctx: &RunContext, started: tokio::time::Instant) -> bool {
+    ctx.agents.agent_health(&ctx.address).is_none() && started.elapsed() < RECONNECT_GRACE
+}
+
+fn end(ok: bool, summary: String, output: String, outcome: Outcome) -> (CommandEnd, Outcome) {
+    (
+        CommandEnd {
+            ok,
+            summary,
+            output,
+        },
+        outcome,
+    )
+}
+
+fn failed(step: &AgentStep, status: ActionStatus) -> (CommandEnd, Outcome) {
+    match status {
+        ActionStatus::Failed { code, detail } => end(
+            false,
+            format!("{step}: the agent answered {}: {detail}", code.as_str()),
+            String::new(),
+            Outcome::Failed,
+        ),
+        other => end(
+            false,
+            format!("{step}: unexpected answer from the agent: {other:?}"),
+            String::new(),
+            Outcome::Error,
+        ),
+    }
+}
+
+/// Runs an agent step for the entry in `ctx`.
+pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let limit = ctx.timeout.unwrap_or(DEFAULT_AGENT_STEP_TIMEOUT);
+    let deadline = tokio::time::Instant::now() + limit;
+    if step == AgentStep::Reboot {
+        return reboot(ctx, deadline, limit).await;
+    }
+    let started = tokio::time::Instant::now();
+    let answer = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match ctx
+            .actions
+            .act(&ctx.address, &ctx.request_id, step.action(), left)
+            .await
+        {
+            Err(AgentActionError::NotConnected { .. })
+                if worth_waiting(ctx, started) && !left.is_zero() =>
+            {
+                tokio::time::sleep(REBOOT_POLL.min(left)).await;
+            }
+            Err(e) if e.is_retriable() && !left.is_zero() => {
+                tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "agent step: connection lost; asking again with the same id");
+                tokio::time::sleep(RESEND_PAUSE.min(left)).await;
+            }
+            other => break other,
+        }
+    };
+    let outcome = |e: &AgentActionError| match e {
+        AgentActionError::Timeout { .. } => Outcome::Timeout,
+        _ => Outcome::Error,
+    };
+    match answer {
+        Err(e) => end(false, format!("{step}: {e}"), String::new(), outcome(&e)),
+        Ok(a) => match a.status {
+            Some(ActionStatus::Done { detail }) => end(
+                true,
+                format!("{step}: {detail}"),
+                String::new(),
+                Outcome::Ok,
+            ),
+            Some(ActionStatus::Diagnostics(bundle)) => {
+                let Some(shelf) = &ctx.diagnostics else {
+                    return end(
+                        false,
+                        format!("{step}: nowhere to keep diagnostics"),
+                        String::new(),
+                        Outcome::Error,
+                    );
+                };
+                match shelf.keep(&ctx.address, &ctx.request_id, &bundle).await {
+                    Ok(id) => {
+                        let cut: Vec<&str> = bundle
+                            .parts
+                            .iter()
+                            .filter(|p| p.truncated)
+                            .map(|p| p.name.as_str())
+                            .collect();
+                        end(
+                            true,
+                            format!(
+                                "{step}: {} bytes in {} parts kept as diagnostics #{id}{}",
+                                bundle.total_bytes(),
+                                bundle.parts.len(),
+                                if cut.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(" (cut to fit: {})", cut.join(", "))
+                                }
+                            ),
+                            String::new(),
+                            Outcome::Ok,
+                        )
+                    }
+                    Err(e) => end(
+                        false,
+                        format!("{step}: cannot store the diagnostics: {e}"),
+                        String::new(),
+                        Outcome::Error,
+                    ),
+                }
+            }
+            Some(other) => failed(&step, other),
+            None => end(
+                false,
+                format!("{step}: the agent accepted the request but gave no result"),
+                String::new(),
+                Outcome::Error,
+            ),
+        },
+    }
+}
+
+/// Before a power action or fence: when the machine's agent is connected, keep its
+/// diagnostics with the entry, bounded by [`DIAGNOSTICS_BEFORE_POWER_TIMEOUT`] (the step's
+/// own limit if shorter). Never fails and never waits for an agent that is not connected;
+/// returns a note for the step's summary.
+pub async fn diagnostics_before_power(ctx: &RunContext) -> String {
+    let Some(shelf) = &ctx.diagnostics else {
+        return String::new();
+    };
+    let limit = ctx.timeout.map_or(DIAGNOSTICS_BEFORE_POWER_TIMEOUT, |t| {
+        t.min(DIAGNOSTICS_BEFORE_POWER_TIMEOUT)
+    });
+    let id = format!("{}-diagnostics", ctx.request_id);
+    let asked = ctx.actions.act(
+        &ctx.address,
+        &id,
+        protocol::actions::AgentAction::CollectDiagnostics,
+        limit,
+    );
+    match tokio::time::timeout(limit, asked).await {
+        Ok(Ok(ActionAnswer {
+            status: Some(ActionStatus::Diagnostics(bundle)),
+            ..
+        })) => match shelf.keep(&ctx.address, &id, &bundle).await {
+            Ok(n) => format!(" (diagnostics #{n} kept first)"),
+            Err(e) => {
+                tracing::warn!(machine = %ctx.address, error = %e, "cannot keep diagnostics before the power action");
+                String::new()
+            }
+        },
+        Ok(Err(AgentActionError::NotConnected { .. })) => String::new(),
+        other => {
+            tracing::info!(machine = %ctx.address, answer = ?other.map(|r| r.map(|a| a.status.is_some())), "no diagnostics before the power action");
+            String::new()
+        }
+    }
+}
+
+/// `@reboot`: ask once (again with the same id if the connection broke before an answer),
+/// then wait for a report from a new boot.
+async fn reboot(
+    ctx: &RunContext,
+    deadline: tokio::time::Instant,
+    limit: Duration,
+) -> (CommandEnd, Outcome) {
+    let step = AgentStep::Reboot;
+    let before = if ctx.boot_id_before.is_empty() {
+        ctx.agents
+            .agent_health(&ctx.address)
+            .map(|h| h.boot_id)
+            .unwrap_or_default()
+    } else {
+        ctx.boot_id_before.clone()
+    };
+    let mut asked = false;
+    let mut first = true;
+    let started = tokio::time::Instant::now();
+    loop {
+        if let Some(h) = ctx.agents.agent_health(&ctx.address)
+            && h.boot_id != before
+            && h.last_report > ctx.step_began
+        {
+            return end(
+                true,
+                format!(
+                    "@reboot: the agent is back from a new boot (boot id {} → {})",
+                    before, h.boot_id
+                ),
+                String::new(),
+                Outcome::Ok,
+            );
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return end(
+                false,
+                format!(
+                    "@reboot: no report from a new boot within {} s (boot id still {before}{})",
+                    limit.as_secs(),
+                    if asked {
+                        ""
+                    } else {
+                        "; the request never reached the agent"
+                    }
+                ),
+                String::new(),
+                Outcome::Timeout,
+            );
+        }
+        if !asked {
+            match ctx
+                .actions
+                .act(&ctx.address, &ctx.request_id, step.action(), left)
+                .await
+            {
+                Err(AgentActionError::NotConnected { .. })
+                    if first && worth_waiting(ctx, started) =>
+                {
+                    tokio::time::sleep(REBOOT_POLL.min(left)).await;
+                    continue;
+                }
+                Err(e @ AgentActionError::NotConnected { .. }) if first => {
+                    return end(
+                        false,
+                        format!("@reboot: {e}"),
+                        String::new(),
+                        Outcome::Error,
+                    );
+                }
+                Err(e) => {
+                    tracing::info!(machine = %ctx.address, id = %ctx.request_id, error = %e, "@reboot: no answer yet; asking again with the same id when the agent is back");
+                }
+                Ok(a) => match a.status {
+                    Some(s @ ActionStatus::Failed { .. }) => return failed(&step, s),
+                    _ => {
+                        tracing::info!(machine = %ctx.address, id = %ctx.request_id, boot_id = %before, "@reboot: accepted; waiting for the agent's return from a new boot");
+                        asked = true;
+                    }
+                },
+            }
+            first = false;
+        }
+        tokio::time::sleep(REBOOT_POLL.min(left)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use futures::future::BoxFuture;
+    use jiff::Timestamp;
+    use protocol::actions::{ActionFailure, AgentAction};
+
+    use super::*;
+    use crate::agent_link::{ActionAnswer, AgentActions, NoAgentLinks};
+    use crate::gateway::NoGateway;
+    use crate::repair::command::{AgentHealth, AgentHealthView, NoAgents};
+
+    /// Answers every request with one scripted status and records the requests.
+    struct Scripted {
+        status: ActionStatus,
+        asked: Mutex<Vec<(String, AgentAction)>>,
+    }
+
+    impl AgentActions for Scripted {
+        fn act(
+            &self,
+            _address: &str,
+            id: &str,
+            action: AgentAction,
+            _timeout: Duration,
+        ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
+            self.asked.lock().unwrap().push((id.to_string(), action));
+            let status = Some(self.status.clone());
+            Box::pin(async move {
+                Ok(ActionAnswer {
+                    accepted: true,
+                    status,
+                })
+            })
+        }
+    }
+
+    /// An agent that reported (so it is known to this coordinator).
+    struct Reported;
+
+    impl AgentHealthView for Reported {
+        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
+            Some(AgentHealth {
+                boot_id: "b1".into(),
+                last_report: Timestamp::from_second(1_800_000_000).unwrap(),
+                ok_since: None,
+            })
+        }
+    }
+
+    fn ctx(actions: Arc<dyn AgentActions>, agents: Arc<dyn AgentHealthView>) -> RunContext {
+        RunContext {
+            address: "10.0.0.9".into(),
+            serial: String::new(),
+            request_id: "db-e1-r0-a0".into(),
+            timeout: Some(Duration::from_secs(20)),
+            step_began: Timestamp::from_second(1_800_000_000).unwrap(),
+            boot_id_before: String::new(),
+            power: Arc::new(NoGateway),
+            agents,
+            groups: None,
+            actions,
+            diagnostics: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_agent_fails_the_step_at_once_with_that_reason() {
+        let started = std::time::Instant::now();
+        for step in [
+            AgentStep::RestartUnit("kubelet".into()),
+            AgentStep::Reboot,
+            AgentStep::CollectDiagnostics,
+        ] {
+            let (end, outcome) = run(
+                step.clone(),
+                &ctx(Arc::new(NoAgentLinks), Arc::new(Reported)),
+            )
+            .await;
+            assert!(!end.ok, "{step}");
+            assert!(end.summary.contains("not connected"), "{}", end.summary);
+            assert_eq!(outcome, Outcome::Error);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "did not fail at once"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_unheard_since_the_coordinator_started_gets_a_grace_to_reconnect() {
+        let started = tokio::time::Instant::now();
+        let mut c = ctx(Arc::new(NoAgentLinks), Arc::new(NoAgents));
+        c.timeout = Some(Duration::from_secs(2));
+        let (end, _) = run(AgentStep::RestartUnit("kubelet".into()), &c).await;
+        assert!(!end.ok);
+        let waited = started.elapsed();
+        // Waited for the agent until the step's limit (under the grace), then failed.
+        assert!(waited >= Duration::from_millis(1900), "{waited:?}");
+        assert!(end.summary.contains("not connected"), "{}", end.summary);
+    }
+
+    #[tokio::test]
+    async fn the_agents_answer_decides_the_step_and_the_request_carries_the_step_id() {
+        let refused = Arc::new(Scripted {
+            status: ActionStatus::Failed {
+                code: ActionFailure::NotAllowed,
+                detail: "restart-unit docker is not allowed".into(),
+            },
+            asked: Mutex::new(Vec::new()),
+        });
+        let (end, outcome) = run(
+            AgentStep::RestartUnit("docker".into()),
+            &ctx(refused.clone(), Arc::new(Reported)),
+        )
+        .await;
+        assert!(!end.ok);
+        assert!(end.summary.contains("not-allowed"), "{}", end.summary);
+        assert_eq!(outcome, Outcome::Failed);
+        assert_eq!(
+            *refused.asked.lock().unwrap(),
+            [(
+                "db-e1-r0-a0".to_string(),
+                AgentAction::RestartUnit {
+                    unit: "docker".into()
+                }
+            )]
+        );
+        let done = Arc::new(Scripted {
+            status: ActionStatus::Done {
+                detail: "restart-unit kubelet: exit status: 0".into(),
+            },
+            asked: Mutex::new(Vec::new()),
+        });
+        let (end, outcome) = run(
+            AgentStep::RestartUnit("kubelet".into()),
+            &ctx(done, Arc::new(Reported)),
+        )
+        .await;
+        assert!(end.ok, "{}", end.summary);
+        assert_eq!(outcome, Outcome::Ok);
+    }
+
+    #[tokio::test]
+    async fn diagnostics_before_power_are_kept_when_the_agent_is_there_and_skipped_at_once_when_not()
+     {
+        use protocol::actions::{DiagnosticsBundle, DiagnosticsPart};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("db")).unwrap();
+        let shelf = crate::repair::diagnostics::DiagnosticsShelf::new(
+            store.clone(),
+            Arc::new(crate::clock::SystemClock),
+            3,
+        );
+        let agent = Arc::new(Scripted {
+            status: ActionStatus::Diagnostics(DiagnosticsBundle {
+                parts: vec![DiagnosticsPart {
+                    name: "kernel log".into(),
+                    content: "oops".into(),
+                    truncated: false,
+                }],
+                limit_bytes: 1024,
+            }),
+            asked: Mutex::new(Vec::new()),
+        });
+        let mut c = ctx(agent.clone(), Arc::new(Reported));
+        c.diagnostics = Some(shelf.clone());
+        let note = diagnostics_before_power(&c).await;
+        assert!(note.contains("kept first"), "{note}");
+        assert_eq!(agent.asked.lock().unwrap()[0].0, "db-e1-r0-a0-diagnostics");
+        let kept = store
+            .with(|conn| crate::repair::diagnostics::for_entry(conn, 3))
+            .unwrap();
+        assert_eq!(kept.len(), 1);
+
+        let mut c = ctx(Arc::new(NoAgentLinks), Arc::new(NoAgents));
+        c.diagnostics = Some(shelf);
+        let started = std::time::Instant::now();
+        assert_eq!(diagnostics_before_power(&c).await, "");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited for a missing agent"
+        );
+    }
+}

@@ -1,0 +1,330 @@
+//! Actions the coordinator may ask this agent for, over the connection the agent opened:
+//! restart an allowed unit, reboot cleanly, collect diagnostics (see
+//! [`protocol::actions`] for the exchange).
+//!
+//! The agent listens on no port: the coordinator opens a stream on the agent's own
+//! mutual-TLS connection, so only the coordinator this agent authenticated can ask. Each
+//! action is refused unless `[actions]` enables it ([`config`]); a request id seen before
+//! is answered from the [`ledger`] instead of acted on again. A reboot is handed to the
+//! reporting loop, which says goodbye with reason reboot before running the reboot command.
+//!
+//! This module does not decide when an action is wise; the coordinator's repair steps do.
+
+pub mod config;
+pub mod diagnostics;
+pub mod exec;
+pub mod ledger;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use protocol::actions::{
+    ActionFailure, ActionReply, ActionRequest, ActionStatus, AgentAction, MAX_ACTION_FRAME_LEN,
+    MAX_REQUEST_ID_LEN,
+};
+use protocol::frame::MAX_FRAME_LEN;
+use protocol::messages::CheckResult;
+use protocol::transport::{read_msg, write_msg};
+use quinn::{Connection, RecvStream, SendStream};
+use tokio::sync::mpsc;
+use tracing::{Instrument, info, warn};
+
+use self::config::ActionsConfig;
+use self::exec::Ran;
+use self::ledger::{Begin, Ledger};
+
+/// How long the coordinator has to send its request after opening a stream: it writes it
+/// at once, so only a broken peer takes longer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long to let an answer drain to the coordinator before the stream is dropped.
+const ANSWER_LINGER: Duration = Duration::from_secs(2);
+
+/// Output kept of a restart or reboot command for the answer's detail.
+const COMMAND_OUTPUT_KEPT: usize = 2048;
+
+/// A reboot the reporting loop must carry out: goodbye first, then the command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebootOrder {
+    /// The request id, to record the outcome under.
+    pub id: String,
+}
+
+/// Serves action requests for every connection of this agent.
+#[derive(Debug)]
+pub struct ActionServer {
+    cfg: Mutex<ActionsConfig>,
+    root: PathBuf,
+    ledger: Mutex<Ledger>,
+    /// Failing and warning checks of the last round, for diagnostics.
+    checks: Mutex<Vec<CheckResult>>,
+    reboots: mpsc::UnboundedSender<RebootOrder>,
+}
+
+/// How a restart or reboot command's run reads as an answer.
+pub fn command_status(what: &str, argv: &[String], ran: Ran) -> ActionStatus {
+    let cmd = argv.join(" ");
+    match ran {
+        Ran::Exited {
+            success: true,
+            status,
+            ..
+        } => ActionStatus::Done {
+            detail: format!("{what}: `{cmd}` {status}"),
+        },
+        Ran::Exited {
+            status,
+            stdout,
+            stderr,
+            ..
+        } => ActionStatus::Failed {
+            code: ActionFailure::CommandFailed,
+            detail: format!(
+                "{what}: `{cmd}` {status}: {} {}",
+                stderr.trim(),
+                stdout.trim()
+            )
+            .trim_end()
+            .to_string(),
+        },
+        Ran::TimedOut => ActionStatus::Failed {
+            code: ActionFailure::TimedOut,
+            detail: format!("{what}: `{cmd}` did not finish in time and was killed"),
+        },
+        Ran::NotStarted(e) => ActionStatus::Failed {
+            code: ActionFailure::Error,
+            detail: format!("{what}: {e}"),
+        },
+    }
+}
+
+impl ActionServer {
+    /// A server acting under `cfg` on the node under `root`; reboots are sent to `reboots`.
+    pub fn new(
+        cfg: ActionsConfig,
+        root: PathBuf,
+        reboots: mpsc::UnboundedSender<RebootOrder>,
+    ) -> Self {
+        let ledger = Ledger::load(&cfg.state_dir);
+        Self {
+            cfg: Mutex::new(cfg),
+            root,
+            ledger: Mutex::new(ledger),
+            checks: Mutex::new(Vec::new()),
+            reboots,
+        }
+    }
+
+    /// Applies reloaded settings to the next requests.
+    pub fn set_config(&self, cfg: ActionsConfig) {
+        *self.cfg.lock().expect("actions config lock") = cfg;
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> ActionsConfig {
+        self.cfg.lock().expect("actions config lock").clone()
+    }
+
+    /// Keeps the checks of the last round that were not ok.
+    pub fn set_checks(&self, checks: &[CheckResult]) {
+        let mut kept = self.checks.lock().expect("checks lock");
+        kept.clear();
+        kept.extend(
+            checks
+                .iter()
+                .filter(|c| c.status != protocol::messages::CheckStatus::Ok)
+                .cloned(),
+        );
+    }
+
+    /// Records the outcome of a reboot command (called by the reporting loop).
+    pub fn reboot_finished(&self, id: &str, status: ActionStatus) {
+        let line = match &status {
+            ActionStatus::Failed { detail, .. } => format!("failed {detail}"),
+            _ => "reboot command ran".to_string(),
+        };
+        let mut l = self.ledger.lock().expect("ledger lock");
+        if let Err(e) = l.record_reboot(id, &line) {
+            warn!(error = %e, id, "cannot record the reboot's outcome");
+        }
+        if matches!(status, ActionStatus::Failed { .. }) {
+            l.finish(id, status);
+        }
+    }
+
+    /// Is `action` allowed by the settings in force? `Err` says why not.
+    fn allowed(&self, action: &AgentAction) -> Result<(), String> {
+        let cfg = self.cfg.lock().expect("actions config lock");
+        match action {
+            AgentAction::RestartUnit { unit } => {
+                if !config::valid_unit_name(unit) {
+                    Err(format!("{unit:?} is not a unit name"))
+                } else if !cfg.allowed_units.iter().any(|u| u == unit) {
+                    Err(format!(
+                        "restart-unit {unit} is not allowed by this agent: [actions] allowed_units = [{}]",
+                        cfg.allowed_units.join(", ")
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+            AgentAction::Reboot if !cfg.reboot => Err(
+                "reboot is not allowed by this agent: set reboot = true in its [actions]".into(),
+            ),
+            AgentAction::CollectDiagnostics if !cfg.collect_diagnostics => Err(
+                "collect-diagnostics is not allowed by this agent: [actions] collect_diagnostics = false".into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// Carries out one request, writing each answer with `answer`.
+    async fn handle(&self, req: ActionRequest, send: &mut SendStream) {
+        let id = req.id.clone();
+        if id.is_empty() || id.len() > MAX_REQUEST_ID_LEN {
+            let detail = format!("request id must be 1..={MAX_REQUEST_ID_LEN} bytes");
+            return answer(
+                send,
+                &id,
+                ActionStatus::Failed {
+                    code: ActionFailure::BadRequest,
+                    detail,
+                },
+            )
+            .await;
+        }
+        let what = req.action.describe();
+        if let Err(detail) = self.allowed(&req.action) {
+            warn!(id, action = %what, %detail, "action refused");
+            return answer(
+                send,
+                &id,
+                ActionStatus::Failed {
+                    code: ActionFailure::NotAllowed,
+                    detail,
+                },
+            )
+            .await;
+        }
+        if req.action == AgentAction::CollectDiagnostics {
+            answer(send, &id, ActionStatus::Accepted).await;
+            let cfg = self.config();
+            let checks = self.checks.lock().expect("checks lock").clone();
+            let bundle = diagnostics::collect(&cfg, &self.root, &checks).await;
+            info!(id, bytes = bundle.total_bytes(), "diagnostics collected");
+            return answer(send, &id, ActionStatus::Diagnostics(bundle)).await;
+        }
+        let begun = self.ledger.lock().expect("ledger lock").begin(&id);
+        if let Begin::Seen(mut rx) = begun {
+            info!(id, action = %what, "request seen before; answering without acting again");
+            answer(send, &id, ActionStatus::Accepted).await;
+            if req.action == AgentAction::Reboot {
+                // A reboot's answer is its goodbye; only a recorded failure is sent.
+                let recorded = rx.borrow().clone();
+                if let Some(s @ ActionStatus::Failed { .. }) = recorded {
+                    answer(send, &id, s).await;
+                }
+                return;
+            }
+            let status = match rx.wait_for(Option::is_some).await {
+                Ok(s) => s.clone(),
+                Err(_) => return,
+            };
+            let Some(status) = status else { return };
+            return answer(send, &id, status).await;
+        }
+        match req.action {
+            AgentAction::RestartUnit { unit } => {
+                answer(send, &id, ActionStatus::Accepted).await;
+                let cfg = self.config();
+                let mut argv = cfg.restart_command.clone();
+                argv.push(unit.clone());
+                info!(id, %unit, command = %argv.join(" "), "restarting unit as the coordinator asked");
+                let ran = exec::run(&argv, cfg.command_timeout, COMMAND_OUTPUT_KEPT).await;
+                let status = command_status(&format!("restart-unit {unit}"), &argv, ran);
+                match &status {
+                    ActionStatus::Failed { detail, .. } => {
+                        warn!(id, %unit, %detail, "unit restart failed")
+                    }
+                    _ => info!(id, %unit, "unit restarted"),
+                }
+                self.ledger
+                    .lock()
+                    .expect("ledger lock")
+                    .finish(&id, status.clone());
+                answer(send, &id, status).await;
+            }
+            AgentAction::Reboot => {
+                let boot = crate::node::boot_id(&self.root).unwrap_or_default();
+                let recorded = self
+                    .ledger
+                    .lock()
+                    .expect("ledger lock")
+                    .record_reboot(&id, &format!("asked during boot {boot}"));
+                if let Err(e) = recorded {
+                    let status = ActionStatus::Failed {
+                        code: ActionFailure::Error,
+                        detail: format!("not rebooting: {e}"),
+                    };
+                    self.ledger
+                        .lock()
+                        .expect("ledger lock")
+                        .finish(&id, status.clone());
+                    return answer(send, &id, status).await;
+                }
+                answer(send, &id, ActionStatus::Accepted).await;
+                info!(id, "reboot asked by the coordinator; saying goodbye first");
+                let _ = self.reboots.send(RebootOrder { id });
+            }
+            AgentAction::CollectDiagnostics => unreachable!("handled above"),
+        }
+    }
+}
+
+/// Writes one answer frame for request `id`.
+async fn answer(send: &mut SendStream, id: &str, status: ActionStatus) {
+    let msg = ActionReply {
+        id: id.to_string(),
+        status,
+    };
+    if let Err(e) = write_msg(send, &msg, MAX_ACTION_FRAME_LEN).await {
+        warn!(error = %e, id, "cannot answer the coordinator's action request");
+    }
+}
+
+/// Serves action streams the coordinator opens on `conn` until the connection ends.
+pub async fn serve(conn: Connection, server: Arc<ActionServer>) {
+    loop {
+        let (send, recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let server = server.clone();
+        tokio::spawn(async move { one(send, recv, &server).await }.in_current_span());
+    }
+}
+
+async fn one(mut send: SendStream, mut recv: RecvStream, server: &ActionServer) {
+    let req = match tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        read_msg::<ActionRequest>(&mut recv, MAX_FRAME_LEN),
+    )
+    .await
+    {
+        Ok(Ok(Some(r))) => r,
+        Ok(Ok(None)) => return,
+        Ok(Err(e)) => {
+            warn!(error = %e, "unreadable action request");
+            return;
+        }
+        Err(_) => {
+            warn!("no action request on a stream the coordinator opened");
+            return;
+        }
+    };
+    let span = tracing::info_span!("action", id = %req.id, action = %req.action.describe());
+    server.handle(req, &mut send).instrument(span).await;
+    let _ = send.finish();
+    let _ = tokio::time::timeout(ANSWER_LINGER, send.stopped()).await;
+}
