@@ -138,6 +138,7 @@ impl Metrics {
                 escape(r)
             );
         }
+        protocol::process_metrics::render_into(&mut out);
         out
     }
 }

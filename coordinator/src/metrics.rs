@@ -233,6 +233,7 @@ async fn metrics_handler(State(s): State<HttpState>) -> impl IntoResponse {
     for src in &s.sources {
         src.render(&mut out);
     }
+    protocol::process_metrics::render_into(&mut out);
     (
         [(
             header::CONTENT_TYPE,
