@@ -21,6 +21,8 @@ pub struct Admin {
     pub fleet: Arc<Fleet>,
     /// The repair queue, when a repair configuration is set.
     pub repair: Option<crate::repair::RepairQueue>,
+    /// Automatic remediation, when `[remediation]` is set.
+    pub remediation: Option<crate::remediation::Remediation>,
 }
 
 fn error(code: RefusalCode, reason: impl Into<String>) -> AdminResponse {
@@ -45,6 +47,14 @@ impl Admin {
                 None => error(
                     RefusalCode::BadRequest,
                     "the repair queue is not enabled in this coordinator: set [repair] config",
+                ),
+            },
+            AdminRequest::Remediation(r) => match &self.remediation {
+                Some(rem) => rem.handle_admin(r).await,
+                None => error(
+                    RefusalCode::BadRequest,
+                    "automatic remediation is not enabled in this coordinator: add a \
+                     [remediation] section to its config",
                 ),
             },
         }

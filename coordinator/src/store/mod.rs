@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "command_groups",
         include_str!("migrations/0004_command_groups.sql"),
     ),
+    (
+        5,
+        "remediation",
+        include_str!("migrations/0005_remediation.sql"),
+    ),
 ];
 
 /// Errors from the store.

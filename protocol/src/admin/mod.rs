@@ -7,6 +7,7 @@
 //! append variants, never reorder.
 
 pub mod machines;
+pub mod remediation;
 pub mod repair;
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +21,8 @@ pub enum AdminRequest {
     Machines(machines::MachinesRequest),
     /// The repair queue.
     RepairQueue(repair::RepairQueueRequest),
+    /// Automatic remediation: switches, limits, the decision journal.
+    Remediation(remediation::RemediationRequest),
 }
 
 /// The answer to one [`AdminRequest`].
@@ -31,4 +34,6 @@ pub enum AdminResponse {
     Error(Refusal),
     /// Answer to a [`AdminRequest::RepairQueue`].
     RepairQueue(repair::RepairQueueResponse),
+    /// Answer to a [`AdminRequest::Remediation`].
+    Remediation(remediation::RemediationResponse),
 }

@@ -1,0 +1,491 @@
+//! The remediation loop: every `interval`, gather the facts ([`super::gather`]), call
+//! [`super::decide`] with the injected clock, enqueue the admitted entries through the same
+//! door as `coordinatorctl repair-queue add` ([`RepairQueue::request`] with
+//! `RepairQueueRequest::Add`), write every decision to the journal ([`super::journal`]) and
+//! post a Kubernetes Event on the Node for each new admission or hold.
+//!
+//! The order of a pass is socket → decision → store → action: the decision is pure, the
+//! enqueue goes through the repair queue's own transaction, and the journal records what
+//! happened (an admission the queue refused is journalled as held `enqueue-refused`).
+//!
+//! What it deliberately does not do: it keeps no pending proposals (a held proposal is
+//! dropped; the next pass derives afresh), and it never touches a running repair: it only
+//! adds entries. When the queue cannot be listed, the pass is skipped (deciding without
+//! knowing which machines have entries could enqueue twice).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use protocol::admin::remediation::{JournalLine, LimitLine, RemediationStatus};
+use protocol::admin::repair::{
+    AddRepairEntry, RepairEntry, RepairQueueRequest, RepairQueueResponse,
+};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::config::RemediationConfig;
+use super::decision::{Decision, Outcome, Pass, Rule};
+use super::gather::{self, ViewFacts};
+use super::input::RepairOutcome;
+use super::journal::{self, JournalWrite};
+use super::metrics::RemediationMetrics;
+use super::switches::Switches;
+use crate::clock::{Clock, to_unix_ms};
+use crate::fleet::Fleet;
+use crate::k8s::{Drainer, NodeEvent, NodeViewSource};
+use crate::repair::RepairQueue;
+use crate::store::{Store, StoreError};
+
+/// How often the journal is pruned: retention is counted in days, so once a minute is
+/// plenty and keeps the delete off most passes.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// The Kubernetes view may be this many refresh periods old before decisions that need it
+/// hold: one missed refresh is a slow API server, three is an outage.
+pub const VIEW_MAX_AGE_REFRESHES: u32 = 3;
+
+/// State shared by the loop and the admin handler.
+pub(super) struct Shared {
+    pub(super) store: Store,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) base: RemediationConfig,
+    pub(super) switches: Mutex<Switches>,
+    pub(super) last: Mutex<RemediationStatus>,
+    pub(super) wake: Notify,
+    pub(super) metrics: Arc<RemediationMetrics>,
+    pub(super) kubernetes: bool,
+}
+
+impl Shared {
+    pub(super) fn switches(&self) -> std::sync::MutexGuard<'_, Switches> {
+        self.switches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn last(&self) -> std::sync::MutexGuard<'_, RemediationStatus> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Handle to automatic remediation: the admin API's door and the loop's starter. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct Remediation {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Remediation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remediation").finish_non_exhaustive()
+    }
+}
+
+/// What the loop reads and acts through.
+pub struct LoopDeps {
+    /// The registry.
+    pub fleet: Arc<Fleet>,
+    /// The Kubernetes node view and its freshness limit, with `[kubernetes]`.
+    pub view: Option<(Arc<dyn NodeViewSource>, Duration)>,
+    /// The repair queue, with `[repair]`; without it every admission is refused.
+    pub queue: Option<RepairQueue>,
+    /// Where Node Events go ([`crate::k8s::NotANode`] posts none).
+    pub events: Arc<dyn Drainer>,
+}
+
+impl Remediation {
+    /// Loads the operator switches from the store.
+    pub async fn open(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        base: RemediationConfig,
+        kubernetes: bool,
+    ) -> Result<Self, StoreError> {
+        let (rows, cleared) = store
+            .call(|c| Ok((journal::switches(c)?, journal::cleared(c)?)))
+            .await?;
+        let switches = Switches::from_rows(&rows, cleared);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                store,
+                clock,
+                base,
+                switches: Mutex::new(switches),
+                last: Mutex::new(RemediationStatus::default()),
+                wake: Notify::new(),
+                metrics: Arc::new(RemediationMetrics::default()),
+                kubernetes,
+            }),
+        })
+    }
+
+    /// The loop's `/metrics` series.
+    pub fn metrics(&self) -> Arc<RemediationMetrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// Starts the loop; it stops when `shutdown` fires.
+    pub fn spawn(
+        &self,
+        deps: LoopDeps,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let mut state = match LoopState::load(&shared).await {
+                Ok(s) => s,
+                Err(error) => {
+                    // Without the journal's history the rate limit and escalation would
+                    // count from zero; better no remediation than an unbounded one.
+                    tracing::error!(%error, "remediation journal unreadable; automatic remediation does not run");
+                    return;
+                }
+            };
+            if deps.queue.is_none() {
+                tracing::warn!(
+                    "[remediation] without a [repair] configuration: decisions are journalled, nothing can be enqueued"
+                );
+            }
+            tracing::info!(interval = ?shared.base.interval, kubernetes = shared.kubernetes, "remediation loop started");
+            let mut tick = tokio::time::interval(shared.base.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tick.tick() => {}
+                    _ = shared.wake.notified() => {}
+                }
+                if let Err(error) = state.pass(&shared, &deps).await {
+                    shared.metrics.pass_failed();
+                    tracing::warn!(%error, "remediation pass skipped; retrying next interval");
+                }
+            }
+        })
+    }
+}
+
+/// What the loop remembers between passes (all of it also in the store).
+struct LoopState {
+    seq: u64,
+    /// The previous pass's line per machine: (line id, outcome, rule, operation).
+    prev: HashMap<String, (i64, Outcome, Rule, Option<String>)>,
+    admissions: Vec<Decision>,
+    outcomes: Vec<(u64, RepairOutcome)>,
+    known_outcomes: HashSet<u64>,
+    last_prune: Option<Timestamp>,
+}
+
+/// Why a pass could not run.
+#[derive(Debug, thiserror::Error)]
+enum PassError {
+    #[error("cannot list the repair queue: {0}")]
+    Queue(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn history_window(cfg: &RemediationConfig) -> Duration {
+    cfg.limits.escalation.window.max(Duration::from_secs(3600))
+}
+
+fn ago(now: Timestamp, d: Duration) -> i64 {
+    to_unix_ms(now) - i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl LoopState {
+    async fn load(shared: &Shared) -> Result<Self, StoreError> {
+        let now = shared.clock.now();
+        let hist = ago(now, history_window(&shared.base));
+        let out = ago(now, shared.base.limits.slow_start.lookback);
+        let (seq, admissions, outcomes) = shared
+            .store
+            .call(move |c| {
+                Ok((
+                    journal::max_seq(c)?,
+                    journal::admissions(c, hist)?,
+                    journal::outcomes(c, out)?,
+                ))
+            })
+            .await?;
+        Ok(Self {
+            seq,
+            prev: HashMap::new(),
+            admissions,
+            known_outcomes: outcomes.iter().map(|(i, _)| *i).collect(),
+            outcomes,
+            last_prune: None,
+        })
+    }
+
+    async fn queue(deps: &LoopDeps) -> Result<Vec<RepairEntry>, PassError> {
+        match &deps.queue {
+            None => Ok(Vec::new()),
+            Some(q) => match q.request(RepairQueueRequest::List).await {
+                Ok(RepairQueueResponse::List(l)) => Ok(l),
+                Ok(other) => Err(PassError::Queue(format!("unexpected answer {other:?}"))),
+                Err(e) => Err(PassError::Queue(e.to_string())),
+            },
+        }
+    }
+
+    async fn pass(&mut self, shared: &Shared, deps: &LoopDeps) -> Result<(), PassError> {
+        let queue = Self::queue(deps).await?;
+        let now = shared.clock.now();
+        let (cfg, control) = {
+            let s = shared.switches();
+            (s.effective(&shared.base), s.control())
+        };
+        self.remember_outcomes(shared, &queue, &cfg, now).await?;
+        let fleet = deps.fleet.snapshot();
+        let view = deps.view.as_ref().map(|(v, max)| (v.snapshot(), *max));
+        let keep = ago(now, history_window(&cfg));
+        self.admissions.retain(|d| to_unix_ms(d.at) >= keep);
+        let input = gather::input(
+            &fleet,
+            view.as_ref().map(|(s, max)| ViewFacts {
+                snapshot: s,
+                max_age: *max,
+            }),
+            &queue,
+            self.admissions.clone(),
+            self.outcomes.iter().map(|(_, o)| o.clone()).collect(),
+            control,
+        );
+        let mut pass = super::decide(&input, &cfg, now);
+        enqueue(&mut pass, deps).await;
+        let nodes: HashMap<&str, &str> = input
+            .machines
+            .iter()
+            .filter_map(|m| Some((m.address.as_str(), m.node.as_ref()?.name.as_str())))
+            .collect();
+        let new = self.journal(shared, &pass).await?;
+        self.admissions
+            .extend(pass.admitted.iter().filter(|d| d.is_admission()).cloned());
+        let lost_now = pass
+            .findings
+            .iter()
+            .filter(|d| d.rule == Rule::AgentLostNodeAlive)
+            .count() as u64;
+        let mut new_lost = 0;
+        let mut events = Vec::new();
+        for d in &new {
+            shared.metrics.decided(d.outcome, d.rule);
+            log(d);
+            let ev = match (d.outcome, d.rule) {
+                (Outcome::Admitted, _) => Some(NodeEvent::RemediationAdmitted),
+                (Outcome::Held, _) => Some(NodeEvent::RemediationHeld),
+                (Outcome::Finding, Rule::AgentLostNodeAlive) => {
+                    new_lost += 1;
+                    Some(NodeEvent::AgentLostNodeAlive)
+                }
+                _ => None,
+            };
+            if let (Some(ev), Some(node)) = (ev, nodes.get(d.address.as_str())) {
+                events.push((node.to_string(), ev, d.sentence.clone()));
+            }
+        }
+        shared.metrics.pass(&pass.limits, lost_now, new_lost);
+        if !events.is_empty() {
+            // Best effort and off the loop: a slow API server must not delay the next pass.
+            let sink = deps.events.clone();
+            tokio::spawn(async move {
+                for (node, ev, msg) in events {
+                    sink.record_event(&node, ev, &msg).await;
+                }
+            });
+        }
+        *shared.last() = status_of(shared, &pass, now);
+        self.prune(shared, &cfg, now).await
+    }
+
+    /// Records the outcomes of entries that finished since the last pass, so slow start
+    /// still sees them after the entries are deleted.
+    async fn remember_outcomes(
+        &mut self,
+        shared: &Shared,
+        queue: &[RepairEntry],
+        cfg: &RemediationConfig,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let new = gather::finished(queue, &self.known_outcomes);
+        let before = ago(now, cfg.limits.slow_start.lookback);
+        if !new.is_empty() {
+            let rows = new.clone();
+            shared
+                .store
+                .call(move |c| journal::add_outcomes(c, &rows, before))
+                .await?;
+            self.known_outcomes.extend(new.iter().map(|(i, _)| *i));
+            self.outcomes.extend(new);
+        }
+        self.outcomes
+            .retain(|(_, o)| to_unix_ms(o.finished_at) >= before);
+        Ok(())
+    }
+
+    /// Writes the pass's decisions: a decision the previous pass also made is a repeat of
+    /// its line; anything else (and every admission) a new line. Returns the new ones.
+    async fn journal(&mut self, shared: &Shared, pass: &Pass) -> Result<Vec<Decision>, StoreError> {
+        let mut writes = Vec::new();
+        let mut new = Vec::new();
+        for d in pass.decisions() {
+            self.seq += 1;
+            let op = journal::operation(d).map(str::to_string);
+            match self.prev.get(&d.address) {
+                Some((id, o, r, p))
+                    if *o == d.outcome && *r == d.rule && *p == op && !d.is_admission() =>
+                {
+                    writes.push(JournalWrite::Repeat {
+                        id: *id,
+                        seq: self.seq,
+                        decision: d.clone(),
+                    });
+                }
+                _ => {
+                    writes.push(JournalWrite::Insert {
+                        seq: self.seq,
+                        decision: d.clone(),
+                    });
+                    new.push(d.clone());
+                }
+            }
+        }
+        let keys: Vec<_> = pass
+            .decisions()
+            .map(|d| {
+                (
+                    d.address.clone(),
+                    d.outcome,
+                    d.rule,
+                    journal::operation(d).map(str::to_string),
+                )
+            })
+            .collect();
+        let ids = if writes.is_empty() {
+            Vec::new()
+        } else {
+            shared
+                .store
+                .call(move |c| journal::write(c, &writes))
+                .await?
+        };
+        self.prev = keys
+            .into_iter()
+            .zip(ids)
+            .map(|((a, o, r, p), id)| (a, (id, o, r, p)))
+            .collect();
+        Ok(new)
+    }
+
+    async fn prune(
+        &mut self,
+        shared: &Shared,
+        cfg: &RemediationConfig,
+        now: Timestamp,
+    ) -> Result<(), PassError> {
+        let due = self.last_prune.is_none_or(|t| {
+            now.duration_since(t) >= SignedDuration::try_from(PRUNE_EVERY).unwrap_or_default()
+        });
+        if !due {
+            return Ok(());
+        }
+        self.last_prune = Some(now);
+        let before = ago(now, cfg.journal_retention);
+        let max = cfg.journal_max_rows;
+        let gone = shared
+            .store
+            .call(move |c| journal::prune(c, before, max))
+            .await?;
+        if gone > 0 {
+            tracing::debug!(lines = gone, "remediation journal pruned");
+        }
+        Ok(())
+    }
+}
+
+/// Enqueues every admitted decision through the repair queue's `add`; one the queue refuses
+/// becomes held `enqueue-refused` with the queue's reason.
+async fn enqueue(pass: &mut Pass, deps: &LoopDeps) {
+    let mut kept = Vec::with_capacity(pass.admitted.len());
+    for mut d in std::mem::take(&mut pass.admitted) {
+        let (Outcome::Admitted, Some(p)) = (d.outcome, d.proposal.as_ref()) else {
+            kept.push(d);
+            continue;
+        };
+        let add = AddRepairEntry {
+            operation: p.operation.clone(),
+            machine_type: p.machine_type.clone(),
+            address: d.address.clone(),
+            serial: p.serial.clone(),
+        };
+        let refused = match &deps.queue {
+            None => Some("no repair queue is configured ([repair] config)".to_string()),
+            Some(q) => match q.request(RepairQueueRequest::Add(add)).await {
+                Ok(RepairQueueResponse::Added(e)) => {
+                    d.sentence = format!("{} (repair queue entry {})", d.sentence, e.index);
+                    None
+                }
+                Ok(other) => Some(format!("unexpected answer {other:?}")),
+                Err(e) => Some(e.to_string()),
+            },
+        };
+        match refused {
+            None => kept.push(d),
+            Some(why) => {
+                d.outcome = Outcome::Held;
+                d.rule = Rule::EnqueueRefused;
+                d.sentence = format!(
+                    "held: {}: the repair queue refused the entry: {why}",
+                    d.address
+                );
+                pass.held.push(d);
+            }
+        }
+    }
+    pass.admitted = kept;
+}
+
+fn log(d: &Decision) {
+    let (outcome, rule) = (d.outcome.as_str(), d.rule.as_str());
+    match d.outcome {
+        Outcome::Admitted | Outcome::WouldEnqueue => {
+            tracing::info!(machine = %d.address, outcome, rule, "{}", d.sentence)
+        }
+        Outcome::Held | Outcome::Finding => {
+            tracing::warn!(machine = %d.address, outcome, rule, "{}", d.sentence)
+        }
+    }
+}
+
+/// A decision as a journal line of the last pass (not yet numbered).
+pub(super) fn line(d: &Decision) -> JournalLine {
+    let at = u64::try_from(to_unix_ms(d.at)).unwrap_or(0);
+    JournalLine {
+        seq: 0,
+        first_unix_ms: at,
+        last_unix_ms: at,
+        count: 1,
+        address: d.address.clone(),
+        domain: d.domain.clone(),
+        outcome: d.outcome.as_str().into(),
+        rule: d.rule.as_str().into(),
+        operation: journal::operation(d).map(str::to_string),
+        sentence: d.sentence.clone(),
+    }
+}
+
+fn status_of(shared: &Shared, pass: &Pass, now: Timestamp) -> RemediationStatus {
+    let mut s = super::admin::switch_status(shared);
+    s.last_pass_unix_ms = u64::try_from(to_unix_ms(now)).ok();
+    s.limits = pass
+        .limits
+        .iter()
+        .map(|l| LimitLine {
+            rule: l.rule.as_str().into(),
+            holding: l.holding,
+            sentence: l.sentence.clone(),
+        })
+        .collect();
+    s.decisions = pass.decisions().map(line).collect();
+    s
+}
