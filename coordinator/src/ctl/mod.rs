@@ -14,6 +14,7 @@ pub mod client;
 pub mod common;
 pub mod machines;
 pub mod pki;
+pub mod remediation;
 pub mod repair_queue;
 
 use clap::{Parser, Subcommand};
@@ -48,6 +49,14 @@ command_groups! {
     Machines(machines::MachinesCommand),
     /// The repair queue (as `ckecli repair-queue`).
     RepairQueue(repair_queue::RepairQueueCommand),
+    /// sabakan-style auto-repair (as `ckecli auto-repair`).
+    AutoRepair(remediation::AutoRepairCommand),
+    /// Constraints auto-repair obeys (as `ckecli constraints`).
+    Constraints(remediation::ConstraintsCommand),
+    /// Automatic remediation: pause, resume, observe, status, confirm an outage.
+    Remediation(remediation::RemediationCommand),
+    /// The decision journal: every remediation decision and why.
+    Events(remediation::EventsArgs),
 }
 
 /// Fleetmend's operator CLI.
