@@ -489,3 +489,238 @@ fn status_of(shared: &Shared, pass: &Pass, now: Timestamp) -> RemediationStatus 
     s.decisions = pass.decisions().map(line).collect();
     s
 }
+
+#[cfg(test)]
+mod tests {
+    //! The loop over a real SQLite store and registry, without a repair queue (admissions
+    //! are then refused, which is itself a decision to journal).
+
+    use std::collections::BTreeMap;
+
+    use protocol::admin::remediation::EventsQuery;
+    use protocol::admin::remediation::RemediationRequest as R;
+    use protocol::admin::remediation::RemediationResponse;
+    use protocol::messages::{AgentHello, CheckKind, CheckResult, CheckStatus, HealthReport};
+
+    use super::*;
+    use crate::health::HealthConfig;
+    use crate::inventory::{MachineRecord, RecordSource};
+    use crate::k8s::NotANode;
+    use crate::testing::FakeClock;
+
+    struct Fx {
+        _dir: tempfile::TempDir,
+        clock: Arc<FakeClock>,
+        store: Store,
+        rem: Remediation,
+        deps: LoopDeps,
+        state: LoopState,
+    }
+
+    impl Fx {
+        async fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(&dir.path().join("c.db")).unwrap();
+            let clock = Arc::new(FakeClock::new("2026-01-01T00:00:00Z".parse().unwrap()));
+            let cfg = HealthConfig {
+                report_interval: Duration::from_secs(1),
+                unreachable_grace: Duration::from_secs(3),
+                goodbye_grace: Duration::from_secs(60),
+            };
+            let fleet = Arc::new(
+                Fleet::open(store.clone(), clock.clone(), cfg)
+                    .await
+                    .unwrap(),
+            );
+            fleet
+                .upsert(vec![MachineRecord {
+                    address: "10.0.0.1".into(),
+                    hostname: "n1".into(),
+                    serial: "S1".into(),
+                    rack: "r1".into(),
+                    role: "cs".into(),
+                    machine_type: Some("qemu".into()),
+                    labels: BTreeMap::new(),
+                    source: RecordSource::Admin,
+                }])
+                .await
+                .unwrap();
+            let hello = AgentHello {
+                hostname: "n1".into(),
+                serial: "S1".into(),
+                addresses: vec![],
+                agent_version: "0.1".into(),
+                boot_id: "b1".into(),
+            };
+            fleet
+                .agent_hello("n1", &hello, "10.0.0.1".parse().unwrap())
+                .await
+                .unwrap();
+            let report = HealthReport {
+                seq: 1,
+                time_unix_ms: 0,
+                boot_id: "b1".into(),
+                checks: vec![CheckResult {
+                    kind: CheckKind::Kubelet,
+                    subject: "kubelet".into(),
+                    status: CheckStatus::Fail,
+                    detail: "healthz refused".into(),
+                }],
+            };
+            fleet.report("n1", report).await.unwrap();
+            let rem = Remediation::open(
+                store.clone(),
+                clock.clone(),
+                RemediationConfig::default(),
+                false,
+            )
+            .await
+            .unwrap();
+            let state = LoopState::load(&rem.shared).await.unwrap();
+            let deps = LoopDeps {
+                fleet,
+                view: None,
+                queue: None,
+                events: Arc::new(NotANode),
+            };
+            Self {
+                _dir: dir,
+                clock,
+                store,
+                rem,
+                deps,
+                state,
+            }
+        }
+
+        async fn passes(&mut self, n: usize) {
+            for _ in 0..n {
+                self.clock.advance(SignedDuration::from_secs(10));
+                self.state.pass(&self.rem.shared, &self.deps).await.unwrap();
+            }
+        }
+
+        async fn lines(&self) -> Vec<JournalLine> {
+            self.store
+                .call(|c| journal::query(c, &EventsQuery::default()))
+                .await
+                .unwrap()
+        }
+
+        async fn admin(&self, req: R) -> protocol::admin::AdminResponse {
+            self.rem.handle_admin(req).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_repeated_pass_after_pass_is_one_line_with_a_count() {
+        let mut fx = Fx::new().await;
+        fx.passes(5).await;
+        let lines = fx.lines().await;
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        let l = &lines[0];
+        assert_eq!(
+            (l.outcome.as_str(), l.rule.as_str()),
+            ("held", "enqueue-refused")
+        );
+        assert_eq!(l.count, 5);
+        assert_eq!(l.operation.as_deref(), Some("unhealthy"));
+        assert_eq!(l.last_unix_ms - l.first_unix_ms, 40_000);
+        assert!(l.sentence.contains("no repair queue"), "{}", l.sentence);
+
+        // A pause is another decision: a new line, then repeats of it.
+        let r = fx
+            .admin(R::Pause {
+                reason: "switch upgrade".into(),
+            })
+            .await;
+        assert!(
+            matches!(r, protocol::admin::AdminResponse::Remediation(_)),
+            "{r:?}"
+        );
+        fx.passes(3).await;
+        let lines = fx.lines().await;
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert_eq!(lines[1].rule, "paused");
+        assert_eq!(lines[1].count, 3);
+        assert!(lines[1].sentence.contains("switch upgrade"));
+        assert!(lines[1].seq > lines[0].seq);
+    }
+
+    #[tokio::test]
+    async fn switches_survive_a_restart_and_status_names_the_holding_limit() {
+        let mut fx = Fx::new().await;
+        fx.admin(R::Pause {
+            reason: "maintenance".into(),
+        })
+        .await;
+        fx.admin(R::Observe(true)).await;
+        fx.admin(R::SetConstraint {
+            name: "maximum-repair-queue-entries".into(),
+            value: 4,
+        })
+        .await;
+        fx.passes(1).await;
+        let protocol::admin::AdminResponse::Remediation(RemediationResponse::Status(s)) =
+            fx.admin(R::Status).await
+        else {
+            panic!("no status");
+        };
+        assert!(s.observe);
+        assert_eq!(s.paused.as_ref().unwrap().0, "maintenance");
+        assert!(
+            s.limits.iter().any(|l| l.rule == "paused" && l.holding),
+            "{:#?}",
+            s.limits
+        );
+        // A new coordinator on the same store sees the same switches.
+        let again = Remediation::open(
+            fx.store.clone(),
+            fx.clock.clone(),
+            RemediationConfig::default(),
+            false,
+        )
+        .await
+        .unwrap();
+        let s = again.shared.switches().clone();
+        assert_eq!(s.paused.unwrap().0, "maintenance");
+        assert_eq!(s.observe, Some(true));
+        assert_eq!(s.max_entries, Some(4));
+        let r = fx
+            .admin(R::SetConstraint {
+                name: "maximum-repair-queue-entries".into(),
+                value: 0,
+            })
+            .await;
+        assert!(
+            matches!(r, protocol::admin::AdminResponse::Error(_)),
+            "{r:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_journal_keeps_only_its_newest_rows() {
+        let mut fx = Fx::new().await;
+        fx.passes(1).await;
+        fx.admin(R::Pause { reason: "a".into() }).await;
+        fx.passes(1).await;
+        fx.admin(R::Resume).await;
+        fx.passes(1).await;
+        assert_eq!(fx.lines().await.len(), 3);
+        let now = to_unix_ms(fx.clock.now());
+        let gone = fx
+            .store
+            .call(move |c| journal::prune(c, now - 3_600_000, 2))
+            .await
+            .unwrap();
+        assert_eq!(gone, 1);
+        let lines = fx.lines().await;
+        assert_eq!(lines[0].rule, "paused");
+        let gone = fx
+            .store
+            .call(move |c| journal::prune(c, now + 1, 10))
+            .await
+            .unwrap();
+        assert_eq!(gone, 2);
+    }
+}
