@@ -290,7 +290,9 @@ fn a_failed_kubelet_is_enqueued_as_unhealthy_and_repaired() -> anyhow::Result<()
     // The script ran; the machine comes back, the health check sees it, the entry succeeds.
     let mark = env.dir.join(format!("repaired-{a}"));
     wait_for("the repair command", SETTLE, || {
-        mark.exists().then_some(()).ok_or_else(|| "not yet".to_string())
+        mark.exists()
+            .then_some(())
+            .ok_or_else(|| "not yet".to_string())
     })?;
     env.node("n1").kubelet.set_healthy(true);
     std::fs::write(env.dir.join(format!("healthy-{a}")), "")?;
@@ -476,5 +478,81 @@ fn a_planned_reboot_waits_and_a_crash_next_to_it_does_not() -> anyhow::Result<()
     );
     let entries = env.entries()?;
     assert_eq!(entries.len(), 2, "{entries:#?}");
+    Ok(())
+}
+
+#[test]
+fn slow_start_admits_one_per_rack_then_two_after_a_success() -> anyhow::Result<()> {
+    let mut s = Setup::new(&["r1", "r1", "r1", "r1", "r2"]);
+    s.kubernetes = false;
+    // One after another is not a rack event here; a success counts after 1 s healthy.
+    s.tables = "correlated_failure = { machines = 10, window = \"1m\" }\n\
+                slow_start = { width = 1, max_width = 8, success_after = \"1s\", lookback = \"1h\" }\n"
+        .into();
+    let mut env = Env::start(s)?;
+    env.node("n1").kubelet.set_healthy(false);
+    env.wait_event("n1", "admitted", "auto-repair")?;
+    for h in ["n2", "n3", "n4"] {
+        env.node(h).kubelet.set_healthy(false);
+    }
+    for h in ["n2", "n3", "n4"] {
+        let l = env.wait_event(h, "held", "slow-start")?;
+        assert!(l.sentence.contains("width 1"), "{}", l.sentence);
+    }
+    assert_eq!(env.entries()?.len(), 1);
+    // n1's repair works: the machine is healthy, the entry succeeds, and after
+    // success_after the rack's width doubles: the two oldest failures go in.
+    let a1 = env.addr("n1");
+    env.node("n1").kubelet.set_healthy(true);
+    std::fs::write(env.dir.join(format!("healthy-{a1}")), "")?;
+    for h in ["n2", "n3"] {
+        env.wait_event(h, "admitted", "auto-repair")?;
+    }
+    let l = env.wait_repeats("n4", "slow-start", 2)?;
+    assert!(l.sentence.contains("width 2"), "{}", l.sentence);
+    let entries = env.entries()?;
+    let active: Vec<&str> = entries
+        .iter()
+        .filter(|e| matches!(field(e, "status"), "queued" | "processing"))
+        .map(|e| field(e, "address"))
+        .collect();
+    assert_eq!(active.len(), 2, "{entries:#?}");
+    assert!(!active.contains(&env.addr("n4").as_str()), "{entries:#?}");
+    Ok(())
+}
+
+#[test]
+fn a_limit_that_clears_does_not_replay_what_it_held() -> anyhow::Result<()> {
+    let mut s = Setup::new(&["r1", "r2"]);
+    s.kubernetes = false;
+    let mut env = Env::start(s)?;
+    env.coord
+        .ctl(&["remediation", "pause", "--reason", "switch upgrade"])?;
+    env.node("n1").kubelet.set_healthy(false);
+    let l = env.wait_event("n1", "held", "paused")?;
+    assert!(l.sentence.contains("switch upgrade"), "{}", l.sentence);
+    // The machine heals itself while remediation is paused; then the pause is lifted.
+    env.node("n1").kubelet.set_healthy(true);
+    env.coord.wait_for_state("n1", "healthy", SETTLE)?;
+    env.coord.ctl(&["remediation", "resume"])?;
+    assert!(env.status()?.paused.is_none());
+    // Passes run (n2's machine is fine, so watch the pass counter) and nothing replays.
+    let passes = |env: &Env| -> anyhow::Result<u64> {
+        let (_, m) = env.coord.http_get("/metrics")?;
+        m.lines()
+            .find_map(|l| l.strip_prefix("fleetmend_remediation_passes_total "))
+            .context("no pass counter")?
+            .trim()
+            .parse()
+            .context("pass counter")
+    };
+    let before = passes(&env)?;
+    wait_for("four more passes", SETTLE, || match passes(&env) {
+        Ok(n) if n >= before + 4 => Ok(()),
+        other => Err(format!("{other:?}")),
+    })?;
+    assert!(env.entries()?.is_empty(), "{:#?}", env.entries()?);
+    let lines = env.events("n1")?;
+    assert!(lines.iter().all(|l| l.outcome == "held"), "{lines:#?}");
     Ok(())
 }
