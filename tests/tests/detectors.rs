@@ -7,10 +7,15 @@
 //!
 //! - (a) a kubelet fails → enqueued automatically with operation `unhealthy`, repaired;
 //! - (b) a rack's agents and Leases stop at once → nothing enqueued, status names the rack;
+//! - (c) the coordinator cut off from most agents (a UDP relay that drops their traffic),
+//!   without `[kubernetes]` → nothing enqueued, status names the suspected partition, and
+//!   nothing stale is enqueued when traffic returns;
 //! - (d) an agent killed while its kubelet renews → "agent lost, node alive", no repair;
 //! - (e) a 40 % gate over 5 machines holds the third failure;
 //! - (f) observe mode → decisions journalled once (repeats counted), no entries; turning it
 //!   off enqueues;
+//! - (g) slow start: one repair in flight per rack, two after a success;
+//! - (h) a pause that is lifted replays nothing that healed meanwhile;
 //! - (i) a planned reboot (goodbye) waits `wait_seconds_to_repair_rebooting`; a crash
 //!   next to it does not.
 //!
@@ -26,6 +31,7 @@ use serde_json::Value;
 use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed};
 use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, Proc, start_agent, wait_for};
+use testkit::relay::UdpRelay;
 
 /// Bound for anything a test causes (the machine is shared and loaded: generous).
 const SETTLE: Duration = Duration::from_secs(60);
@@ -69,6 +75,9 @@ struct Setup {
     /// Sub-tables (`[remediation.auto_repair]`, `[[remediation.health_checks]]`, …).
     tables: String,
     health_extra: String,
+    /// The first this-many agents reach the coordinator through a [`UdpRelay`] that the
+    /// test can cut.
+    relayed: usize,
 }
 
 impl Setup {
@@ -79,6 +88,7 @@ impl Setup {
             root: String::new(),
             tables: String::new(),
             health_extra: String::new(),
+            relayed: 0,
         }
     }
 }
@@ -89,6 +99,7 @@ struct Env {
     coord: Coordinator,
     k8s: Option<BackgroundFake>,
     nodes: Vec<Node>,
+    relay: Option<UdpRelay>,
 }
 
 fn inventory(racks: &[&str]) -> String {
@@ -136,9 +147,15 @@ impl Env {
                 f.kubeconfig().display().to_string()
             ));
         }
+        // A silence settles in 1 s here (reports every 300 ms), not the default 10 s.
+        let settle = if s.tables.contains("self_isolation") {
+            ""
+        } else {
+            "self_isolation = { settle = \"1s\" }\n"
+        };
         extra.push_str(&format!(
-            "[remediation]\ninterval = \"500ms\"\nlease_stale = \"2s\"\n{}\n\
-             [remediation.limits]\nfleet_cap = {{ count = 10, percent = 100 }}\n{}\n",
+            "[remediation]\ninterval = \"500ms\"\nlease_stale = \"3s\"\n{}\n\
+             [remediation.limits]\nfleet_cap = {{ count = 10, percent = 100 }}\n{settle}{}\n",
             s.root, s.tables
         ));
         let coord = Coordinator::start(
@@ -152,15 +169,22 @@ impl Env {
                 health_extra: s.health_extra,
             },
         )?;
+        let relay = (s.relayed > 0)
+            .then(|| UdpRelay::start(coord.quic))
+            .transpose()?;
         let mut nodes = Vec::new();
         for (i, _) in s.racks.iter().enumerate() {
+            let server = match &relay {
+                Some(r) if i < s.relayed => r.addr(),
+                _ => coord.quic,
+            };
             let host = format!("n{}", i + 1);
             let addr = format!("10.0.1.{}", i + 1);
             let fixture = NodeFixture::builder(&host).address(addr.parse()?).build()?;
             let kubelet = FakeKubelet::start()?;
             let tls = pki.issue("node", &host, &[])?;
             let cfg = fixture.write_agent_config(
-                &AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+                &AgentConfig::new(&server.to_string(), &tls.ca, &tls.cert, &tls.key)
                     .report_interval(REPORT)
                     .kubelet_url(&kubelet.url()),
             )?;
@@ -182,6 +206,7 @@ impl Env {
             coord,
             k8s,
             nodes,
+            relay,
         })
     }
 
@@ -330,7 +355,9 @@ fn a_rack_that_goes_dark_at_once_is_an_infrastructure_event_not_three_repairs() 
 {
     let mut s = Setup::new(&["r1", "r1", "r1", "r2", "r2", "r2", "r3"]);
     // 3 of 7 silent is 43 %: let correlated failure, not self-isolation, be the rule here.
-    s.tables = "self_isolation = { percent = 60, min_silent = 3, window = \"1m\" }\n".into();
+    s.tables =
+        "self_isolation = { percent = 60, min_silent = 3, window = \"1m\", settle = \"1s\" }\n"
+            .into();
     let mut env = Env::start(s)?;
     for h in ["n1", "n2", "n3"] {
         env.crash(h, true);
@@ -492,10 +519,9 @@ fn slow_start_admits_one_per_rack_then_two_after_a_success() -> anyhow::Result<(
     let mut env = Env::start(s)?;
     env.node("n1").kubelet.set_healthy(false);
     env.wait_event("n1", "admitted", "auto-repair")?;
+    // One after another, so the oldest failures are n2 then n3.
     for h in ["n2", "n3", "n4"] {
         env.node(h).kubelet.set_healthy(false);
-    }
-    for h in ["n2", "n3", "n4"] {
         let l = env.wait_event(h, "held", "slow-start")?;
         assert!(l.sentence.contains("width 1"), "{}", l.sentence);
     }
@@ -554,5 +580,54 @@ fn a_limit_that_clears_does_not_replay_what_it_held() -> anyhow::Result<()> {
     assert!(env.entries()?.is_empty(), "{:#?}", env.entries()?);
     let lines = env.events("n1")?;
     assert!(lines.iter().all(|l| l.outcome == "held"), "{lines:#?}");
+    Ok(())
+}
+
+#[test]
+fn a_coordinator_cut_off_from_most_agents_suspects_itself_and_repairs_nobody() -> anyhow::Result<()>
+{
+    let mut s = Setup::new(&["r1", "r2", "r3", "r4", "r5"]);
+    s.kubernetes = false;
+    s.relayed = 4;
+    // Only self-isolation stands between the silent machines and a repair: no reboot wait.
+    s.root = "wait_seconds_to_repair_rebooting = 0\n".into();
+    let env = Env::start(s)?;
+    env.relay.as_ref().context("relay")?.cut();
+    for h in ["n1", "n2", "n3", "n4"] {
+        env.coord.wait_for_state(h, "unreachable", SETTLE)?;
+    }
+    for h in ["n1", "n2", "n3", "n4"] {
+        let l = env.wait_event(h, "held", "self-isolation")?;
+        assert!(
+            l.sentence.contains("suspects its own network"),
+            "{}",
+            l.sentence
+        );
+    }
+    let st = env.status()?;
+    let iso = st
+        .limits
+        .iter()
+        .find(|l| l.rule == "self-isolation")
+        .context("no self-isolation limit in status")?;
+    assert!(iso.holding, "{st:#?}");
+    assert!(iso.sentence.contains("4 of 5 agents"), "{}", iso.sentence);
+    env.wait_repeats("n1", "self-isolation", 4)?;
+    assert!(env.entries()?.is_empty(), "{:#?}", env.entries()?);
+    // The network comes back: the agents report again, and nothing held is replayed.
+    env.relay.as_ref().context("relay")?.restore();
+    for h in ["n1", "n2", "n3", "n4"] {
+        env.coord.wait_for_state(h, "healthy", SETTLE)?;
+    }
+    let st = env.status()?;
+    let before = st.last_pass_unix_ms.unwrap_or(0);
+    wait_for("two passes after recovery", SETTLE, || {
+        let s = env.status().map_err(|e| e.to_string())?;
+        match s.last_pass_unix_ms {
+            Some(t) if t >= before + 1000 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    assert!(env.entries()?.is_empty(), "{:#?}", env.entries()?);
     Ok(())
 }

@@ -20,6 +20,8 @@ pub(super) struct Live {
     pub(super) boot_id: Option<String>,
     /// When the current boot id was first seen (coordinator clock).
     pub(super) boot_seen_at: Option<Timestamp>,
+    /// The last silence that ended: (last report before it, first report after it).
+    pub(super) last_silence: Option<(Timestamp, Timestamp)>,
     pub(super) agent_version: Option<String>,
     pub(super) failing_since: BTreeMap<String, Timestamp>,
     pub(super) healthy_since: Option<Timestamp>,

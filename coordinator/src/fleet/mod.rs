@@ -415,6 +415,9 @@ impl Fleet {
             } else {
                 e.live.healthy_since = None;
             }
+            if e.state == MachineState::Unreachable && e.live.goodbye.is_none() {
+                e.live.last_silence = Some((e.live.last_report_at.unwrap_or(e.since), now));
+            }
             e.live.goodbye = None;
             e.live.last_report_at = Some(now);
             e.live.last_report = Some(report);
@@ -500,6 +503,7 @@ impl Fleet {
                 last_report_at: e.live.last_report_at,
                 boot_id: e.live.boot_id.clone(),
                 boot_seen_at: e.live.boot_seen_at,
+                last_silence: e.live.last_silence,
                 kdump_loaded: e.live.last_report.as_ref().is_some_and(|r| {
                     r.checks
                         .iter()

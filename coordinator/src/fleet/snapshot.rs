@@ -60,6 +60,9 @@ pub struct MachineSnapshot {
     /// When that boot id was first seen (coordinator clock): the boot's start as far as
     /// the coordinator knows.
     pub boot_seen_at: Option<Timestamp>,
+    /// The last silence that ended (the machine was unreachable without a goodbye): the
+    /// last report before it and the first after it.
+    pub last_silence: Option<(Timestamp, Timestamp)>,
     /// The last report says the crash kernel is loaded (kdump check ok).
     pub kdump_loaded: bool,
     /// Checks failing in the last report, with when each began failing.

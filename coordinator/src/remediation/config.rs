@@ -496,6 +496,11 @@ pub struct SelfIsolation {
     /// A partition silences every agent within one or two report intervals.
     #[serde(with = "duration")]
     pub window: Duration,
+    /// A silent machine is not remediated before it has been unreachable this long, so
+    /// that the agents silenced with it (a partition, a dark rack) have turned unreachable
+    /// too and the burst is seen whole. Two report intervals at the default 5 s.
+    #[serde(with = "duration")]
+    pub settle: Duration,
 }
 
 impl Default for SelfIsolation {
@@ -504,6 +509,7 @@ impl Default for SelfIsolation {
             percent: 30,
             min_silent: 3,
             window: Duration::from_secs(60),
+            settle: Duration::from_secs(10),
         }
     }
 }

@@ -110,6 +110,7 @@ fn machine(m: &MachineSnapshot, node: Option<NodeFacts>) -> Machine {
         kdump_loaded: m.kdump_loaded,
         booted_at: m.boot_seen_at,
         node,
+        last_silence: m.last_silence,
     }
 }
 
@@ -190,6 +191,7 @@ mod tests {
             last_report_at: Some(t(5)),
             boot_id: Some("b".into()),
             boot_seen_at: Some(t(1)),
+            last_silence: None,
             kdump_loaded: true,
             failing: BTreeMap::from([("kubelet:kubelet".to_string(), t(3))]),
             goodbye: None,

@@ -449,7 +449,7 @@ impl FakeK8s {
 
     /// Renews the kubelet Lease of `node` now.
     pub fn renew_lease(&self, node: &str) -> Value {
-        self.set_lease(node, &store::now_rfc3339())
+        self.set_lease(node, &store::now_rfc3339_micros())
     }
 
     /// Sets the Node's Ready condition (`True`, `False`, `Unknown`), with a new
@@ -478,7 +478,7 @@ impl FakeK8s {
                 let alive = shared.kubelets.lock().expect("kubelets").clone();
                 {
                     let mut st = shared.state.lock().expect("fake state poisoned");
-                    let now = store::now_rfc3339();
+                    let now = store::now_rfc3339_micros();
                     let names: Vec<String> = st
                         .list(Res::Node, None)
                         .iter()

@@ -159,6 +159,15 @@ pub(crate) fn now_rfc3339() -> String {
     jiff_like_now()
 }
 
+/// RFC 3339 "now" with microsecond precision, as Lease `renewTime` (a MicroTime) carries.
+pub(crate) fn now_rfc3339_micros() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let s = rfc3339(d.as_secs());
+    format!("{}.{:06}Z", s.trim_end_matches('Z'), d.subsec_micros())
+}
+
 /// RFC 3339 "now" with second precision, without pulling a time crate into the test kit.
 fn jiff_like_now() -> String {
     let secs = std::time::SystemTime::now()
