@@ -278,20 +278,19 @@ fn print_status(s: &RemediationStatus) {
     }
 }
 
+fn event_row(l: &JournalLine) -> Vec<String> {
+    vec![
+        fmt_time(l.last_unix_ms),
+        l.address.clone(),
+        l.outcome.clone(),
+        l.rule.clone(),
+        l.count.to_string(),
+        l.sentence.clone(),
+    ]
+}
+
 fn events_table(lines: &[JournalLine]) {
-    let rows: Vec<Vec<String>> = lines
-        .iter()
-        .map(|l| {
-            vec![
-                fmt_time(l.last_unix_ms),
-                l.address.clone(),
-                l.outcome.clone(),
-                l.rule.clone(),
-                l.count.to_string(),
-                l.sentence.clone(),
-            ]
-        })
-        .collect();
+    let rows: Vec<Vec<String>> = lines.iter().map(event_row).collect();
     print_table(
         &["TIME", "MACHINE", "OUTCOME", "RULE", "COUNT", "DECISION"],
         &rows,
@@ -369,6 +368,7 @@ impl CommandGroup for EventsArgs {
             limit: self.limit,
         };
         with_client(ctx, async |c| {
+            let mut header = false;
             loop {
                 let lines = match call(c, RemediationRequest::Events(q.clone())).await? {
                     RemediationResponse::Events(l) => l,
@@ -380,8 +380,16 @@ impl CommandGroup for EventsArgs {
                     }
                 } else if self.json {
                     print_json(&lines)?;
-                } else if !lines.is_empty() || !self.follow {
+                } else if !self.follow {
                     events_table(&lines);
+                } else if !header {
+                    // One header with the lines so far, then rows as they come.
+                    events_table(&lines);
+                    header = true;
+                } else {
+                    for l in &lines {
+                        println!("{}", event_row(l).join("  "));
+                    }
                 }
                 if !self.follow {
                     return Ok(());
