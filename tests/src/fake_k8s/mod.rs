@@ -23,7 +23,11 @@
 //! Fault injection: per-path/method error answers ([`Fault`]), added latency, and the whole
 //! server going down ([`FakeK8s::set_down`]: connections are cut and refused).
 //!
-//! Not implemented: watch (answered 501; clients must poll), server-side apply (415),
+//! Watch (`?watch=true` on a collection, with `resourceVersion`, `timeoutSeconds` and the
+//! selectors) streams `ADDED`/`MODIFIED`/`DELETED` events as newline-delimited JSON, as the
+//! real server does, for every served resource (Leases included).
+//!
+//! Not implemented: bookmarks and `sendInitialEvents`, server-side apply (415),
 //! deletecollection (405), authentication (the kubeconfig carries no credentials).
 
 mod api;
@@ -31,6 +35,7 @@ mod net;
 mod patch;
 mod select;
 mod store;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -772,6 +777,64 @@ mod tests {
         )
         .await;
         assert_eq!((c, v["reason"].as_str()), (409, Some("Conflict")));
+    }
+
+    #[tokio::test]
+    async fn leases_get_list_put_and_watch_like_the_api_server() {
+        use futures::{StreamExt, TryStreamExt};
+        use k8s_openapi::api::coordination::v1::Lease;
+        use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+        let fake = FakeK8s::start().await.unwrap();
+        fake.add_node(NodeSeed::new("n1", "10.0.0.1"));
+        fake.renew_lease("n1");
+        let kc = kube::config::Kubeconfig::read_from(fake.kubeconfig()).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let api: Api<Lease> =
+            Api::namespaced(kube::Client::try_from(cfg).unwrap(), "kube-node-lease");
+        let list = api.list(&ListParams::default()).await.unwrap();
+        assert_eq!(list.items.len(), 1);
+        let rv = list.metadata.resource_version.clone().unwrap();
+        let mut stream = api
+            .watch(&WatchParams::default().timeout(10), "0")
+            .await
+            .unwrap()
+            .boxed();
+        let next =
+            async |s: &mut futures::stream::BoxStream<'_, kube::Result<WatchEvent<Lease>>>| {
+                tokio::time::timeout(Duration::from_secs(5), s.try_next())
+                    .await
+                    .expect("a watch event in time")
+                    .unwrap()
+                    .expect("stream open")
+            };
+        assert!(
+            matches!(next(&mut stream).await, WatchEvent::Added(l) if l.metadata.name.as_deref() == Some("n1"))
+        );
+        // A kubelet renews with PUT (replace), as the real one does.
+        let mut lease = api.get("n1").await.unwrap();
+        let renewed = "2030-01-01T00:00:00.123456Z";
+        lease.spec.as_mut().unwrap().renew_time = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(renewed.parse().unwrap()),
+        );
+        api.replace("n1", &PostParams::default(), &lease)
+            .await
+            .unwrap();
+        match next(&mut stream).await {
+            WatchEvent::Modified(l) => assert_eq!(
+                l.spec.unwrap().renew_time.unwrap().0.to_string(),
+                "2030-01-01T00:00:00.123456Z"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // A watch from the list's version sees only what changed after it.
+        let mut later = api
+            .watch(&WatchParams::default().timeout(10), &rv)
+            .await
+            .unwrap()
+            .boxed();
+        assert!(matches!(next(&mut later).await, WatchEvent::Modified(_)));
     }
 
     #[tokio::test]
