@@ -107,6 +107,23 @@ pub fn max_seq(c: &Connection) -> rusqlite::Result<u64> {
     .map(|v| v.max(0) as u64)
 }
 
+/// The lines of the last pass journalled at or after `since_ms` (every line last seen at
+/// the journal's latest time): (id, address, outcome, rule, operation). A restarted loop
+/// continues their repeats instead of starting new lines.
+pub fn last_pass(
+    c: &Connection,
+    since_ms: i64,
+) -> rusqlite::Result<Vec<(i64, String, String, String, Option<String>)>> {
+    let mut st = c.prepare(
+        "SELECT id, address, outcome, rule, operation FROM remediation_journal WHERE last_ms = \
+         (SELECT MAX(last_ms) FROM remediation_journal) AND last_ms >= ?1",
+    )?;
+    let rows = st.query_map([since_ms], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    })?;
+    rows.collect()
+}
+
 /// Admissions made at or after `since_ms`, as decisions (for the rate limit and escalation).
 pub fn admissions(c: &Connection, since_ms: i64) -> rusqlite::Result<Vec<Decision>> {
     let mut st = c.prepare(

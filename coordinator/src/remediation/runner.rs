@@ -42,6 +42,10 @@ use crate::store::{Store, StoreError};
 /// plenty and keeps the delete off most passes.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
+/// A restarted loop continues the repeats of a pass journalled at most this many intervals
+/// ago: a restart takes seconds, and a decision still made after it is the same decision.
+const RESUME_INTERVALS: u32 = 6;
+
 /// The Kubernetes view may be this many refresh periods old before decisions that need it
 /// hold: one missed refresh is a slow API server, three is an outage.
 pub const VIEW_MAX_AGE_REFRESHES: u32 = 3;
@@ -197,19 +201,30 @@ impl LoopState {
         let now = shared.clock.now();
         let hist = ago(now, history_window(&shared.base));
         let out = ago(now, shared.base.limits.slow_start.lookback);
-        let (seq, admissions, outcomes) = shared
+        // A pass journalled within a few intervals before a restart is "the previous pass".
+        let recent = ago(now, shared.base.interval * RESUME_INTERVALS);
+        let (seq, admissions, outcomes, last) = shared
             .store
             .call(move |c| {
                 Ok((
                     journal::max_seq(c)?,
                     journal::admissions(c, hist)?,
                     journal::outcomes(c, out)?,
+                    journal::last_pass(c, recent)?,
                 ))
             })
             .await?;
+        let prev = last
+            .into_iter()
+            .filter_map(|(id, a, o, r, op)| {
+                let o: Outcome = serde_json::from_value(serde_json::Value::String(o)).ok()?;
+                let r: Rule = serde_json::from_value(serde_json::Value::String(r)).ok()?;
+                Some((a, (id, o, r, op)))
+            })
+            .collect();
         Ok(Self {
             seq,
-            prev: HashMap::new(),
+            prev,
             admissions,
             known_outcomes: outcomes.iter().map(|(i, _)| *i).collect(),
             outcomes,
@@ -645,6 +660,22 @@ mod tests {
         assert_eq!(lines[1].count, 3);
         assert!(lines[1].sentence.contains("switch upgrade"));
         assert!(lines[1].seq > lines[0].seq);
+    }
+
+    #[tokio::test]
+    async fn a_restarted_loop_continues_the_repeats_of_its_last_pass() {
+        let mut fx = Fx::new().await;
+        fx.passes(3).await;
+        fx.state = LoopState::load(&fx.rem.shared).await.unwrap();
+        fx.passes(2).await;
+        let lines = fx.lines().await;
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert_eq!(lines[0].count, 5);
+        // Long after, the same decision is a new line (a new episode).
+        fx.clock.advance(SignedDuration::from_hours(1));
+        fx.state = LoopState::load(&fx.rem.shared).await.unwrap();
+        fx.passes(1).await;
+        assert_eq!(fx.lines().await.len(), 2);
     }
 
     #[tokio::test]
