@@ -107,13 +107,13 @@ pub fn max_seq(c: &Connection) -> rusqlite::Result<u64> {
     .map(|v| v.max(0) as u64)
 }
 
+/// One line of the last pass: (id, address, outcome, rule, operation).
+pub type LastLine = (i64, String, String, String, Option<String>);
+
 /// The lines of the last pass journalled at or after `since_ms` (every line last seen at
 /// the journal's latest time): (id, address, outcome, rule, operation). A restarted loop
 /// continues their repeats instead of starting new lines.
-pub fn last_pass(
-    c: &Connection,
-    since_ms: i64,
-) -> rusqlite::Result<Vec<(i64, String, String, String, Option<String>)>> {
+pub fn last_pass(c: &Connection, since_ms: i64) -> rusqlite::Result<Vec<LastLine>> {
     let mut st = c.prepare(
         "SELECT id, address, outcome, rule, operation FROM remediation_journal WHERE last_ms = \
          (SELECT MAX(last_ms) FROM remediation_journal) AND last_ms >= ?1",
