@@ -292,4 +292,49 @@ mod tests {
         assert_eq!(f[0].0, 2);
         assert!(f[0].1.succeeded);
     }
+
+    #[test]
+    #[ignore = "benchmark: run by name with --ignored --nocapture"]
+    fn bench_gather_over_ten_thousand_machines() {
+        let mut machines = Vec::new();
+        let mut nodes = BTreeMap::new();
+        for i in 0..10_000u32 {
+            let (addr, host) = (
+                format!("10.{}.{}.{}", i / 65536, i / 256 % 256, i % 256),
+                format!("n{i}"),
+            );
+            machines.push(snap(&addr, &host));
+            nodes.insert(host.clone(), node(&host, Some(&addr)));
+        }
+        machines.sort_by(|a, b| a.record.address.cmp(&b.record.address));
+        let fleet = FleetSnapshot {
+            taken_at: Some(t(20)),
+            machines,
+        };
+        let view = NodeViewSnapshot {
+            nodes,
+            refreshed_at: Some(t(19)),
+        };
+        let v = ViewFacts {
+            snapshot: &view,
+            max_age: Duration::from_secs(30),
+        };
+        let passes = 50;
+        let start = std::time::Instant::now();
+        for _ in 0..passes {
+            std::hint::black_box(input(
+                &fleet,
+                Some(v),
+                &[],
+                vec![],
+                vec![],
+                Control::default(),
+            ));
+        }
+        let per = start.elapsed() / passes;
+        println!(
+            "gather over 10,000 machines and 10,000 Nodes: {:.3} ms per pass",
+            per.as_secs_f64() * 1e3
+        );
+    }
 }
