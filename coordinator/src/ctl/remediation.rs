@@ -276,6 +276,12 @@ fn print_status(s: &RemediationStatus) {
         println!();
         events_table(&s.decisions);
     }
+    if s.decisions_omitted > 0 {
+        println!(
+            "… and {} more decisions of the last pass (coordinatorctl events)",
+            s.decisions_omitted
+        );
+    }
 }
 
 fn event_row(l: &JournalLine) -> Vec<String> {

@@ -176,6 +176,7 @@ impl Remediation {
         s.last_pass_unix_ms = last.last_pass_unix_ms;
         s.limits = last.limits;
         s.decisions = last.decisions;
+        s.decisions_omitted = last.decisions_omitted;
         ok(RemediationResponse::Status(Box::new(s)))
     }
 }

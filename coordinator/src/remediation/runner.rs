@@ -42,6 +42,10 @@ use crate::store::{Store, StoreError};
 /// plenty and keeps the delete off most passes.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
+/// How many of the last pass's decisions `remediation status` shows: a screenful; a storm
+/// holding thousands is summed up by the limits' sentences, and `events` lists them all.
+const STATUS_DECISIONS: usize = 50;
+
 /// A restarted loop continues the repeats of a pass journalled at most this many intervals
 /// ago: a restart takes seconds, and a decision still made after it is the same decision.
 const RESUME_INTERVALS: u32 = 6;
@@ -501,7 +505,8 @@ fn status_of(shared: &Shared, pass: &Pass, now: Timestamp) -> RemediationStatus 
             sentence: l.sentence.clone(),
         })
         .collect();
-    s.decisions = pass.decisions().map(line).collect();
+    s.decisions = pass.decisions().take(STATUS_DECISIONS).map(line).collect();
+    s.decisions_omitted = pass.decisions().count().saturating_sub(STATUS_DECISIONS) as u64;
     s
 }
 

@@ -115,8 +115,11 @@ pub struct RemediationStatus {
     pub last_pass_unix_ms: Option<u64>,
     /// Every limit's state in the last pass.
     pub limits: Vec<LimitLine>,
-    /// The last pass's decisions (admitted, held and findings).
+    /// The last pass's decisions (admitted first, then held, then findings), at most
+    /// a screenful; `coordinatorctl events` has them all.
     pub decisions: Vec<JournalLine>,
+    /// Decisions of the last pass left out of `decisions`.
+    pub decisions_omitted: u64,
 }
 
 /// One limit in `remediation status`.
