@@ -23,6 +23,8 @@ pub struct Admin {
     pub repair: Option<crate::repair::RepairQueue>,
     /// The store, for diagnostics kept with repair entries.
     pub store: crate::store::Store,
+    /// Automatic remediation, when `[remediation]` is set.
+    pub remediation: Option<crate::remediation::Remediation>,
 }
 
 fn error(code: RefusalCode, reason: impl Into<String>) -> AdminResponse {
@@ -50,6 +52,14 @@ impl Admin {
                 ),
             },
             AdminRequest::Diagnostics(d) => self.diagnostics(d).await,
+            AdminRequest::Remediation(r) => match &self.remediation {
+                Some(rem) => rem.handle_admin(r).await,
+                None => error(
+                    RefusalCode::BadRequest,
+                    "automatic remediation is not enabled in this coordinator: add a \
+                     [remediation] section to its config",
+                ),
+            },
         }
     }
 

@@ -116,6 +116,11 @@ pub struct App {
     repair_join: Option<tokio::task::JoinHandle<()>>,
     /// Connected agents' connections, for agent actions.
     links: Arc<crate::agent_link::AgentLinks>,
+    /// Automatic remediation and what its loop reads, with `[remediation]`.
+    remediation: Option<(
+        crate::remediation::Remediation,
+        crate::remediation::LoopDeps,
+    )>,
 }
 
 impl std::fmt::Debug for App {
@@ -193,7 +198,7 @@ impl App {
                     store.clone(),
                     clock.clone(),
                     fleet.clone(),
-                    drainer,
+                    drainer.clone(),
                     power,
                     links.clone(),
                     repair_stop.clone(),
@@ -203,21 +208,52 @@ impl App {
             }
             None => (None, None),
         };
+        let remediation = match &config.remediation {
+            Some(cfg) => {
+                let rem = crate::remediation::Remediation::open(
+                    store.clone(),
+                    clock.clone(),
+                    cfg.clone(),
+                    kube.is_some(),
+                )
+                .await?;
+                let view = kube.as_ref().map(|(k, every)| {
+                    let v: Arc<dyn crate::k8s::NodeViewSource> = Arc::new(k.node_view().clone());
+                    (
+                        v,
+                        *every * crate::remediation::runner::VIEW_MAX_AGE_REFRESHES,
+                    )
+                });
+                let deps = crate::remediation::LoopDeps {
+                    fleet: fleet.clone(),
+                    view,
+                    queue: repair.clone(),
+                    events: drainer.clone(),
+                };
+                Some((rem, deps))
+            }
+            None => None,
+        };
         let admin = Arc::new(Admin {
             fleet: fleet.clone(),
             repair: repair.clone(),
             store: store.clone(),
+            remediation: remediation.as_ref().map(|(r, _)| r.clone()),
         });
+        let mut metrics_sources: Vec<Arc<dyn MetricsSource>> = repair
+            .iter()
+            .map(|q| q.metrics() as Arc<dyn MetricsSource>)
+            .collect();
+        if let Some((r, _)) = &remediation {
+            metrics_sources.push(r.metrics());
+        }
         Ok(Self {
             config,
             store,
             fleet,
             metrics: Arc::new(Metrics::default()),
             admin,
-            metrics_sources: repair
-                .iter()
-                .map(|q| q.metrics() as Arc<dyn MetricsSource>)
-                .collect(),
+            metrics_sources,
             name,
             trust_domain: me.trust_domain,
             endpoint,
@@ -226,6 +262,7 @@ impl App {
             repair_stop,
             repair_join,
             links,
+            remediation,
         })
     }
 
@@ -269,6 +306,9 @@ impl App {
             .node_view
             .as_ref()
             .map(|(view, every)| view.spawn_poller(*every, shutdown.clone()));
+        let remediation = self
+            .remediation
+            .map(|(rem, deps)| rem.spawn(deps, shutdown.clone()));
         let http = self.http.map(|listener| {
             let state = HttpState {
                 fleet: self.fleet.clone(),
@@ -284,6 +324,9 @@ impl App {
         self.repair_stop.cancel();
         let _ = server.await;
         let _ = sweeper.await;
+        if let Some(h) = remediation {
+            let _ = h.await;
+        }
         if let Some(h) = node_view {
             let _ = h.await;
         }

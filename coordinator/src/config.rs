@@ -96,6 +96,11 @@ pub struct Config {
     /// BMC gateways (owned by the gateway area).
     #[serde(default)]
     pub gateways: Option<GatewaysSection>,
+    /// Automatic remediation (owned by the remediation area). Absent: no remediation loop
+    /// runs and nothing is enqueued by itself; present (even empty): the loop runs with the
+    /// defaults of [`crate::remediation::RemediationConfig`].
+    #[serde(default)]
+    pub remediation: Option<crate::remediation::RemediationConfig>,
 }
 
 /// `[tls]`: the coordinator's certificate, key and the fleet CA.
@@ -272,6 +277,12 @@ impl Config {
                 "must be at least one report interval, or every machine would flap to unreachable",
             ));
         }
+        if let Some(r) = &self.remediation {
+            r.validate().map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        }
         if let Some(name) = &self.name {
             protocol::identity::validate_name("name", name)
                 .map_err(|e| invalid("name", &e.to_string()))?;
@@ -329,6 +340,25 @@ key = "c.key"
             .unwrap_err()
             .to_string();
         assert!(e.contains("listen"), "{e}");
+    }
+
+    #[test]
+    fn remediation_section_is_optional_and_validated() {
+        let c = Config::parse(MINIMAL, Path::new("c.toml")).unwrap();
+        assert!(c.remediation.is_none());
+        let text = format!("{MINIMAL}\n[remediation]\ninterval = \"2s\"\n");
+        let c = Config::parse(&text, Path::new("c.toml")).unwrap();
+        assert_eq!(c.remediation.unwrap().interval, Duration::from_secs(2));
+        let text = format!("{MINIMAL}\n[remediation.limits.rate]\nper_hour = 0\n");
+        let e = Config::parse(&text, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("remediation.limits.rate.per_hour"), "{e}");
+        let text = format!("{MINIMAL}\n[remediation]\nintervall = \"2s\"\n");
+        let e = Config::parse(&text, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("intervall"), "{e}");
     }
 
     #[test]

@@ -9,3 +9,4 @@ pub mod bmc_sim;
 pub mod fake_k8s;
 pub mod fixture;
 pub mod procs;
+pub mod relay;

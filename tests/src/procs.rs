@@ -347,6 +347,8 @@ pub struct CoordinatorOptions {
     pub inventory: Option<String>,
     /// Extra TOML appended to the config.
     pub extra: String,
+    /// Extra keys of the `[health]` section (e.g. `goodbye_grace = "2s"`).
+    pub health_extra: String,
 }
 
 impl Default for CoordinatorOptions {
@@ -356,6 +358,7 @@ impl Default for CoordinatorOptions {
             unreachable_grace: Duration::from_millis(900),
             inventory: None,
             extra: String::new(),
+            health_extra: String::new(),
         }
     }
 }
@@ -398,13 +401,14 @@ impl Coordinator {
             cfg.push_str(&format!("inventory = {}\n", q(&p)));
         }
         cfg.push_str(&format!(
-            "{}\n[tls]\nca = {}\ncert = {}\nkey = {}\n\n[http]\nlisten = \"{http}\"\n\n[health]\nreport_interval = \"{}ms\"\nunreachable_grace = \"{}ms\"\n",
+            "{}\n[tls]\nca = {}\ncert = {}\nkey = {}\n\n[http]\nlisten = \"{http}\"\n\n[health]\nreport_interval = \"{}ms\"\nunreachable_grace = \"{}ms\"\n{}\n",
             opts.extra,
             q(&tls.ca),
             q(&tls.cert),
             q(&tls.key),
             opts.report_interval.as_millis(),
-            opts.unreachable_grace.as_millis()
+            opts.unreachable_grace.as_millis(),
+            opts.health_extra
         ));
         let config = dir.join("coordinator.toml");
         std::fs::write(&config, cfg)?;

@@ -62,6 +62,14 @@ pub enum MachinesCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Clear a machine's `needs-human`: automatic remediation may repair it again.
+    Clear {
+        /// The machine's address.
+        address: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -220,6 +228,9 @@ fn machines(resp: AdminResponse) -> anyhow::Result<MachinesResponse> {
 impl CommandGroup for MachinesCommand {
     async fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let (req, json) = match self {
+            MachinesCommand::Clear { address, json } => {
+                return super::remediation::clear_machine(ctx, address, json).await;
+            }
             MachinesCommand::List { json } => (MachinesRequest::List, json),
             MachinesCommand::Show { address, json } => (MachinesRequest::Show { address }, json),
             MachinesCommand::Add {

@@ -15,6 +15,7 @@ pub mod common;
 pub mod diagnostics;
 pub mod machines;
 pub mod pki;
+pub mod remediation;
 pub mod repair_queue;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,14 @@ command_groups! {
     RepairQueue(repair_queue::RepairQueueCommand),
     /// Diagnostics collected from agents by repair steps.
     Diagnostics(diagnostics::DiagnosticsCommand),
+    /// sabakan-style auto-repair (as `ckecli auto-repair`).
+    AutoRepair(remediation::AutoRepairCommand),
+    /// Constraints auto-repair obeys (as `ckecli constraints`).
+    Constraints(remediation::ConstraintsCommand),
+    /// Automatic remediation: pause, resume, observe, status, confirm an outage.
+    Remediation(remediation::RemediationCommand),
+    /// The decision journal: every remediation decision and why.
+    Events(remediation::EventsArgs),
 }
 
 /// Fleetmend's operator CLI.

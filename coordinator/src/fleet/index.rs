@@ -18,6 +18,10 @@ pub(super) struct Live {
     pub(super) last_report: Option<HealthReport>,
     pub(super) last_report_at: Option<Timestamp>,
     pub(super) boot_id: Option<String>,
+    /// When the current boot id was first seen (coordinator clock).
+    pub(super) boot_seen_at: Option<Timestamp>,
+    /// The last silence that ended: (last report before it, first report after it).
+    pub(super) last_silence: Option<(Timestamp, Timestamp)>,
     pub(super) agent_version: Option<String>,
     pub(super) failing_since: BTreeMap<String, Timestamp>,
     pub(super) healthy_since: Option<Timestamp>,
@@ -26,9 +30,12 @@ pub(super) struct Live {
 }
 
 impl Live {
-    /// Records the boot id of a hello or report; true when it is a new boot.
-    pub(super) fn new_boot(&mut self, boot_id: &str) -> bool {
+    /// Records the boot id of a hello or report seen at `now`; true when it is a new boot.
+    pub(super) fn new_boot(&mut self, boot_id: &str, now: Timestamp) -> bool {
         let changed = self.boot_id.as_deref().is_some_and(|b| b != boot_id);
+        if changed || self.boot_id.is_none() {
+            self.boot_seen_at = Some(now);
+        }
         if changed {
             // Nothing observed before a reboot says anything about the new boot.
             self.healthy_since = None;

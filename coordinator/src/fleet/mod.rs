@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use jiff::Timestamp;
 use protocol::admin::machines::{MachineDetail, MachineSummary, StateTransition};
-use protocol::messages::{AgentHello, GoodbyeReason, HealthReport};
+use protocol::messages::{AgentHello, CheckKind, CheckStatus, GoodbyeReason, HealthReport};
 
 use crate::clock::{Clock, to_unix_ms};
 use crate::health::{Current, Derived, HealthConfig, MachineState, Observation, derive};
@@ -306,7 +306,7 @@ impl Fleet {
                     .machines
                     .get_mut(&addr)
                     .expect("hostname index points at a machine");
-                if e.live.new_boot(&hello.boot_id) {
+                if e.live.new_boot(&hello.boot_id, now) {
                     tracing::info!(machine = %addr, hostname, boot_id = %hello.boot_id, "machine rebooted");
                 }
                 e.live.agent_version = Some(hello.agent_version.clone());
@@ -344,7 +344,7 @@ impl Fleet {
                 ip
             };
             let mut live = Live::default();
-            live.new_boot(&hello.boot_id);
+            live.new_boot(&hello.boot_id, now);
             live.agent_version = Some(hello.agent_version.clone());
             live.connections = 1;
             let e = Entry {
@@ -399,7 +399,7 @@ impl Fleet {
                 .by_hostname_mut(hostname)
                 .ok_or_else(|| FleetError::UnknownHost(hostname.to_string()))?;
             let address = e.record.address.clone();
-            if e.live.new_boot(&report.boot_id) {
+            if e.live.new_boot(&report.boot_id, now) {
                 tracing::info!(machine = %address, boot_id = %report.boot_id, "machine rebooted");
             }
             let failing: Vec<String> = report
@@ -414,6 +414,9 @@ impl Fleet {
                 e.live.healthy_since.get_or_insert(now);
             } else {
                 e.live.healthy_since = None;
+            }
+            if e.state == MachineState::Unreachable && e.live.goodbye.is_none() {
+                e.live.last_silence = Some((e.live.last_report_at.unwrap_or(e.since), now));
             }
             e.live.goodbye = None;
             e.live.last_report_at = Some(now);
@@ -499,6 +502,13 @@ impl Fleet {
                 reason: e.reason.clone(),
                 last_report_at: e.live.last_report_at,
                 boot_id: e.live.boot_id.clone(),
+                boot_seen_at: e.live.boot_seen_at,
+                last_silence: e.live.last_silence,
+                kdump_loaded: e.live.last_report.as_ref().is_some_and(|r| {
+                    r.checks
+                        .iter()
+                        .any(|c| c.kind == CheckKind::Kdump && c.status == CheckStatus::Ok)
+                }),
                 failing: e.live.failing_since.clone(),
                 goodbye: e.live.goodbye,
                 connected: e.live.connections > 0,

@@ -57,6 +57,14 @@ pub struct MachineSnapshot {
     pub last_report_at: Option<Timestamp>,
     /// The boot id last seen in a hello or report.
     pub boot_id: Option<String>,
+    /// When that boot id was first seen (coordinator clock): the boot's start as far as
+    /// the coordinator knows.
+    pub boot_seen_at: Option<Timestamp>,
+    /// The last silence that ended (the machine was unreachable without a goodbye): the
+    /// last report before it and the first after it.
+    pub last_silence: Option<(Timestamp, Timestamp)>,
+    /// The last report says the crash kernel is loaded (kdump check ok).
+    pub kdump_loaded: bool,
     /// Checks failing in the last report, with when each began failing.
     pub failing: BTreeMap<String, Timestamp>,
     /// The last goodbye and when, if no report came after it.

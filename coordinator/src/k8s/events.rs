@@ -44,6 +44,12 @@ pub enum NodeEvent {
     Repaired,
     /// The repair failed.
     Failed,
+    /// Automatic remediation admitted a repair for the machine.
+    RemediationAdmitted,
+    /// Automatic remediation held a repair for the machine (a limit, a gate, a pause).
+    RemediationHeld,
+    /// The machine's agent is silent while its kubelet still renews its Lease.
+    AgentLostNodeAlive,
 }
 
 impl NodeEvent {
@@ -60,15 +66,20 @@ impl NodeEvent {
             NodeEvent::Restored => "FleetmendRestored",
             NodeEvent::Repaired => "FleetmendRepaired",
             NodeEvent::Failed => "FleetmendRepairFailed",
+            NodeEvent::RemediationAdmitted => "FleetmendRemediationAdmitted",
+            NodeEvent::RemediationHeld => "FleetmendRemediationHeld",
+            NodeEvent::AgentLostNodeAlive => "FleetmendAgentLostNodeAlive",
         }
     }
 
     /// `Normal` or `Warning`.
     pub fn event_type(self) -> &'static str {
         match self {
-            NodeEvent::DrainBlockedByBudget | NodeEvent::DrainAbandoned | NodeEvent::Failed => {
-                "Warning"
-            }
+            NodeEvent::DrainBlockedByBudget
+            | NodeEvent::DrainAbandoned
+            | NodeEvent::Failed
+            | NodeEvent::RemediationHeld
+            | NodeEvent::AgentLostNodeAlive => "Warning",
             _ => "Normal",
         }
     }

@@ -2,8 +2,8 @@
 //!
 //! Parsed with serde like the rest of the coordinator config (`deny_unknown_fields`,
 //! durations as strings such as `"30s"` or `"5m"` through [`crate::config::duration`]).
-//! Every default is chosen to work on a fresh install and carries its reason. Not yet part
-//! of [`crate::config::Config`]: the loop that runs the detectors wires it in next.
+//! Every default is chosen to work on a fresh install and carries its reason. It is the
+//! coordinator config's optional `[remediation]` section: absent, no remediation loop runs.
 //! [`RemediationConfig::validate`] names the offending key in every error.
 
 use std::collections::BTreeMap;
@@ -27,6 +27,14 @@ pub const DEFAULT_WAIT_SECONDS_TO_REPAIR_REBOOTING: u64 = 300;
 /// Bare metal: POST, firmware, PXE and a full boot take far longer than a cloud VM's
 /// 10 minutes (Cluster API's default).
 pub const DEFAULT_NODE_STARTUP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// A pass every 10 s: well inside the grace periods and timeouts the detectors read
+/// (minutes), and cheap (a pass over 10,000 machines takes a few milliseconds).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+/// A week of decisions: long enough to look back over an incident and its aftermath.
+pub const DEFAULT_JOURNAL_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Bounds the journal however noisy a week was (identical decisions are already one line).
+pub const DEFAULT_JOURNAL_MAX_ROWS: u64 = 100_000;
 
 /// Why a `[remediation]` section cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +64,14 @@ impl RemediationConfigError {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RemediationConfig {
+    /// How often the remediation loop runs a pass.
+    #[serde(with = "duration")]
+    pub interval: Duration,
+    /// Journal lines last seen longer ago than this are deleted.
+    #[serde(with = "duration")]
+    pub journal_retention: Duration,
+    /// At most this many journal lines are kept (the oldest go first).
+    pub journal_max_rows: u64,
     /// Observe mode (dry run): every decision recorded as "would enqueue", nothing enqueued.
     /// Off by default so a configured remediation acts; turn it on for a first week.
     pub observe: bool,
@@ -82,6 +98,9 @@ pub struct RemediationConfig {
 impl Default for RemediationConfig {
     fn default() -> Self {
         Self {
+            interval: DEFAULT_INTERVAL,
+            journal_retention: DEFAULT_JOURNAL_RETENTION,
+            journal_max_rows: DEFAULT_JOURNAL_MAX_ROWS,
             observe: false,
             failure_domain: FailureDomain::Rack,
             lease_stale: DEFAULT_LEASE_STALE,
@@ -477,6 +496,11 @@ pub struct SelfIsolation {
     /// A partition silences every agent within one or two report intervals.
     #[serde(with = "duration")]
     pub window: Duration,
+    /// A silent machine is not remediated before it has been unreachable this long, so
+    /// that the agents silenced with it (a partition, a dark rack) have turned unreachable
+    /// too and the burst is seen whole. Two report intervals at the default 5 s.
+    #[serde(with = "duration")]
+    pub settle: Duration,
 }
 
 impl Default for SelfIsolation {
@@ -485,6 +509,7 @@ impl Default for SelfIsolation {
             percent: 30,
             min_silent: 3,
             window: Duration::from_secs(60),
+            settle: Duration::from_secs(10),
         }
     }
 }
@@ -548,6 +573,12 @@ impl RemediationConfig {
         };
         if self.lease_stale.is_zero() {
             return err("lease_stale".into(), "must be greater than 0");
+        }
+        if self.interval.is_zero() {
+            return err("interval".into(), "must be greater than 0");
+        }
+        if self.journal_max_rows == 0 {
+            return err("journal_max_rows".into(), "must be at least 1");
         }
         let l = &self.limits;
         for (key, v) in [

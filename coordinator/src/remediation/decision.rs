@@ -43,6 +43,9 @@ pub enum Rule {
     SlowStart,
     /// The hourly rate of disruptive remediations, fleet-wide or per domain.
     RateLimit,
+    /// Admitted, but the repair queue refused the entry (no repair queue, or no procedure
+    /// for the machine type and operation). Set by the remediation loop, never by a rule.
+    EnqueueRefused,
 }
 
 impl Rule {
@@ -66,6 +69,7 @@ impl Rule {
             Rule::FleetCap => "fleet-cap",
             Rule::SlowStart => "slow-start",
             Rule::RateLimit => "rate-limit",
+            Rule::EnqueueRefused => "enqueue-refused",
         }
     }
 }
@@ -82,6 +86,18 @@ pub enum Outcome {
     Held,
     /// Reported only (an event and a metric); there was nothing to propose.
     Finding,
+}
+
+impl Outcome {
+    /// Kebab-case name, as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Admitted => "admitted",
+            Outcome::WouldEnqueue => "would-enqueue",
+            Outcome::Held => "held",
+            Outcome::Finding => "finding",
+        }
+    }
 }
 
 /// A repair a detector proposes: the fields of a queue entry, and why.

@@ -66,6 +66,7 @@ pub(super) fn healthy(address: &str, rack: &str, now: Timestamp) -> Machine {
         goodbye: None,
         kdump_loaded: true,
         booted_at: Some(ago(now, 86_400)),
+        last_silence: None,
         node: Some(NodeFacts {
             name: format!("node-{address}"),
             lease_renewed_at: Some(now),

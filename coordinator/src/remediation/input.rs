@@ -64,6 +64,10 @@ pub struct Machine {
     pub booted_at: Option<Timestamp>,
     /// The machine's Node, when the Kubernetes view has one with its address.
     pub node: Option<NodeFacts>,
+    /// The last silence that ended: (last report before it, first report after it). A
+    /// partition's agents return one by one; self-isolation still counts the returned
+    /// ones for a window so that the last to return are not repaired as stragglers.
+    pub last_silence: Option<(Timestamp, Timestamp)>,
 }
 
 /// A failing agent check.

@@ -119,6 +119,12 @@ impl<'a> Limiter<'a> {
             agents += 1;
             if m.state == MachineState::Unreachable && m.goodbye.is_none() {
                 silent.push(last);
+            } else if let Some((went, back)) = m.last_silence
+                && elapsed(self.ctx.now, back) < si.window
+            {
+                // Back already, but part of the burst for a window: agents return one by
+                // one, and the last to return must not look like a few ordinary failures.
+                silent.push(went);
             }
         }
         silent.sort_unstable();
@@ -284,6 +290,24 @@ impl<'a> Limiter<'a> {
         }
         if let Some(s) = &self.isolated {
             return Err((Rule::SelfIsolation, s.clone()));
+        }
+        // A partition or a dark rack silences its agents within one report interval, but
+        // they turn unreachable one sweep at a time: a silent machine waits `settle` so the
+        // burst it may belong to is visible before the first of it is repaired.
+        let settle = cfg.self_isolation.settle;
+        if c.m.state == MachineState::Unreachable && c.m.goodbye.is_none() {
+            let silent_for = elapsed(ctx.now, c.m.since);
+            if silent_for < settle {
+                return Err((
+                    Rule::SelfIsolation,
+                    format!(
+                        "held: {addr} went silent {} ago; waiting {} (self_isolation.settle) \
+                         to see whether other agents fall silent with it",
+                        human(silent_for),
+                        human(settle)
+                    ),
+                ));
+            }
         }
         if let Some(s) = self.events.get(c.domain) {
             return Err((Rule::CorrelatedFailure, s.clone()));
@@ -641,6 +665,65 @@ mod tests {
             .on("r12.1", |m, now| dead(m, now, 300))
             .on("r12.2", |m, now| dead(m, now, 200));
         assert_eq!(c.admitted().len(), 3);
+    }
+
+    #[test]
+    fn the_first_of_a_burst_of_silences_waits_for_the_rest_to_show() {
+        // Trap: a partition silences agents within one report interval, but they turn
+        // unreachable one sweep at a time; a pass between two sweeps would repair the first
+        // before self-isolation (or a rack event) can see the burst.
+        let c = case()
+            .roomy()
+            .no_kube()
+            .cfg(|c| c.wait_seconds_to_repair_rebooting = 0)
+            .rack("r1", 10)
+            .on("r1.0", |m, now| super::super::fixture::silent(m, now, 20));
+        let (rule, sentence) = c.held("r1.0");
+        assert_eq!(rule, Rule::SelfIsolation);
+        assert!(
+            sentence.contains("waiting 10s (self_isolation.settle)"),
+            "{sentence}"
+        );
+        // Settled and still alone: an ordinary failure, repaired.
+        let c = c.later(10);
+        assert_eq!(c.admitted(), ["r1.0"]);
+    }
+
+    #[test]
+    fn agents_returning_one_by_one_do_not_leave_the_last_ones_to_be_repaired() {
+        // Trap: a partition heals, agents reconnect one by one; once most are back the
+        // remaining silent ones look like a couple of ordinary failures and get repaired.
+        let mut c = case()
+            .roomy()
+            .no_kube()
+            .cfg(|c| c.wait_seconds_to_repair_rebooting = 0);
+        for r in 0..10 {
+            c = c.rack(&format!("r{r}"), 1);
+        }
+        for r in 0..4 {
+            c = c.on(&format!("r{r}.0"), |m, now| {
+                super::super::fixture::silent(m, now, 40)
+            });
+        }
+        assert_eq!(c.held("r3.0").0, Rule::SelfIsolation);
+        // Three are back (a second ago); r3.0 is not yet.
+        for r in 0..3 {
+            let a = format!("r{r}.0");
+            let rack = format!("r{r}");
+            c = c.on(&a.clone(), move |m, now| {
+                *m = super::super::fixture::healthy(&a, &rack, now);
+                m.last_silence = Some((
+                    now - jiff::SignedDuration::from_secs(40),
+                    now - jiff::SignedDuration::from_secs(1),
+                ));
+            });
+        }
+        let (rule, sentence) = c.held("r3.0");
+        assert_eq!(rule, Rule::SelfIsolation, "{sentence}");
+        assert!(sentence.contains("4 of 10 agents"), "{sentence}");
+        // A window after the others returned, one still silent is an ordinary failure.
+        let c = c.later(61);
+        assert_eq!(c.admitted(), ["r3.0"]);
     }
 
     #[test]

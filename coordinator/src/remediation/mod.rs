@@ -4,9 +4,10 @@
 //! [`decide`] is one pure function of (fleet facts, node view, repair queue, decision
 //! history, repair outcomes, operator switches, config, now) → a [`Pass`]: remediations
 //! admitted, proposals held (each with the rule and the numbers that held it), findings, and
-//! the state of every limit. It does no I/O and reads no clock; the remediation loop that
-//! gathers the [`Input`], enqueues the admitted entries through the same door as
-//! `repair-queue add` and writes every decision to the journal is wired in next.
+//! the state of every limit. It does no I/O and reads no clock. The remediation loop
+//! ([`runner`]) gathers the [`Input`] ([`gather`]), enqueues the admitted entries through the
+//! same door as `repair-queue add` and writes every decision to the journal ([`journal`]);
+//! [`admin`] answers `coordinatorctl` and [`switches`] holds what operators changed.
 //!
 //! - module `detect`: two-signal death, sabakan-style auto-repair with CKE's limiters,
 //!   MachineHealthCheck-style checks with their gates;
@@ -26,11 +27,17 @@
 //! - It does not guess (invariant 7): a Kubernetes view older than its freshness limit
 //!   holds every decision that needs it, and a burst of silent agents holds everything.
 
+pub mod admin;
 pub mod config;
 pub mod decision;
 mod detect;
+pub mod gather;
 pub mod input;
+pub mod journal;
 mod limits;
+pub mod metrics;
+pub mod runner;
+pub mod switches;
 
 #[cfg(test)]
 mod fixture;
@@ -43,6 +50,7 @@ use jiff::Timestamp;
 pub use config::RemediationConfig;
 pub use decision::{Decision, LimitStatus, Outcome, Pass, Proposal, Rule};
 pub use input::{Control, Input, Machine};
+pub use runner::{LoopDeps, Remediation};
 
 /// `now - since`, zero when `since` is in the future.
 pub(crate) fn elapsed(now: Timestamp, since: Timestamp) -> Duration {

@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("migrations/0004_command_groups.sql"),
     ),
     (
+        5,
+        "remediation",
+        include_str!("migrations/0005_remediation.sql"),
+    ),
+    (
         6,
         "diagnostics",
         include_str!("migrations/0006_diagnostics.sql"),

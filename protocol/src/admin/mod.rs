@@ -8,6 +8,7 @@
 
 pub mod diagnostics;
 pub mod machines;
+pub mod remediation;
 pub mod repair;
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +24,8 @@ pub enum AdminRequest {
     RepairQueue(repair::RepairQueueRequest),
     /// Diagnostics collected from agents.
     Diagnostics(diagnostics::DiagnosticsRequest),
+    /// Automatic remediation: switches, limits, the decision journal.
+    Remediation(remediation::RemediationRequest),
 }
 
 /// The answer to one [`AdminRequest`].
@@ -36,4 +39,6 @@ pub enum AdminResponse {
     RepairQueue(repair::RepairQueueResponse),
     /// Answer to a [`AdminRequest::Diagnostics`].
     Diagnostics(diagnostics::DiagnosticsResponse),
+    /// Answer to a [`AdminRequest::Remediation`].
+    Remediation(remediation::RemediationResponse),
 }

@@ -115,6 +115,7 @@ fn main() -> anyhow::Result<()> {
         unreachable_grace: INTERVAL * 3,
         inventory: Some(inventory),
         extra: format!("\n[repair]\nconfig = {:?}\n", repair_yaml.to_string_lossy()),
+        ..Default::default()
     };
     let coord = Coordinator::start(&dir.join("coordinator"), &pki, &opts)?;
     println!(

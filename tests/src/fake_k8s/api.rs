@@ -5,7 +5,7 @@
 //! reasons a real API server uses.
 //!
 //! Not served (answered as a real server would not, and documented as a limit of the fake):
-//! `watch=true` (501), server-side apply (415), `deletecollection` (405).
+//! server-side apply (415), `deletecollection` (405); watch lives in `watch`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use super::store::{Res, State, now_rfc3339};
 use super::{Fault, Recorded, Shared};
 
 /// A failure answer, boxed to keep `Result`s small.
-type Fail = Box<Response>;
+pub(super) type Fail = Box<Response>;
 
 type Answer = Result<(StatusCode, Value), Fail>;
 
@@ -92,7 +92,7 @@ fn conflict(res: Res, name: &str, msg: &str) -> Fail {
     )
 }
 
-fn bad(msg: impl Into<String>) -> Fail {
+pub(super) fn bad(msg: impl Into<String>) -> Fail {
     status(400, "BadRequest", msg, Value::Null)
 }
 
@@ -108,14 +108,14 @@ fn invalid(res: Res, name: &str, msg: impl Into<String>) -> Fail {
 
 /// Where a request points.
 #[derive(Debug)]
-struct Target {
-    res: Res,
-    ns: Option<String>,
-    name: Option<String>,
-    sub: Option<String>,
+pub(super) struct Target {
+    pub(super) res: Res,
+    pub(super) ns: Option<String>,
+    pub(super) name: Option<String>,
+    pub(super) sub: Option<String>,
 }
 
-fn route(path: &str) -> Result<Target, Fail> {
+pub(super) fn route(path: &str) -> Result<Target, Fail> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest) = match segs.as_slice() {
         ["api", v, rest @ ..] => ("", *v, rest),
@@ -167,7 +167,7 @@ fn route(path: &str) -> Result<Target, Fail> {
     Ok(t)
 }
 
-fn query_param(q: &str, key: &str) -> Option<String> {
+pub(super) fn query_param(q: &str, key: &str) -> Option<String> {
     url_pairs(q)
         .into_iter()
         .find(|(k, _)| k == key)
@@ -357,6 +357,14 @@ pub(crate) async fn handle(AxState(srv): AxState<Arc<Shared>>, req: Request) -> 
     if let Some(resp) = injected(&srv, &method, &path) {
         return resp;
     }
+    if method == Method::GET
+        && query_param(&query, "watch").is_some_and(|v| v == "true" || v == "1")
+    {
+        return match super::watch::start(srv.clone(), &path, &query) {
+            Ok(r) => r,
+            Err(f) => *f,
+        };
+    }
     match answer(&srv, &method, &path, &query, &headers, &body) {
         Ok((code, v)) => (code, axum::Json(v)).into_response(),
         Err(r) => *r,
@@ -413,14 +421,6 @@ fn answer(
     }
     let t = route(path)?;
     let dry_run = query_param(query, "dryRun").is_some_and(|v| v == "All");
-    if query_param(query, "watch").is_some_and(|v| v == "true" || v == "1") {
-        return Err(status(
-            501,
-            "NotImplemented",
-            "the fake API server does not implement watch; poll with list",
-            Value::Null,
-        ));
-    }
     let mut st = srv.lock();
     if let (Some(ns), true) = (&t.ns, method != Method::GET)
         && st.get(Res::Namespace, "", ns).is_none()

@@ -23,7 +23,11 @@
 //! Fault injection: per-path/method error answers ([`Fault`]), added latency, and the whole
 //! server going down ([`FakeK8s::set_down`]: connections are cut and refused).
 //!
-//! Not implemented: watch (answered 501; clients must poll), server-side apply (415),
+//! Watch (`?watch=true` on a collection, with `resourceVersion`, `timeoutSeconds` and the
+//! selectors) streams `ADDED`/`MODIFIED`/`DELETED` events as newline-delimited JSON, as the
+//! real server does, for every served resource (Leases included).
+//!
+//! Not implemented: bookmarks and `sendInitialEvents`, server-side apply (415),
 //! deletecollection (405), authentication (the kubeconfig carries no credentials).
 
 mod api;
@@ -31,6 +35,7 @@ mod net;
 mod patch;
 mod select;
 mod store;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -76,6 +81,9 @@ pub(crate) struct Shared {
     pub(crate) latency: Mutex<Duration>,
     pub(crate) log: Mutex<Vec<Recorded>>,
     switch: Arc<net::Switch>,
+    /// Nodes whose simulated kubelet renews its Lease (see [`FakeK8s::run_kubelets`]).
+    kubelets: Mutex<std::collections::BTreeSet<String>>,
+    kubelets_running: std::sync::atomic::AtomicBool,
 }
 
 /// A running fake API server. Dropping it stops the server.
@@ -97,6 +105,30 @@ impl Drop for FakeK8s {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+fn set_ready(st: &mut State, node: &str, status: &str) -> bool {
+    let Some(mut obj) = st.get(Res::Node, "", node).cloned() else {
+        return false;
+    };
+    let Some(conds) = obj["status"]["conditions"].as_array_mut() else {
+        return false;
+    };
+    let Some(ready) = conds.iter_mut().find(|c| c["type"] == "Ready") else {
+        return false;
+    };
+    if ready["status"] == json!(status) {
+        return true;
+    }
+    ready["status"] = json!(status);
+    ready["reason"] = json!(if status == "True" {
+        "KubeletReady"
+    } else {
+        "NodeStatusUnknown"
+    });
+    ready["lastTransitionTime"] = json!(store::now_rfc3339());
+    st.insert_new(Res::Node, obj);
+    true
 }
 
 /// A [`FakeK8s`] running on its own runtime (see [`FakeK8s::start_background`]).
@@ -257,6 +289,8 @@ impl FakeK8s {
             latency: Mutex::new(Duration::ZERO),
             log: Mutex::new(Vec::new()),
             switch: switch.clone(),
+            kubelets: Mutex::new(Default::default()),
+            kubelets_running: Default::default(),
         });
         let listener = net::CutListener { inner, switch };
         let app = api::router(shared.clone());
@@ -416,6 +450,81 @@ impl FakeK8s {
                          "renewTime": renew_time}
             }),
         )
+    }
+
+    /// Renews the kubelet Lease of `node` now.
+    pub fn renew_lease(&self, node: &str) -> Value {
+        self.set_lease(node, &store::now_rfc3339_micros())
+    }
+
+    /// Sets the Node's Ready condition (`True`, `False`, `Unknown`), with a new
+    /// `lastTransitionTime` when the status changes, as the kubelet and the node lifecycle
+    /// controller do. Returns false when there is no such Node.
+    pub fn set_ready(&self, node: &str, status: &str) -> bool {
+        set_ready(&mut self.state(), node, status)
+    }
+
+    /// Simulates the kubelets of the nodes marked alive ([`FakeK8s::set_kubelet_alive`]) and
+    /// the node lifecycle controller, on a thread of its own until the server is dropped:
+    /// every `renew` each live kubelet renews its Lease and reports Ready True; a Node whose
+    /// Lease is older than `monitor_grace` turns Ready Unknown (Kubernetes' defaults are 10 s
+    /// and 40 s; tests pass shorter ones). Starting it twice keeps the first.
+    pub fn run_kubelets(&self, renew: Duration, monitor_grace: Duration) {
+        use std::sync::atomic::Ordering;
+        if self.shared.kubelets_running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.shared);
+        std::thread::spawn(move || {
+            // Last renewal per node; a node first seen starts its grace now.
+            let mut renewed: std::collections::BTreeMap<String, std::time::Instant> =
+                Default::default();
+            while let Some(shared) = weak.upgrade() {
+                let alive = shared.kubelets.lock().expect("kubelets").clone();
+                {
+                    let mut st = shared.state.lock().expect("fake state poisoned");
+                    let now = store::now_rfc3339_micros();
+                    let names: Vec<String> = st
+                        .list(Res::Node, None)
+                        .iter()
+                        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+                        .collect();
+                    for name in names {
+                        if alive.contains(&name) {
+                            st.insert_new(
+                                Res::Lease,
+                                json!({
+                                    "metadata": {"name": name, "namespace": "kube-node-lease"},
+                                    "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
+                                             "renewTime": now}
+                                }),
+                            );
+                            set_ready(&mut st, &name, "True");
+                            renewed.insert(name, std::time::Instant::now());
+                        } else if renewed
+                            .entry(name.clone())
+                            .or_insert_with(std::time::Instant::now)
+                            .elapsed()
+                            > monitor_grace
+                        {
+                            set_ready(&mut st, &name, "Unknown");
+                        }
+                    }
+                }
+                drop(shared);
+                std::thread::sleep(renew);
+            }
+        });
+    }
+
+    /// Marks the simulated kubelet of `node` alive (renewing) or dead (silent).
+    pub fn set_kubelet_alive(&self, node: &str, alive: bool) {
+        let mut k = self.shared.kubelets.lock().expect("kubelets");
+        if alive {
+            k.insert(node.to_string());
+        } else {
+            k.remove(node);
+        }
     }
 
     /// Sets what `/version` reports (e.g. `("1", "27")` for a cluster without the
@@ -668,6 +777,64 @@ mod tests {
         )
         .await;
         assert_eq!((c, v["reason"].as_str()), (409, Some("Conflict")));
+    }
+
+    #[tokio::test]
+    async fn leases_get_list_put_and_watch_like_the_api_server() {
+        use futures::{StreamExt, TryStreamExt};
+        use k8s_openapi::api::coordination::v1::Lease;
+        use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+        let fake = FakeK8s::start().await.unwrap();
+        fake.add_node(NodeSeed::new("n1", "10.0.0.1"));
+        fake.renew_lease("n1");
+        let kc = kube::config::Kubeconfig::read_from(fake.kubeconfig()).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let api: Api<Lease> =
+            Api::namespaced(kube::Client::try_from(cfg).unwrap(), "kube-node-lease");
+        let list = api.list(&ListParams::default()).await.unwrap();
+        assert_eq!(list.items.len(), 1);
+        let rv = list.metadata.resource_version.clone().unwrap();
+        let mut stream = api
+            .watch(&WatchParams::default().timeout(10), "0")
+            .await
+            .unwrap()
+            .boxed();
+        let next =
+            async |s: &mut futures::stream::BoxStream<'_, kube::Result<WatchEvent<Lease>>>| {
+                tokio::time::timeout(Duration::from_secs(5), s.try_next())
+                    .await
+                    .expect("a watch event in time")
+                    .unwrap()
+                    .expect("stream open")
+            };
+        assert!(
+            matches!(next(&mut stream).await, WatchEvent::Added(l) if l.metadata.name.as_deref() == Some("n1"))
+        );
+        // A kubelet renews with PUT (replace), as the real one does.
+        let mut lease = api.get("n1").await.unwrap();
+        let renewed = "2030-01-01T00:00:00.123456Z";
+        lease.spec.as_mut().unwrap().renew_time = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(renewed.parse().unwrap()),
+        );
+        api.replace("n1", &PostParams::default(), &lease)
+            .await
+            .unwrap();
+        match next(&mut stream).await {
+            WatchEvent::Modified(l) => assert_eq!(
+                l.spec.unwrap().renew_time.unwrap().0.to_string(),
+                "2030-01-01T00:00:00.123456Z"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // A watch from the list's version sees only what changed after it.
+        let mut later = api
+            .watch(&WatchParams::default().timeout(10), &rv)
+            .await
+            .unwrap()
+            .boxed();
+        assert!(matches!(next(&mut later).await, WatchEvent::Modified(_)));
     }
 
     #[tokio::test]

@@ -139,6 +139,8 @@ pub(crate) struct Timers {
 #[derive(Debug)]
 pub(crate) struct State {
     pub(crate) objects: BTreeMap<Key, Value>,
+    /// The resource version each object was created at (watch tells ADDED from MODIFIED).
+    pub(crate) created_rv: HashMap<Key, u64>,
     pub(crate) rv: u64,
     uid_seq: u64,
     pub(crate) timers: Timers,
@@ -157,6 +159,15 @@ pub(crate) const OOS_KEY: &str = "node.kubernetes.io/out-of-service";
 
 pub(crate) fn now_rfc3339() -> String {
     jiff_like_now()
+}
+
+/// RFC 3339 "now" with microsecond precision, as Lease `renewTime` (a MicroTime) carries.
+pub(crate) fn now_rfc3339_micros() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let s = rfc3339(d.as_secs());
+    format!("{}.{:06}Z", s.trim_end_matches('Z'), d.subsec_micros())
 }
 
 /// RFC 3339 "now" with second precision, without pulling a time crate into the test kit.
@@ -191,6 +202,7 @@ impl State {
     pub(crate) fn new() -> Self {
         let mut s = Self {
             objects: BTreeMap::new(),
+            created_rv: HashMap::new(),
             rv: 1,
             uid_seq: 0,
             timers: Timers::default(),
@@ -255,8 +267,12 @@ impl State {
         if obj["metadata"]["creationTimestamp"].is_null() {
             obj["metadata"]["creationTimestamp"] = json!(now_rfc3339());
         }
-        obj["metadata"]["resourceVersion"] = json!(self.next_rv());
+        let rv = self.next_rv();
+        obj["metadata"]["resourceVersion"] = json!(rv);
         let key = Self::key_of(res, &obj);
+        if !self.objects.contains_key(&key) {
+            self.created_rv.insert(key.clone(), rv.parse().unwrap_or(0));
+        }
         self.objects.insert(key, obj.clone());
         obj
     }
@@ -267,8 +283,9 @@ impl State {
 
     pub(crate) fn remove(&mut self, res: Res, ns: &str, name: &str) -> Option<Value> {
         self.next_rv();
-        self.objects
-            .remove(&(res, ns.to_string(), name.to_string()))
+        let key = (res, ns.to_string(), name.to_string());
+        self.created_rv.remove(&key);
+        self.objects.remove(&key)
     }
 
     pub(crate) fn list(&self, res: Res, ns: Option<&str>) -> Vec<&Value> {

@@ -1,0 +1,303 @@
+//! The remediation tables of migration 0005: the decision journal, the operator switches,
+//! cleared machines and repair outcomes. Plain SQL over a connection; the remediation loop
+//! and the admin handler decide what to write and when.
+//!
+//! A decision the previous pass also made (same machine, outcome, rule and operation) is a
+//! repeat: its line's `count`, `last_ms`, `sentence` and `seq` are updated instead of a row
+//! being added, so a proposal held for a day is one line, not 8,640. Admissions are never
+//! repeats: each one enqueued a repair.
+
+use std::collections::BTreeMap;
+
+use protocol::admin::remediation::{EventsQuery, JournalLine};
+use rusqlite::{Connection, params};
+
+use super::decision::{Decision, Outcome};
+use super::input::RepairOutcome;
+use crate::clock::{from_unix_ms, to_unix_ms};
+
+/// How many lines `events` returns when the query sets no limit: a screenful of an
+/// incident; `--since` and `--machine` narrow further.
+pub const DEFAULT_EVENTS_LIMIT: u32 = 1000;
+
+/// One journal write of a pass.
+#[derive(Debug, Clone)]
+pub enum JournalWrite {
+    /// A new line.
+    Insert {
+        /// Its sequence number.
+        seq: u64,
+        /// The decision.
+        decision: Decision,
+    },
+    /// The line `id` was made again.
+    Repeat {
+        /// The line.
+        id: i64,
+        /// Its new sequence number.
+        seq: u64,
+        /// The decision as made now (its time and sentence replace the line's latest).
+        decision: Decision,
+    },
+}
+
+/// The operation a decision proposed, if any.
+pub fn operation(d: &Decision) -> Option<&str> {
+    d.proposal.as_ref().map(|p| p.operation.as_str())
+}
+
+/// Commits `writes` in one transaction; returns the id of each line written, in order.
+pub fn write(c: &mut Connection, writes: &[JournalWrite]) -> rusqlite::Result<Vec<i64>> {
+    let tx = c.transaction()?;
+    let mut ids = Vec::with_capacity(writes.len());
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO remediation_journal (seq, first_ms, last_ms, count, address, domain, \
+             outcome, rule, operation, sentence, decision) VALUES (?1, ?2, ?2, 1, ?3, ?4, ?5, ?6, \
+             ?7, ?8, ?9)",
+        )?;
+        let mut repeat = tx.prepare_cached(
+            "UPDATE remediation_journal SET seq = ?2, last_ms = ?3, count = count + 1, \
+             sentence = ?4, decision = ?5 WHERE id = ?1",
+        )?;
+        for w in writes {
+            match w {
+                JournalWrite::Insert { seq, decision: d } => {
+                    insert.execute(params![
+                        *seq as i64,
+                        to_unix_ms(d.at),
+                        d.address,
+                        d.domain,
+                        d.outcome.as_str(),
+                        d.rule.as_str(),
+                        operation(d),
+                        d.sentence,
+                        serde_json::to_string(d).unwrap_or_default(),
+                    ])?;
+                    ids.push(tx.last_insert_rowid());
+                }
+                JournalWrite::Repeat {
+                    id,
+                    seq,
+                    decision: d,
+                } => {
+                    repeat.execute(params![
+                        id,
+                        *seq as i64,
+                        to_unix_ms(d.at),
+                        d.sentence,
+                        serde_json::to_string(d).unwrap_or_default(),
+                    ])?;
+                    ids.push(*id);
+                }
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(ids)
+}
+
+/// The largest sequence number written so far (0 for an empty journal).
+pub fn max_seq(c: &Connection) -> rusqlite::Result<u64> {
+    c.query_row(
+        "SELECT COALESCE(MAX(seq), 0) FROM remediation_journal",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|v| v.max(0) as u64)
+}
+
+/// One line of the last pass: (id, address, outcome, rule, operation).
+pub type LastLine = (i64, String, String, String, Option<String>);
+
+/// The lines of the last pass journalled at or after `since_ms` (every line last seen at
+/// the journal's latest time): (id, address, outcome, rule, operation). A restarted loop
+/// continues their repeats instead of starting new lines.
+pub fn last_pass(c: &Connection, since_ms: i64) -> rusqlite::Result<Vec<LastLine>> {
+    let mut st = c.prepare(
+        "SELECT id, address, outcome, rule, operation FROM remediation_journal WHERE last_ms = \
+         (SELECT MAX(last_ms) FROM remediation_journal) AND last_ms >= ?1",
+    )?;
+    let rows = st.query_map([since_ms], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    })?;
+    rows.collect()
+}
+
+/// Admissions made at or after `since_ms`, as decisions (for the rate limit and escalation).
+pub fn admissions(c: &Connection, since_ms: i64) -> rusqlite::Result<Vec<Decision>> {
+    let mut st = c.prepare(
+        "SELECT decision FROM remediation_journal WHERE outcome = 'admitted' AND first_ms >= ?1 \
+         ORDER BY id",
+    )?;
+    let rows = st.query_map([since_ms], |r| r.get::<_, String>(0))?;
+    let mut out = Vec::new();
+    for json in rows {
+        if let Ok(d) = serde_json::from_str::<Decision>(&json?) {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes lines last seen before `before_ms`, then all but the newest `max_rows`.
+/// Returns how many went.
+pub fn prune(c: &Connection, before_ms: i64, max_rows: u64) -> rusqlite::Result<usize> {
+    let old = c.execute(
+        "DELETE FROM remediation_journal WHERE last_ms < ?1",
+        [before_ms],
+    )?;
+    let extra = c.execute(
+        "DELETE FROM remediation_journal WHERE seq <= (SELECT seq FROM remediation_journal \
+         ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
+        [i64::try_from(max_rows).unwrap_or(i64::MAX)],
+    )?;
+    Ok(old + extra)
+}
+
+/// Lines matching `q`, ordered by `seq` (the newest `limit` of them).
+pub fn query(c: &Connection, q: &EventsQuery) -> rusqlite::Result<Vec<JournalLine>> {
+    let limit = if q.limit == 0 {
+        DEFAULT_EVENTS_LIMIT
+    } else {
+        q.limit
+    };
+    let mut st = c.prepare(
+        "SELECT seq, first_ms, last_ms, count, address, domain, outcome, rule, operation, \
+         sentence FROM remediation_journal WHERE (?1 IS NULL OR address = ?1) AND (?2 IS NULL \
+         OR last_ms >= ?2) AND seq > ?3 ORDER BY seq DESC LIMIT ?4",
+    )?;
+    let rows = st.query_map(
+        params![
+            q.machine,
+            q.since_unix_ms.map(|v| v as i64),
+            q.after_seq.unwrap_or(0) as i64,
+            limit
+        ],
+        |r| {
+            Ok(JournalLine {
+                seq: r.get::<_, i64>(0)? as u64,
+                first_unix_ms: r.get::<_, i64>(1)? as u64,
+                last_unix_ms: r.get::<_, i64>(2)? as u64,
+                count: r.get::<_, i64>(3)? as u64,
+                address: r.get(4)?,
+                domain: r.get(5)?,
+                outcome: r.get(6)?,
+                rule: r.get(7)?,
+                operation: r.get(8)?,
+                sentence: r.get(9)?,
+            })
+        },
+    )?;
+    let mut out = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    out.reverse();
+    Ok(out)
+}
+
+/// Every switch ever set: key → (value, set at ms).
+pub fn switches(c: &Connection) -> rusqlite::Result<BTreeMap<String, (String, i64)>> {
+    let mut st = c.prepare("SELECT key, value, set_ms FROM remediation_switches")?;
+    let rows = st.query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?;
+    rows.collect()
+}
+
+/// Sets (`Some`) or removes (`None`) one switch.
+pub fn set_switch(
+    c: &Connection,
+    key: &str,
+    value: Option<&str>,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
+    match value {
+        Some(v) => c.execute(
+            "INSERT INTO remediation_switches (key, value, set_ms) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value, set_ms = excluded.set_ms",
+            params![key, v, now_ms],
+        )?,
+        None => c.execute("DELETE FROM remediation_switches WHERE key = ?1", [key])?,
+    };
+    Ok(())
+}
+
+/// Every cleared machine and when.
+pub fn cleared(c: &Connection) -> rusqlite::Result<BTreeMap<String, jiff::Timestamp>> {
+    let mut st = c.prepare("SELECT address, at_ms FROM remediation_cleared")?;
+    let rows = st.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, from_unix_ms(r.get::<_, i64>(1)?)))
+    })?;
+    rows.collect()
+}
+
+/// Records that `address` was cleared at `at_ms`.
+pub fn set_cleared(c: &Connection, address: &str, at_ms: i64) -> rusqlite::Result<()> {
+    c.execute(
+        "INSERT INTO remediation_cleared (address, at_ms) VALUES (?1, ?2) \
+         ON CONFLICT (address) DO UPDATE SET at_ms = excluded.at_ms",
+        params![address, at_ms],
+    )?;
+    Ok(())
+}
+
+/// Repair outcomes finished at or after `since_ms`, with their entry index.
+pub fn outcomes(c: &Connection, since_ms: i64) -> rusqlite::Result<Vec<(u64, RepairOutcome)>> {
+    let mut st = c.prepare(
+        "SELECT entry_idx, address, finished_ms, succeeded FROM remediation_outcomes \
+         WHERE finished_ms >= ?1 ORDER BY finished_ms",
+    )?;
+    let rows = st.query_map([since_ms], |r| {
+        Ok((
+            r.get::<_, i64>(0)? as u64,
+            RepairOutcome {
+                address: r.get(1)?,
+                finished_at: from_unix_ms(r.get(2)?),
+                succeeded: r.get::<_, i64>(3)? != 0,
+            },
+        ))
+    })?;
+    rows.collect()
+}
+
+/// Records outcomes (an index already recorded is kept as it was) and deletes those that
+/// finished before `before_ms`.
+pub fn add_outcomes(
+    c: &mut Connection,
+    new: &[(u64, RepairOutcome)],
+    before_ms: i64,
+) -> rusqlite::Result<()> {
+    let tx = c.transaction()?;
+    {
+        let mut st = tx.prepare_cached(
+            "INSERT OR IGNORE INTO remediation_outcomes (entry_idx, address, finished_ms, \
+             succeeded) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for (idx, o) in new {
+            st.execute(params![
+                *idx as i64,
+                o.address,
+                to_unix_ms(o.finished_at),
+                i64::from(o.succeeded)
+            ])?;
+        }
+        tx.execute(
+            "DELETE FROM remediation_outcomes WHERE finished_ms < ?1",
+            [before_ms],
+        )?;
+    }
+    tx.commit()
+}
+
+/// The latest line about `address` with this outcome, if any (for tests and `status`).
+pub fn latest(
+    c: &Connection,
+    address: &str,
+    outcome: Outcome,
+) -> rusqlite::Result<Option<JournalLine>> {
+    let q = EventsQuery {
+        machine: Some(address.to_string()),
+        ..EventsQuery::default()
+    };
+    Ok(query(c, &q)?
+        .into_iter()
+        .rev()
+        .find(|l| l.outcome == outcome.as_str()))
+}

@@ -1,0 +1,762 @@
+//! The remediation loop: every `interval`, gather the facts ([`super::gather`]), call
+//! [`super::decide`] with the injected clock, enqueue the admitted entries through the same
+//! door as `coordinatorctl repair-queue add` ([`RepairQueue::request`] with
+//! `RepairQueueRequest::Add`), write every decision to the journal ([`super::journal`]) and
+//! post a Kubernetes Event on the Node for each new admission or hold.
+//!
+//! The order of a pass is socket → decision → store → action: the decision is pure, the
+//! enqueue goes through the repair queue's own transaction, and the journal records what
+//! happened (an admission the queue refused is journalled as held `enqueue-refused`).
+//!
+//! What it deliberately does not do: it keeps no pending proposals (a held proposal is
+//! dropped; the next pass derives afresh), and it never touches a running repair: it only
+//! adds entries. When the queue cannot be listed, the pass is skipped (deciding without
+//! knowing which machines have entries could enqueue twice).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use protocol::admin::remediation::{JournalLine, LimitLine, RemediationStatus};
+use protocol::admin::repair::{
+    AddRepairEntry, RepairEntry, RepairQueueRequest, RepairQueueResponse,
+};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::config::RemediationConfig;
+use super::decision::{Decision, Outcome, Pass, Rule};
+use super::gather::{self, ViewFacts};
+use super::input::RepairOutcome;
+use super::journal::{self, JournalWrite};
+use super::metrics::RemediationMetrics;
+use super::switches::Switches;
+use crate::clock::{Clock, to_unix_ms};
+use crate::fleet::Fleet;
+use crate::k8s::{Drainer, NodeEvent, NodeViewSource};
+use crate::repair::RepairQueue;
+use crate::store::{Store, StoreError};
+
+/// How often the journal is pruned: retention is counted in days, so once a minute is
+/// plenty and keeps the delete off most passes.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// How many of the last pass's decisions `remediation status` shows: a screenful; a storm
+/// holding thousands is summed up by the limits' sentences, and `events` lists them all.
+const STATUS_DECISIONS: usize = 50;
+
+/// A restarted loop continues the repeats of a pass journalled at most this many intervals
+/// ago: a restart takes seconds, and a decision still made after it is the same decision.
+const RESUME_INTERVALS: u32 = 6;
+
+/// The Kubernetes view may be this many refresh periods old before decisions that need it
+/// hold: one missed refresh is a slow API server, three is an outage.
+pub const VIEW_MAX_AGE_REFRESHES: u32 = 3;
+
+/// State shared by the loop and the admin handler.
+pub(super) struct Shared {
+    pub(super) store: Store,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) base: RemediationConfig,
+    pub(super) switches: Mutex<Switches>,
+    pub(super) last: Mutex<RemediationStatus>,
+    pub(super) wake: Notify,
+    pub(super) metrics: Arc<RemediationMetrics>,
+    pub(super) kubernetes: bool,
+}
+
+impl Shared {
+    pub(super) fn switches(&self) -> std::sync::MutexGuard<'_, Switches> {
+        self.switches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn last(&self) -> std::sync::MutexGuard<'_, RemediationStatus> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Handle to automatic remediation: the admin API's door and the loop's starter. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct Remediation {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Remediation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remediation").finish_non_exhaustive()
+    }
+}
+
+/// What the loop reads and acts through.
+pub struct LoopDeps {
+    /// The registry.
+    pub fleet: Arc<Fleet>,
+    /// The Kubernetes node view and its freshness limit, with `[kubernetes]`.
+    pub view: Option<(Arc<dyn NodeViewSource>, Duration)>,
+    /// The repair queue, with `[repair]`; without it every admission is refused.
+    pub queue: Option<RepairQueue>,
+    /// Where Node Events go ([`crate::k8s::NotANode`] posts none).
+    pub events: Arc<dyn Drainer>,
+}
+
+impl Remediation {
+    /// Loads the operator switches from the store.
+    pub async fn open(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        base: RemediationConfig,
+        kubernetes: bool,
+    ) -> Result<Self, StoreError> {
+        let (rows, cleared) = store
+            .call(|c| Ok((journal::switches(c)?, journal::cleared(c)?)))
+            .await?;
+        let switches = Switches::from_rows(&rows, cleared);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                store,
+                clock,
+                base,
+                switches: Mutex::new(switches),
+                last: Mutex::new(RemediationStatus::default()),
+                wake: Notify::new(),
+                metrics: Arc::new(RemediationMetrics::default()),
+                kubernetes,
+            }),
+        })
+    }
+
+    /// The loop's `/metrics` series.
+    pub fn metrics(&self) -> Arc<RemediationMetrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// Starts the loop; it stops when `shutdown` fires.
+    pub fn spawn(
+        &self,
+        deps: LoopDeps,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let mut state = match LoopState::load(&shared).await {
+                Ok(s) => s,
+                Err(error) => {
+                    // Without the journal's history the rate limit and escalation would
+                    // count from zero; better no remediation than an unbounded one.
+                    tracing::error!(%error, "remediation journal unreadable; automatic remediation does not run");
+                    return;
+                }
+            };
+            if deps.queue.is_none() {
+                tracing::warn!(
+                    "[remediation] without a [repair] configuration: decisions are journalled, nothing can be enqueued"
+                );
+            }
+            tracing::info!(interval = ?shared.base.interval, kubernetes = shared.kubernetes, "remediation loop started");
+            let mut tick = tokio::time::interval(shared.base.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tick.tick() => {}
+                    _ = shared.wake.notified() => {}
+                }
+                if let Err(error) = state.pass(&shared, &deps).await {
+                    shared.metrics.pass_failed();
+                    tracing::warn!(%error, "remediation pass skipped; retrying next interval");
+                }
+            }
+        })
+    }
+}
+
+/// What the loop remembers between passes (all of it also in the store).
+struct LoopState {
+    seq: u64,
+    /// The previous pass's line per machine: (line id, outcome, rule, operation).
+    prev: HashMap<String, (i64, Outcome, Rule, Option<String>)>,
+    admissions: Vec<Decision>,
+    outcomes: Vec<(u64, RepairOutcome)>,
+    known_outcomes: HashSet<u64>,
+    last_prune: Option<Timestamp>,
+}
+
+/// Why a pass could not run.
+#[derive(Debug, thiserror::Error)]
+enum PassError {
+    #[error("cannot list the repair queue: {0}")]
+    Queue(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn history_window(cfg: &RemediationConfig) -> Duration {
+    cfg.limits.escalation.window.max(Duration::from_secs(3600))
+}
+
+fn ago(now: Timestamp, d: Duration) -> i64 {
+    to_unix_ms(now) - i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl LoopState {
+    async fn load(shared: &Shared) -> Result<Self, StoreError> {
+        let now = shared.clock.now();
+        let hist = ago(now, history_window(&shared.base));
+        let out = ago(now, shared.base.limits.slow_start.lookback);
+        // A pass journalled within a few intervals before a restart is "the previous pass".
+        let recent = ago(now, shared.base.interval * RESUME_INTERVALS);
+        let (seq, admissions, outcomes, last) = shared
+            .store
+            .call(move |c| {
+                Ok((
+                    journal::max_seq(c)?,
+                    journal::admissions(c, hist)?,
+                    journal::outcomes(c, out)?,
+                    journal::last_pass(c, recent)?,
+                ))
+            })
+            .await?;
+        let prev = last
+            .into_iter()
+            .filter_map(|(id, a, o, r, op)| {
+                let o: Outcome = serde_json::from_value(serde_json::Value::String(o)).ok()?;
+                let r: Rule = serde_json::from_value(serde_json::Value::String(r)).ok()?;
+                Some((a, (id, o, r, op)))
+            })
+            .collect();
+        Ok(Self {
+            seq,
+            prev,
+            admissions,
+            known_outcomes: outcomes.iter().map(|(i, _)| *i).collect(),
+            outcomes,
+            last_prune: None,
+        })
+    }
+
+    async fn queue(deps: &LoopDeps) -> Result<Vec<RepairEntry>, PassError> {
+        match &deps.queue {
+            None => Ok(Vec::new()),
+            Some(q) => match q.request(RepairQueueRequest::List).await {
+                Ok(RepairQueueResponse::List(l)) => Ok(l),
+                Ok(other) => Err(PassError::Queue(format!("unexpected answer {other:?}"))),
+                Err(e) => Err(PassError::Queue(e.to_string())),
+            },
+        }
+    }
+
+    async fn pass(&mut self, shared: &Shared, deps: &LoopDeps) -> Result<(), PassError> {
+        let queue = Self::queue(deps).await?;
+        let now = shared.clock.now();
+        let (cfg, control) = {
+            let s = shared.switches();
+            (s.effective(&shared.base), s.control())
+        };
+        self.remember_outcomes(shared, &queue, &cfg, now).await?;
+        let fleet = deps.fleet.snapshot();
+        let view = deps.view.as_ref().map(|(v, max)| (v.snapshot(), *max));
+        let keep = ago(now, history_window(&cfg));
+        self.admissions.retain(|d| to_unix_ms(d.at) >= keep);
+        let input = gather::input(
+            &fleet,
+            view.as_ref().map(|(s, max)| ViewFacts {
+                snapshot: s,
+                max_age: *max,
+            }),
+            &queue,
+            self.admissions.clone(),
+            self.outcomes.iter().map(|(_, o)| o.clone()).collect(),
+            control,
+        );
+        let mut pass = super::decide(&input, &cfg, now);
+        enqueue(&mut pass, deps).await;
+        let nodes: HashMap<&str, &str> = input
+            .machines
+            .iter()
+            .filter_map(|m| Some((m.address.as_str(), m.node.as_ref()?.name.as_str())))
+            .collect();
+        let new = self.journal(shared, &pass).await?;
+        self.admissions
+            .extend(pass.admitted.iter().filter(|d| d.is_admission()).cloned());
+        let lost_now = pass
+            .findings
+            .iter()
+            .filter(|d| d.rule == Rule::AgentLostNodeAlive)
+            .count() as u64;
+        let mut new_lost = 0;
+        let mut events = Vec::new();
+        for d in &new {
+            shared.metrics.decided(d.outcome, d.rule);
+            log(d);
+            let ev = match (d.outcome, d.rule) {
+                (Outcome::Admitted, _) => Some(NodeEvent::RemediationAdmitted),
+                (Outcome::Held, _) => Some(NodeEvent::RemediationHeld),
+                (Outcome::Finding, Rule::AgentLostNodeAlive) => {
+                    new_lost += 1;
+                    Some(NodeEvent::AgentLostNodeAlive)
+                }
+                _ => None,
+            };
+            if let (Some(ev), Some(node)) = (ev, nodes.get(d.address.as_str())) {
+                events.push((node.to_string(), ev, d.sentence.clone()));
+            }
+        }
+        shared.metrics.pass(&pass.limits, lost_now, new_lost);
+        if !events.is_empty() {
+            // Best effort and off the loop: a slow API server must not delay the next pass.
+            let sink = deps.events.clone();
+            tokio::spawn(async move {
+                for (node, ev, msg) in events {
+                    sink.record_event(&node, ev, &msg).await;
+                }
+            });
+        }
+        *shared.last() = status_of(shared, &pass, now);
+        self.prune(shared, &cfg, now).await
+    }
+
+    /// Records the outcomes of entries that finished since the last pass, so slow start
+    /// still sees them after the entries are deleted.
+    async fn remember_outcomes(
+        &mut self,
+        shared: &Shared,
+        queue: &[RepairEntry],
+        cfg: &RemediationConfig,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let new = gather::finished(queue, &self.known_outcomes);
+        let before = ago(now, cfg.limits.slow_start.lookback);
+        if !new.is_empty() {
+            let rows = new.clone();
+            shared
+                .store
+                .call(move |c| journal::add_outcomes(c, &rows, before))
+                .await?;
+            self.known_outcomes.extend(new.iter().map(|(i, _)| *i));
+            self.outcomes.extend(new);
+        }
+        self.outcomes
+            .retain(|(_, o)| to_unix_ms(o.finished_at) >= before);
+        Ok(())
+    }
+
+    /// Writes the pass's decisions: a decision the previous pass also made is a repeat of
+    /// its line; anything else (and every admission) a new line. Returns the new ones.
+    async fn journal(&mut self, shared: &Shared, pass: &Pass) -> Result<Vec<Decision>, StoreError> {
+        let mut writes = Vec::new();
+        let mut new = Vec::new();
+        for d in pass.decisions() {
+            self.seq += 1;
+            let op = journal::operation(d).map(str::to_string);
+            match self.prev.get(&d.address) {
+                Some((id, o, r, p))
+                    if *o == d.outcome && *r == d.rule && *p == op && !d.is_admission() =>
+                {
+                    writes.push(JournalWrite::Repeat {
+                        id: *id,
+                        seq: self.seq,
+                        decision: d.clone(),
+                    });
+                }
+                _ => {
+                    writes.push(JournalWrite::Insert {
+                        seq: self.seq,
+                        decision: d.clone(),
+                    });
+                    new.push(d.clone());
+                }
+            }
+        }
+        let keys: Vec<_> = pass
+            .decisions()
+            .map(|d| {
+                (
+                    d.address.clone(),
+                    d.outcome,
+                    d.rule,
+                    journal::operation(d).map(str::to_string),
+                )
+            })
+            .collect();
+        let ids = if writes.is_empty() {
+            Vec::new()
+        } else {
+            shared
+                .store
+                .call(move |c| journal::write(c, &writes))
+                .await?
+        };
+        self.prev = keys
+            .into_iter()
+            .zip(ids)
+            .map(|((a, o, r, p), id)| (a, (id, o, r, p)))
+            .collect();
+        Ok(new)
+    }
+
+    async fn prune(
+        &mut self,
+        shared: &Shared,
+        cfg: &RemediationConfig,
+        now: Timestamp,
+    ) -> Result<(), PassError> {
+        let due = self.last_prune.is_none_or(|t| {
+            now.duration_since(t) >= SignedDuration::try_from(PRUNE_EVERY).unwrap_or_default()
+        });
+        if !due {
+            return Ok(());
+        }
+        self.last_prune = Some(now);
+        let before = ago(now, cfg.journal_retention);
+        let max = cfg.journal_max_rows;
+        let gone = shared
+            .store
+            .call(move |c| journal::prune(c, before, max))
+            .await?;
+        if gone > 0 {
+            tracing::debug!(lines = gone, "remediation journal pruned");
+        }
+        Ok(())
+    }
+}
+
+/// Enqueues every admitted decision through the repair queue's `add`; one the queue refuses
+/// becomes held `enqueue-refused` with the queue's reason.
+async fn enqueue(pass: &mut Pass, deps: &LoopDeps) {
+    let mut kept = Vec::with_capacity(pass.admitted.len());
+    for mut d in std::mem::take(&mut pass.admitted) {
+        let (Outcome::Admitted, Some(p)) = (d.outcome, d.proposal.as_ref()) else {
+            kept.push(d);
+            continue;
+        };
+        let add = AddRepairEntry {
+            operation: p.operation.clone(),
+            machine_type: p.machine_type.clone(),
+            address: d.address.clone(),
+            serial: p.serial.clone(),
+        };
+        let refused = match &deps.queue {
+            None => Some("no repair queue is configured ([repair] config)".to_string()),
+            Some(q) => match q.request(RepairQueueRequest::Add(add)).await {
+                Ok(RepairQueueResponse::Added(e)) => {
+                    d.sentence = format!("{} (repair queue entry {})", d.sentence, e.index);
+                    None
+                }
+                Ok(other) => Some(format!("unexpected answer {other:?}")),
+                Err(e) => Some(e.to_string()),
+            },
+        };
+        match refused {
+            None => kept.push(d),
+            Some(why) => {
+                d.outcome = Outcome::Held;
+                d.rule = Rule::EnqueueRefused;
+                d.sentence = format!(
+                    "held: {}: the repair queue refused the entry: {why}",
+                    d.address
+                );
+                pass.held.push(d);
+            }
+        }
+    }
+    pass.admitted = kept;
+}
+
+fn log(d: &Decision) {
+    let (outcome, rule) = (d.outcome.as_str(), d.rule.as_str());
+    match d.outcome {
+        Outcome::Admitted | Outcome::WouldEnqueue => {
+            tracing::info!(machine = %d.address, outcome, rule, "{}", d.sentence)
+        }
+        Outcome::Held | Outcome::Finding => {
+            tracing::warn!(machine = %d.address, outcome, rule, "{}", d.sentence)
+        }
+    }
+}
+
+/// A decision as a journal line of the last pass (not yet numbered).
+pub(super) fn line(d: &Decision) -> JournalLine {
+    let at = u64::try_from(to_unix_ms(d.at)).unwrap_or(0);
+    JournalLine {
+        seq: 0,
+        first_unix_ms: at,
+        last_unix_ms: at,
+        count: 1,
+        address: d.address.clone(),
+        domain: d.domain.clone(),
+        outcome: d.outcome.as_str().into(),
+        rule: d.rule.as_str().into(),
+        operation: journal::operation(d).map(str::to_string),
+        sentence: d.sentence.clone(),
+    }
+}
+
+fn status_of(shared: &Shared, pass: &Pass, now: Timestamp) -> RemediationStatus {
+    let mut s = super::admin::switch_status(shared);
+    s.last_pass_unix_ms = u64::try_from(to_unix_ms(now)).ok();
+    s.limits = pass
+        .limits
+        .iter()
+        .map(|l| LimitLine {
+            rule: l.rule.as_str().into(),
+            holding: l.holding,
+            sentence: l.sentence.clone(),
+        })
+        .collect();
+    s.decisions = pass.decisions().take(STATUS_DECISIONS).map(line).collect();
+    s.decisions_omitted = pass.decisions().count().saturating_sub(STATUS_DECISIONS) as u64;
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    //! The loop over a real SQLite store and registry, without a repair queue (admissions
+    //! are then refused, which is itself a decision to journal).
+
+    use std::collections::BTreeMap;
+
+    use protocol::admin::remediation::EventsQuery;
+    use protocol::admin::remediation::RemediationRequest as R;
+    use protocol::admin::remediation::RemediationResponse;
+    use protocol::messages::{AgentHello, CheckKind, CheckResult, CheckStatus, HealthReport};
+
+    use super::*;
+    use crate::health::HealthConfig;
+    use crate::inventory::{MachineRecord, RecordSource};
+    use crate::k8s::NotANode;
+    use crate::testing::FakeClock;
+
+    struct Fx {
+        _dir: tempfile::TempDir,
+        clock: Arc<FakeClock>,
+        store: Store,
+        rem: Remediation,
+        deps: LoopDeps,
+        state: LoopState,
+    }
+
+    impl Fx {
+        async fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(&dir.path().join("c.db")).unwrap();
+            let clock = Arc::new(FakeClock::new("2026-01-01T00:00:00Z".parse().unwrap()));
+            let cfg = HealthConfig {
+                report_interval: Duration::from_secs(1),
+                unreachable_grace: Duration::from_secs(3),
+                goodbye_grace: Duration::from_secs(60),
+            };
+            let fleet = Arc::new(
+                Fleet::open(store.clone(), clock.clone(), cfg)
+                    .await
+                    .unwrap(),
+            );
+            fleet
+                .upsert(vec![MachineRecord {
+                    address: "10.0.0.1".into(),
+                    hostname: "n1".into(),
+                    serial: "S1".into(),
+                    rack: "r1".into(),
+                    role: "cs".into(),
+                    machine_type: Some("qemu".into()),
+                    labels: BTreeMap::new(),
+                    source: RecordSource::Admin,
+                }])
+                .await
+                .unwrap();
+            let hello = AgentHello {
+                hostname: "n1".into(),
+                serial: "S1".into(),
+                addresses: vec![],
+                agent_version: "0.1".into(),
+                boot_id: "b1".into(),
+            };
+            fleet
+                .agent_hello("n1", &hello, "10.0.0.1".parse().unwrap())
+                .await
+                .unwrap();
+            let report = HealthReport {
+                seq: 1,
+                time_unix_ms: 0,
+                boot_id: "b1".into(),
+                checks: vec![CheckResult {
+                    kind: CheckKind::Kubelet,
+                    subject: "kubelet".into(),
+                    status: CheckStatus::Fail,
+                    detail: "healthz refused".into(),
+                }],
+            };
+            fleet.report("n1", report).await.unwrap();
+            let rem = Remediation::open(
+                store.clone(),
+                clock.clone(),
+                RemediationConfig::default(),
+                false,
+            )
+            .await
+            .unwrap();
+            let state = LoopState::load(&rem.shared).await.unwrap();
+            let deps = LoopDeps {
+                fleet,
+                view: None,
+                queue: None,
+                events: Arc::new(NotANode),
+            };
+            Self {
+                _dir: dir,
+                clock,
+                store,
+                rem,
+                deps,
+                state,
+            }
+        }
+
+        async fn passes(&mut self, n: usize) {
+            for _ in 0..n {
+                self.clock.advance(SignedDuration::from_secs(10));
+                self.state.pass(&self.rem.shared, &self.deps).await.unwrap();
+            }
+        }
+
+        async fn lines(&self) -> Vec<JournalLine> {
+            self.store
+                .call(|c| journal::query(c, &EventsQuery::default()))
+                .await
+                .unwrap()
+        }
+
+        async fn admin(&self, req: R) -> protocol::admin::AdminResponse {
+            self.rem.handle_admin(req).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_repeated_pass_after_pass_is_one_line_with_a_count() {
+        let mut fx = Fx::new().await;
+        fx.passes(5).await;
+        let lines = fx.lines().await;
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        let l = &lines[0];
+        assert_eq!(
+            (l.outcome.as_str(), l.rule.as_str()),
+            ("held", "enqueue-refused")
+        );
+        assert_eq!(l.count, 5);
+        assert_eq!(l.operation.as_deref(), Some("unhealthy"));
+        assert_eq!(l.last_unix_ms - l.first_unix_ms, 40_000);
+        assert!(l.sentence.contains("no repair queue"), "{}", l.sentence);
+
+        // A pause is another decision: a new line, then repeats of it.
+        let r = fx
+            .admin(R::Pause {
+                reason: "switch upgrade".into(),
+            })
+            .await;
+        assert!(
+            matches!(r, protocol::admin::AdminResponse::Remediation(_)),
+            "{r:?}"
+        );
+        fx.passes(3).await;
+        let lines = fx.lines().await;
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert_eq!(lines[1].rule, "paused");
+        assert_eq!(lines[1].count, 3);
+        assert!(lines[1].sentence.contains("switch upgrade"));
+        assert!(lines[1].seq > lines[0].seq);
+    }
+
+    #[tokio::test]
+    async fn a_restarted_loop_continues_the_repeats_of_its_last_pass() {
+        let mut fx = Fx::new().await;
+        fx.passes(3).await;
+        fx.state = LoopState::load(&fx.rem.shared).await.unwrap();
+        fx.passes(2).await;
+        let lines = fx.lines().await;
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert_eq!(lines[0].count, 5);
+        // Long after, the same decision is a new line (a new episode).
+        fx.clock.advance(SignedDuration::from_hours(1));
+        fx.state = LoopState::load(&fx.rem.shared).await.unwrap();
+        fx.passes(1).await;
+        assert_eq!(fx.lines().await.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn switches_survive_a_restart_and_status_names_the_holding_limit() {
+        let mut fx = Fx::new().await;
+        fx.admin(R::Pause {
+            reason: "maintenance".into(),
+        })
+        .await;
+        fx.admin(R::Observe(true)).await;
+        fx.admin(R::SetConstraint {
+            name: "maximum-repair-queue-entries".into(),
+            value: 4,
+        })
+        .await;
+        fx.passes(1).await;
+        let protocol::admin::AdminResponse::Remediation(RemediationResponse::Status(s)) =
+            fx.admin(R::Status).await
+        else {
+            panic!("no status");
+        };
+        assert!(s.observe);
+        assert_eq!(s.paused.as_ref().unwrap().0, "maintenance");
+        assert!(
+            s.limits.iter().any(|l| l.rule == "paused" && l.holding),
+            "{:#?}",
+            s.limits
+        );
+        // A new coordinator on the same store sees the same switches.
+        let again = Remediation::open(
+            fx.store.clone(),
+            fx.clock.clone(),
+            RemediationConfig::default(),
+            false,
+        )
+        .await
+        .unwrap();
+        let s = again.shared.switches().clone();
+        assert_eq!(s.paused.unwrap().0, "maintenance");
+        assert_eq!(s.observe, Some(true));
+        assert_eq!(s.max_entries, Some(4));
+        let r = fx
+            .admin(R::SetConstraint {
+                name: "maximum-repair-queue-entries".into(),
+                value: 0,
+            })
+            .await;
+        assert!(
+            matches!(r, protocol::admin::AdminResponse::Error(_)),
+            "{r:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_journal_keeps_only_its_newest_rows() {
+        let mut fx = Fx::new().await;
+        fx.passes(1).await;
+        fx.admin(R::Pause { reason: "a".into() }).await;
+        fx.passes(1).await;
+        fx.admin(R::Resume).await;
+        fx.passes(1).await;
+        assert_eq!(fx.lines().await.len(), 3);
+        let now = to_unix_ms(fx.clock.now());
+        let gone = fx
+            .store
+            .call(move |c| journal::prune(c, now - 3_600_000, 2))
+            .await
+            .unwrap();
+        assert_eq!(gone, 1);
+        let lines = fx.lines().await;
+        assert_eq!(lines[0].rule, "paused");
+        let gone = fx
+            .store
+            .call(move |c| journal::prune(c, now + 1, 10))
+            .await
+            .unwrap();
+        assert_eq!(gone, 2);
+    }
+}
