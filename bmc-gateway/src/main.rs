@@ -23,13 +23,13 @@ const EXIT_CONFIG: u8 = 64;
 /// do not load, or a certificate naming another identity, are refused with an error log and
 /// the running ones kept.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "bmc-gateway", version = protocol::VERSION)]
 struct Cli {
     /// Configuration file.
     #[arg(
         long,
         global = true,
-        env = "FLEETMEND_GATEWAY_CONFIG",
+        env = protocol::env_var!(GATEWAY, "CONFIG"),
         default_value = "/etc/fleetmend/bmc-gateway.toml"
     )]
     config: PathBuf,
@@ -50,6 +50,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    protocol::telemetry::quiet_broken_pipe();
     let cli = Cli::parse();
     if let Err(e) = protocol::telemetry::init("info") {
         eprintln!("bmc-gateway: {e}");

@@ -41,7 +41,10 @@ impl Admin {
         match req {
             AdminRequest::Machines(m) => self.machines(who, m).await,
             AdminRequest::RepairQueue(r) => match &self.repair {
-                Some(q) => q.handle_admin(r).await,
+                Some(q) => match self.check_repair_request(r) {
+                    Ok(r) => q.handle_admin(r).await,
+                    Err(refusal) => AdminResponse::Error(refusal),
+                },
                 None => error(
                     RefusalCode::BadRequest,
                     "the repair queue is not enabled in this coordinator: set [repair] config",
@@ -52,6 +55,12 @@ impl Admin {
 
     async fn machines(&self, who: &Identity, req: MachinesRequest) -> AdminResponse {
         let resp = match req {
+            MachinesRequest::Delete { address, force } => {
+                return self.delete_machine(&who.name, address, force).await;
+            }
+            MachinesRequest::SetState { address, state } => {
+                return self.set_machine_state(&who.name, address, state).await;
+            }
             MachinesRequest::List => Ok(MachinesResponse::List(self.fleet.list())),
             MachinesRequest::Show { address } => match self.fleet.detail(&address).await {
                 Ok(Some(d)) => Ok(MachinesResponse::Show(Box::new(d))),

@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod agent_server;
 pub mod app;
+pub mod check;
 pub mod clock;
 pub mod config;
 pub mod ctl;
@@ -15,6 +16,7 @@ pub mod gateway;
 pub mod health;
 pub mod inventory;
 pub mod k8s;
+pub mod lifecycle;
 pub mod metrics;
 pub mod remediation;
 pub mod repair;

@@ -10,6 +10,7 @@ use protocol::Role;
 use protocol::pki::{Ca, DEFAULT_TRUST_DOMAIN, IssueOptions};
 
 use super::common::{CommandGroup, Ctx};
+use super::profile::profile_text;
 
 /// PKI commands.
 #[derive(Debug, Subcommand)]
@@ -46,8 +47,9 @@ pub enum PkiCommand {
         /// DNS name the component is reached at (repeatable).
         #[arg(long = "dns")]
         dns: Vec<String>,
-        /// Validity in days.
-        #[arg(long, default_value_t = protocol::pki::DEFAULT_LEAF_VALIDITY_DAYS)]
+        /// Validity in days (at least 1).
+        #[arg(long, default_value_t = protocol::pki::DEFAULT_LEAF_VALIDITY_DAYS,
+              value_parser = clap::value_parser!(u32).range(1..))]
         days: u32,
         /// Overwrite existing files.
         #[arg(long)]
@@ -104,6 +106,19 @@ impl CommandGroup for PkiCommand {
                     crt.display(),
                     key.display()
                 );
+                if role == Role::Admin {
+                    let abs =
+                        |p: &std::path::Path| std::path::absolute(p).unwrap_or(p.to_path_buf());
+                    println!(
+                        "\ncoordinatorctl reads its connection from ~/.config/fleetmend/coordinatorctl.toml\n(or --profile FILE); put these lines there:\n\n{}",
+                        profile_text(
+                            None,
+                            &abs(&ca.join(protocol::pki::CA_CERT_FILE)),
+                            &abs(&crt),
+                            &abs(&key)
+                        )
+                    );
+                }
                 Ok(())
             }
         }

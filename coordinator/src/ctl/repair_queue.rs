@@ -20,16 +20,28 @@ use super::common::{CommandGroup, Ctx, fmt_time, print_table};
 /// Repair queue commands (as `ckecli repair-queue`).
 #[derive(Debug, Subcommand)]
 pub enum RepairQueueCommand {
-    /// Append a repair request for a machine.
+    /// Append a repair request for a machine: `add OPERATION [MACHINE_TYPE] ADDRESS [SERIAL]`.
+    ///
+    /// The address must be a machine of the inventory (or pass --force); a serial that
+    /// contradicts the inventory is refused; a missing serial or machine type is taken from
+    /// the inventory.
     Add {
         /// Operation name, e.g. `unreachable`.
         operation: String,
-        /// Machine type: selects the repair procedure.
+        /// Machine type: selects the repair procedure. Given alone (no ADDRESS after it), it
+        /// is the address and the type comes from the inventory.
+        #[arg(value_name = "MACHINE_TYPE")]
         machine_type: String,
         /// The machine's IP address.
-        address: String,
+        address: Option<String>,
         /// The machine's serial number.
         serial: Option<String>,
+        /// Queue it even for an address the inventory does not know, or a retired machine.
+        #[arg(long)]
+        force: bool,
+        /// Print the new entry as JSON (CKE's shape) instead of its index.
+        #[arg(long)]
+        json: bool,
     },
     /// List the entries.
     List {
@@ -100,14 +112,31 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
             machine_type,
             address,
             serial,
+            force,
+            json,
         } => {
-            let req = RepairQueueRequest::Add(AddRepairEntry {
-                operation,
-                machine_type,
-                address,
-                serial: serial.unwrap_or_default(),
-            });
+            let (machine_type, address) = match address {
+                Some(a) => (machine_type, a),
+                None => (String::new(), machine_type),
+            };
+            if force {
+                eprintln!(
+                    "coordinatorctl: warning: --force queues {address} even if the inventory does not know it or it is retired"
+                );
+            }
+            let req = RepairQueueRequest::AddChecked {
+                entry: AddRepairEntry {
+                    operation,
+                    machine_type,
+                    address,
+                    serial: serial.unwrap_or_default(),
+                },
+                force,
+            };
             match call(client, req).await? {
+                RepairQueueResponse::Added(e) if json => {
+                    println!("{}", serde_json::to_string_pretty(&cke_json(&e))?)
+                }
                 RepairQueueResponse::Added(e) => println!("{}", e.index),
                 other => bail!("unexpected answer: {other:?}"),
             }

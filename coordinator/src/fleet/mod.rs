@@ -31,6 +31,7 @@ use crate::inventory::{InventoryError, MachineRecord, RecordSource, check_unique
 use crate::store::{Store, StoreError};
 
 mod index;
+pub mod lifecycle;
 pub mod snapshot;
 mod sql;
 
@@ -65,6 +66,21 @@ pub enum FleetError {
     /// No machine has that hostname.
     #[error("no machine with hostname {0}")]
     UnknownHost(String),
+    /// The machine is listed in the inventory file, which is the source of truth for it.
+    #[error(
+        "machine {address} is listed in the inventory file, which is the source of truth for the machines it lists, so it cannot be {what} here: change the file and restart the coordinator"
+    )]
+    InventoryOwned {
+        /// The machine.
+        address: String,
+        /// What was refused (`changed`, `deleted`).
+        what: String,
+    },
+    /// `set-state` was given a state only health derivation sets.
+    #[error(
+        "{0} is not an admin state: use updating, retiring or retired (or `auto` to hand the machine back to health checks)"
+    )]
+    NotAdminState(String),
 }
 
 impl FleetError {
@@ -239,6 +255,11 @@ impl Fleet {
                     live = o.live.clone();
                     writes.push(Write::Delete(other.clone()));
                     removed.push(other.clone());
+                }
+                if rec.source == RecordSource::Admin
+                    && let Some(old) = inner.machines.get(&rec.address)
+                {
+                    Self::refuse_inventory_edit(old, "changed")?;
                 }
                 let mut e = match inner.machines.get(&rec.address) {
                     Some(old) if old.record == *rec => continue,
