@@ -29,7 +29,7 @@ pub const DEFAULT_ACTION_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// UDP address the QUIC service listens on, e.g. `0.0.0.0:7443`.
+    /// UDP address the QUIC service listens on, e.g. `0.0.0.0:7444`.
     pub listen: SocketAddr,
     /// Plain-HTTP address for `/metrics` and `/healthz`; omitted = no HTTP listener.
     #[serde(default)]

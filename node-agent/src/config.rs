@@ -325,7 +325,7 @@ pub struct Config {
     pub source: Option<PathBuf>,
 }
 
-/// Parses `500ms`, `5s`, `2m`, or a bare number of seconds.
+/// Parses `500ms`, `5s`, `2m`. A bare number is refused: its unit would be a guess.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -337,7 +337,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|_| format!("{s:?} is not a duration; write e.g. 5s, 500ms or 1m"))?;
     let secs = match unit.trim() {
         "ms" => n / 1000.0,
-        "" | "s" => n,
+        "s" => n,
+        "" => {
+            return Err(format!(
+                "{s:?} has no unit: durations are strings with a unit, like \"{s}s\" or \"{s}ms\""
+            ));
+        }
         "m" => n * 60.0,
         other => return Err(format!("unknown unit {other:?} in {s:?}; use ms, s or m")),
     };
@@ -712,7 +717,8 @@ path = "//"
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        let e = parse_duration("7").unwrap_err();
+        assert!(e.contains("has no unit"), "{e}");
         assert!(parse_duration("5h").is_err());
         assert!(parse_duration("").is_err());
         assert_eq!(
