@@ -84,6 +84,11 @@ impl CommandGroup for PkiCommand {
                 days,
                 force,
             } => {
+                if role == Role::Node {
+                    protocol::identity::validate_hostname(&name).with_context(|| {
+                        "a node certificate's name is the node's hostname".to_string()
+                    })?;
+                }
                 let authority = Ca::load(&ca)
                     .with_context(|| format!("cannot load the CA in {}", ca.display()))?;
                 let issued = authority
