@@ -26,6 +26,9 @@ pub enum PkiCommand {
         /// Overwrite an existing CA.
         #[arg(long)]
         force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Issue a certificate: writes NAME.crt and NAME.key (mode 0600) into DIR.
     Issue {
@@ -54,6 +57,9 @@ pub enum PkiCommand {
         /// Overwrite existing files.
         #[arg(long)]
         force: bool,
+        /// Print JSON (the files written and the identity).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -64,9 +70,21 @@ impl CommandGroup for PkiCommand {
                 out,
                 trust_domain,
                 force,
+                json,
             } => {
                 let ca = Ca::init(&out, &trust_domain, force)
                     .with_context(|| format!("cannot create a CA in {}", out.display()))?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "trust_domain": ca.trust_domain(),
+                            "dir": out,
+                            "ca": out.join(protocol::pki::CA_CERT_FILE),
+                        })
+                    );
+                    return Ok(());
+                }
                 println!(
                     "created CA for trust domain {} in {}",
                     ca.trust_domain(),
@@ -83,6 +101,7 @@ impl CommandGroup for PkiCommand {
                 dns,
                 days,
                 force,
+                json,
             } => {
                 if role == Role::Node {
                     protocol::identity::validate_hostname(&name).with_context(|| {
@@ -105,6 +124,20 @@ impl CommandGroup for PkiCommand {
                 let (crt, key) = issued
                     .write(&out, force)
                     .with_context(|| format!("cannot write into {}", out.display()))?;
+                let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or(p.to_path_buf());
+                let ca_crt = abs(&ca.join(protocol::pki::CA_CERT_FILE));
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "identity": issued.identity.to_string(),
+                            "cert": abs(&crt),
+                            "key": abs(&key),
+                            "ca": ca_crt,
+                        })
+                    );
+                    return Ok(());
+                }
                 println!(
                     "issued {} ({}, {})",
                     issued.identity,
@@ -112,16 +145,9 @@ impl CommandGroup for PkiCommand {
                     key.display()
                 );
                 if role == Role::Admin {
-                    let abs =
-                        |p: &std::path::Path| std::path::absolute(p).unwrap_or(p.to_path_buf());
                     println!(
                         "\ncoordinatorctl reads its connection from ~/.config/fleetmend/coordinatorctl.toml\n(or --profile FILE); put these lines there:\n\n{}",
-                        profile_text(
-                            None,
-                            &abs(&ca.join(protocol::pki::CA_CERT_FILE)),
-                            &abs(&crt),
-                            &abs(&key)
-                        )
+                        profile_text(None, &ca_crt, &abs(&crt), &abs(&key))
                     );
                 }
                 Ok(())
