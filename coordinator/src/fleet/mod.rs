@@ -309,8 +309,8 @@ impl Fleet {
 
     /// An agent's hello was accepted for `hostname` (from its certificate). Returns the
     /// machine's address. A host no record names is recorded as awaiting registration,
-    /// keyed by the connection's source address (or by its hostname if that address is
-    /// taken), without a machine type.
+    /// keyed by the first address it reports that no record holds (else the connection's
+    /// source address, else its hostname), without a machine type.
     pub async fn agent_hello(
         &self,
         hostname: &str,
@@ -358,12 +358,16 @@ impl Fleet {
                 }
                 return Ok(addr);
             }
-            let ip = remote.to_string();
-            let address = if inner.machines.contains_key(&ip) {
-                hostname.to_string()
-            } else {
-                ip
-            };
+            // The address the host says it has, as an operator will type it in `machines
+            // add`; the UDP source may be a NAT or a second interface.
+            let free = |a: &String| !inner.machines.contains_key(a);
+            let address = hello
+                .addresses
+                .iter()
+                .map(IpAddr::to_string)
+                .find(free)
+                .or_else(|| Some(remote.to_string()).filter(free))
+                .unwrap_or_else(|| hostname.to_string());
             let mut live = Live::default();
             live.new_boot(&hello.boot_id);
             live.agent_version = Some(hello.agent_version.clone());
@@ -848,6 +852,19 @@ mod tests {
             f.machine_by_hostname("stray").unwrap().record.address,
             "10.0.0.9"
         );
+    }
+
+    #[tokio::test]
+    async fn unknown_host_is_recorded_under_the_address_it_reports() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        let mut h = hello("stray", "b1");
+        h.addresses = vec!["10.0.0.9".parse().unwrap()];
+        let addr = f
+            .agent_hello("stray", &h, "127.0.0.9".parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(addr, "10.0.0.9", "not the UDP source");
     }
 
     #[tokio::test]
