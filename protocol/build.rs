@@ -26,14 +26,18 @@ fn main() {
         return;
     }
     let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    // Rebuild when HEAD moves: HEAD itself (a checkout) and the branch it points at (a commit).
-    if let Some(head) = git(&["rev-parse", "--git-path", "HEAD"]) {
-        println!("cargo:rerun-if-changed={head}");
+    // Rebuild when HEAD moves: HEAD itself (a checkout), its reflog (every commit, also
+    // when the branch ref is packed) and the branch's ref file. Only files that exist are
+    // named: cargo reruns a build script on every build for a missing one.
+    let mut watch = vec![git(&["rev-parse", "--git-path", "HEAD"])];
+    watch.push(git(&["rev-parse", "--git-path", "logs/HEAD"]));
+    if let Some(name) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watch.push(git(&["rev-parse", "--git-path", &name]));
     }
-    if let Some(name) = git(&["symbolic-ref", "-q", "HEAD"])
-        && let Some(reference) = git(&["rev-parse", "--git-path", &name])
-    {
-        println!("cargo:rerun-if-changed={reference}");
+    for path in watch.into_iter().flatten() {
+        if std::path::Path::new(&path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
     }
     println!("cargo:rustc-env=FLEETMEND_GIT_COMMIT={commit}");
 }
