@@ -29,7 +29,7 @@ pub const DEFAULT_ACTION_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// UDP address the QUIC service listens on, e.g. `0.0.0.0:7443`.
+    /// UDP address the QUIC service listens on, e.g. `0.0.0.0:7444`.
     pub listen: SocketAddr,
     /// Plain-HTTP address for `/metrics` and `/healthz`; omitted = no HTTP listener.
     #[serde(default)]
@@ -291,6 +291,14 @@ impl BmcConfig {
     }
 }
 
+/// The permission bits of `path` when group or others may read or write it (a BMC password
+/// file should be the gateway's alone), else `None`.
+pub fn loose_mode(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
+    (mode & 0o066 != 0).then_some(mode)
+}
+
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -358,6 +366,14 @@ impl Config {
                     key("password_file"),
                     format!("cannot read {}: {e}", b.password_file.display()),
                 ));
+            }
+            if let Some(mode) = loose_mode(&b.password_file) {
+                tracing::warn!(
+                    bmc = %b.machine,
+                    file = %b.password_file.display(),
+                    mode = %format!("{mode:04o}"),
+                    "BMC password file is readable or writable by others: chmod 600 it (owned by the gateway's user)"
+                );
             }
             match b.protocol {
                 BmcProtocol::Ipmi => {
@@ -579,6 +595,18 @@ ca_file = "CA"
         assert!(cfg.bmcs.is_empty());
         assert_eq!(cfg.limits.fence_timeout_secs, 60);
         assert_eq!(cfg.state_dir, Path::new(DEFAULT_STATE_DIR));
+    }
+
+    #[test]
+    fn password_files_open_to_others_are_noticed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "secret\n").unwrap();
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(loose_mode(&pw), Some(0o644));
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(loose_mode(&pw), None);
     }
 
     #[test]

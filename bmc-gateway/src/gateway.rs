@@ -561,8 +561,8 @@ mod tests {
             d,
             Arc::new(Metrics::new()),
         );
-        let down = "bmc_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 0";
-        let up = "bmc_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 1";
+        let down = "fleetmend_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 0";
+        let up = "fleetmend_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 1";
         tokio::time::timeout(Duration::from_secs(5), async {
             while !g.metrics().render().contains(down) {
                 tokio::time::sleep(Duration::from_millis(5)).await;

@@ -209,7 +209,7 @@ pub async fn run(
         }
         None => None,
     };
-    info!(identity = %me, %quic, http = ?http, bmcs = cfg.bmcs.len(), "bmc-gateway listening");
+    info!(identity = %me, %quic, http = %protocol::telemetry::OrNone(&http), bmcs = cfg.bmcs.len(), "bmc-gateway listening");
     ready(Bound { quic, http });
     service::serve_quic(
         endpoint.clone(),

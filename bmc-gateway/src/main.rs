@@ -23,13 +23,13 @@ const EXIT_CONFIG: u8 = 64;
 /// do not load, or a certificate naming another identity, are refused with an error log and
 /// the running ones kept.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "bmc-gateway", version = protocol::VERSION)]
 struct Cli {
     /// Configuration file.
     #[arg(
         long,
         global = true,
-        env = "FLEETMEND_GATEWAY_CONFIG",
+        env = protocol::env_var!(GATEWAY, "CONFIG"),
         default_value = "/etc/fleetmend/bmc-gateway.toml"
     )]
     config: PathBuf,
@@ -43,13 +43,17 @@ enum Command {
     Run,
     /// Read the power state of every configured BMC and print a table.
     Check {
-        /// Time limit per BMC, in seconds.
-        #[arg(long, default_value_t = 15)]
-        timeout_secs: u64,
+        /// Time limit per BMC (`15s`, `500ms`, `1m`).
+        #[arg(long, default_value = "15s", value_parser = parse_duration)]
+        timeout: Duration,
+        /// Print JSON (one object per BMC) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
 fn main() -> ExitCode {
+    protocol::telemetry::quiet_broken_pipe();
     let cli = Cli::parse();
     if let Err(e) = protocol::telemetry::init("info") {
         eprintln!("bmc-gateway: {e}");
@@ -70,9 +74,28 @@ fn main() -> ExitCode {
         }
     };
     match cli.command.unwrap_or(Command::Run) {
-        Command::Check { timeout_secs } => rt.block_on(async {
-            let rows = bmc_gateway::check(&cfg, Duration::from_secs(timeout_secs)).await;
-            print!("{}", bmc_gateway::render_check(&rows));
+        Command::Check { timeout, json } => rt.block_on(async {
+            let rows = bmc_gateway::check(&cfg, timeout).await;
+            if json {
+                let v: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "machine": r.machine,
+                            "protocol": r.protocol,
+                            "bmc": r.bmc,
+                            "power": r.result.as_ref().ok().map(|p| format!("{p:?}").to_lowercase()),
+                            "error": r.result.as_ref().err(),
+                        })
+                    })
+                    .collect();
+                match serde_json::to_string_pretty(&v) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => eprintln!("bmc-gateway: {e}"),
+                }
+            } else {
+                print!("{}", bmc_gateway::render_check(&rows));
+            }
             if rows.iter().all(|r| r.result.is_ok()) {
                 ExitCode::SUCCESS
             } else {
@@ -118,6 +141,23 @@ fn main() -> ExitCode {
                 }
             }
         }),
+    }
+}
+
+/// Parses a duration with a unit: `15s`, `500ms`, `1m`. A bare number is refused.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like \"15s\" or \"500ms\""))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "" => Err(format!("{s:?} has no unit: write e.g. \"{s}s\"")),
+        other => Err(format!("unknown unit {other:?} in {s:?}: use ms, s or m")),
     }
 }
 

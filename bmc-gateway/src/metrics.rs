@@ -88,53 +88,53 @@ impl Metrics {
     pub fn render(&self) -> String {
         let g = self.inner.lock().expect("not poisoned");
         let mut out = String::new();
-        out.push_str("# HELP bmc_gateway_action_duration_seconds Power actions by protocol, action and result.\n");
-        out.push_str("# TYPE bmc_gateway_action_duration_seconds histogram\n");
+        out.push_str("# HELP fleetmend_gateway_action_duration_seconds Power actions by protocol, action and result.\n");
+        out.push_str("# TYPE fleetmend_gateway_action_duration_seconds histogram\n");
         for ((p, a, r), h) in &g.actions {
             let labels = format!("protocol=\"{p}\",action=\"{a}\",result=\"{r}\"");
             for (i, le) in BUCKETS.iter().enumerate() {
                 let _ = writeln!(
                     out,
-                    "bmc_gateway_action_duration_seconds_bucket{{{labels},le=\"{le}\"}} {}",
+                    "fleetmend_gateway_action_duration_seconds_bucket{{{labels},le=\"{le}\"}} {}",
                     h.counts[i]
                 );
             }
             let _ = writeln!(
                 out,
-                "bmc_gateway_action_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                "fleetmend_gateway_action_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
                 h.count
             );
             let _ = writeln!(
                 out,
-                "bmc_gateway_action_duration_seconds_sum{{{labels}}} {}",
+                "fleetmend_gateway_action_duration_seconds_sum{{{labels}}} {}",
                 h.sum
             );
             let _ = writeln!(
                 out,
-                "bmc_gateway_action_duration_seconds_count{{{labels}}} {}",
+                "fleetmend_gateway_action_duration_seconds_count{{{labels}}} {}",
                 h.count
             );
         }
         out.push_str(
-            "# HELP bmc_gateway_bmc_reachable 1 when the BMC answered its last request.\n",
+            "# HELP fleetmend_gateway_bmc_reachable 1 when the BMC answered its last request.\n",
         );
-        out.push_str("# TYPE bmc_gateway_bmc_reachable gauge\n");
+        out.push_str("# TYPE fleetmend_gateway_bmc_reachable gauge\n");
         for (m, (p, up)) in &g.reachable {
             let _ = writeln!(
                 out,
-                "bmc_gateway_bmc_reachable{{machine=\"{}\",protocol=\"{p}\"}} {}",
+                "fleetmend_gateway_bmc_reachable{{machine=\"{}\",protocol=\"{p}\"}} {}",
                 escape(m),
                 u8::from(*up)
             );
         }
         out.push_str(
-            "# HELP bmc_gateway_connections_refused_total Connections refused, by reason.\n",
+            "# HELP fleetmend_gateway_connections_refused_total Connections refused, by reason.\n",
         );
-        out.push_str("# TYPE bmc_gateway_connections_refused_total counter\n");
+        out.push_str("# TYPE fleetmend_gateway_connections_refused_total counter\n");
         for (r, n) in &g.refused {
             let _ = writeln!(
                 out,
-                "bmc_gateway_connections_refused_total{{reason=\"{}\"}} {n}",
+                "fleetmend_gateway_connections_refused_total{{reason=\"{}\"}} {n}",
                 escape(r)
             );
         }
@@ -162,15 +162,19 @@ mod tests {
         m.reachable("10.0.0.2", "redfish", false);
         m.refused("not-a-coordinator");
         let t = m.render();
-        assert!(t.contains("bmc_gateway_action_duration_seconds_bucket{protocol=\"ipmi\",action=\"status\",result=\"ok\",le=\"0.025\"} 1\n"), "{t}");
-        assert!(t.contains("bmc_gateway_action_duration_seconds_bucket{protocol=\"ipmi\",action=\"status\",result=\"ok\",le=\"5\"} 2\n"), "{t}");
-        assert!(t.contains("bmc_gateway_action_duration_seconds_count{protocol=\"ipmi\",action=\"status\",result=\"ok\"} 2\n"), "{t}");
+        assert!(t.contains("fleetmend_gateway_action_duration_seconds_bucket{protocol=\"ipmi\",action=\"status\",result=\"ok\",le=\"0.025\"} 1\n"), "{t}");
+        assert!(t.contains("fleetmend_gateway_action_duration_seconds_bucket{protocol=\"ipmi\",action=\"status\",result=\"ok\",le=\"5\"} 2\n"), "{t}");
+        assert!(t.contains("fleetmend_gateway_action_duration_seconds_count{protocol=\"ipmi\",action=\"status\",result=\"ok\"} 2\n"), "{t}");
         assert!(
-            t.contains("bmc_gateway_bmc_reachable{machine=\"10.0.0.2\",protocol=\"redfish\"} 0\n"),
+            t.contains(
+                "fleetmend_gateway_bmc_reachable{machine=\"10.0.0.2\",protocol=\"redfish\"} 0\n"
+            ),
             "{t}"
         );
         assert!(
-            t.contains("bmc_gateway_connections_refused_total{reason=\"not-a-coordinator\"} 1\n"),
+            t.contains(
+                "fleetmend_gateway_connections_refused_total{reason=\"not-a-coordinator\"} 1\n"
+            ),
             "{t}"
         );
     }

@@ -45,7 +45,10 @@ impl Admin {
         match req {
             AdminRequest::Machines(m) => self.machines(who, m).await,
             AdminRequest::RepairQueue(r) => match &self.repair {
-                Some(q) => q.handle_admin(r).await,
+                Some(q) => match self.check_repair_request(r) {
+                    Ok(r) => q.handle_admin(r).await,
+                    Err(refusal) => AdminResponse::Error(refusal),
+                },
                 None => error(
                     RefusalCode::BadRequest,
                     "the repair queue is not enabled in this coordinator: set [repair] config",
@@ -98,6 +101,12 @@ impl Admin {
 
     async fn machines(&self, who: &Identity, req: MachinesRequest) -> AdminResponse {
         let resp = match req {
+            MachinesRequest::Delete { address, force } => {
+                return self.delete_machine(&who.name, address, force).await;
+            }
+            MachinesRequest::SetState { address, state } => {
+                return self.set_machine_state(&who.name, address, state).await;
+            }
             MachinesRequest::List => Ok(MachinesResponse::List(self.fleet.list())),
             MachinesRequest::Show { address } => match self.fleet.detail(&address).await {
                 Ok(Some(d)) => Ok(MachinesResponse::Show(Box::new(d))),

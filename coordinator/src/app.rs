@@ -159,7 +159,10 @@ impl App {
         if let Some(path) = &config.inventory {
             let records = load_inventory(path, RecordSource::Inventory)?;
             let n = records.len();
+            let listed: Vec<String> = records.iter().map(|r| r.address.clone()).collect();
             fleet.upsert(records).await?;
+            // The file is the source of truth for its machines: one it dropped is retired.
+            fleet.retire_unlisted(&listed, path).await?;
             tracing::info!(path = %path.display(), machines = n, "inventory loaded");
         }
         let endpoint = tls.server_endpoint(config.listen)?;
@@ -290,8 +293,8 @@ impl App {
         });
         tracing::info!(
             name = %self.name,
-            quic = ?self.quic_addr(),
-            http = ?self.http_addr(),
+            quic = %protocol::telemetry::OrNone(&self.quic_addr()),
+            http = %protocol::telemetry::OrNone(&self.http_addr()),
             machines = self.fleet.list().len(),
             "coordinator serving"
         );

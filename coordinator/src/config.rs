@@ -14,7 +14,7 @@ use std::time::Duration;
 use jiff::SignedDuration;
 use serde::Deserialize;
 
-/// Where the config is read from when neither `--config` nor `FLEETMEND_CONFIG` says.
+/// Where the config is read from when neither `--config` nor `FLEETMEND_COORDINATOR_CONFIG` says.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/fleetmend/coordinator.toml";
 
 pub use crate::health::{DEFAULT_GOODBYE_GRACE, DEFAULT_GRACE_INTERVALS, DEFAULT_REPORT_INTERVAL};
@@ -211,18 +211,42 @@ fn default_goodbye_grace() -> Duration {
 pub mod duration {
     use super::*;
 
-    /// Parses a non-negative duration string.
+    /// Parses a non-negative duration string. A bare number is refused: its unit would be
+    /// a guess.
     pub fn parse(s: &str) -> Result<Duration, String> {
+        if !s.trim().is_empty() && s.trim().parse::<f64>().is_ok() {
+            return Err(bare_number(s.trim()));
+        }
         let d: SignedDuration = s
             .parse()
             .map_err(|e| format!("{s:?} is not a duration like \"5s\" or \"1m 30s\": {e}"))?;
         Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
     }
 
-    /// Deserializes a duration string.
+    /// The error for a duration written without a unit.
+    pub fn bare_number(n: &str) -> String {
+        format!(
+            "{n} has no unit: durations are strings with a unit, like \"{n}s\", \"{n}ms\" or \"{n}m\""
+        )
+    }
+
+    /// A duration as written in a file: a string, or (refused with a clear message) a
+    /// number.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Text(String),
+        Int(i64),
+        Float(f64),
+    }
+
+    /// Deserializes a duration string; a bare number is an error saying to add a unit.
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        parse(&s).map_err(serde::de::Error::custom)
+        match Written::deserialize(d)? {
+            Written::Text(s) => parse(&s).map_err(serde::de::Error::custom),
+            Written::Int(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
+            Written::Float(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
+        }
     }
 }
 
@@ -234,10 +258,7 @@ pub mod opt_duration {
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Duration>, D::Error> {
-        let s = String::deserialize(d)?;
-        super::duration::parse(&s)
-            .map(Some)
-            .map_err(serde::de::Error::custom)
+        super::duration::deserialize(d).map(Some)
     }
 }
 
@@ -323,6 +344,23 @@ key = "c.key"
         let h = c.health.resolved();
         assert_eq!(h.report_interval, Duration::from_millis(250));
         assert_eq!(h.unreachable_grace, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn bare_numbers_are_refused_asking_for_a_unit() {
+        for v in ["30", "\"30\"", "1.5"] {
+            let text = format!("shutdown_grace = {v}\n{MINIMAL}");
+            let e = Config::parse(&text, Path::new("c.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("has no unit"), "{v}: {e}");
+            assert!(e.contains("s\""), "suggests a unit: {e}");
+        }
+        let text = format!("{MINIMAL}\n[health]\nunreachable_grace = 20\n");
+        let e = Config::parse(&text, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no unit"), "{e}");
     }
 
     #[test]

@@ -189,7 +189,7 @@ impl InventoryEntry {
             .address
             .parse()
             .map_err(|_| invalid("address must be an IPv4 or IPv6 address".into()))?;
-        protocol::identity::validate_name("hostname", &self.hostname)
+        protocol::identity::validate_hostname(&self.hostname)
             .map_err(|e| invalid(e.to_string()))?;
         if self.machine_type.trim().is_empty() {
             return Err(invalid(

@@ -79,6 +79,19 @@ pub enum AgentError {
         /// This node's hostname.
         hostname: String,
     },
+    /// The certificate does not chain to the configured CA (another fleet's CA, or
+    /// expired): the coordinator would refuse every connection.
+    #[error(
+        "certificate {cert} is not valid under the CA {ca} ({detail}); issue it from this fleet's CA or fix `ca`"
+    )]
+    ForeignCertificate {
+        /// The certificate file.
+        cert: std::path::PathBuf,
+        /// The CA file.
+        ca: std::path::PathBuf,
+        /// The verifier's reason.
+        detail: String,
+    },
     /// Node facts (hostname, boot id) cannot be read.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -94,7 +107,9 @@ impl AgentError {
     /// Process exit code: 64 (EX_USAGE) for configuration problems, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            AgentError::Config(_) | AgentError::IdentityMismatch { .. } => 64,
+            AgentError::Config(_)
+            | AgentError::IdentityMismatch { .. }
+            | AgentError::ForeignCertificate { .. } => 64,
             _ => 1,
         }
     }
@@ -247,6 +262,12 @@ impl Agent {
             key: coordinator.key.clone(),
         })
         .map_err(AgentError::Tls)?;
+        tls.verify_own_chain()
+            .map_err(|e| AgentError::ForeignCertificate {
+                cert: coordinator.cert.clone(),
+                ca: coordinator.ca.clone(),
+                detail: e.to_string(),
+            })?;
         let hostname = node::hostname(&cfg.root, cfg.hostname.as_deref())?;
         let id = tls.identity();
         if id.role != Role::Node || id.name != hostname {
@@ -498,6 +519,18 @@ impl Agent {
             }
             Some(r) => {
                 warn!(code = ?r.code, reason = %r.reason, retry_in = ?retry_in, "coordinator refused");
+            }
+            None if matches!(
+                e,
+                RoundError::Transport(TransportError::CertificateRejected { .. })
+            ) =>
+            {
+                error!(
+                    error = %e,
+                    identity = %self.tls.identity(),
+                    retry_in = ?retry_in,
+                    "COORDINATOR REJECTED THIS NODE'S CERTIFICATE: reports are not being accepted; issue the certificate from the coordinator's CA"
+                );
             }
             None => warn!(error = %e, retry_in = ?retry_in, "coordinator connection failed"),
         }

@@ -88,7 +88,7 @@ impl ConfigError {
 #[derive(Debug, Parser)]
 #[command(
     name = "node-agent",
-    version,
+    version = protocol::VERSION,
     about = "Fleetmend node agent: reports this server's health to the coordinator",
     after_help = "Signals: SIGTERM/SIGINT say goodbye to the coordinator and stop. SIGHUP re-reads the \
 configuration and the TLS files: the new report interval, checks and coordinator apply at once \
@@ -122,42 +122,42 @@ pub enum Command {
 #[derive(Debug, Clone, Default, Args)]
 pub struct Settings {
     /// Configuration file [default: /etc/fleetmend/node-agent.toml, if present].
-    #[arg(long, env = "FLEETMEND_CONFIG", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "CONFIG"), global = true)]
     pub config: Option<PathBuf>,
     /// Coordinator address, host:port.
-    #[arg(long, env = "FLEETMEND_COORDINATOR", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "COORDINATOR"), global = true)]
     pub coordinator: Option<String>,
     /// TLS server name of the coordinator [default: host part of --coordinator].
-    #[arg(long, env = "FLEETMEND_SERVER_NAME", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "SERVER_NAME"), global = true)]
     pub server_name: Option<String>,
     /// Fleet CA certificate (PEM).
-    #[arg(long, env = "FLEETMEND_CA", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "CA"), global = true)]
     pub ca: Option<PathBuf>,
     /// This node's certificate (PEM).
-    #[arg(long, env = "FLEETMEND_CERT", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "CERT"), global = true)]
     pub cert: Option<PathBuf>,
     /// This node's private key (PEM).
-    #[arg(long, env = "FLEETMEND_KEY", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "KEY"), global = true)]
     pub key: Option<PathBuf>,
     /// Report interval, e.g. 5s, 500ms, 1m [default: 5s].
-    #[arg(long, env = "FLEETMEND_REPORT_INTERVAL", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "REPORT_INTERVAL"), global = true)]
     pub report_interval: Option<String>,
     /// Directory under which /sys, /proc and /run are read [default: /].
-    #[arg(long, env = "FLEETMEND_ROOT", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "ROOT"), global = true)]
     pub root: Option<PathBuf>,
     /// Hostname to report [default: the kernel hostname under the root].
-    #[arg(long, env = "FLEETMEND_HOSTNAME", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "HOSTNAME"), global = true)]
     pub hostname: Option<String>,
     /// Required network interface (repeatable; replaces the file's list).
     #[arg(
         long = "nic",
-        env = "FLEETMEND_NICS",
+        env = protocol::env_var!(AGENT, "NICS"),
         value_delimiter = ',',
         global = true
     )]
     pub nics: Vec<String>,
     /// kubelet healthz URL (plain http).
-    #[arg(long, env = "FLEETMEND_KUBELET_URL", global = true)]
+    #[arg(long, env = protocol::env_var!(AGENT, "KUBELET_URL"), global = true)]
     pub kubelet_url: Option<String>,
 }
 
@@ -330,7 +330,7 @@ pub struct Config {
     pub source: Option<PathBuf>,
 }
 
-/// Parses `500ms`, `5s`, `2m`, or a bare number of seconds.
+/// Parses `500ms`, `5s`, `2m`. A bare number is refused: its unit would be a guess.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -342,7 +342,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|_| format!("{s:?} is not a duration; write e.g. 5s, 500ms or 1m"))?;
     let secs = match unit.trim() {
         "ms" => n / 1000.0,
-        "" | "s" => n,
+        "s" => n,
+        "" => {
+            return Err(format!(
+                "{s:?} has no unit: durations are strings with a unit, like \"{s}s\" or \"{s}ms\""
+            ));
+        }
         "m" => n * 60.0,
         other => return Err(format!("unknown unit {other:?} in {s:?}; use ms, s or m")),
     };
@@ -719,7 +724,8 @@ path = "//"
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        let e = parse_duration("7").unwrap_err();
+        assert!(e.contains("has no unit"), "{e}");
         assert!(parse_duration("5h").is_err());
         assert!(parse_duration("").is_err());
         assert_eq!(

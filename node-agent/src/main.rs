@@ -17,6 +17,7 @@ use node_agent::reload::Reloads;
 use node_agent::systemd::{SdNotifier, SystemdShutdownProbe};
 
 fn main() -> ExitCode {
+    protocol::telemetry::quiet_broken_pipe();
     let cli = Cli::parse();
     if let Err(e) = protocol::telemetry::init("info") {
         eprintln!("node-agent: {e}");

@@ -82,6 +82,14 @@ pub enum IdentityError {
         /// The offending value.
         value: String,
     },
+    /// A host's name is not an RFC 1123 hostname.
+    #[error("hostname {value:?} is not valid (RFC 1123): {why}")]
+    NotAHostname {
+        /// The offending value.
+        value: String,
+        /// Which rule it breaks.
+        why: &'static str,
+    },
     /// The certificate could not be parsed.
     #[error("certificate could not be parsed: {0}")]
     BadCertificate(String),
@@ -108,6 +116,36 @@ pub fn validate_name(what: &'static str, value: &str) -> Result<(), IdentityErro
             value: value.to_string(),
         })
     }
+}
+
+/// Checks a host's name against RFC 1123: dot-separated labels of 1 to 63 letters, digits
+/// and hyphens, none starting or ending with a hyphen, 253 characters at most. Kubernetes
+/// node names and DNS hold machines to this, so an inventory or a node certificate must too.
+pub fn validate_hostname(value: &str) -> Result<(), IdentityError> {
+    let bad = |why| {
+        Err(IdentityError::NotAHostname {
+            value: value.to_string(),
+            why,
+        })
+    };
+    if value.is_empty() || value.len() > 253 {
+        return bad("it must have 1 to 253 characters");
+    }
+    for label in value.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return bad("each dot-separated label must have 1 to 63 characters");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return bad("only letters, digits, hyphens and dots are allowed");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return bad("a label must not start or end with a hyphen");
+        }
+    }
+    Ok(())
 }
 
 impl Identity {
@@ -153,6 +191,23 @@ impl FromStr for Identity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hostnames_follow_rfc_1123() {
+        for ok in ["node-1", "a", "web-2.rack-1.example", "N1"] {
+            assert!(validate_hostname(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "under_score",
+            "-lead",
+            "trail-",
+            "a..b",
+            &"x".repeat(64),
+        ] {
+            assert!(validate_hostname(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn parses_every_role() {

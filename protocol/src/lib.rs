@@ -39,3 +39,36 @@ pub const PROTOCOL_VERSION: u16 = 1;
 /// ALPN protocol id for every Fleetmend QUIC connection, so a Fleetmend endpoint never
 /// completes a handshake with some other QUIC application by accident.
 pub const ALPN: &[u8] = b"fleetmend/1";
+
+/// The environment variable for one setting of one program, so that a variable exported
+/// for one program never changes another (`FLEETMEND_CTL_CERT` is `coordinatorctl`'s
+/// admin certificate and nothing else): `env_var!(CTL, "CERT")` is `"FLEETMEND_CTL_CERT"`.
+/// The four prefixes are `CTL` (`coordinatorctl`), `AGENT` (`node-agent`), `GATEWAY`
+/// (`bmc-gateway`) and `COORDINATOR` (`coordinator`); a new setting names its variable
+/// through this macro, in clap as `#[arg(env = protocol::env_var!(AGENT, "ROOT"))]`.
+/// Only `FLEETMEND_LOG` and `FLEETMEND_LOG_FORMAT` are shared by every program.
+#[macro_export]
+macro_rules! env_var {
+    (CTL, $key:literal) => {
+        concat!("FLEETMEND_CTL_", $key)
+    };
+    (AGENT, $key:literal) => {
+        concat!("FLEETMEND_AGENT_", $key)
+    };
+    (GATEWAY, $key:literal) => {
+        concat!("FLEETMEND_GATEWAY_", $key)
+    };
+    (COORDINATOR, $key:literal) => {
+        concat!("FLEETMEND_COORDINATOR_", $key)
+    };
+}
+
+/// What every Fleetmend binary prints after its name for `--version`: the release and the
+/// git commit it was built from ("unknown" outside a git checkout; `FLEETMEND_GIT_COMMIT`
+/// at build time overrides it).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (fleetmend, commit ",
+    env!("FLEETMEND_GIT_COMMIT"),
+    ")"
+);

@@ -1,8 +1,16 @@
-//! One tracing initialisation for every Fleetmend binary.
+//! One tracing initialisation for every Fleetmend binary, and what every binary's `main`
+//! shares about the terminal.
 //!
 //! `FLEETMEND_LOG` takes an `EnvFilter` directive (default `info`);
 //! `FLEETMEND_LOG_FORMAT` is `plain` (default) or `json`. Logs go to stderr so that
-//! stdout stays free for command output.
+//! stdout stays free for command output. Plain logs are coloured only when stderr is a
+//! terminal and `NO_COLOR` is unset or empty (<https://no-color.org>): a journal or a
+//! redirected file gets no escape codes.
+//!
+//! [`quiet_broken_pipe`] makes `coordinatorctl … | head` end quietly instead of panicking.
+
+use std::fmt;
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -26,6 +34,12 @@ pub enum TelemetryError {
     BadFilter(String),
 }
 
+/// Whether plain logs get ANSI colours: only on a terminal, and never with `NO_COLOR` set to
+/// a non-empty value.
+pub fn use_colour(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Installs the global subscriber from the environment. `default` is used when
 /// `FLEETMEND_LOG` is unset.
 pub fn init(default: &str) -> Result<(), TelemetryError> {
@@ -38,8 +52,13 @@ pub fn init(default: &str) -> Result<(), TelemetryError> {
         Ok("json") => Format::Json,
         Ok(other) => return Err(TelemetryError::BadFormat(other.to_string())),
     };
+    let colour = use_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     // A second init (e.g. in tests) is not an error worth failing for.
     let _ = match format {
@@ -47,4 +66,78 @@ pub fn init(default: &str) -> Result<(), TelemetryError> {
         Format::Json => builder.json().try_init(),
     };
     Ok(())
+}
+
+/// Makes writing to a closed stdout (`… | head`) end the program quietly with status 0
+/// instead of a "failed printing to stdout: Broken pipe" panic, as `cat` or `grep` would
+/// stop. Rust ignores SIGPIPE, so `println!` panics on EPIPE; this panic hook recognises
+/// that one panic and exits, and leaves every other panic to the default hook. Call it
+/// first thing in `main`.
+pub fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if is_broken_pipe_panic(msg) {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
+/// Whether a panic message is the standard library's for printing to a closed pipe.
+fn is_broken_pipe_panic(msg: &str) -> bool {
+    msg.starts_with("failed printing to std")
+        && (msg.contains("Broken pipe") || msg.contains("os error 32"))
+}
+
+/// A log field that prints an optional value as the value, or `none`: use it as
+/// `http = %OrNone(&addr)` instead of `?addr`, which would print `Some(…)`.
+#[derive(Debug, Clone, Copy)]
+pub struct OrNone<'a, T>(pub &'a Option<T>);
+
+impl<T: fmt::Display> fmt::Display for OrNone<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(v) => v.fmt(f),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(use_colour(true, Some(OsStr::new(""))));
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        assert!(!use_colour(false, None));
+    }
+
+    #[test]
+    fn broken_pipe_panics_are_recognised_and_others_are_not() {
+        assert!(is_broken_pipe_panic(
+            "failed printing to stdout: Broken pipe (os error 32)"
+        ));
+        assert!(!is_broken_pipe_panic(
+            "failed printing to stdout: disk full"
+        ));
+        assert!(!is_broken_pipe_panic("index out of bounds"));
+    }
+
+    #[test]
+    fn optional_fields_print_as_values() {
+        let some: Option<u16> = Some(7443);
+        let none: Option<u16> = None;
+        assert_eq!(OrNone(&some).to_string(), "7443");
+        assert_eq!(OrNone(&none).to_string(), "none");
+    }
 }

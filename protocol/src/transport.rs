@@ -105,6 +105,28 @@ pub enum TransportError {
     /// The exchange took too long.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    /// The server closed the connection during or right after the TLS handshake with a
+    /// certificate alert: it does not accept our certificate (another CA, expired, revoked).
+    #[error("the {server} rejected this certificate ({detail})")]
+    CertificateRejected {
+        /// Who rejected it.
+        server: Role,
+        /// The TLS alert and reason the server gave.
+        detail: String,
+    },
+    /// Nothing completed a QUIC handshake at the address in time: no server there, a wrong
+    /// port, or a firewall dropping UDP.
+    #[error(
+        "nothing answered at {addr} within {after:?}: check that the {server} runs and that this is its QUIC (UDP) port"
+    )]
+    NoAnswer {
+        /// The address tried.
+        addr: SocketAddr,
+        /// How long we waited.
+        after: Duration,
+        /// Who we expected.
+        server: Role,
+    },
 }
 
 impl TransportError {
@@ -117,7 +139,8 @@ impl TransportError {
             | TransportError::Write(_)
             | TransportError::Read(_)
             | TransportError::Closed
-            | TransportError::Timeout(_) => true,
+            | TransportError::Timeout(_)
+            | TransportError::NoAnswer { .. } => true,
             TransportError::Refused(r) => matches!(r.code, RefusalCode::ShuttingDown),
             _ => false,
         }
@@ -213,6 +236,26 @@ impl TlsMaterial {
             key,
             identity,
         })
+    }
+
+    /// Checks that our own certificate chains to our CA and is valid now, as a peer will
+    /// check it: a certificate from another fleet's CA (or expired) is found at start, not
+    /// as a refused connection later. The error is the verifier's reason.
+    pub fn verify_own_chain(&self) -> Result<(), TransportError> {
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            self.roots.clone(),
+            provider(),
+        )
+        .build()
+        .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let (leaf, intermediates) = self
+            .chain
+            .split_first()
+            .ok_or_else(|| TransportError::Verifier("no certificate".into()))?;
+        verifier
+            .verify_client_cert(leaf, intermediates, rustls_pki_types::UnixTime::now())
+            .map(|_| ())
+            .map_err(TransportError::Tls)
     }
 
     /// Our own identity, from our certificate.
@@ -432,6 +475,30 @@ pub async fn connect(
     server_role: Role,
     body: HelloBody,
 ) -> Result<Session, TransportError> {
+    connect_within(
+        endpoint,
+        addr,
+        server_name,
+        server_role,
+        body,
+        HELLO_TIMEOUT,
+    )
+    .await
+}
+
+/// [`connect`] with another time limit for the handshake and the hello exchange together.
+/// Errors say what the client can tell: [`TransportError::NoAnswer`] when no QUIC handshake
+/// completed in time (wrong address or port), [`TransportError::CertificateRejected`] when
+/// the server closed the connection over our certificate.
+pub async fn connect_within(
+    endpoint: &Endpoint,
+    addr: SocketAddr,
+    server_name: &str,
+    server_role: Role,
+    body: HelloBody,
+    limit: Duration,
+) -> Result<Session, TransportError> {
+    let handshaken = std::sync::atomic::AtomicBool::new(false);
     let attempt = async {
         let conn = endpoint
             .connect(addr, server_name)
@@ -439,7 +506,9 @@ pub async fn connect(
                 addr,
                 detail: e.to_string(),
             })?
-            .await?;
+            .await
+            .map_err(|e| certificate_rejected(&e, server_role).unwrap_or(e.into()))?;
+        handshaken.store(true, std::sync::atomic::Ordering::Relaxed);
         let peer = peer_identity(&conn)?;
         if peer.role != server_role {
             conn.close(0u32.into(), b"unexpected server role");
@@ -448,25 +517,84 @@ pub async fn connect(
                 peer,
             });
         }
-        let (mut send, mut recv) = conn.open_bi().await?;
-        let hello = ClientHello {
-            protocol_version: PROTOCOL_VERSION,
-            body,
+        let exchange = async {
+            let (mut send, mut recv) = conn.open_bi().await?;
+            let hello = ClientHello {
+                protocol_version: PROTOCOL_VERSION,
+                body,
+            };
+            write_msg(&mut send, &hello, frame::MAX_FRAME_LEN).await?;
+            let reply = expect_msg::<HelloReply>(&mut recv, frame::MAX_FRAME_LEN).await?;
+            Ok::<_, TransportError>((send, recv, reply))
         };
-        write_msg(&mut send, &hello, frame::MAX_FRAME_LEN).await?;
-        match expect_msg::<HelloReply>(&mut recv, frame::MAX_FRAME_LEN).await? {
-            HelloReply::Accepted { .. } => Ok(Session {
+        // TLS 1.3: the server checks our certificate after our side of the handshake is
+        // done, so its refusal surfaces here, as the connection's close reason.
+        match exchange.await {
+            Ok((send, recv, HelloReply::Accepted { .. })) => Ok(Session {
                 conn,
                 peer,
                 send,
                 recv,
             }),
-            HelloReply::Refused(r) => Err(TransportError::Refused(r)),
+            Ok((_, _, HelloReply::Refused(r))) => Err(TransportError::Refused(r)),
+            Err(e) => Err(conn
+                .close_reason()
+                .and_then(|reason| certificate_rejected(&reason, server_role))
+                .unwrap_or(e)),
         }
     };
-    tokio::time::timeout(HELLO_TIMEOUT, attempt)
-        .await
-        .map_err(|_| TransportError::Timeout(HELLO_TIMEOUT))?
+    let result = tokio::time::timeout(limit, attempt).await;
+    match result {
+        Ok(r) => r,
+        Err(_) if !handshaken.load(std::sync::atomic::Ordering::Relaxed) => {
+            Err(TransportError::NoAnswer {
+                addr,
+                after: limit,
+                server: server_role,
+            })
+        }
+        Err(_) => Err(TransportError::Timeout(limit)),
+    }
+}
+
+/// TLS alerts that mean "your certificate is not acceptable" (RFC 8446 §6.2). A server
+/// sends decrypt_error (51) when a certificate's signature does not verify under its CA,
+/// which is what a certificate from another CA with the same name looks like.
+const CERTIFICATE_ALERTS: &[(u8, &str)] = &[
+    (42, "bad_certificate"),
+    (43, "unsupported_certificate"),
+    (44, "certificate_revoked"),
+    (45, "certificate_expired"),
+    (46, "certificate_unknown"),
+    (48, "unknown_ca"),
+    (49, "access_denied"),
+    (
+        51,
+        "decrypt_error: the certificate's signature does not verify under the server's CA",
+    ),
+    (116, "certificate_required"),
+];
+
+/// The explanation when a connection was closed by the peer with a TLS certificate alert
+/// (QUIC carries TLS alerts as transport error codes 0x100 + alert, RFC 9001 §4.8).
+fn certificate_rejected(e: &quinn::ConnectionError, server: Role) -> Option<TransportError> {
+    // The peer's close arrives as `ConnectionClosed`; `TransportError` is one we detected.
+    let (code, reason) = match e {
+        quinn::ConnectionError::ConnectionClosed(c) => (
+            u64::from(c.error_code),
+            String::from_utf8_lossy(&c.reason).into_owned(),
+        ),
+        quinn::ConnectionError::TransportError(t) => (u64::from(t.code), t.reason.clone()),
+        _ => return None,
+    };
+    let alert = u8::try_from(code.checked_sub(0x100)?).ok()?;
+    let (_, name) = CERTIFICATE_ALERTS.iter().find(|(a, _)| *a == alert)?;
+    let detail = if reason.is_empty() {
+        format!("TLS alert {name}")
+    } else {
+        format!("TLS alert {name}: {reason}")
+    };
+    Some(TransportError::CertificateRejected { server, detail })
 }
 
 /// A hello the server has read and version-checked but not yet accepted: the caller decides,

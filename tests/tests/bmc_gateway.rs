@@ -193,11 +193,12 @@ async fn ipmi_every_action_confirmed_by_ipmitool() -> Result<()> {
 
     let metrics = gw.metrics().await?;
     assert!(
-        metrics.contains("bmc_gateway_action_duration_seconds_count{protocol=\"ipmi\",action=\"fence\",result=\"ok\"} 1"),
+        metrics.contains("fleetmend_gateway_action_duration_seconds_count{protocol=\"ipmi\",action=\"fence\",result=\"ok\"} 1"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("bmc_gateway_bmc_reachable{machine=\"10.0.0.1\",protocol=\"ipmi\"} 1")
+        metrics
+            .contains("fleetmend_gateway_bmc_reachable{machine=\"10.0.0.1\",protocol=\"ipmi\"} 1")
     );
     Ok(())
 }
@@ -497,11 +498,11 @@ async fn failures_are_clear_within_their_timeout_and_others_keep_working() -> Re
 
     let metrics = gw.metrics().await?;
     assert!(
-        metrics.contains("bmc_gateway_bmc_reachable{machine=\"dead\",protocol=\"ipmi\"} 0"),
+        metrics.contains("fleetmend_gateway_bmc_reachable{machine=\"dead\",protocol=\"ipmi\"} 0"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("bmc_gateway_bmc_reachable{machine=\"good\",protocol=\"ipmi\"} 1"),
+        metrics.contains("fleetmend_gateway_bmc_reachable{machine=\"good\",protocol=\"ipmi\"} 1"),
         "{metrics}"
     );
     Ok(())
@@ -565,7 +566,9 @@ async fn only_coordinator_certificates_may_command() -> Result<()> {
     assert!(log.contains("spiffe://fleet.test/admin/alice"), "{log}");
     let metrics = gw.metrics().await?;
     assert!(
-        metrics.contains("bmc_gateway_connections_refused_total{reason=\"not-a-coordinator\"} 5"),
+        metrics.contains(
+            "fleetmend_gateway_connections_refused_total{reason=\"not-a-coordinator\"} 5"
+        ),
         "{metrics}"
     );
 

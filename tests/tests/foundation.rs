@@ -239,6 +239,10 @@ fn unknown_host_awaits_registration_until_added() -> anyhow::Result<()> {
         m.spec.machine_type, "",
         "an unknown host gets no type: {m:?}"
     );
+    assert_eq!(
+        m.spec.address, "10.0.0.7",
+        "recorded under the address the agent reports, not its UDP source: {m:?}"
+    );
     coord.ctl(&[
         "machines",
         "add",

@@ -730,7 +730,7 @@ repair:
         }
 
         fn add(&self, address: &str) -> Result<String> {
-            let out = self.rq(&["add", "unhealthy", "worker", address])?;
+            let out = self.rq(&["add", "--force", "unhealthy", "worker", address])?;
             Ok(String::from_utf8(out.stdout)?.trim().to_string())
         }
 
@@ -803,9 +803,12 @@ repair:
         })?;
         let one = env.add("10.0.0.1")?;
         let two = env.add("10.0.0.2")?;
-        let three = String::from_utf8(env.rq(&["add", "unhealthy", "broken", "10.0.0.3"])?.stdout)?
-            .trim()
-            .to_string();
+        let three = String::from_utf8(
+            env.rq(&["add", "--force", "unhealthy", "broken", "10.0.0.3"])?
+                .stdout,
+        )?
+        .trim()
+        .to_string();
         // A machine that is not a node is repaired without a drain.
         let other = env.add("10.0.0.9")?;
 

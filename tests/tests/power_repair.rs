@@ -149,7 +149,7 @@ async fn repair_steps_power_off_then_on_through_the_gateway() -> Result<()> {
     );
     let metrics = gw.metrics().await.context("gateway metrics")?;
     assert!(
-        metrics.contains("bmc_gateway_action_duration_seconds"),
+        metrics.contains("fleetmend_gateway_action_duration_seconds"),
         "{metrics}"
     );
     Ok(())

@@ -159,7 +159,14 @@ fn sigkill_mid_command_then_restart_runs_exactly_one_copy() -> anyhow::Result<()
         ..Default::default()
     };
     let mut coord = Coordinator::start(&dir.join("coord"), &pki, &opts)?;
-    coord.ctl(&["repair-queue", "add", "unreachable", "slow", "10.0.0.9"])?;
+    coord.ctl(&[
+        "repair-queue",
+        "add",
+        "--force",
+        "unreachable",
+        "slow",
+        "10.0.0.9",
+    ])?;
     let (leaders, sleeps) = (dir.join("leaders"), dir.join("sleeps"));
     let first = wait_for("the repair command to start", SETTLE, || {
         match (pids_in(&leaders).as_slice(), pids_in(&sleeps).as_slice()) {

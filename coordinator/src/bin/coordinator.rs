@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use coordinator::app::App;
 use coordinator::config::{Config, DEFAULT_CONFIG_PATH};
 use tokio_util::sync::CancellationToken;
@@ -20,15 +20,49 @@ const EXIT_CONFIG: u8 = 64;
 /// every repair where it stood). Only one coordinator may use a database: a second one is
 /// refused, naming the lock file `<database>.lock` and the pid holding it.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "coordinator", version = protocol::VERSION)]
 struct Args {
     /// Configuration file (TOML).
-    #[arg(long, env = "FLEETMEND_CONFIG", default_value = DEFAULT_CONFIG_PATH)]
+    #[arg(long, global = true, env = protocol::env_var!(COORDINATOR, "CONFIG"), default_value = DEFAULT_CONFIG_PATH)]
     config: PathBuf,
+    /// What to do (default: run).
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the coordinator (the default).
+    Run,
+    /// Load and validate everything the coordinator uses at start (configuration, TLS files
+    /// and their chain to the CA, inventory, repair file, database writable, kubeconfig)
+    /// without starting it; print what was found; exit 0, or 64 when anything is unusable.
+    Check {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
+    protocol::telemetry::quiet_broken_pipe();
     let args = Args::parse();
+    if let Some(Command::Check { json }) = args.command {
+        let lines = coordinator::check::check(&args.config);
+        if json {
+            match serde_json::to_string_pretty(&lines) {
+                Ok(s) => println!("{s}"),
+                Err(e) => eprintln!("coordinator: {e}"),
+            }
+        } else {
+            print!("{}", coordinator::check::render(&lines));
+        }
+        return if lines.iter().all(|l| l.ok) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(EXIT_CONFIG)
+        };
+    }
     let config = match Config::load(&args.config) {
         Ok(c) => c,
         Err(e) => {

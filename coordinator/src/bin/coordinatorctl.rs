@@ -2,11 +2,11 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use coordinator::ctl::{Cli, run};
+use coordinator::ctl::{parse, run};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    protocol::telemetry::quiet_broken_pipe();
+    let cli = parse();
     if let Err(e) = protocol::telemetry::init("warn") {
         eprintln!("coordinatorctl: {e}");
         return ExitCode::from(64);

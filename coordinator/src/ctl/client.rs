@@ -1,6 +1,11 @@
 //! The admin API client: one QUIC connection with an admin certificate, one bidirectional
 //! stream per request, each under a time limit (`--timeout`). A request that times out may
 //! or may not have been carried out; the error says so and how to find out.
+//!
+//! Connection settings come from [`ConnectArgs::resolve`]: flags, then `FLEETMEND_CTL_*`
+//! variables, then the profile (see [`super::profile`]); an error caused by a setting names
+//! where it came from. Client-side failures say what the client can tell: a certificate the
+//! coordinator rejected, or nothing answering at the address.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,49 +16,207 @@ use protocol::Role;
 use protocol::admin::{AdminRequest, AdminResponse};
 use protocol::frame::{MAX_ADMIN_FRAME_LEN, MAX_FRAME_LEN};
 use protocol::messages::{AdminHello, HelloBody};
-use protocol::transport::{TlsFiles, TlsMaterial, connect, expect_msg, write_msg};
+use protocol::transport::{
+    TlsFiles, TlsMaterial, TransportError, connect_within, expect_msg, write_msg,
+};
+
+use super::profile::{Origin, Profile, ProfileFile, ProfilePath, Sourced};
 
 /// How long a request may take by default. A coordinator answers in milliseconds; one whose
 /// store is stuck should not hang a script forever, and 30 s outlasts any queue commit.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How to reach the coordinator (flags, else environment).
+/// How to reach the coordinator: flags, else `FLEETMEND_CTL_*` variables, else the profile.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Connection")]
 pub struct ConnectArgs {
+    /// Connection profile (TOML: server, server_name, ca, cert, key) [default:
+    /// ~/.config/fleetmend/coordinatorctl.toml, if present].
+    #[arg(long, env = protocol::env_var!(CTL, "PROFILE"), global = true)]
+    pub profile: Option<PathBuf>,
     /// Coordinator QUIC address, `host:port`.
-    #[arg(long, env = "FLEETMEND_SERVER", global = true)]
+    #[arg(long, env = protocol::env_var!(CTL, "SERVER"), global = true)]
     pub server: Option<String>,
     /// Name the coordinator's certificate must carry (default: the host part of --server).
-    #[arg(long, env = "FLEETMEND_SERVER_NAME", global = true)]
+    #[arg(long, env = protocol::env_var!(CTL, "SERVER_NAME"), global = true)]
     pub server_name: Option<String>,
     /// Fleet CA certificate (PEM).
-    #[arg(long, env = "FLEETMEND_CA", global = true)]
+    #[arg(long, env = protocol::env_var!(CTL, "CA"), global = true)]
     pub ca: Option<PathBuf>,
     /// Admin certificate (PEM).
-    #[arg(long, env = "FLEETMEND_CERT", global = true)]
+    #[arg(long, env = protocol::env_var!(CTL, "CERT"), global = true)]
     pub cert: Option<PathBuf>,
     /// Admin private key (PEM).
-    #[arg(long, env = "FLEETMEND_KEY", global = true)]
+    #[arg(long, env = protocol::env_var!(CTL, "KEY"), global = true)]
     pub key: Option<PathBuf>,
     /// Time limit for connecting and for each request (`30s`, `2m`). A request that runs
     /// out of time may still be carried out by the coordinator.
-    #[arg(long, env = "FLEETMEND_TIMEOUT", global = true, default_value = "30s",
+    #[arg(long, env = protocol::env_var!(CTL, "TIMEOUT"), global = true, default_value = "30s",
           value_parser = crate::config::duration::parse)]
     pub timeout: Duration,
+    /// Which of the settings above came from the environment rather than a flag (filled
+    /// by [`ConnectArgs::note_sources`]; empty means "from flags").
+    #[arg(skip)]
+    pub from_env: Vec<&'static str>,
 }
 
 impl Default for ConnectArgs {
     fn default() -> Self {
         Self {
+            profile: None,
             server: None,
             server_name: None,
             ca: None,
             cert: None,
             key: None,
             timeout: DEFAULT_TIMEOUT,
+            from_env: Vec::new(),
         }
     }
+}
+
+/// The connection settings: (argument id, flag, environment variable).
+const SETTINGS: &[(&str, &str, &str)] = &[
+    ("server", "--server", protocol::env_var!(CTL, "SERVER")),
+    (
+        "server_name",
+        "--server-name",
+        protocol::env_var!(CTL, "SERVER_NAME"),
+    ),
+    ("ca", "--ca", protocol::env_var!(CTL, "CA")),
+    ("cert", "--cert", protocol::env_var!(CTL, "CERT")),
+    ("key", "--key", protocol::env_var!(CTL, "KEY")),
+];
+
+/// Connection settings after merging flags, environment and profile.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// `host:port`.
+    pub server: Sourced<String>,
+    /// TLS server name, if set.
+    pub server_name: Option<Sourced<String>>,
+    /// Fleet CA.
+    pub ca: Sourced<PathBuf>,
+    /// Admin certificate.
+    pub cert: Sourced<PathBuf>,
+    /// Admin key.
+    pub key: Sourced<PathBuf>,
+}
+
+impl ConnectArgs {
+    /// Records which settings clap took from the environment, so errors can name the
+    /// variable instead of the flag.
+    pub fn note_sources(&mut self, matches: &clap::ArgMatches) {
+        self.from_env = SETTINGS
+            .iter()
+            .filter(|(id, _, _)| {
+                matches.value_source(id) == Some(clap::parser::ValueSource::EnvVariable)
+            })
+            .map(|(id, _, _)| *id)
+            .collect();
+    }
+
+    fn origin(&self, id: &'static str) -> Origin {
+        let (flag, env) = SETTINGS
+            .iter()
+            .find(|(i, _, _)| *i == id)
+            .map(|(_, f, e)| (*f, *e))
+            .unwrap_or(("?", "?"));
+        if self.from_env.contains(&id) {
+            Origin::Env(env)
+        } else {
+            Origin::Flag(flag)
+        }
+    }
+
+    fn pick<T: Clone>(
+        &self,
+        id: &'static str,
+        flag: &Option<T>,
+        profile: &Profile,
+        from_profile: impl Fn(&ProfileFile) -> &Option<T>,
+    ) -> Option<Sourced<T>> {
+        match flag {
+            Some(v) => Some(Sourced {
+                value: v.clone(),
+                from: self.origin(id),
+            }),
+            None => profile.get(id, from_profile),
+        }
+    }
+
+    /// Merges flags and environment over the profile; every missing setting is reported
+    /// in one error that says how to set it.
+    pub fn resolve(&self) -> anyhow::Result<Resolved> {
+        let which = ProfilePath::choose(
+            self.profile.as_deref(),
+            std::env::var("XDG_CONFIG_HOME").ok().as_deref(),
+            std::env::var("HOME").ok().as_deref(),
+        );
+        let profile = Profile::load(&which)?;
+        let server = self.pick("server", &self.server, &profile, |f| &f.server);
+        let server_name = self.pick("server_name", &self.server_name, &profile, |f| {
+            &f.server_name
+        });
+        let ca = self.pick("ca", &self.ca, &profile, |f| &f.ca);
+        let cert = self.pick("cert", &self.cert, &profile, |f| &f.cert);
+        let key = self.pick("key", &self.key, &profile, |f| &f.key);
+        match (server, ca, cert, key) {
+            (Some(server), Some(ca), Some(cert), Some(key)) => Ok(Resolved {
+                server,
+                server_name,
+                ca,
+                cert,
+                key,
+            }),
+            (server, ca, cert, key) => {
+                let missing: Vec<&str> = [
+                    ("server", server.is_none()),
+                    ("ca", ca.is_none()),
+                    ("cert", cert.is_none()),
+                    ("key", key.is_none()),
+                ]
+                .into_iter()
+                .filter(|(_, m)| *m)
+                .map(|(k, _)| k)
+                .collect();
+                bail!("{}", missing_message(&missing, &which))
+            }
+        }
+    }
+}
+
+/// The error for missing connection settings: every one of them, and the three ways to set
+/// each.
+fn missing_message(missing: &[&str], which: &ProfilePath) -> String {
+    let how: Vec<String> = missing
+        .iter()
+        .map(|k| {
+            let (_, flag, env) = SETTINGS
+                .iter()
+                .find(|(i, _, _)| i == k)
+                .copied()
+                .unwrap_or((k, k, k));
+            format!("  {k}: flag {flag}, environment variable {env}, or `{k}` in the profile")
+        })
+        .collect();
+    let profile = match which {
+        ProfilePath::Explicit(p) => format!("the profile is {}", p.display()),
+        ProfilePath::Default(p) if p.exists() => format!("the profile is {}", p.display()),
+        ProfilePath::Default(p) => format!(
+            "no profile at {} (the default; --profile or FLEETMEND_CTL_PROFILE names another)",
+            p.display()
+        ),
+        ProfilePath::None => {
+            "no profile (no HOME to find ~/.config/fleetmend/coordinatorctl.toml)".to_string()
+        }
+    };
+    format!(
+        "this command talks to the coordinator, but {} connection setting{} not set:\n{}\n{profile}; `coordinatorctl pki issue --role admin --out DIR` prints a profile to put there",
+        missing.len(),
+        if missing.len() == 1 { " is" } else { "s are" },
+        how.join("\n"),
+    )
 }
 
 /// A connected admin session.
@@ -64,52 +227,90 @@ pub struct AdminClient {
     timeout: Duration,
 }
 
-fn need<'a, T>(v: &'a Option<T>, flag: &str, env: &str) -> anyhow::Result<&'a T> {
-    v.as_ref()
-        .ok_or_else(|| anyhow!("no {flag} given: pass {flag} or set {env}"))
-}
-
 /// Splits `host:port` into its host part (brackets removed) for the TLS server name.
 fn host_part(server: &str) -> &str {
     let host = server.rsplit_once(':').map(|(h, _)| h).unwrap_or(server);
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
+/// Loads the admin TLS files; an error names each file with where its path came from.
+fn load_tls(r: &Resolved) -> anyhow::Result<TlsMaterial> {
+    for (what, f) in [("ca", &r.ca), ("cert", &r.cert), ("key", &r.key)] {
+        if let Err(e) = std::fs::metadata(&f.value) {
+            bail!(
+                "{what} {} (from {}): cannot read it: {e}",
+                f.value.display(),
+                f.from
+            );
+        }
+    }
+    let files = TlsFiles {
+        ca: r.ca.value.clone(),
+        cert: r.cert.value.clone(),
+        key: r.key.value.clone(),
+    };
+    TlsMaterial::load(&files).with_context(|| {
+        format!(
+            "cannot use the admin TLS files (ca from {}, cert from {}, key from {})",
+            r.ca.from, r.cert.from, r.key.from
+        )
+    })
+}
+
 impl AdminClient {
     /// Connects and completes the admin hello.
     pub async fn connect(args: &ConnectArgs) -> anyhow::Result<Self> {
-        let server = need(&args.server, "--server", "FLEETMEND_SERVER")?;
-        let files = TlsFiles {
-            ca: need(&args.ca, "--ca", "FLEETMEND_CA")?.clone(),
-            cert: need(&args.cert, "--cert", "FLEETMEND_CERT")?.clone(),
-            key: need(&args.key, "--key", "FLEETMEND_KEY")?.clone(),
-        };
-        let tls = TlsMaterial::load(&files)?;
+        let r = args.resolve()?;
+        let tls = load_tls(&r)?;
+        let server = &r.server.value;
         let addr: SocketAddr = tokio::net::lookup_host(server.as_str())
             .await
-            .with_context(|| format!("cannot resolve {server} (expected host:port)"))?
+            .with_context(|| {
+                format!(
+                    "cannot resolve server {server} (from {}); expected host:port",
+                    r.server.from
+                )
+            })?
             .next()
-            .ok_or_else(|| anyhow!("{server} resolves to no address"))?;
-        let name = args
+            .ok_or_else(|| {
+                anyhow!(
+                    "server {server} (from {}) resolves to no address",
+                    r.server.from
+                )
+            })?;
+        let name = r
             .server_name
-            .clone()
+            .as_ref()
+            .map(|n| n.value.clone())
             .unwrap_or_else(|| host_part(server).to_string());
         let endpoint = tls.client_endpoint(addr)?;
         let hello = HelloBody::Admin(AdminHello {
             client: format!("coordinatorctl {}", env!("CARGO_PKG_VERSION")),
         });
-        let session = tokio::time::timeout(
+        let session = connect_within(
+            &endpoint,
+            addr,
+            &name,
+            Role::Coordinator,
+            hello,
             args.timeout,
-            connect(&endpoint, addr, &name, Role::Coordinator, hello),
         )
         .await
-        .map_err(|_| {
-            anyhow!(
+        .map_err(|e| match e {
+            TransportError::CertificateRejected { .. } => anyhow!(
+                "{e}; the certificate is {} (from {}): is it issued by the coordinator's CA and not expired?",
+                r.cert.value.display(),
+                r.cert.from
+            ),
+            TransportError::NoAnswer { .. } => {
+                anyhow!("{e} (server from {}, --timeout {:?}); nothing was sent", r.server.from, args.timeout)
+            }
+            TransportError::Timeout(_) => anyhow!(
                 "no admin session with {server} within {:?} (--timeout); nothing was sent",
                 args.timeout
-            )
-        })?
-        .with_context(|| format!("cannot open an admin session with {server}"))?;
+            ),
+            e => anyhow::Error::new(e).context(format!("cannot open an admin session with {server}")),
+        })?;
         Ok(Self {
             endpoint,
             conn: session.conn,

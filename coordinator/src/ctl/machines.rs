@@ -53,6 +53,46 @@ pub enum MachinesCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Remove a machine's record (its history stays). Refused for a machine the inventory
+    /// file lists (change the file instead) and while a repair of it is active.
+    Delete {
+        /// The machine's address.
+        address: String,
+        /// Cancel an active repair of the machine instead of refusing.
+        #[arg(long)]
+        force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Retire a machine: admin state `retired`, never repaired, reports ignored.
+    Retire {
+        /// The machine's address.
+        address: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hand a retired machine back to health checks.
+    Unretire {
+        /// The machine's address.
+        address: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set an admin state: `updating` (maintenance: no detector touches it), `retiring`,
+    /// `retired`, or `auto` to hand the machine back to health checks.
+    SetState {
+        /// The machine's address.
+        address: String,
+        /// updating, retiring, retired or auto.
+        #[arg(value_parser = ["updating", "retiring", "retired", "auto"])]
+        state: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Register or update every machine in an inventory file (TOML, or YAML by extension),
     /// all or nothing.
     Import {
@@ -254,6 +294,30 @@ impl CommandGroup for MachinesCommand {
                 }),
                 json,
             ),
+            MachinesCommand::Delete {
+                address,
+                force,
+                json,
+            } => (MachinesRequest::Delete { address, force }, json),
+            MachinesCommand::Retire { address, json } => (
+                MachinesRequest::SetState {
+                    address,
+                    state: "retired".into(),
+                },
+                json,
+            ),
+            MachinesCommand::Unretire { address, json } => (
+                MachinesRequest::SetState {
+                    address,
+                    state: "auto".into(),
+                },
+                json,
+            ),
+            MachinesCommand::SetState {
+                address,
+                state,
+                json,
+            } => (MachinesRequest::SetState { address, state }, json),
             MachinesCommand::Import { file, json } => {
                 let records = load_inventory(&file, RecordSource::Admin)
                     .with_context(|| format!("cannot import {}", file.display()))?;
@@ -281,7 +345,26 @@ impl CommandGroup for MachinesCommand {
                     print_detail(&d)
                 }
             }
-            MachinesResponse::Added(s) => {
+            MachinesResponse::Deleted {
+                address,
+                cancelled_repairs,
+            } => {
+                if json {
+                    print_json(&serde_json::json!({
+                        "address": address,
+                        "cancelled_repairs": cancelled_repairs,
+                    }))?
+                } else if cancelled_repairs.is_empty() {
+                    println!("deleted {address}");
+                } else {
+                    let list: Vec<String> = cancelled_repairs.iter().map(u64::to_string).collect();
+                    println!(
+                        "deleted {address}; cancelled repair entries {}",
+                        list.join(",")
+                    );
+                }
+            }
+            MachinesResponse::StateSet(s) | MachinesResponse::Added(s) => {
                 if json {
                     print_json(&s)?
                 } else {

@@ -6,19 +6,22 @@
 //! `RepairQueue(repair_queue::RepairQueueCommand),` (its `///` doc becomes the help). What
 //! every group shares (the context, table and time formatting) is in [`common`].
 //!
-//! Connection settings for commands that talk to a coordinator come from flags or the
-//! environment (`FLEETMEND_SERVER`, `FLEETMEND_CA`, `FLEETMEND_CERT`, `FLEETMEND_KEY`); a
-//! connection is only opened by commands that need one. Errors use `anyhow`: this is a CLI.
+//! Connection settings for commands that talk to a coordinator come from flags, then
+//! `FLEETMEND_CTL_*` variables, then the profile file (`~/.config/fleetmend/coordinatorctl.toml`
+//! or `--profile`), see [`profile`]; a connection is only opened by commands that need one,
+//! and the offline groups listed in [`OFFLINE_GROUPS`] do not show the connection options
+//! in their help. Errors use `anyhow`: this is a CLI.
 
 pub mod client;
 pub mod common;
 pub mod diagnostics;
 pub mod machines;
 pub mod pki;
+pub mod profile;
 pub mod remediation;
 pub mod repair_queue;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use client::{AdminClient, ConnectArgs};
 pub use common::{CommandGroup, Ctx, fmt_age, fmt_time, print_table};
@@ -64,7 +67,7 @@ command_groups! {
 
 /// Fleetmend's operator CLI.
 #[derive(Debug, Parser)]
-#[command(name = "coordinatorctl", version)]
+#[command(name = "coordinatorctl", version = protocol::VERSION)]
 pub struct Cli {
     /// How to reach the coordinator.
     #[command(flatten)]
@@ -72,6 +75,52 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Command groups that never connect: their help leaves out the connection options.
+pub const OFFLINE_GROUPS: &[&str] = &["pki"];
+
+/// The connection options' argument ids (hidden in [`OFFLINE_GROUPS`]).
+const CONNECTION_ARGS: &[&str] = &[
+    "profile",
+    "server",
+    "server_name",
+    "ca",
+    "cert",
+    "key",
+    "timeout",
+];
+
+/// The clap command as `coordinatorctl` parses it: [`Cli`] with the connection options
+/// hidden from the help of offline groups (they are still accepted there, so a profile in
+/// the environment never breaks `pki`).
+pub fn command() -> clap::Command {
+    let mut cmd = Cli::command();
+    // Global options are copied into subcommands when the command is built, except where a
+    // subcommand already has an option of that id: give offline groups hidden copies first.
+    let hidden: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| CONNECTION_ARGS.contains(&a.get_id().as_str()))
+        .map(|a| a.clone().hide(true))
+        .collect();
+    for group in OFFLINE_GROUPS {
+        cmd = cmd.mut_subcommand(group, |mut g| {
+            for a in &hidden {
+                g = g.arg(a.clone());
+            }
+            g
+        });
+    }
+    cmd
+}
+
+/// Parses the process's command line (exits with clap's usage error or help) and notes
+/// which connection settings came from the environment.
+pub fn parse() -> Cli {
+    let matches = command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.connect.note_sources(&matches);
+    cli
 }
 
 /// Runs a parsed command line.
@@ -85,11 +134,50 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn offline_groups_hide_the_connection_options_but_accept_them() {
+        let help = command()
+            .try_get_matches_from(["coordinatorctl", "pki", "init", "--help"])
+            .unwrap_err()
+            .to_string();
+        assert!(help.contains("--out"), "{help}");
+        assert!(!help.contains("--server"), "{help}");
+        let help = command()
+            .try_get_matches_from(["coordinatorctl", "machines", "list", "--help"])
+            .unwrap_err()
+            .to_string();
+        assert!(help.contains("--server"), "{help}");
+        assert!(
+            command()
+                .try_get_matches_from([
+                    "coordinatorctl",
+                    "pki",
+                    "init",
+                    "--out",
+                    "d",
+                    "--server",
+                    "h:1"
+                ])
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn environment_settings_are_told_apart_from_flags() {
+        // `env` values are given through clap's own lookup, so this test sets nothing in the
+        // process environment: it checks the flag side and the bookkeeping.
+        let m = command()
+            .try_get_matches_from(["coordinatorctl", "--cert", "c.pem", "machines", "list"])
+            .unwrap();
+        let mut cli = Cli::from_arg_matches(&m).unwrap();
+        cli.connect.note_sources(&m);
+        assert!(cli.connect.from_env.is_empty());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use protocol::Role;
 use protocol::pki::{Ca, DEFAULT_TRUST_DOMAIN, IssueOptions};
 
 use super::common::{CommandGroup, Ctx};
+use super::profile::profile_text;
 
 /// PKI commands.
 #[derive(Debug, Subcommand)]
@@ -25,6 +26,9 @@ pub enum PkiCommand {
         /// Overwrite an existing CA.
         #[arg(long)]
         force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Issue a certificate: writes NAME.crt and NAME.key (mode 0600) into DIR.
     Issue {
@@ -46,12 +50,16 @@ pub enum PkiCommand {
         /// DNS name the component is reached at (repeatable).
         #[arg(long = "dns")]
         dns: Vec<String>,
-        /// Validity in days.
-        #[arg(long, default_value_t = protocol::pki::DEFAULT_LEAF_VALIDITY_DAYS)]
+        /// Validity in days (at least 1).
+        #[arg(long, default_value_t = protocol::pki::DEFAULT_LEAF_VALIDITY_DAYS,
+              value_parser = clap::value_parser!(u32).range(1..))]
         days: u32,
         /// Overwrite existing files.
         #[arg(long)]
         force: bool,
+        /// Print JSON (the files written and the identity).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -62,9 +70,21 @@ impl CommandGroup for PkiCommand {
                 out,
                 trust_domain,
                 force,
+                json,
             } => {
                 let ca = Ca::init(&out, &trust_domain, force)
                     .with_context(|| format!("cannot create a CA in {}", out.display()))?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "trust_domain": ca.trust_domain(),
+                            "dir": out,
+                            "ca": out.join(protocol::pki::CA_CERT_FILE),
+                        })
+                    );
+                    return Ok(());
+                }
                 println!(
                     "created CA for trust domain {} in {}",
                     ca.trust_domain(),
@@ -81,7 +101,13 @@ impl CommandGroup for PkiCommand {
                 dns,
                 days,
                 force,
+                json,
             } => {
+                if role == Role::Node {
+                    protocol::identity::validate_hostname(&name).with_context(|| {
+                        "a node certificate's name is the node's hostname".to_string()
+                    })?;
+                }
                 let authority = Ca::load(&ca)
                     .with_context(|| format!("cannot load the CA in {}", ca.display()))?;
                 let issued = authority
@@ -98,12 +124,32 @@ impl CommandGroup for PkiCommand {
                 let (crt, key) = issued
                     .write(&out, force)
                     .with_context(|| format!("cannot write into {}", out.display()))?;
+                let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or(p.to_path_buf());
+                let ca_crt = abs(&ca.join(protocol::pki::CA_CERT_FILE));
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "identity": issued.identity.to_string(),
+                            "cert": abs(&crt),
+                            "key": abs(&key),
+                            "ca": ca_crt,
+                        })
+                    );
+                    return Ok(());
+                }
                 println!(
                     "issued {} ({}, {})",
                     issued.identity,
                     crt.display(),
                     key.display()
                 );
+                if role == Role::Admin {
+                    println!(
+                        "\ncoordinatorctl reads its connection from ~/.config/fleetmend/coordinatorctl.toml\n(or --profile FILE); put these lines there:\n\n{}",
+                        profile_text(None, &ca_crt, &abs(&crt), &abs(&key))
+                    );
+                }
                 Ok(())
             }
         }

@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use clap::Subcommand;
 use protocol::admin::repair::{
     AddRepairEntry, RepairEntry, RepairEntryDetail, RepairQueueRequest, RepairQueueResponse,
+    RepairStatus,
 };
 use protocol::admin::{AdminRequest, AdminResponse};
 use serde_json::json;
@@ -20,16 +21,28 @@ use super::common::{CommandGroup, Ctx, fmt_time, print_table};
 /// Repair queue commands (as `ckecli repair-queue`).
 #[derive(Debug, Subcommand)]
 pub enum RepairQueueCommand {
-    /// Append a repair request for a machine.
+    /// Append a repair request for a machine: `add OPERATION [MACHINE_TYPE] ADDRESS [SERIAL]`.
+    ///
+    /// The address must be a machine of the inventory (or pass --force); a serial that
+    /// contradicts the inventory is refused; a missing serial or machine type is taken from
+    /// the inventory.
     Add {
         /// Operation name, e.g. `unreachable`.
         operation: String,
-        /// Machine type: selects the repair procedure.
+        /// Machine type: selects the repair procedure. Given alone (no ADDRESS after it), it
+        /// is the address and the type comes from the inventory.
+        #[arg(value_name = "MACHINE_TYPE")]
         machine_type: String,
         /// The machine's IP address.
-        address: String,
+        address: Option<String>,
         /// The machine's serial number.
         serial: Option<String>,
+        /// Queue it even for an address the inventory does not know, or a retired machine.
+        #[arg(long)]
+        force: bool,
+        /// Print the new entry as JSON (CKE's shape) instead of its index.
+        #[arg(long)]
+        json: bool,
     },
     /// List the entries.
     List {
@@ -49,22 +62,49 @@ pub enum RepairQueueCommand {
     Delete {
         /// The entry's index.
         index: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete every succeeded or failed entry.
-    DeleteFinished,
+    DeleteFinished {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete every queued or processing entry.
-    DeleteUnfinished,
+    DeleteUnfinished {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Enable processing of the queue.
-    Enable,
+    Enable {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Disable processing: nothing new starts, drains are abandoned, health checks go on.
-    Disable,
+    Disable {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print `true` if processing is enabled, `false` otherwise.
-    IsEnabled,
+    IsEnabled {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Clear every entry's drain backoff.
-    ResetBackoff,
+    ResetBackoff {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Wait until no entry is queued or processing.
     Wait {
-        /// Give up after this many seconds (0 = never).
+        /// Give up after this many seconds (0 = never); exits 1 then.
         #[arg(long, default_value_t = 0)]
         timeout_seconds: u64,
         /// Seconds between polls.
@@ -100,14 +140,31 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
             machine_type,
             address,
             serial,
+            force,
+            json,
         } => {
-            let req = RepairQueueRequest::Add(AddRepairEntry {
-                operation,
-                machine_type,
-                address,
-                serial: serial.unwrap_or_default(),
-            });
+            let (machine_type, address) = match address {
+                Some(a) => (machine_type, a),
+                None => (String::new(), machine_type),
+            };
+            if force {
+                eprintln!(
+                    "coordinatorctl: warning: --force queues {address} even if the inventory does not know it or it is retired"
+                );
+            }
+            let req = RepairQueueRequest::AddChecked {
+                entry: AddRepairEntry {
+                    operation,
+                    machine_type,
+                    address,
+                    serial: serial.unwrap_or_default(),
+                },
+                force,
+            };
             match call(client, req).await? {
+                RepairQueueResponse::Added(e) if json => {
+                    println!("{}", serde_json::to_string_pretty(&cke_json(&e))?)
+                }
                 RepairQueueResponse::Added(e) => println!("{}", e.index),
                 other => bail!("unexpected answer: {other:?}"),
             }
@@ -133,15 +190,39 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
             }
             other => bail!("unexpected answer: {other:?}"),
         },
-        C::Delete { index } => deleted(call(client, RepairQueueRequest::Delete { index }).await?)?,
-        C::DeleteFinished => deleted(call(client, RepairQueueRequest::DeleteFinished).await?)?,
-        C::DeleteUnfinished => deleted(call(client, RepairQueueRequest::DeleteUnfinished).await?)?,
-        C::Enable => enabled(call(client, RepairQueueRequest::Enable).await?)?,
-        C::Disable => enabled(call(client, RepairQueueRequest::Disable).await?)?,
-        C::IsEnabled => enabled(call(client, RepairQueueRequest::IsEnabled).await?)?,
-        C::ResetBackoff => match call(client, RepairQueueRequest::ResetBackoff).await? {
+        C::Delete { index, json } => deleted(
+            call(client, RepairQueueRequest::Delete { index }).await?,
+            json,
+        )?,
+        C::DeleteFinished { json } => deleted(
+            call(client, RepairQueueRequest::DeleteFinished).await?,
+            json,
+        )?,
+        C::DeleteUnfinished { json } => deleted(
+            call(client, RepairQueueRequest::DeleteUnfinished).await?,
+            json,
+        )?,
+        C::Enable { json } => enabled(
+            call(client, RepairQueueRequest::Enable).await?,
+            Said::Enable,
+            json,
+        )?,
+        C::Disable { json } => enabled(
+            call(client, RepairQueueRequest::Disable).await?,
+            Said::Disable,
+            json,
+        )?,
+        C::IsEnabled { json } => enabled(
+            call(client, RepairQueueRequest::IsEnabled).await?,
+            Said::Ask,
+            json,
+        )?,
+        C::ResetBackoff { json } => match call(client, RepairQueueRequest::ResetBackoff).await? {
+            RepairQueueResponse::BackoffReset { count } if json => {
+                println!("{}", json!({ "backoff_reset": count }))
+            }
             RepairQueueResponse::BackoffReset { count } => {
-                eprintln!("drain backoff cleared on {count} entries")
+                println!("drain backoff cleared on {}", entries(count))
             }
             other => bail!("unexpected answer: {other:?}"),
         },
@@ -152,6 +233,8 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
             let interval = Duration::from_secs(interval_seconds.max(1));
             let deadline = (timeout_seconds > 0)
                 .then(|| tokio::time::Instant::now() + Duration::from_secs(timeout_seconds));
+            // Waits the full timeout: the last sleep is cut to what is left, then one
+            // last look.
             loop {
                 let counts = match call(client, RepairQueueRequest::Counts).await? {
                     RepairQueueResponse::Counts(c) => c,
@@ -160,38 +243,77 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
                 if counts.all_finished() {
                     return Ok(());
                 }
-                if deadline.is_some_and(|d| tokio::time::Instant::now() + interval > d) {
+                let now = tokio::time::Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
                     bail!(
                         "timed out after {timeout_seconds} s: {} queued, {} processing",
                         counts.queued,
                         counts.processing
                     );
                 }
-                tokio::time::sleep(interval).await;
+                let nap = deadline.map_or(interval, |d| interval.min(d - now));
+                tokio::time::sleep(nap).await;
             }
         }
     }
     Ok(())
 }
 
-fn deleted(r: RepairQueueResponse) -> anyhow::Result<()> {
+/// The step status for a person: a finished entry's last step status (`watching` when it
+/// failed while watching) is history, not what it does now, so it shows as `-`. The CKE
+/// JSON keeps it, as CKE does.
+fn step_status_shown(e: &RepairEntry) -> &'static str {
+    match e.status {
+        RepairStatus::Succeeded | RepairStatus::Failed => "-",
+        _ => e.step_status.as_str(),
+    }
+}
+
+/// `1 entry`, `2 entries`.
+fn entries(n: u64) -> String {
+    if n == 1 {
+        "1 entry".to_string()
+    } else {
+        format!("{n} entries")
+    }
+}
+
+fn deleted(r: RepairQueueResponse, json: bool) -> anyhow::Result<()> {
     match r {
+        RepairQueueResponse::Deleted { count } if json => {
+            println!("{}", json!({ "marked_for_deletion": count }));
+            Ok(())
+        }
         RepairQueueResponse::Deleted { count } => {
-            eprintln!("{count} entries marked for deletion");
+            eprintln!("{} marked for deletion", entries(count));
             Ok(())
         }
         other => bail!("unexpected answer: {other:?}"),
     }
 }
 
-fn enabled(r: RepairQueueResponse) -> anyhow::Result<()> {
-    match r {
-        RepairQueueResponse::Enabled(on) => {
-            println!("{on}");
-            Ok(())
+/// Which command asked, for what `enabled` says.
+enum Said {
+    Enable,
+    Disable,
+    Ask,
+}
+
+fn enabled(r: RepairQueueResponse, said: Said, json: bool) -> anyhow::Result<()> {
+    let RepairQueueResponse::Enabled(on) = r else {
+        bail!("unexpected answer: {r:?}");
+    };
+    match (json, said) {
+        (true, _) => println!("{}", json!({ "enabled": on })),
+        (false, Said::Ask) => println!("{on}"),
+        (false, Said::Enable) => {
+            println!("repair queue enabled: queued entries start as slots are free")
         }
-        other => bail!("unexpected answer: {other:?}"),
+        (false, Said::Disable) => println!(
+            "repair queue disabled: nothing new starts, drains are abandoned, entries in progress finish their health checks"
+        ),
     }
+    Ok(())
 }
 
 /// Go's zero `time.Time`, which CKE prints for "never".
@@ -270,7 +392,7 @@ fn table(list: &[RepairEntry]) {
                     if e.deleted { " (deleting)" } else { "" }
                 ),
                 e.step.to_string(),
-                e.step_status.as_str().to_string(),
+                step_status_shown(e).to_string(),
                 fmt_time(e.last_transition_time_unix_ms),
                 if e.drain_backoff_expire_unix_ms == 0 {
                     "-".into()
@@ -317,11 +439,14 @@ fn print_detail(d: &RepairEntryDetail) {
     println!("type:         {}", e.machine_type);
     println!("operation:    {}", e.operation);
     println!(
-        "status:       {}{} (step {}, {}) since {}",
+        "status:       {}{} (step {}{}) since {}",
         e.status.as_str(),
         if e.deleted { ", deleting" } else { "" },
         e.step,
-        e.step_status.as_str(),
+        match step_status_shown(e) {
+            "-" => String::new(),
+            st => format!(", {st}"),
+        },
         fmt_time(e.last_transition_time_unix_ms)
     );
     println!(
@@ -371,7 +496,36 @@ pub fn parse_cke_index(v: &serde_json::Value) -> anyhow::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protocol::admin::repair::{RepairStatus, RepairStepStatus};
+    use protocol::admin::repair::RepairStepStatus;
+
+    #[test]
+    fn counts_are_singular_for_one() {
+        assert_eq!(entries(1), "1 entry");
+        assert_eq!(entries(0), "0 entries");
+        assert_eq!(entries(3), "3 entries");
+    }
+
+    #[test]
+    fn finished_entries_show_no_step_status() {
+        let mut e = RepairEntry {
+            index: 1,
+            address: "10.0.0.1".into(),
+            nodename: "".into(),
+            serial: "".into(),
+            machine_type: "qemu".into(),
+            operation: "unreachable".into(),
+            status: RepairStatus::Failed,
+            step: 0,
+            step_status: RepairStepStatus::Watching,
+            deleted: false,
+            last_transition_time_unix_ms: 0,
+            drain_backoff_count: 0,
+            drain_backoff_expire_unix_ms: 0,
+        };
+        assert_eq!(step_status_shown(&e), "-");
+        e.status = RepairStatus::Processing;
+        assert_eq!(step_status_shown(&e), "watching");
+    }
 
     #[test]
     fn list_json_has_ckes_shape() {

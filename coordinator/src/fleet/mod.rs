@@ -31,6 +31,7 @@ use crate::inventory::{InventoryError, MachineRecord, RecordSource, check_unique
 use crate::store::{Store, StoreError};
 
 mod index;
+pub mod lifecycle;
 pub mod snapshot;
 mod sql;
 
@@ -65,6 +66,21 @@ pub enum FleetError {
     /// No machine has that hostname.
     #[error("no machine with hostname {0}")]
     UnknownHost(String),
+    /// The machine is listed in the inventory file, which is the source of truth for it.
+    #[error(
+        "machine {address} is listed in the inventory file, which is the source of truth for the machines it lists, so it cannot be {what} here: change the file and restart the coordinator"
+    )]
+    InventoryOwned {
+        /// The machine.
+        address: String,
+        /// What was refused (`changed`, `deleted`).
+        what: String,
+    },
+    /// `set-state` was given a state only health derivation sets.
+    #[error(
+        "{0} is not an admin state: use updating, retiring or retired (or `auto` to hand the machine back to health checks)"
+    )]
+    NotAdminState(String),
 }
 
 impl FleetError {
@@ -240,6 +256,11 @@ impl Fleet {
                     writes.push(Write::Delete(other.clone()));
                     removed.push(other.clone());
                 }
+                if rec.source == RecordSource::Admin
+                    && let Some(old) = inner.machines.get(&rec.address)
+                {
+                    Self::refuse_inventory_edit(old, "changed")?;
+                }
                 let mut e = match inner.machines.get(&rec.address) {
                     Some(old) if old.record == *rec => continue,
                     Some(old) => {
@@ -288,8 +309,8 @@ impl Fleet {
 
     /// An agent's hello was accepted for `hostname` (from its certificate). Returns the
     /// machine's address. A host no record names is recorded as awaiting registration,
-    /// keyed by the connection's source address (or by its hostname if that address is
-    /// taken), without a machine type.
+    /// keyed by the first address it reports that no record holds (else the connection's
+    /// source address, else its hostname), without a machine type.
     pub async fn agent_hello(
         &self,
         hostname: &str,
@@ -337,12 +358,16 @@ impl Fleet {
                 }
                 return Ok(addr);
             }
-            let ip = remote.to_string();
-            let address = if inner.machines.contains_key(&ip) {
-                hostname.to_string()
-            } else {
-                ip
-            };
+            // The address the host says it has, as an operator will type it in `machines
+            // add`; the UDP source may be a NAT or a second interface.
+            let free = |a: &String| !inner.machines.contains_key(a);
+            let address = hello
+                .addresses
+                .iter()
+                .map(IpAddr::to_string)
+                .find(free)
+                .or_else(|| Some(remote.to_string()).filter(free))
+                .unwrap_or_else(|| hostname.to_string());
             let mut live = Live::default();
             live.new_boot(&hello.boot_id, now);
             live.agent_version = Some(hello.agent_version.clone());
@@ -837,6 +862,19 @@ mod tests {
             f.machine_by_hostname("stray").unwrap().record.address,
             "10.0.0.9"
         );
+    }
+
+    #[tokio::test]
+    async fn unknown_host_is_recorded_under_the_address_it_reports() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        let mut h = hello("stray", "b1");
+        h.addresses = vec!["10.0.0.9".parse().unwrap()];
+        let addr = f
+            .agent_hello("stray", &h, "127.0.0.9".parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(addr, "10.0.0.9", "not the UDP source");
     }
 
     #[tokio::test]

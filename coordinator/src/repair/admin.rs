@@ -185,27 +185,30 @@ impl AdminPlan {
         now: Timestamp,
     ) -> Reply {
         match req {
-            RepairQueueRequest::Add(add) => match validate_add(config, &add) {
-                Err(e) => Reply::Now(Err(e)),
-                Ok(()) => {
-                    let e = Entry::new_queued(
-                        &add.address,
-                        &add.serial,
-                        &add.machine_type,
-                        &add.operation,
-                        now,
-                    );
-                    self.writes.push(Write::Insert(
-                        e.clone(),
-                        HistoryEvent::new(
-                            "added",
-                            format!("{} {} {}", add.operation, add.machine_type, add.address),
-                        ),
-                    ));
-                    self.inserts.push(e);
-                    Reply::Added(self.inserts.len() - 1)
+            // `AddChecked` was checked against the inventory by `crate::admin` already.
+            RepairQueueRequest::Add(add) | RepairQueueRequest::AddChecked { entry: add, .. } => {
+                match validate_add(config, &add) {
+                    Err(e) => Reply::Now(Err(e)),
+                    Ok(()) => {
+                        let e = Entry::new_queued(
+                            &add.address,
+                            &add.serial,
+                            &add.machine_type,
+                            &add.operation,
+                            now,
+                        );
+                        self.writes.push(Write::Insert(
+                            e.clone(),
+                            HistoryEvent::new(
+                                "added",
+                                format!("{} {} {}", add.operation, add.machine_type, add.address),
+                            ),
+                        ));
+                        self.inserts.push(e);
+                        Reply::Added(self.inserts.len() - 1)
+                    }
                 }
-            },
+            }
             RepairQueueRequest::List => {
                 let list = entries
                     .values()

@@ -18,6 +18,22 @@ pub enum MachinesRequest {
     Add(MachineSpec),
     /// Registers or updates several machines at once, all or nothing.
     Import(Vec<MachineSpec>),
+    /// Removes a machine's record. Refused while a repair of it is active unless `force`,
+    /// which cancels the repair.
+    Delete {
+        /// The machine's address.
+        address: String,
+        /// Cancel an active repair instead of refusing.
+        force: bool,
+    },
+    /// Sets an admin state (`updating`, `retiring`, `retired`), or `auto` to hand the
+    /// machine back to health derivation.
+    SetState {
+        /// The machine's address.
+        address: String,
+        /// The state's name, or `auto`.
+        state: String,
+    },
 }
 
 /// Answers to [`MachinesRequest`].
@@ -31,6 +47,15 @@ pub enum MachinesResponse {
     Added(Box<MachineSummary>),
     /// Answer to `Import`, one summary per imported machine.
     Imported(Vec<MachineSummary>),
+    /// Answer to `Delete`.
+    Deleted {
+        /// The machine deleted.
+        address: String,
+        /// Repair entries cancelled by `force` (their indexes).
+        cancelled_repairs: Vec<u64>,
+    },
+    /// Answer to `SetState`: the machine now.
+    StateSet(Box<MachineSummary>),
 }
 
 /// What an operator registers about a machine.

@@ -37,6 +37,16 @@ pub enum RepairQueueRequest {
     ResetBackoff,
     /// Entry counts by status, cheap enough to poll (`repair-queue wait`).
     Counts,
+    /// `Add` as `coordinatorctl repair-queue add` sends it: checked against the inventory
+    /// first. An address no machine has is refused unless `force`; a serial that
+    /// contradicts the machine's is refused; an empty serial or machine type is filled
+    /// from the machine's record; a retired or retiring machine is refused unless `force`.
+    AddChecked {
+        /// The entry as typed.
+        entry: AddRepairEntry,
+        /// Queue it even for an address the inventory does not know.
+        force: bool,
+    },
 }
 
 /// What `repair-queue add` carries.

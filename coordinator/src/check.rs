@@ -1,0 +1,217 @@
+//! `coordinator check --config F`: loads and validates everything the coordinator would use
+//! at start, without starting it, and says what it found.
+//!
+//! Checked: the configuration file; the TLS files (loadable, a coordinator certificate,
+//! chaining to the CA, valid now); the inventory file; the repair (`repair:` YAML) file; that
+//! the database (or, for a new one, its directory) is writable; that a named kubeconfig is
+//! readable and has the chosen context. Nothing is bound, no database is opened or
+//! locked (a running coordinator is not disturbed) and nothing is contacted.
+
+use std::path::Path;
+
+use protocol::Role;
+use protocol::transport::{TlsFiles, TlsMaterial};
+
+use crate::config::Config;
+use crate::inventory::{RecordSource, load_inventory};
+
+/// One line of the check's output.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckLine {
+    /// What was checked (`config`, `tls`, `inventory`, `repair`, `database`, `kubernetes`).
+    pub what: &'static str,
+    /// Whether it is usable.
+    pub ok: bool,
+    /// What was found, or what is wrong.
+    pub detail: String,
+}
+
+fn line(what: &'static str, r: Result<String, String>) -> CheckLine {
+    match r {
+        Ok(detail) => CheckLine {
+            what,
+            ok: true,
+            detail,
+        },
+        Err(detail) => CheckLine {
+            what,
+            ok: false,
+            detail,
+        },
+    }
+}
+
+/// Runs every check; a configuration that does not load is one failed line.
+pub fn check(config_path: &Path) -> Vec<CheckLine> {
+    let config = match Config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => return vec![line("config", Err(e.to_string()))],
+    };
+    let mut out = vec![line(
+        "config",
+        Ok(format!(
+            "{}: listen {}, http {}, database {}",
+            config_path.display(),
+            config.listen,
+            protocol::telemetry::OrNone(&config.http.listen),
+            config.database.display()
+        )),
+    )];
+    out.push(line("tls", check_tls(&config)));
+    if let Some(path) = &config.inventory {
+        out.push(line(
+            "inventory",
+            load_inventory(path, RecordSource::Inventory)
+                .map(|r| format!("{}: {} machines", path.display(), r.len()))
+                .map_err(|e| e.to_string()),
+        ));
+    }
+    if let Some(path) = config.repair.as_ref().and_then(|r| r.config.as_deref()) {
+        out.push(line(
+            "repair",
+            crate::repair::load::load_file(path)
+                .map(|l| {
+                    format!(
+                        "{}: {} procedures",
+                        path.display(),
+                        l.config.repair_procedures.len()
+                    )
+                })
+                .map_err(|e| e.to_string()),
+        ));
+    }
+    out.push(line("database", check_database(&config.database)));
+    if let Some(k) = &config.kubernetes {
+        out.push(line("kubernetes", check_kubeconfig(k)));
+    }
+    out
+}
+
+fn check_tls(config: &Config) -> Result<String, String> {
+    let tls = TlsMaterial::load(&TlsFiles {
+        ca: config.tls.ca.clone(),
+        cert: config.tls.cert.clone(),
+        key: config.tls.key.clone(),
+    })
+    .map_err(|e| e.to_string())?;
+    let me = tls.identity();
+    if me.role != Role::Coordinator {
+        return Err(format!(
+            "{} names {me}, not a coordinator; issue one with `coordinatorctl pki issue --role coordinator`",
+            config.tls.cert.display()
+        ));
+    }
+    tls.verify_own_chain().map_err(|e| {
+        format!(
+            "{} is not valid under the CA {} ({e})",
+            config.tls.cert.display(),
+            config.tls.ca.display()
+        )
+    })?;
+    Ok(format!(
+        "{me} ({}), chains to {}",
+        config.tls.cert.display(),
+        config.tls.ca.display()
+    ))
+}
+
+/// Writable without opening SQLite: an existing file opened for writing, or a new file
+/// creatable in its directory (created and removed again).
+fn check_database(db: &Path) -> Result<String, String> {
+    if db.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(db)
+            .map(|_| format!("{}: exists, writable", db.display()))
+            .map_err(|e| format!("{}: not writable: {e}", db.display()))
+    } else {
+        let dir = match db.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let probe = dir.join(format!(".fleetmend-check-{}", std::process::id()));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+            .map(|_| {
+                let _ = std::fs::remove_file(&probe);
+                format!("{}: will be created (directory writable)", db.display())
+            })
+            .map_err(|e| {
+                format!(
+                    "{}: cannot be created in {}: {e}",
+                    db.display(),
+                    dir.display()
+                )
+            })
+    }
+}
+
+fn check_kubeconfig(k: &crate::k8s::KubernetesConfig) -> Result<String, String> {
+    let Some(path) = &k.kubeconfig else {
+        return Ok("no kubeconfig named: KUBECONFIG, ~/.kube/config or the in-cluster account is used at start (not checked here)".into());
+    };
+    if !path.exists() {
+        return Err(format!("kubeconfig {} is missing", path.display()));
+    }
+    let cfg = kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
+    let context = k
+        .context
+        .clone()
+        .or(cfg.current_context.clone())
+        .ok_or_else(|| format!("kubeconfig {} has no current context", path.display()))?;
+    if !cfg.contexts.iter().any(|c| c.name == context) {
+        return Err(format!(
+            "kubeconfig {} has no context {context:?}",
+            path.display()
+        ));
+    }
+    Ok(format!("{}: context {context}", path.display()))
+}
+
+/// The lines as a table for a person.
+pub fn render(lines: &[CheckLine]) -> String {
+    let mut s = String::new();
+    for l in lines {
+        s.push_str(&format!(
+            "{:<11}{:<6}{}\n",
+            l.what,
+            if l.ok { "ok" } else { "FAIL" },
+            l.detail
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_config_is_one_failed_line() {
+        let lines = check(Path::new("/nonexistent/coordinator.toml"));
+        assert_eq!(lines.len(), 1);
+        assert!(!lines[0].ok);
+        assert!(render(&lines).contains("FAIL"));
+    }
+
+    #[test]
+    fn database_checks_tell_writable_from_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        assert!(check_database(&db).unwrap().contains("will be created"));
+        std::fs::write(&db, b"").unwrap();
+        assert!(check_database(&db).unwrap().contains("writable"));
+        assert!(check_database(Path::new("/nonexistent/dir/c.db")).is_err());
+    }
+
+    #[test]
+    fn a_missing_kubeconfig_is_reported_as_missing() {
+        let k: crate::k8s::KubernetesConfig =
+            toml::from_str("kubeconfig = \"/nonexistent/kubeconfig\"").unwrap();
+        let e = check_kubeconfig(&k).unwrap_err();
+        assert!(e.contains("missing"), "{e}");
+    }
+}

@@ -1,0 +1,57 @@
+//! Every binary's every (sub)command's `--help`, compared with the snapshots committed in
+//! `tests/tests/snapshots/`, so that a changed flag, default, environment variable or
+//! wording is seen in review instead of drifting from the docs.
+//!
+//! The commands are found by walking each help's `Commands:` list, so a new subcommand is
+//! covered (and fails until its snapshot is committed). After an intended change, accept
+//! the new text with `INSTA_UPDATE=always cargo test -p fleetmend-tests --test help` (or
+//! `cargo insta review`) and commit the `.snap` files.
+
+use testkit::procs::{command, run_ok};
+
+/// The subcommands listed in a help text's `Commands:` section (without `help`).
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| l.trim() != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// Snapshots `bin path… --help` and everything below it; returns how many were checked.
+fn walk(bin: &str, path: &mut Vec<String>) -> anyhow::Result<usize> {
+    let out = run_ok(command(bin).args(path.iter()).arg("--help"))?;
+    let help = String::from_utf8(out.stdout)?;
+    let name = std::iter::once(bin.to_string())
+        .chain(path.iter().cloned())
+        .collect::<Vec<_>>()
+        .join("_");
+    insta::assert_snapshot!(name, help);
+    let mut n = 1;
+    for sub in subcommands(&help) {
+        path.push(sub);
+        n += walk(bin, path)?;
+        path.pop();
+    }
+    Ok(n)
+}
+
+#[test]
+fn every_command_help_matches_its_snapshot() -> anyhow::Result<()> {
+    let mut total = 0;
+    for bin in ["coordinator", "coordinatorctl", "node-agent", "bmc-gateway"] {
+        total += walk(bin, &mut Vec::new())?;
+    }
+    // Four binaries and their subcommands: a walk that found no subcommands is broken.
+    assert!(total > 20, "only {total} help texts found");
+    Ok(())
+}
+
+#[test]
+fn subcommands_are_read_from_the_commands_section() {
+    let help = "Usage: x\n\nCommands:\n  pki       Fleet PKI\n  machines  Machines\n  help      Print this\n\nOptions:\n  -h\n";
+    assert_eq!(subcommands(help), ["pki", "machines"]);
+}

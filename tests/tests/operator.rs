@@ -1,0 +1,408 @@
+//! The operator's experience, with real processes on loopback: per-program environment
+//! variables, `coordinatorctl`'s profile, client-side error messages, the machine
+//! lifecycle against the repair queue, `repair-queue add` checked against the inventory,
+//! `--version`, and writing into a closed pipe.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use testkit::fixture::{AgentConfig, NodeFixture};
+use testkit::procs::{
+    Coordinator, CoordinatorOptions, Pki, Proc, command, inventory_toml, run_ok, wait_for,
+};
+
+/// Generous on a loaded 2-core machine: a state change needs a report or two.
+const SETTLE: Duration = Duration::from_secs(30);
+
+fn ctl_fails(coord: &Coordinator, args: &[&str]) -> anyhow::Result<String> {
+    match coord.ctl(args) {
+        Ok(out) => anyhow::bail!(
+            "coordinatorctl {args:?} succeeded but should have failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        ),
+        Err(e) => Ok(format!("{e:#}")),
+    }
+}
+
+/// Starts `node-agent run` for `fixture` with extra environment variables.
+fn agent_with_env(
+    dir: &Path,
+    fixture: &NodeFixture,
+    cfg: &AgentConfig,
+    env: &[(&str, &Path)],
+) -> anyhow::Result<Proc> {
+    let config = fixture.write_agent_config(cfg)?;
+    let mut cmd = command("node-agent");
+    cmd.arg("run").arg("--config").arg(&config);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Proc::spawn("node-agent", cmd, &dir.join("node-agent.log"))
+}
+
+#[test]
+fn ctl_variables_do_not_change_the_agent_but_agent_variables_do() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+            ..Default::default()
+        },
+    )?;
+    let fixture = NodeFixture::builder("node-1")
+        .address("10.0.0.1".parse()?)
+        .build()?;
+    let tls = pki.issue("node", "node-1", &[])?;
+    let cfg = AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key);
+
+    // An operator's shell with coordinatorctl's admin certificate exported: the agent
+    // started from it keeps its own certificate and reports.
+    let mut agent = agent_with_env(
+        tmp.path(),
+        &fixture,
+        &cfg,
+        &[
+            ("FLEETMEND_CTL_CERT", &coord.admin.cert),
+            ("FLEETMEND_CTL_KEY", &coord.admin.key),
+        ],
+    )?;
+    coord.wait_for_state("node-1", "healthy", SETTLE)?;
+    agent.sigterm(Duration::from_secs(10))?;
+
+    // The agent's own variable does change what it uses (so the check above could fail):
+    // the admin certificate does not name this node and the agent refuses to start.
+    let dir2 = tmp.path().join("second");
+    std::fs::create_dir_all(&dir2)?;
+    let mut agent = agent_with_env(
+        &dir2,
+        &fixture,
+        &cfg,
+        &[
+            ("FLEETMEND_AGENT_CERT", &coord.admin.cert),
+            ("FLEETMEND_AGENT_KEY", &coord.admin.key),
+        ],
+    )?;
+    let status = wait_for("the agent to refuse the admin certificate", SETTLE, || {
+        agent.try_exit().ok_or_else(|| "still running".to_string())
+    })?;
+    assert_eq!(status.code(), Some(64), "{}", agent.log_text());
+    assert!(
+        agent.log_text().contains("admin/tester"),
+        "names the certificate it was given: {}",
+        agent.log_text()
+    );
+    Ok(())
+}
+
+#[test]
+fn certificates_from_another_ca_are_explained_on_the_client_side() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let foreign = Pki::create(&tmp.path().join("foreign"), "op.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions::default(),
+    )?;
+    let stranger = foreign.issue("admin", "stranger", &[])?;
+
+    // coordinatorctl trusts the right CA but holds a certificate of another one.
+    let mut cmd = command("coordinatorctl");
+    cmd.arg("--server")
+        .arg(coord.quic.to_string())
+        .arg("--ca")
+        .arg(&coord.admin.ca)
+        .arg("--cert")
+        .arg(&stranger.cert)
+        .arg("--key")
+        .arg(&stranger.key)
+        .args(["--timeout", "20s", "machines", "list"]);
+    let out = cmd.stdin(Stdio::null()).output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("the coordinator rejected this certificate"),
+        "client-side message: {err}"
+    );
+    assert!(
+        !err.contains("connection lost"),
+        "not a bare transport error: {err}"
+    );
+
+    // The agent finds the same mistake at start, naming both files.
+    let fixture = NodeFixture::builder("node-1").build()?;
+    let node = foreign.issue("node", "node-1", &[])?;
+    let cfg = AgentConfig::new(
+        &coord.quic.to_string(),
+        &coord.admin.ca,
+        &node.cert,
+        &node.key,
+    );
+    let mut agent = agent_with_env(tmp.path(), &fixture, &cfg, &[])?;
+    let status = wait_for("the agent to refuse a foreign certificate", SETTLE, || {
+        agent.try_exit().ok_or_else(|| "still running".to_string())
+    })?;
+    assert_eq!(status.code(), Some(64), "{}", agent.log_text());
+    assert!(
+        agent.log_text().contains("is not valid under the CA"),
+        "{}",
+        agent.log_text()
+    );
+
+    // A wrong port: nothing answers, and the message says so within the time limit.
+    let out = command("coordinatorctl")
+        .arg("--server")
+        .arg(format!("127.0.0.1:{}", testkit::procs::free_udp_port()))
+        .arg("--ca")
+        .arg(&coord.admin.ca)
+        .arg("--cert")
+        .arg(&coord.admin.cert)
+        .arg("--key")
+        .arg(&coord.admin.key)
+        .args(["--timeout", "2s", "machines", "list"])
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nothing answered at 127.0.0.1:"), "{err}");
+    Ok(())
+}
+
+const SLOW_REPAIR: &str = r#"
+repair:
+  repair_procedures:
+    - machine_types: ["slow"]
+      repair_operations:
+        - operation: "unreachable"
+          repair_steps:
+            - repair_command: ["sh", "-c", "sleep 300", "slow"]
+              command_timeout_seconds: 0
+          health_check_command: ["sh", "-c", "echo false"]
+"#;
+
+#[test]
+fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let cluster = tmp.path().join("cluster.yml");
+    std::fs::write(&cluster, SLOW_REPAIR)?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+            extra: format!("[repair]\nconfig = {:?}\n", cluster.display().to_string()),
+            ..Default::default()
+        },
+    )?;
+
+    // repair-queue add checks the machine.
+    let err = ctl_fails(
+        &coord,
+        &["repair-queue", "add", "unreachable", "slow", "10.9.9.9"],
+    )?;
+    assert!(err.contains("no machine with address 10.9.9.9"), "{err}");
+    let err = ctl_fails(
+        &coord,
+        &[
+            "repair-queue",
+            "add",
+            "unreachable",
+            "qemu",
+            "10.0.0.1",
+            "WRONG",
+        ],
+    )?;
+    assert!(err.contains("contradicts the inventory"), "{err}");
+
+    // An admin-added machine under repair cannot be deleted without --force.
+    coord.ctl(&[
+        "machines",
+        "add",
+        "10.0.0.9",
+        "--hostname",
+        "h9",
+        "--serial",
+        "S9",
+        "--type",
+        "slow",
+    ])?;
+    let added: serde_json::Value =
+        coord.ctl_json(&["repair-queue", "add", "unreachable", "10.0.0.9", "--json"])?;
+    assert_eq!(
+        added["machine_type"], "slow",
+        "type from the inventory: {added}"
+    );
+    assert_eq!(added["serial"], "S9", "serial from the inventory: {added}");
+    let index = added["index"].as_str().context("index")?.to_string();
+    wait_for("the repair to run", SETTLE, || {
+        let list: Vec<serde_json::Value> = coord
+            .ctl_json(&["repair-queue", "list", "--json"])
+            .map_err(|e| e.to_string())?;
+        match list.iter().find(|e| e["index"] == index.as_str()) {
+            Some(e) if e["status"] == "processing" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    let err = ctl_fails(&coord, &["machines", "delete", "10.0.0.9"])?;
+    assert!(err.contains("has an active repair"), "{err}");
+    assert!(
+        coord
+            .machines()?
+            .iter()
+            .any(|m| m.spec.address == "10.0.0.9")
+    );
+    let out = coord.ctl(&["machines", "delete", "10.0.0.9", "--force"])?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("cancelled repair entries {index}")),
+        "{said}"
+    );
+    assert!(
+        !coord
+            .machines()?
+            .iter()
+            .any(|m| m.spec.address == "10.0.0.9")
+    );
+
+    // The inventory file is the source of truth for its machines.
+    let err = ctl_fails(&coord, &["machines", "delete", "10.0.0.1"])?;
+    assert!(err.contains("listed in the inventory file"), "{err}");
+    let err = ctl_fails(
+        &coord,
+        &[
+            "machines",
+            "add",
+            "10.0.0.1",
+            "--hostname",
+            "node-1",
+            "--type",
+            "other",
+        ],
+    )?;
+    assert!(err.contains("listed in the inventory file"), "{err}");
+
+    // Admin states: maintenance and retirement, and back.
+    let m: serde_json::Value =
+        coord.ctl_json(&["machines", "set-state", "10.0.0.1", "updating", "--json"])?;
+    assert_eq!(m["state"], "updating", "{m}");
+    coord.ctl(&["machines", "retire", "10.0.0.1"])?;
+    let err = ctl_fails(&coord, &["repair-queue", "add", "unreachable", "10.0.0.1"])?;
+    assert!(err.contains("never repaired"), "{err}");
+    let m: serde_json::Value = coord.ctl_json(&["machines", "unretire", "10.0.0.1", "--json"])?;
+    assert!(
+        m["state"] == "uninitialized" || m["state"] == "unreachable",
+        "handed back to health checks: {m}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_machine_dropped_from_the_inventory_file_is_retired() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let mut coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&[
+                ("10.0.0.1", "node-1"),
+                ("10.0.0.2", "node-2"),
+            ])),
+            ..Default::default()
+        },
+    )?;
+    std::fs::write(
+        coord.dir.join("inventory.toml"),
+        inventory_toml(&[("10.0.0.1", "node-1")]),
+    )?;
+    coord.restart()?;
+    let list = coord.machines()?;
+    let two = list
+        .iter()
+        .find(|m| m.spec.address == "10.0.0.2")
+        .context("kept, not dropped")?;
+    assert_eq!(two.state, "retired", "{two:?}");
+    assert!(two.reason.contains("no longer listed"), "{two:?}");
+    let one = list
+        .iter()
+        .find(|m| m.spec.address == "10.0.0.1")
+        .context("listed")?;
+    assert_ne!(one.state, "retired", "{one:?}");
+    Ok(())
+}
+
+#[test]
+fn every_binary_prints_the_same_version_line() -> anyhow::Result<()> {
+    let mut tails = Vec::new();
+    for bin in ["coordinator", "coordinatorctl", "node-agent", "bmc-gateway"] {
+        let out = run_ok(command(bin).arg("--version"))?;
+        let line = String::from_utf8(out.stdout)?;
+        let tail = line
+            .trim()
+            .strip_prefix(&format!("{bin} "))
+            .with_context(|| format!("{bin} --version starts with its name: {line}"))?
+            .to_string();
+        assert!(tail.contains("(fleetmend, commit "), "{bin}: {line}");
+        tails.push(tail);
+    }
+    assert!(tails.windows(2).all(|w| w[0] == w[1]), "{tails:?}");
+    Ok(())
+}
+
+/// Runs `cmd` with its stdout a pipe whose reading end is already closed, as in
+/// `… | head` once head has exited: the first write fails with EPIPE.
+fn into_closed_pipe(mut cmd: Command) -> anyhow::Result<std::process::Output> {
+    let (reader, writer) = std::io::pipe()?;
+    drop(reader);
+    let out = cmd
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()?;
+    Ok(out)
+}
+
+#[test]
+fn writing_into_a_closed_pipe_exits_quietly() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let mut cases = Vec::new();
+    let mut ctl = command("coordinatorctl");
+    ctl.args(["pki", "init", "--out"])
+        .arg(tmp.path().join("ca"));
+    cases.push(("coordinatorctl", ctl));
+    let mut coord = command("coordinator");
+    coord
+        .args(["check", "--config"])
+        .arg(tmp.path().join("none.toml"));
+    cases.push(("coordinator", coord));
+    let fixture = NodeFixture::builder("node-1").build()?;
+    let mut agent = command("node-agent");
+    agent
+        .args(["check", "--root"])
+        .arg(fixture.root())
+        .args(["--hostname", "node-1"]);
+    cases.push(("node-agent", agent));
+    let gw_config = tmp.path().join("gw.toml");
+    std::fs::write(
+        &gw_config,
+        format!(
+            "listen = \"127.0.0.1:1\"\nstate_dir = {:?}\n[tls]\nca = \"/x\"\ncert = \"/x\"\nkey = \"/x\"\n",
+            tmp.path().join("gw").display().to_string()
+        ),
+    )?;
+    let mut gw = command("bmc-gateway");
+    gw.arg("--config").arg(&gw_config).arg("check");
+    cases.push(("bmc-gateway", gw));
+    for (name, cmd) in cases {
+        let out = into_closed_pipe(cmd)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert!(!err.contains("Broken pipe"), "{name}: {err}");
+    }
+    Ok(())
+}
