@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine, and nothing by hand:
-#   - apt: ipmitool (reference IPMI client), openipmi (ipmi_sim), python3-venv;
+#   - apt: ipmitool (reference IPMI client), openipmi (ipmi_sim), python3-venv,
+#     prometheus (for promtool);
 #   - a Python venv under build/venv with pyghmi (fake IPMI BMC) and sushy-tools
 #     (sushy-emulator, Redfish) plus bcrypt/passlib for the emulator's htpasswd.
 # Idempotent: when everything is already present it only checks and returns in a second.
@@ -23,6 +24,8 @@ fi
 need_apt=()
 command -v ipmitool >/dev/null 2>&1 || need_apt+=(ipmitool)
 command -v ipmi_sim >/dev/null 2>&1 || need_apt+=(openipmi)
+# promtool checks the alerting rules and live /metrics scrapes (tests/tests/prometheus.rs).
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 # The venv is built with Debian's python3 so it does not depend on a user's pyenv.
 PY=/usr/bin/python3
 if [ ! -x "$PY" ]; then
@@ -37,7 +40,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   say "apt-get install ${need_apt[*]}"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}" </dev/null
 else
-  say "ipmitool, ipmi_sim and python3-venv already installed"
+  say "ipmitool, ipmi_sim, promtool and python3-venv already installed"
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -64,4 +67,4 @@ else
   "$VENV/bin/pip" install --disable-pip-version-check -q "${PY_PKGS[@]}" </dev/null
 fi
 test -x "$VENV/bin/sushy-emulator" || { say "sushy-emulator missing from $VENV/bin after install"; exit 1; }
-say "ok: ipmitool=$(command -v ipmitool) ipmi_sim=$(command -v ipmi_sim) sushy-emulator=$VENV/bin/sushy-emulator"
+say "ok: ipmitool=$(command -v ipmitool) promtool=$(command -v promtool) ipmi_sim=$(command -v ipmi_sim) sushy-emulator=$VENV/bin/sushy-emulator"

@@ -1,0 +1,163 @@
+//! Prometheus artefacts checked with the real `promtool` (Debian's `prometheus` package,
+//! installed by `scripts/setup-test-deps.sh`): the alerting rules in `packaging/prometheus/`
+//! parse and pass their unit tests, and live `/metrics` scrapes of a running coordinator and
+//! bmc-gateway pass `promtool check metrics` and carry the standard `process_*` series.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use protocol::Role;
+use protocol::gateway::{PowerAction, PowerRequest};
+use testkit::bmc_sim::{GatewayClient, GatewayProc, IpmiSim, TestPki};
+use testkit::procs::{Coordinator, CoordinatorOptions, Pki, inventory_toml, workspace_root};
+
+fn promtool() -> Result<PathBuf> {
+    for p in ["/usr/bin/promtool", "/usr/local/bin/promtool"] {
+        let p = PathBuf::from(p);
+        if p.exists() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "promtool not found: run scripts/setup-test-deps.sh (it installs Debian's prometheus package)"
+    )
+}
+
+fn rules_dir() -> PathBuf {
+    workspace_root().join("packaging/prometheus")
+}
+
+/// Runs promtool with `args` in the rules directory, feeding `stdin`; returns its output,
+/// failing with it when promtool does.
+fn run_promtool(args: &[&str], stdin: &str) -> Result<String> {
+    let mut child = Command::new(promtool()?)
+        .args(args)
+        .current_dir(rules_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(stdin.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    Ok(text)
+}
+
+/// `promtool check metrics` reads a scrape on stdin; it exits non-zero on lint problems
+/// (a counter without `_total`, a missing HELP, a malformed line).
+fn lint(scrape: &str) -> Result<()> {
+    run_promtool(&["check", "metrics"], scrape).map(|_| ())
+}
+
+#[test]
+fn alerting_rules_pass_promtool_check_and_their_unit_tests() -> Result<()> {
+    let out = run_promtool(&["check", "rules", "fleetmend-rules.yml"], "")?;
+    assert!(out.contains("SUCCESS"), "{out}");
+    let out = run_promtool(&["test", "rules", "fleetmend-rules.test.yml"], "")?;
+    assert!(out.contains("SUCCESS"), "{out}");
+    // The dashboard is valid JSON and every panel queries something.
+    let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        rules_dir().join("fleetmend-dashboard.json"),
+    )?)?;
+    let panels = dash["panels"].as_array().context("panels")?;
+    ensure!(panels.len() >= 10, "{} panels", panels.len());
+    for p in panels {
+        ensure!(
+            p["targets"][0]["expr"]
+                .as_str()
+                .is_some_and(|e| !e.is_empty()),
+            "panel without a query: {p}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_metrics_lint_fails_on_a_broken_scrape() -> Result<()> {
+    // The lint is only worth something if it can fail: a counter not named `_total`.
+    let bad =
+        "# HELP fleetmend_things Things.\n# TYPE fleetmend_things counter\nfleetmend_things 1\n";
+    let err = lint(bad).expect_err("promtool accepted a counter without _total");
+    assert!(err.to_string().contains("_total"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn a_live_coordinator_scrape_passes_promtool_and_has_process_metrics() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "fleet.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coordinator"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&[("10.0.0.1", "n1"), ("10.0.0.2", "n2")])),
+            // Remediation on, so its series are part of the scrape.
+            extra: "[remediation]\ninterval = \"500ms\"\n".into(),
+            ..Default::default()
+        },
+    )?;
+    // Let one remediation pass run.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (status, scrape) = coord.http_get("/metrics")?;
+    ensure!(status == 200, "/metrics answered {status}");
+    for series in [
+        "fleetmend_machines{",
+        "fleetmend_store_failing ",
+        "fleetmend_remediation_passes_total ",
+        "process_resident_memory_bytes ",
+        "process_cpu_seconds_total ",
+        "process_open_fds ",
+        "process_start_time_seconds ",
+    ] {
+        ensure!(scrape.contains(series), "no {series} in:\n{scrape}");
+    }
+    lint(&scrape)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_gateway_scrape_passes_promtool_and_has_process_metrics() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let pw_file = pki.dir.path().join("bmc.pw");
+    std::fs::write(&pw_file, format!("{}\n", sim.password))?;
+    let cfg = format!(
+        "[[bmc]]\nmachine = \"10.0.0.1\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {}\nusername = \"{}\"\npassword_file = \"{}\"\n",
+        sim.port,
+        sim.username,
+        pw_file.display()
+    );
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    // One action, so the histogram and the reachability gauge have samples.
+    let tls = pki.material(Role::Coordinator, "coord-1")?;
+    let c = GatewayClient::connect(&tls, gw.quic, GatewayClient::coordinator_hello()).await?;
+    let req = PowerRequest {
+        id: "status-1".into(),
+        address: "10.0.0.1".into(),
+        serial: String::new(),
+        action: PowerAction::Status,
+        timeout_ms: 20_000,
+    };
+    c.request(req, Duration::from_secs(30)).await?;
+    let scrape = gw.metrics().await?;
+    for series in [
+        "fleetmend_gateway_action_duration_seconds_bucket{",
+        "fleetmend_gateway_bmc_reachable{",
+        "process_resident_memory_bytes ",
+        "process_cpu_seconds_total ",
+    ] {
+        ensure!(scrape.contains(series), "no {series} in:\n{scrape}");
+    }
+    lint(&scrape)
+}
