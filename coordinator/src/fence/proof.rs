@@ -177,6 +177,22 @@ impl PowerOffProof {
         }
     }
 
+    /// Rebuilds the proof of a confirmation a fence flow committed earlier, for *restoring*
+    /// the Node after the flow powered the machine on again and the coordinator restarted
+    /// (the machine is on by then, so no read can confirm off any more). Visible only inside
+    /// `crate::fence`; the runner never uses it to release (it re-reads the power state).
+    pub(in crate::fence) fn from_committed_confirmation(
+        address: impl Into<String>,
+        request_id: impl Into<String>,
+        confirmed_off: Timestamp,
+    ) -> Self {
+        Self {
+            address: address.into(),
+            request_id: request_id.into(),
+            confirmed_off,
+        }
+    }
+
     /// The machine's address.
     pub fn address(&self) -> &str {
         &self.address

@@ -49,6 +49,12 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "command_groups",
         include_str!("migrations/0004_command_groups.sql"),
     ),
+    // 5 to 7 belong to other areas (remediation journal, agent actions, ctl profiles).
+    (
+        8,
+        "fence_flows",
+        include_str!("migrations/0008_fence_flows.sql"),
+    ),
 ];
 
 /// Errors from the store.
