@@ -461,6 +461,31 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn power_on_without_a_limit_gets_the_busy_window_on_top() {
+        let g = Gateway::new(
+            Vec::new(),
+            Defaults {
+                busy_retry: Duration::from_secs(90),
+                ..defaults()
+            },
+            Arc::new(Metrics::new()),
+        );
+        let two = Duration::from_secs(2);
+        assert_eq!(
+            g.timeout_for(&req("a", "m", PowerAction::On)),
+            two + Duration::from_secs(90)
+        );
+        assert_eq!(
+            g.timeout_for(&req("b", "m", PowerAction::Cycle)),
+            two + Duration::from_secs(90)
+        );
+        assert_eq!(g.timeout_for(&req("c", "m", PowerAction::Off)), two);
+        let mut own = req("d", "m", PowerAction::On);
+        own.timeout_ms = 500;
+        assert_eq!(g.timeout_for(&own), Duration::from_millis(500));
+    }
+
     fn req(id: &str, addr: &str, action: PowerAction) -> PowerRequest {
         PowerRequest {
             id: id.into(),

@@ -584,6 +584,16 @@ fn off_answer(f: &mut Flow, a: PowerAnswer, now: Timestamp, t: &FenceTimeouts) -
             f.power_attempt += 1;
             Some(format!("BMC busy ({detail}); attempt {}", f.power_attempt))
         }
+        PowerAnswer::Failed {
+            detail,
+            retriable: true,
+        } => fail(
+            f,
+            format!(
+                "power-off not confirmed within {} s (last: {detail}); nothing released",
+                t.off.as_secs()
+            ),
+        ),
         PowerAnswer::Failed { detail, .. } => fail(f, format!("BMC: {detail}; nothing released")),
         PowerAnswer::NoAnswer { detail } if past(f, now) => fail(
             f,
@@ -616,6 +626,16 @@ fn on_answer(f: &mut Flow, a: PowerAnswer, now: Timestamp, t: &FenceTimeouts) ->
             format!("power-on answered power {state:?} ({detail}); the machine is off"),
         ),
         PowerAnswer::ConfirmedOff(_) => fail(f, "power-on answered off; the machine is off".into()),
+        PowerAnswer::Failed {
+            detail,
+            retriable: true,
+        } => fail(
+            f,
+            format!(
+                "power-on not done within {} s (last: {detail}); the machine is off",
+                t.on.as_secs()
+            ),
+        ),
         PowerAnswer::Failed { detail, .. } => {
             fail(f, format!("power-on failed: {detail}; the machine is off"))
         }

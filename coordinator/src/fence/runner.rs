@@ -89,12 +89,16 @@ pub struct FenceDeps {
     pub clock: Arc<dyn Clock>,
 }
 
+/// The time limits of a machine's fence flow, by machine address (per BMC: some confirm off
+/// or accept power-on much later than others).
+pub type TimeoutsOf = Arc<dyn Fn(&str) -> FenceTimeouts + Send + Sync>;
+
 /// Runs fence flows (see the module doc).
 pub struct FenceRunner {
     store: Store,
     store_id: String,
     deps: FenceDeps,
-    timeouts: FenceTimeouts,
+    timeouts: TimeoutsOf,
     poll: Duration,
     kill: KillPoints,
     proofs: Mutex<HashMap<u64, PowerOffProof>>,
@@ -112,16 +116,22 @@ impl FenceRunner {
             store,
             store_id: store_id.into(),
             deps,
-            timeouts: FenceTimeouts::default(),
+            timeouts: Arc::new(|_: &str| FenceTimeouts::default()),
             poll: DEFAULT_POLL,
             kill: KillPoints::from_env(),
             proofs: Mutex::default(),
         }
     }
 
-    /// Sets the time limits.
+    /// Sets the time limits of every machine.
     pub fn with_timeouts(mut self, t: FenceTimeouts) -> Self {
-        self.timeouts = t;
+        self.timeouts = Arc::new(move |_: &str| t);
+        self
+    }
+
+    /// Sets the time limits per machine (from its BMC's or machine type's settings).
+    pub fn with_timeouts_of(mut self, of: TimeoutsOf) -> Self {
+        self.timeouts = of;
         self
     }
 
@@ -194,7 +204,7 @@ impl FenceRunner {
         let action = flow.action(&self.store_id);
         let (obs, read_id) = self.act(&flow, &action).await;
         let now = self.deps.clock.now();
-        let mut s = step(&flow, obs, now, &self.timeouts);
+        let mut s = step(&flow, obs, now, &(self.timeouts)(&flow.address));
         let Some(event) = s.event.take() else {
             return Ok(flow);
         };
@@ -302,7 +312,7 @@ impl FenceRunner {
                     &flow.address,
                     &flow.serial,
                     request_id,
-                    ms(self.timeouts.off),
+                    ms((self.timeouts)(&flow.address).off),
                 )
                 .await
                 {
@@ -335,7 +345,7 @@ impl FenceRunner {
             address: flow.address.clone(),
             serial: flow.serial.clone(),
             action,
-            timeout_ms: ms(self.timeouts.on),
+            timeout_ms: ms((self.timeouts)(&flow.address).on),
         };
         match self.deps.power.power(req).await {
             Ok(r) => match r.outcome {
@@ -748,6 +758,42 @@ mod tests {
         assert!(
             run.start(request()).await.is_ok(),
             "a finished flow does not block the next"
+        );
+    }
+
+    #[tokio::test]
+    async fn per_machine_timeouts_bound_a_busy_power_on() {
+        let r = rig();
+        *r.world.busy_on.lock().unwrap() = 1000;
+        let run = r.runner().with_timeouts_of(Arc::new(|addr: &str| {
+            assert_eq!(addr, ADDR);
+            FenceTimeouts {
+                on: Duration::from_secs(5),
+                ..FenceTimeouts::default()
+            }
+        }));
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        let State::Failed { detail } = &f.state else {
+            panic!("{f:?}")
+        };
+        assert!(detail.contains("within 5 s"), "{detail}");
+        let ons = r
+            .world
+            .record
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.contains("-on-"))
+            .count();
+        assert!(
+            (4..=6).contains(&ons),
+            "one attempt a second for 5 s: {ons}"
+        );
+        assert_eq!(
+            r.world.count("on"),
+            0,
+            "the machine is left off, and the flow says so"
         );
     }
 
