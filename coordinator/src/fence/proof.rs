@@ -8,7 +8,10 @@
 //! - a [`PowerOffProof`], which exists only as the result of [`confirm_power_off`] (a
 //!   `fence` power action whose gateway answer says "off, confirmed at T") or
 //!   [`reconfirm_power_off`] (a power-state read that says "off", for a flow resumed after a
-//!   coordinator restart);
+//!   coordinator restart), and, for *restoring* a Node only, `from_committed_confirmation`
+//!   (visible only inside `crate::fence`: the fence runner rebuilds the proof of a
+//!   confirmation its flow committed, once the machine is on again after a restart; it never
+//!   releases with one);
 //! - a [`KdumpProof`], whose constructor is visible only inside `crate::fence`, where the
 //!   kdump flow will build it from the agent's "dump in progress" message.
 //!
