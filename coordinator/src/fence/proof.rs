@@ -38,6 +38,12 @@
 //! ```
 //!
 //! ```compile_fail,E0624
+//! // …nor from a committed record (the fence runner's restore-only constructor)…
+//! let p = coordinator::fence::proof::PowerOffProof::from_committed_confirmation(
+//!     "10.0.0.1", "r", jiff::Timestamp::now());
+//! ```
+//!
+//! ```compile_fail,E0624
 //! // …nor a kdump proof…
 //! let p = coordinator::fence::proof::KdumpProof::from_dump_in_progress(
 //!     "10.0.0.1", jiff::Timestamp::now());
