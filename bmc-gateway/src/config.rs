@@ -70,6 +70,14 @@ pub struct Limits {
     /// How long a fence waits for the power state to read off, in seconds.
     #[serde(default = "default_fence_secs")]
     pub fence_timeout_secs: u64,
+    /// How long a power-on refused as busy (IPMI 0xC0, Redfish 409) is asked again, in
+    /// seconds; 0 = never. Also added to the default limit of `on` and `cycle` requests.
+    #[serde(default = "default_busy_retry_secs")]
+    pub power_on_busy_retry_secs: u64,
+    /// Minimum interval between two commands to one BMC, in milliseconds (a BMC may set its
+    /// own in `[[bmc]]`).
+    #[serde(default = "default_min_interval_ms")]
+    pub min_command_interval_ms: u64,
 }
 
 /// `/var/lib/fleetmend-gateway`: the systemd unit's `StateDirectory=`, writable by the
@@ -86,12 +94,20 @@ fn default_action_secs() -> u64 {
 fn default_fence_secs() -> u64 {
     DEFAULT_FENCE_TIMEOUT.as_secs()
 }
+fn default_busy_retry_secs() -> u64 {
+    crate::pace::DEFAULT_BUSY_RETRY.as_secs()
+}
+fn default_min_interval_ms() -> u64 {
+    crate::pace::DEFAULT_MIN_INTERVAL.as_millis() as u64
+}
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             action_timeout_secs: default_action_secs(),
             fence_timeout_secs: default_fence_secs(),
+            power_on_busy_retry_secs: default_busy_retry_secs(),
+            min_command_interval_ms: default_min_interval_ms(),
         }
     }
 }
@@ -142,6 +158,10 @@ pub struct BmcConfig {
     /// Redfish settings.
     #[serde(default)]
     pub redfish: Option<RedfishSettings>,
+    /// Minimum interval between two commands to this BMC, in milliseconds (default:
+    /// `limits.min_command_interval_ms`); some BMCs need seconds.
+    #[serde(default)]
+    pub min_command_interval_ms: Option<u64>,
 }
 
 /// IPMI-specific settings.
@@ -541,6 +561,9 @@ ca_file = "CA"
         assert_eq!(cfg.bmcs[0].read_password().unwrap(), "secret");
         assert_eq!(cfg.bmcs[1].redfish.as_ref().unwrap().system, "discover");
         assert_eq!(cfg.limits.fence_timeout_secs, 60);
+        assert_eq!(cfg.limits.power_on_busy_retry_secs, 90);
+        assert_eq!(cfg.limits.min_command_interval_ms, 300);
+        assert_eq!(cfg.bmcs[0].min_command_interval_ms, None);
     }
 
     #[test]

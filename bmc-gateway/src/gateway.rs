@@ -34,6 +34,9 @@ pub struct Defaults {
     pub action_timeout: Duration,
     /// Overall limit for a fence.
     pub fence_timeout: Duration,
+    /// Window in which a busy BMC's power-on is asked again (see [`crate::pace`]); added to
+    /// `action_timeout` for `on` and `cycle` requests without their own limit.
+    pub busy_retry: Duration,
     /// Fence poll period.
     pub poll: Duration,
     /// How often an idle BMC's power state is read to keep the reachability metric current
@@ -309,6 +312,8 @@ impl Gateway {
             Duration::from_millis(req.timeout_ms)
         } else if req.action == PowerAction::Fence {
             self.defaults.fence_timeout
+        } else if matches!(req.action, PowerAction::On | PowerAction::Cycle) {
+            self.defaults.action_timeout + self.defaults.busy_retry
         } else {
             self.defaults.action_timeout
         }
@@ -450,9 +455,35 @@ mod tests {
         Defaults {
             action_timeout: Duration::from_secs(2),
             fence_timeout: Duration::from_secs(2),
+            busy_retry: Duration::ZERO,
             poll: Duration::from_millis(5),
             probe: None,
         }
+    }
+
+    #[tokio::test]
+    async fn power_on_without_a_limit_gets_the_busy_window_on_top() {
+        let g = Gateway::new(
+            Vec::new(),
+            Defaults {
+                busy_retry: Duration::from_secs(90),
+                ..defaults()
+            },
+            Arc::new(Metrics::new()),
+        );
+        let two = Duration::from_secs(2);
+        assert_eq!(
+            g.timeout_for(&req("a", "m", PowerAction::On)),
+            two + Duration::from_secs(90)
+        );
+        assert_eq!(
+            g.timeout_for(&req("b", "m", PowerAction::Cycle)),
+            two + Duration::from_secs(90)
+        );
+        assert_eq!(g.timeout_for(&req("c", "m", PowerAction::Off)), two);
+        let mut own = req("d", "m", PowerAction::On);
+        own.timeout_ms = 500;
+        assert_eq!(g.timeout_for(&own), Duration::from_millis(500));
     }
 
     fn req(id: &str, addr: &str, action: PowerAction) -> PowerRequest {

@@ -152,6 +152,14 @@ pub fn parse_chassis_status(data: &[u8]) -> Option<PowerState> {
     })
 }
 
+/// True for the completion codes that mean "busy, ask again later" (IPMI 2.0 table 5-2):
+/// 0xC0 node busy (command processing resources temporarily unavailable) and 0xD2 BMC
+/// initializing. Not 0xCC (invalid data field) nor 0xD5 (not supported in present state),
+/// which asking again does not change.
+pub fn is_busy_code(cc: u8) -> bool {
+    matches!(cc, 0xC0 | 0xD2)
+}
+
 /// Names a completion code for a person.
 pub fn completion_code_text(cc: u8) -> &'static str {
     match cc {
@@ -163,6 +171,7 @@ pub fn completion_code_text(cc: u8) -> &'static str {
         0xC9 => "parameter out of range",
         0xCC => "invalid data field",
         0xCE => "response could not be provided",
+        0xD2 => "BMC initializing",
         0xD4 => "insufficient privilege",
         0xD5 => "not supported in present state",
         0xFF => "unspecified error",
@@ -242,6 +251,13 @@ impl Session {
         let byte = chassis_control_byte(op);
         let what = format!("chassis control {} (0x{byte:02x})", op.as_str());
         let (cc, _) = self.command(&what, NetFn::Chassis, 0x02, &[byte])?;
+        if is_busy_code(cc) {
+            return Err(BmcError::Busy {
+                bmc: self.t.name.clone(),
+                what,
+                detail: format!("completion code 0x{cc:02x} ({})", completion_code_text(cc)),
+            });
+        }
         if cc != 0 {
             return Err(BmcError::Refused {
                 bmc: self.t.name.clone(),
@@ -537,6 +553,15 @@ fn classify_activation(e: &ActivationError) -> ActivationFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_node_busy_and_bmc_initializing_count_as_busy() {
+        assert!(is_busy_code(0xC0) && is_busy_code(0xD2));
+        for cc in [0x00, 0xC1, 0xC3, 0xCC, 0xD4, 0xD5, 0xFF] {
+            assert!(!is_busy_code(cc), "0x{cc:02x}");
+        }
+        assert_eq!(completion_code_text(0xD2), "BMC initializing");
+    }
 
     #[test]
     fn control_bytes_follow_the_spec() {

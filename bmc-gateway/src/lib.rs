@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod ipmi;
 pub mod journal;
 pub mod metrics;
+pub mod pace;
 pub mod power;
 pub mod redfish;
 pub mod reload;
@@ -138,6 +139,23 @@ pub fn power_for(b: &BmcConfig) -> Result<Arc<dyn PowerControl>, StartError> {
     }
 }
 
+/// Wraps a BMC client in its pacing: the BMC's minimum command interval (else the
+/// gateway's) and the power-on busy retry window.
+pub fn paced(
+    b: &BmcConfig,
+    limits: &config::Limits,
+    power: Arc<dyn PowerControl>,
+) -> Arc<dyn PowerControl> {
+    let interval = b
+        .min_command_interval_ms
+        .unwrap_or(limits.min_command_interval_ms);
+    Arc::new(pace::Paced::new(
+        power,
+        Duration::from_millis(interval),
+        Duration::from_secs(limits.power_on_busy_retry_secs),
+    ))
+}
+
 /// Builds the gateway core from the configuration, reading back the request record in its
 /// state directory (needs a Tokio runtime).
 pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartError> {
@@ -147,12 +165,13 @@ pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartE
             machine: b.machine.clone(),
             serial: b.serial.clone(),
             protocol: b.protocol.as_str(),
-            power: power_for(b)?,
+            power: paced(b, &cfg.limits, power_for(b)?),
         });
     }
     let defaults = Defaults {
         action_timeout: Duration::from_secs(cfg.limits.action_timeout_secs),
         fence_timeout: Duration::from_secs(cfg.limits.fence_timeout_secs),
+        busy_retry: Duration::from_secs(cfg.limits.power_on_busy_retry_secs),
         poll: actions::FENCE_POLL,
         probe: Some(gateway::PROBE_EVERY),
     };

@@ -76,6 +76,18 @@ pub enum BmcError {
         /// What the BMC said (completion code, HTTP status and message).
         detail: String,
     },
+    /// The BMC refused for now because it is busy (IPMI completion code 0xC0 "node busy" or
+    /// 0xD2 "BMC initializing"; Redfish 409 Conflict or 503 Service Unavailable): typically
+    /// a power-on shortly after a power-off.
+    #[error("BMC {bmc} is busy and refused {what} for now: {detail}")]
+    Busy {
+        /// The BMC.
+        bmc: String,
+        /// What was asked.
+        what: String,
+        /// What the BMC said.
+        detail: String,
+    },
     /// The BMC answered something we could not understand.
     #[error("BMC {bmc} sent an unexpected answer to {what}: {detail}")]
     Protocol {
@@ -104,7 +116,10 @@ impl BmcError {
     pub fn is_retriable(&self) -> bool {
         matches!(
             self,
-            BmcError::Timeout { .. } | BmcError::Unreachable { .. } | BmcError::Protocol { .. }
+            BmcError::Timeout { .. }
+                | BmcError::Unreachable { .. }
+                | BmcError::Protocol { .. }
+                | BmcError::Busy { .. }
         )
     }
 

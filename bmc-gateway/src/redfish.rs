@@ -538,6 +538,11 @@ impl RedfishPowerControl {
                     }
                 }
             }
+            409 | 503 => Err(BmcError::Busy {
+                bmc: self.t.name.clone(),
+                what,
+                detail: format!("HTTP {status}: {}", error_message(&text)),
+            }),
             _ => Err(BmcError::Refused {
                 bmc: self.t.name.clone(),
                 what,

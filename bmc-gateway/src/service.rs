@@ -262,6 +262,7 @@ mod tests {
             Defaults {
                 action_timeout: Duration::from_secs(5),
                 fence_timeout: Duration::from_secs(5),
+                busy_retry: Duration::ZERO,
                 poll: Duration::from_millis(5),
                 probe: None,
             },

@@ -919,3 +919,31 @@ async fn two_concurrent_actions_on_one_bmc_run_one_after_the_other() -> Result<(
     assert_eq!(sets, want, "{log}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_to_one_bmc_keep_its_minimum_interval() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let m = "10.0.0.1";
+    let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password).replace(
+        "protocol = \"ipmi\"\n",
+        "protocol = \"ipmi\"\nmin_command_interval_ms = 1500\n",
+    );
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let c = coordinator(&pki, &gw).await?;
+    // Three status reads in a row: at least two gaps of 1.5 s between them.
+    let start = Instant::now();
+    for i in 0..3 {
+        let r = c
+            .request(req(&format!("spaced-{i}"), m, PowerAction::Status), ANSWER)
+            .await?;
+        done(&r.outcome)?;
+    }
+    let took = start.elapsed();
+    ensure!(
+        took >= Duration::from_millis(2900),
+        "three reads took {took:?}, under two 1.5 s intervals:\n{}",
+        gw.log()
+    );
+    Ok(())
+}

@@ -1,8 +1,18 @@
-//! Fencing: proving a machine is off before its workload is released.
+//! Fencing: proving a machine is off before its workload is released, then bringing it back.
 //!
-//! For now this holds only [`proof`], the types that make "no workload release without
-//! confirmed power-off or a kdump in progress" (invariant 1) a compile-time fact. The fence
-//! flow itself (power off → confirm → release → power on → restore, persisted step by step)
-//! belongs here too and is built by the fencing issue.
+//! - [`proof`]: the types that make "no workload release without confirmed power-off or a
+//!   kdump in progress" (invariant 1) a compile-time fact,
+//! - [`flow`]: the fence flow as a pure state machine (power off → confirm off → release →
+//!   wait released → power on → wait back → restore),
+//! - [`store`]: its SQLite tables (migration 0007),
+//! - [`runner`]: the I/O around the step function, over the power, node-release and
+//!   agent-health traits, resumable after a restart,
+//! - [`killpoint`]: crash-test kill points, compiled only into test builds.
+//!
+//! The kdump path and the repair queue's `@fence` wiring are not here yet.
 
+pub mod flow;
+pub mod killpoint;
 pub mod proof;
+pub mod runner;
+pub mod store;

@@ -8,7 +8,10 @@
 //! - a [`PowerOffProof`], which exists only as the result of [`confirm_power_off`] (a
 //!   `fence` power action whose gateway answer says "off, confirmed at T") or
 //!   [`reconfirm_power_off`] (a power-state read that says "off", for a flow resumed after a
-//!   coordinator restart);
+//!   coordinator restart), and, for *restoring* a Node only, `from_committed_confirmation`
+//!   (visible only inside `crate::fence`: the fence runner rebuilds the proof of a
+//!   confirmation its flow committed, once the machine is on again after a restart; it never
+//!   releases with one);
 //! - a [`KdumpProof`], whose constructor is visible only inside `crate::fence`, where the
 //!   kdump flow will build it from the agent's "dump in progress" message.
 //!
@@ -32,6 +35,12 @@
 //! let resp = PowerResponse { id: "r".into(), outcome: PowerOutcome::Done {
 //!     state: PowerState::Off, confirmed_off_unix_ms: Some(1), detail: String::new() } };
 //! let p = coordinator::fence::proof::PowerOffProof::from_fence_answer(&req, &resp);
+//! ```
+//!
+//! ```compile_fail,E0624
+//! // …nor from a committed record (the fence runner's restore-only constructor)…
+//! let p = coordinator::fence::proof::PowerOffProof::from_committed_confirmation(
+//!     "10.0.0.1", "r", jiff::Timestamp::now());
 //! ```
 //!
 //! ```compile_fail,E0624
@@ -174,6 +183,22 @@ impl PowerOffProof {
                 format!("a {action:?} action never proves power-off"),
                 false,
             )),
+        }
+    }
+
+    /// Rebuilds the proof of a confirmation a fence flow committed earlier, for *restoring*
+    /// the Node after the flow powered the machine on again and the coordinator restarted
+    /// (the machine is on by then, so no read can confirm off any more). Visible only inside
+    /// `crate::fence`; the runner never uses it to release (it re-reads the power state).
+    pub(in crate::fence) fn from_committed_confirmation(
+        address: impl Into<String>,
+        request_id: impl Into<String>,
+        confirmed_off: Timestamp,
+    ) -> Self {
+        Self {
+            address: address.into(),
+            request_id: request_id.into(),
+            confirmed_off,
         }
     }
 

@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "diagnostics",
         include_str!("migrations/0006_diagnostics.sql"),
     ),
+    (
+        7,
+        "fence_flows",
+        include_str!("migrations/0007_fence_flows.sql"),
+    ),
 ];
 
 /// Errors from the store.

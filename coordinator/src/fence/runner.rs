@@ -1,0 +1,996 @@
+//! The fence runner: carries out the action of a flow's committed state, feeds what it saw
+//! to the pure [`step`], and commits the result before the next action (so a flow resumed
+//! after a restart repeats at most the last action, whose effects are idempotent or answered
+//! from the gateway's durable record).
+//!
+//! It holds the proof of power-off in memory only. A release pass without one (after a
+//! restart) first re-reads the power state ([`reconfirm_power_off`]): no release without a
+//! confirmed off, even from a committed row. A restore pass after a restart rebuilds the
+//! proof from the committed confirmation, since the machine is on again by then.
+//!
+//! Power-state reads get a fresh request id each time (a repeated id would be answered from
+//! the gateway's record of an earlier read); power actions use the flow's ids, which change
+//! only after a failed answer. This module decides nothing: every choice is in [`flow`].
+//!
+//! [`flow`]: super::flow
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest};
+use tracing::{info, warn};
+
+use super::flow::{Action, FenceTimeouts, Flow, Observation, PowerAnswer, State, step};
+use super::killpoint::{KillPoints, Killed};
+use super::proof::{DownProof, PowerOffProof, ProofError, confirm_power_off, reconfirm_power_off};
+use super::store as fence_store;
+use crate::clock::{Clock, to_unix_ms};
+use crate::gateway::PowerControl;
+use crate::k8s::NodeRelease;
+use crate::k8s::release::{ReleaseProgress, RestoreProgress};
+use crate::repair::AgentHealthView;
+use crate::store::{Store, StoreError};
+
+/// Why the runner could not go on with a flow.
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// The store failed: the flow stays where it was committed.
+    #[error("fence flow store: {0}")]
+    Store(#[from] StoreError),
+    /// The machine already has an unfinished fence flow.
+    #[error("machine {address} already has a fence flow in progress")]
+    InProgress {
+        /// The machine.
+        address: String,
+    },
+    /// No flow has this id.
+    #[error("no fence flow {0}")]
+    NotFound(u64),
+    /// A kill point stopped the runner (tests only).
+    #[error(transparent)]
+    Killed(#[from] Killed),
+}
+
+impl FenceError {
+    /// True when trying again later may succeed.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            FenceError::Store(e) => e.is_retriable(),
+            FenceError::InProgress { .. } => true,
+            FenceError::NotFound(_) | FenceError::Killed(_) => false,
+        }
+    }
+}
+
+/// What to fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRequest {
+    /// Machine address.
+    pub address: String,
+    /// Machine serial.
+    pub serial: String,
+    /// Its Kubernetes Node.
+    pub node: String,
+    /// Leave it off if the flow fails after the release.
+    pub keep_off: bool,
+}
+
+/// The systems a runner works with.
+#[derive(Clone)]
+pub struct FenceDeps {
+    /// Power, through the rack gateways.
+    pub power: Arc<dyn PowerControl>,
+    /// Releasing and restoring Nodes.
+    pub release: Arc<dyn NodeRelease>,
+    /// The agents' live health.
+    pub agents: Arc<dyn AgentHealthView>,
+    /// Time.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// The time limits of a machine's fence flow, by machine address (per BMC: some confirm off
+/// or accept power-on much later than others).
+pub type TimeoutsOf = Arc<dyn Fn(&str) -> FenceTimeouts + Send + Sync>;
+
+/// Runs fence flows (see the module doc).
+pub struct FenceRunner {
+    store: Store,
+    store_id: String,
+    deps: FenceDeps,
+    timeouts: TimeoutsOf,
+    poll: Duration,
+    kill: KillPoints,
+    proofs: Mutex<HashMap<u64, PowerOffProof>>,
+}
+
+/// Pause between passes of a state that did not change (waiting on pods, the agent, a
+/// busy BMC): short enough that a release completes within a second of the API server
+/// saying so, long enough not to load the API server or the gateway.
+pub const DEFAULT_POLL: Duration = Duration::from_secs(1);
+
+impl FenceRunner {
+    /// A runner over `store`, whose identity `store_id` prefixes power request ids.
+    pub fn new(store: Store, store_id: impl Into<String>, deps: FenceDeps) -> Self {
+        Self {
+            store,
+            store_id: store_id.into(),
+            deps,
+            timeouts: Arc::new(|_: &str| FenceTimeouts::default()),
+            poll: DEFAULT_POLL,
+            kill: KillPoints::from_env(),
+            proofs: Mutex::default(),
+        }
+    }
+
+    /// Sets the time limits of every machine.
+    pub fn with_timeouts(mut self, t: FenceTimeouts) -> Self {
+        self.timeouts = Arc::new(move |_: &str| t);
+        self
+    }
+
+    /// Sets the time limits per machine (from its BMC's or machine type's settings).
+    pub fn with_timeouts_of(mut self, of: TimeoutsOf) -> Self {
+        self.timeouts = of;
+        self
+    }
+
+    /// Sets the pause between passes that changed nothing.
+    pub fn with_poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// The kill points (tests arm them).
+    pub fn kill_points(&self) -> &KillPoints {
+        &self.kill
+    }
+
+    /// Commits a new flow for `req` at `Plan`, with the agent's current boot id; returns its
+    /// id. Nothing is acted on until [`FenceRunner::advance`] or [`FenceRunner::run`].
+    pub async fn start(&self, req: FenceRequest) -> Result<u64, FenceError> {
+        let now = self.deps.clock.now();
+        let boot = self
+            .deps
+            .agents
+            .agent_health(&req.address)
+            .map(|h| h.boot_id);
+        let flow = Flow::new(
+            &req.address,
+            &req.serial,
+            &req.node,
+            boot,
+            req.keep_off,
+            now,
+        );
+        self.kill.hit("before:plan")?;
+        let f = flow.clone();
+        let id = self
+            .store
+            .call(move |c| {
+                if fence_store::unfinished(c)?
+                    .iter()
+                    .any(|x| x.address == f.address)
+                {
+                    return Ok(None);
+                }
+                fence_store::insert(c, &f, "fence requested", now).map(Some)
+            })
+            .await?
+            .ok_or(FenceError::InProgress {
+                address: req.address.clone(),
+            })?;
+        self.kill.hit("after:plan")?;
+        info!(flow = id, machine = %req.address, node = %req.node, "fence flow started");
+        Ok(id)
+    }
+
+    /// The committed flow `id`.
+    pub async fn load(&self, id: u64) -> Result<Flow, FenceError> {
+        self.store
+            .call(move |c| fence_store::load(c, id))
+            .await?
+            .ok_or(FenceError::NotFound(id))
+    }
+
+    /// One pass: the committed state's action, the step, and the commit of what changed.
+    /// Returns the flow as now committed.
+    pub async fn advance(&self, id: u64) -> Result<Flow, FenceError> {
+        let flow = self.load(id).await?;
+        if flow.state.is_terminal() {
+            self.forget(id);
+            return Ok(flow);
+        }
+        let action = flow.action(&self.store_id);
+        let (obs, read_id) = self.act(&flow, &action).await;
+        let now = self.deps.clock.now();
+        let mut s = step(&flow, obs, now, &(self.timeouts)(&flow.address));
+        let Some(event) = s.event.take() else {
+            return Ok(flow);
+        };
+        if flow.state == State::ConfirmOff && s.flow.confirmed_off.is_some() {
+            s.flow.confirm_request = read_id;
+        }
+        let kind = s.flow.state.kind();
+        self.kill.hit(&format!("before:{kind}"))?;
+        let next = s.flow.clone();
+        let ev = event.clone();
+        self.store
+            .call(move |c| fence_store::update(c, &next, &ev, now))
+            .await?;
+        self.kill.hit(&format!("after:{kind}"))?;
+        match &s.flow.state {
+            State::Failed { detail } => {
+                warn!(flow = id, machine = %flow.address, %detail, "fence flow failed")
+            }
+            state => {
+                info!(flow = id, machine = %flow.address, state = state.kind(), %event, "fence flow moved")
+            }
+        }
+        if s.flow.state.is_terminal() {
+            self.forget(id);
+        }
+        Ok(s.flow)
+    }
+
+    /// Advances flow `id` until it is done or failed, pausing between passes that changed
+    /// nothing.
+    pub async fn run(&self, id: u64) -> Result<Flow, FenceError> {
+        loop {
+            let before = self.load(id).await?;
+            let after = self.advance(id).await?;
+            if after.state.is_terminal() {
+                return Ok(after);
+            }
+            if after == before {
+                tokio::time::sleep(self.poll).await;
+            }
+        }
+    }
+
+    /// Ids of the flows a restarted coordinator must resume, oldest first.
+    pub async fn unfinished(&self) -> Result<Vec<u64>, FenceError> {
+        let flows = self.store.call(|c| fence_store::unfinished(c)).await?;
+        Ok(flows.into_iter().map(|f| f.id).collect())
+    }
+
+    fn forget(&self, id: u64) {
+        self.proofs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    fn held_proof(&self, id: u64) -> Option<PowerOffProof> {
+        self.proofs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    fn read_id(&self, base: &str) -> String {
+        format!("{base}-read{}", to_unix_ms(self.deps.clock.now()))
+    }
+
+    /// Re-reads the power state to confirm off; keeps the proof.
+    async fn read_back(&self, flow: &Flow, request_id: &str) -> Result<PowerOffProof, PowerAnswer> {
+        let clock = self.deps.clock.as_ref();
+        match reconfirm_power_off(
+            self.deps.power.as_ref(),
+            clock,
+            &flow.address,
+            &flow.serial,
+            request_id,
+        )
+        .await
+        {
+            Ok(p) => {
+                self.proofs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(flow.id, p.clone());
+                Ok(p)
+            }
+            Err(e) => Err(proof_error(e)),
+        }
+    }
+
+    async fn act(&self, flow: &Flow, action: &Action) -> (Observation, Option<String>) {
+        let d = &self.deps;
+        let obs = match action {
+            Action::Plan => match d.release.release_plan(&flow.node).await {
+                Ok(how) => Observation::Planned(how),
+                Err(e) => kube(e),
+            },
+            Action::Power {
+                action: PowerAction::Fence,
+                request_id,
+            } => Observation::Power(
+                match confirm_power_off(
+                    d.power.as_ref(),
+                    &flow.address,
+                    &flow.serial,
+                    request_id,
+                    ms((self.timeouts)(&flow.address).off),
+                )
+                .await
+                {
+                    Ok(p) => PowerAnswer::ConfirmedOff(p.confirmed_off()),
+                    Err(e) => proof_error(e),
+                },
+            ),
+            Action::Power { action, request_id } => {
+                Observation::Power(self.power(flow, *action, request_id).await)
+            }
+            Action::ReadBack { request_id } => {
+                let rid = self.read_id(request_id);
+                let obs = match self.read_back(flow, &rid).await {
+                    Ok(p) => PowerAnswer::ConfirmedOff(p.confirmed_off()),
+                    Err(a) => a,
+                };
+                return (Observation::Power(obs), Some(rid));
+            }
+            Action::ReleasePass => self.release_pass(flow).await,
+            Action::CheckAgent => Observation::Agent(d.agents.agent_health(&flow.address)),
+            Action::RestorePass => self.restore_pass(flow).await,
+            Action::None => Observation::Tick,
+        };
+        (obs, None)
+    }
+
+    async fn power(&self, flow: &Flow, action: PowerAction, request_id: &str) -> PowerAnswer {
+        let req = PowerRequest {
+            id: request_id.to_string(),
+            address: flow.address.clone(),
+            serial: flow.serial.clone(),
+            action,
+            timeout_ms: ms((self.timeouts)(&flow.address).on),
+        };
+        match self.deps.power.power(req).await {
+            Ok(r) => match r.outcome {
+                PowerOutcome::Done { state, detail, .. } => PowerAnswer::Done { state, detail },
+                PowerOutcome::Failed { detail, retriable } => {
+                    PowerAnswer::Failed { detail, retriable }
+                }
+            },
+            Err(e) if e.is_retriable() => PowerAnswer::NoAnswer {
+                detail: e.to_string(),
+            },
+            Err(e) => PowerAnswer::Failed {
+                detail: e.to_string(),
+                retriable: false,
+            },
+        }
+    }
+
+    async fn release_pass(&self, flow: &Flow) -> Observation {
+        let proof = match self.held_proof(flow.id) {
+            Some(p) => p,
+            None => {
+                let rid = self.read_id(&format!("{}-fence-{}-reconfirm", self.store_id, flow.id));
+                match self.read_back(flow, &rid).await {
+                    Ok(p) => p,
+                    Err(a) => return Observation::Power(a),
+                }
+            }
+        };
+        let Some(how) = &flow.how else {
+            return Observation::KubeFailed {
+                detail: "no release plan was committed".into(),
+                retriable: false,
+            };
+        };
+        let down = DownProof::from(proof);
+        match self.deps.release.release(&flow.node, &down, how).await {
+            Ok(ReleaseProgress::Done) => Observation::Released {
+                done: true,
+                detail: String::new(),
+            },
+            Ok(ReleaseProgress::Waiting {
+                terminating_pods,
+                volume_attachments,
+            }) => Observation::Released {
+                done: false,
+                detail: format!(
+                    "{terminating_pods} pods terminating, {volume_attachments} VolumeAttachments"
+                ),
+            },
+            Err(e) => kube(e),
+        }
+    }
+
+    async fn restore_pass(&self, flow: &Flow) -> Observation {
+        let proof = self.held_proof(flow.id).or_else(|| {
+            flow.confirmed_off.map(|at| {
+                PowerOffProof::from_committed_confirmation(
+                    &flow.address,
+                    flow.confirm_request.clone().unwrap_or_default(),
+                    at,
+                )
+            })
+        });
+        let (Some(proof), Some(how)) = (proof, &flow.how) else {
+            return Observation::KubeFailed {
+                detail: "no committed power-off confirmation or release plan to restore from"
+                    .into(),
+                retriable: false,
+            };
+        };
+        let down = DownProof::from(proof);
+        match self.deps.release.restore(&flow.node, &down, how).await {
+            Ok(RestoreProgress::Done) => Observation::Restored { done: true },
+            Ok(RestoreProgress::WaitingForNode) => Observation::Restored { done: false },
+            Err(e) => kube(e),
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn kube(e: crate::k8s::KubeError) -> Observation {
+    Observation::KubeFailed {
+        retriable: e.is_retriable(),
+        detail: e.to_string(),
+    }
+}
+
+fn proof_error(e: ProofError) -> PowerAnswer {
+    match e {
+        ProofError::Power { ref source, .. } if source.is_retriable() => PowerAnswer::NoAnswer {
+            detail: e.to_string(),
+        },
+        ProofError::Power { .. } => PowerAnswer::Failed {
+            detail: e.to_string(),
+            retriable: false,
+        },
+        ProofError::NotConfirmed {
+            detail, retriable, ..
+        } => PowerAnswer::Failed { detail, retriable },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures::future::BoxFuture;
+    use jiff::{SignedDuration, Timestamp};
+    use protocol::gateway::{PowerResponse, PowerState};
+
+    use super::*;
+    use crate::fence::flow::State;
+    use crate::gateway::PowerError;
+    use crate::k8s::KubeError;
+    use crate::k8s::release::{Release, SavedNodeMetadata};
+    use crate::repair::AgentHealth;
+    use crate::testing::FakeClock;
+
+    const ADDR: &str = "10.0.0.1";
+
+    /// One machine, its BMC behind a gateway with a durable request record, its Node and its
+    /// agent, with one log of what was *executed*, in order.
+    struct World {
+        clock: Arc<FakeClock>,
+        on: Mutex<bool>,
+        boots: Mutex<u32>,
+        record: Mutex<HashMap<String, PowerResponse>>,
+        log: Mutex<Vec<String>>,
+        refuse_off: Mutex<Option<String>>,
+        busy_on: Mutex<u32>,
+        release_waits: Mutex<u32>,
+        release_refused: Mutex<bool>,
+        plan: Mutex<Release>,
+        lose_answers: Mutex<u32>,
+    }
+
+    impl World {
+        fn new(clock: Arc<FakeClock>) -> Arc<Self> {
+            Arc::new(Self {
+                clock,
+                on: Mutex::new(true),
+                boots: Mutex::new(0),
+                record: Mutex::default(),
+                log: Mutex::default(),
+                refuse_off: Mutex::default(),
+                busy_on: Mutex::default(),
+                release_waits: Mutex::new(1),
+                release_refused: Mutex::default(),
+                plan: Mutex::new(Release::Taint),
+                lose_answers: Mutex::default(),
+            })
+        }
+        fn log(&self) -> Vec<String> {
+            self.log.lock().unwrap().clone()
+        }
+        fn push(&self, s: &str) {
+            self.log.lock().unwrap().push(s.to_string());
+        }
+        fn count(&self, what: &str) -> usize {
+            self.log().iter().filter(|l| l.as_str() == what).count()
+        }
+        fn execute(&self, req: &PowerRequest) -> PowerOutcome {
+            let now_ms = u64::try_from(self.clock.now().as_millisecond()).unwrap();
+            let done = |state: PowerState, off: Option<u64>| PowerOutcome::Done {
+                state,
+                confirmed_off_unix_ms: off,
+                detail: "sim".into(),
+            };
+            match req.action {
+                PowerAction::Fence => {
+                    if let Some(why) = self.refuse_off.lock().unwrap().clone() {
+                        return PowerOutcome::Failed {
+                            detail: why,
+                            retriable: false,
+                        };
+                    }
+                    *self.on.lock().unwrap() = false;
+                    self.push("off");
+                    done(PowerState::Off, Some(now_ms))
+                }
+                PowerAction::On => {
+                    let mut busy = self.busy_on.lock().unwrap();
+                    if *busy > 0 {
+                        *busy -= 1;
+                        return PowerOutcome::Failed {
+                            detail: "409 Conflict".into(),
+                            retriable: true,
+                        };
+                    }
+                    *self.on.lock().unwrap() = true;
+                    *self.boots.lock().unwrap() += 1;
+                    self.push("on");
+                    done(PowerState::On, None)
+                }
+                PowerAction::Status => {
+                    if *self.on.lock().unwrap() {
+                        done(PowerState::On, None)
+                    } else {
+                        done(PowerState::Off, None)
+                    }
+                }
+                other => panic!("the fence flow sent {other:?}"),
+            }
+        }
+    }
+
+    impl PowerControl for World {
+        fn power(&self, req: PowerRequest) -> BoxFuture<'_, Result<PowerResponse, PowerError>> {
+            let resp = {
+                let mut rec = self.record.lock().unwrap();
+                match rec.get(&req.id) {
+                    Some(r) => r.clone(),
+                    None => {
+                        let r = PowerResponse {
+                            id: req.id.clone(),
+                            outcome: self.execute(&req),
+                        };
+                        rec.insert(req.id.clone(), r.clone());
+                        r
+                    }
+                }
+            };
+            let mut lose = self.lose_answers.lock().unwrap();
+            let lost = *lose > 0;
+            if lost {
+                *lose -= 1;
+            }
+            Box::pin(async move {
+                if lost {
+                    return Err(PowerError::AnswerLost {
+                        gateway: "g".into(),
+                        id: req.id,
+                        detail: "connection lost".into(),
+                    });
+                }
+                Ok(resp)
+            })
+        }
+    }
+
+    impl NodeRelease for World {
+        fn save_node_metadata<'a>(
+            &'a self,
+            node: &'a str,
+        ) -> BoxFuture<'a, Result<SavedNodeMetadata, KubeError>> {
+            unreachable!("the plan carries the metadata: {node}")
+        }
+        fn release_plan<'a>(&'a self, _node: &'a str) -> BoxFuture<'a, Result<Release, KubeError>> {
+            let plan = self.plan.lock().unwrap().clone();
+            Box::pin(async move { Ok(plan) })
+        }
+        fn release<'a>(
+            &'a self,
+            _node: &'a str,
+            proof: &'a DownProof,
+            _how: &'a Release,
+        ) -> BoxFuture<'a, Result<ReleaseProgress, KubeError>> {
+            assert!(
+                !*self.on.lock().unwrap(),
+                "released while the machine is on"
+            );
+            assert_eq!(proof.address(), ADDR);
+            self.push("release");
+            let refused = *self.release_refused.lock().unwrap();
+            let mut waits = self.release_waits.lock().unwrap();
+            let answer = if refused {
+                Err(KubeError::Refused("forbidden".into()))
+            } else if *waits > 0 {
+                *waits -= 1;
+                Ok(ReleaseProgress::Waiting {
+                    terminating_pods: 1,
+                    volume_attachments: 1,
+                })
+            } else {
+                Ok(ReleaseProgress::Done)
+            };
+            Box::pin(async move { answer })
+        }
+        fn restore<'a>(
+            &'a self,
+            _node: &'a str,
+            _proof: &'a DownProof,
+            _how: &'a Release,
+        ) -> BoxFuture<'a, Result<RestoreProgress, KubeError>> {
+            self.push("restore");
+            Box::pin(async { Ok(RestoreProgress::Done) })
+        }
+    }
+
+    impl AgentHealthView for World {
+        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
+            if !*self.on.lock().unwrap() {
+                return None;
+            }
+            let now = self.clock.now();
+            Some(AgentHealth {
+                boot_id: format!("boot-{}", self.boots.lock().unwrap()),
+                last_report: now,
+                ok_since: Some(now),
+            })
+        }
+    }
+
+    struct Rig {
+        _dir: tempfile::TempDir,
+        db: std::path::PathBuf,
+        clock: Arc<FakeClock>,
+        world: Arc<World>,
+    }
+
+    fn rig() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let clock = Arc::new(FakeClock::new(
+            Timestamp::from_second(1_800_000_000).unwrap(),
+        ));
+        Rig {
+            world: World::new(clock.clone()),
+            db,
+            _dir: dir,
+            clock,
+        }
+    }
+
+    impl Rig {
+        /// A runner, as a freshly started coordinator makes it.
+        fn runner(&self) -> FenceRunner {
+            let deps = FenceDeps {
+                power: self.world.clone(),
+                release: self.world.clone(),
+                agents: self.world.clone(),
+                clock: self.clock.clone(),
+            };
+            FenceRunner::new(Store::open(&self.db).unwrap(), "aa11", deps).with_poll(Duration::ZERO)
+        }
+
+        /// Advances until terminal, the clock moving a second per pass.
+        async fn finish(&self, r: &FenceRunner, id: u64) -> Result<Flow, FenceError> {
+            for _ in 0..1000 {
+                self.clock.advance(SignedDuration::from_secs(1));
+                let f = r.advance(id).await?;
+                if f.state.is_terminal() {
+                    return Ok(f);
+                }
+            }
+            panic!("flow {id} did not finish");
+        }
+    }
+
+    fn request() -> FenceRequest {
+        FenceRequest {
+            address: ADDR.into(),
+            serial: "SER1".into(),
+            node: "n1".into(),
+            keep_off: false,
+        }
+    }
+
+    /// Off once, then releases, then on once, then restore; nothing else.
+    fn assert_clean_fence(w: &World) {
+        let log = w.log();
+        assert_eq!((w.count("off"), w.count("on")), (1, 1), "{log:?}");
+        let off = log.iter().position(|l| l == "off").unwrap();
+        let on = log.iter().position(|l| l == "on").unwrap();
+        let releases: Vec<_> = log
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.as_str() == "release")
+            .map(|(i, _)| i)
+            .collect();
+        assert!(!releases.is_empty(), "{log:?}");
+        assert!(
+            releases.iter().all(|&i| off < i && i < on),
+            "every release between the confirmed off and the power-on: {log:?}"
+        );
+        assert!(log.iter().skip(on).all(|l| l != "release"), "{log:?}");
+        assert!(*w.on.lock().unwrap(), "the machine ends powered on");
+    }
+
+    #[tokio::test]
+    async fn a_fence_runs_to_done_releasing_only_while_off() {
+        let r = rig();
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        assert_clean_fence(&r.world);
+        assert_eq!(r.world.log().last().map(String::as_str), Some("restore"));
+        let store = Store::open(&r.db).unwrap();
+        let h = store.with(|c| fence_store::history_of(c, id)).unwrap();
+        let states: Vec<_> = h.iter().map(|l| l.state.as_str()).collect();
+        assert_eq!(
+            states,
+            [
+                "plan",
+                "power-off",
+                "confirm-off",
+                "release",
+                "wait-released",
+                "power-on",
+                "wait-back",
+                "restore",
+                "done"
+            ]
+        );
+        assert!(
+            run.start(request()).await.is_ok(),
+            "a finished flow does not block the next"
+        );
+    }
+
+    #[tokio::test]
+    async fn per_machine_timeouts_bound_a_busy_power_on() {
+        let r = rig();
+        *r.world.busy_on.lock().unwrap() = 1000;
+        let run = r.runner().with_timeouts_of(Arc::new(|addr: &str| {
+            assert_eq!(addr, ADDR);
+            FenceTimeouts {
+                on: Duration::from_secs(5),
+                ..FenceTimeouts::default()
+            }
+        }));
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        let State::Failed { detail } = &f.state else {
+            panic!("{f:?}")
+        };
+        assert!(detail.contains("within 5 s"), "{detail}");
+        let ons = r
+            .world
+            .record
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.contains("-on-"))
+            .count();
+        assert!(
+            (4..=6).contains(&ons),
+            "one attempt a second for 5 s: {ons}"
+        );
+        assert_eq!(
+            r.world.count("on"),
+            0,
+            "the machine is left off, and the flow says so"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_second_flow_for_the_same_machine_is_refused_while_one_runs() {
+        let r = rig();
+        let run = r.runner();
+        run.start(request()).await.unwrap();
+        let e = run.start(request()).await.unwrap_err();
+        assert!(matches!(e, FenceError::InProgress { .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_power_off_releases_nothing_and_says_what_the_bmc_said() {
+        let r = rig();
+        *r.world.refuse_off.lock().unwrap() = Some("completion code 0xD5: not supported".into());
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        let State::Failed { detail } = f.state else {
+            panic!("{f:?}")
+        };
+        assert!(detail.contains("0xD5"), "{detail}");
+        assert!(r.world.log().is_empty(), "{:?}", r.world.log());
+    }
+
+    #[tokio::test]
+    async fn a_refused_release_powers_the_machine_on_and_restores_before_failing() {
+        let r = rig();
+        *r.world.release_refused.lock().unwrap() = true;
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        assert!(matches!(f.state, State::Failed { .. }), "{f:?}");
+        assert_eq!(r.world.log(), ["off", "release", "on", "restore"]);
+    }
+
+    #[tokio::test]
+    async fn keep_off_leaves_the_machine_off_when_the_release_fails() {
+        let r = rig();
+        *r.world.release_refused.lock().unwrap() = true;
+        let run = r.runner();
+        let id = run
+            .start(FenceRequest {
+                keep_off: true,
+                ..request()
+            })
+            .await
+            .unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        assert!(matches!(f.state, State::Failed { .. }), "{f:?}");
+        assert_eq!(r.world.log(), ["off", "release"]);
+    }
+
+    #[tokio::test]
+    async fn a_busy_bmc_delays_the_power_on_with_new_attempts_and_the_flow_completes() {
+        let r = rig();
+        *r.world.busy_on.lock().unwrap() = 3;
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done);
+        assert_clean_fence(&r.world);
+        let ons = r
+            .world
+            .record
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.contains("-on-"))
+            .count();
+        assert_eq!(ons, 4, "three refused attempts, then the one that worked");
+    }
+
+    #[tokio::test]
+    async fn lost_answers_are_asked_again_with_the_same_id_and_never_repeat_the_action() {
+        let r = rig();
+        *r.world.lose_answers.lock().unwrap() = 1;
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        // The plan, then the fence whose answer is lost.
+        r.finish_one(&run, id, 2).await;
+        assert_eq!(run.load(id).await.unwrap().state, State::PowerOff);
+        assert_eq!(
+            r.world.count("off"),
+            1,
+            "executed although the answer was lost"
+        );
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done);
+        assert_clean_fence(&r.world);
+    }
+
+    impl Rig {
+        async fn finish_one(&self, r: &FenceRunner, id: u64, passes: usize) {
+            for _ in 0..passes {
+                self.clock.advance(SignedDuration::from_secs(1));
+                r.advance(id).await.unwrap();
+            }
+        }
+    }
+
+    const STATES: [&str; 9] = [
+        "plan",
+        "power-off",
+        "confirm-off",
+        "release",
+        "wait-released",
+        "power-on",
+        "wait-back",
+        "restore",
+        "done",
+    ];
+
+    /// Runs a fence that is stopped at `point`; a new runner (a restarted coordinator, with no
+    /// proof in memory) resumes it. Returns the outcome for the table.
+    async fn crash_at(point: &str, plan: Release) -> (Rig, Flow) {
+        let r = rig();
+        *r.world.plan.lock().unwrap() = plan;
+        let first = r.runner();
+        first.kill_points().arm(point);
+        let mut started = None;
+        let res = match first.start(request()).await {
+            Ok(id) => {
+                started = Some(id);
+                r.finish(&first, id).await
+            }
+            Err(e) => Err(e),
+        };
+        match res {
+            Err(FenceError::Killed(k)) => assert_eq!(k.0, point),
+            other => panic!("kill point {point} never reached: {other:?}"),
+        }
+        drop(first);
+        let second = r.runner();
+        let ids = second.unfinished().await.unwrap();
+        let flow = match ids.as_slice() {
+            [] if point == "after:done" => second.load(started.unwrap()).await.unwrap(),
+            [] => {
+                // Killed before the flow was committed: the request is simply made again.
+                assert_eq!(point, "before:plan");
+                let id = second.start(request()).await.unwrap();
+                r.finish(&second, id).await.unwrap()
+            }
+            [id] => r.finish(&second, *id).await.unwrap(),
+            more => panic!("{more:?}"),
+        };
+        (r, flow)
+    }
+
+    #[tokio::test]
+    async fn restarting_at_every_kill_point_completes_without_a_second_power_action_or_early_release()
+     {
+        let mut table = Vec::new();
+        for plan in [
+            Release::Taint,
+            Release::DeleteNode(SavedNodeMetadata {
+                name: "n1".into(),
+                internal_ip: Some(ADDR.into()),
+                labels: [("zone".to_string(), "a".to_string())].into(),
+                annotations: Default::default(),
+            }),
+        ] {
+            for state in STATES {
+                for when in ["before", "after"] {
+                    let point = format!("{when}:{state}");
+                    let (r, f) = crash_at(&point, plan.clone()).await;
+                    assert_eq!(f.state, State::Done, "{point}: {f:?}");
+                    assert_eq!(f.how.as_ref(), Some(&plan), "{point}: plan kept");
+                    assert_clean_fence(&r.world);
+                    table.push(format!("{point:22} → done; log {:?}", r.world.log()));
+                }
+            }
+        }
+        println!("{}", table.join("\n"));
+        assert_eq!(table.len(), 36);
+    }
+
+    #[tokio::test]
+    async fn a_machine_found_on_after_a_restart_is_not_released() {
+        let r = rig();
+        let first = r.runner();
+        first.kill_points().arm("after:release");
+        let id = first.start(request()).await.unwrap();
+        assert!(matches!(
+            r.finish(&first, id).await,
+            Err(FenceError::Killed(_))
+        ));
+        drop(first);
+        // Someone powers the machine on while no coordinator runs.
+        *r.world.on.lock().unwrap() = true;
+        let second = r.runner();
+        let f = r.finish(&second, id).await.unwrap();
+        let State::Failed { detail } = &f.state else {
+            panic!("{f:?}")
+        };
+        assert!(detail.contains("power On"), "{detail}");
+        assert_eq!(r.world.count("release"), 0, "{:?}", r.world.log());
+    }
+}

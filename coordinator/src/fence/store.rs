@@ -1,0 +1,274 @@
+//! Persistence of fence flows in the coordinator's SQLite store (migration 0007).
+//!
+//! Plain synchronous functions over a `rusqlite::Connection`, called by the runner inside
+//! [`crate::store::Store::call`]. A state change and its history line are one transaction,
+//! committed before the new state's action runs.
+
+use jiff::Timestamp;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::flow::{Flow, State};
+use crate::clock::{from_unix_ms, to_unix_ms};
+use crate::k8s::release::Release;
+
+/// One line of a flow's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryLine {
+    /// When it was committed.
+    pub at: Timestamp,
+    /// The state entered (or kept).
+    pub state: String,
+    /// What happened.
+    pub event: String,
+}
+
+fn opt_ms(t: Option<Timestamp>) -> i64 {
+    t.map(to_unix_ms).unwrap_or(0)
+}
+
+fn ms_opt(ms: i64) -> Option<Timestamp> {
+    (ms != 0).then(|| from_unix_ms(ms))
+}
+
+fn conversion(what: &str, e: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        0,
+        rusqlite::types::Type::Text,
+        format!("fence_flows: bad {what}: {e}").into(),
+    )
+}
+
+fn how_json(f: &Flow) -> rusqlite::Result<Option<String>> {
+    f.how
+        .as_ref()
+        .map(|h| serde_json::to_string(h).map_err(|e| conversion("release plan", e)))
+        .transpose()
+}
+
+fn detail(f: &Flow) -> &str {
+    match &f.state {
+        State::Failed { detail } => detail,
+        _ => "",
+    }
+}
+
+fn history(
+    tx: &Connection,
+    id: u64,
+    f: &Flow,
+    event: &str,
+    now: Timestamp,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO fence_flow_history (flow_id, at_ms, state, event) VALUES (?1, ?2, ?3, ?4)",
+        params![id as i64, to_unix_ms(now), f.state.kind(), event],
+    )?;
+    Ok(())
+}
+
+/// Inserts a new flow and its first history line; returns its id. Fails (a constraint
+/// error) when the machine already has an unfinished flow.
+pub fn insert(
+    conn: &mut Connection,
+    f: &Flow,
+    event: &str,
+    now: Timestamp,
+) -> rusqlite::Result<u64> {
+    let tx = conn.transaction()?;
+    tx.execute(
+        "INSERT INTO fence_flows (address, serial, node, keep_off, boot_id_before, state,
+             state_detail, state_since_ms, deadline_ms, power_attempt, how_json, confirmed_off_ms,
+             confirm_request, powered_on_ms, failure, created_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+        params![
+            f.address,
+            f.serial,
+            f.node,
+            f.keep_off,
+            f.boot_id_before,
+            f.state.kind(),
+            detail(f),
+            to_unix_ms(f.state_since),
+            opt_ms(f.deadline),
+            i64::from(f.power_attempt),
+            how_json(f)?,
+            opt_ms(f.confirmed_off),
+            f.confirm_request,
+            opt_ms(f.powered_on),
+            f.failure,
+            to_unix_ms(now),
+        ],
+    )?;
+    let id = tx.last_insert_rowid() as u64;
+    history(&tx, id, f, event, now)?;
+    tx.commit()?;
+    Ok(id)
+}
+
+/// Rewrites flow `f.id` and appends `event` to its history, in one transaction.
+pub fn update(
+    conn: &mut Connection,
+    f: &Flow,
+    event: &str,
+    now: Timestamp,
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    let n = tx.execute(
+        "UPDATE fence_flows SET state = ?2, state_detail = ?3, state_since_ms = ?4,
+             deadline_ms = ?5, power_attempt = ?6, how_json = ?7, confirmed_off_ms = ?8,
+             confirm_request = ?9, powered_on_ms = ?10, failure = ?11
+         WHERE id = ?1",
+        params![
+            f.id as i64,
+            f.state.kind(),
+            detail(f),
+            to_unix_ms(f.state_since),
+            opt_ms(f.deadline),
+            i64::from(f.power_attempt),
+            how_json(f)?,
+            opt_ms(f.confirmed_off),
+            f.confirm_request,
+            opt_ms(f.powered_on),
+            f.failure,
+        ],
+    )?;
+    if n != 1 {
+        return Err(rusqlite::Error::QueryReturnedNoRows);
+    }
+    history(&tx, f.id, f, event, now)?;
+    tx.commit()
+}
+
+const COLUMNS: &str = "id, address, serial, node, keep_off, boot_id_before, state, state_detail,
+    state_since_ms, deadline_ms, power_attempt, how_json, confirmed_off_ms, confirm_request,
+    powered_on_ms, failure";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Flow> {
+    let kind: String = r.get(6)?;
+    let detail: String = r.get(7)?;
+    let how: Option<String> = r.get(11)?;
+    Ok(Flow {
+        id: r.get::<_, i64>(0)? as u64,
+        address: r.get(1)?,
+        serial: r.get(2)?,
+        node: r.get(3)?,
+        keep_off: r.get(4)?,
+        boot_id_before: r.get(5)?,
+        state: State::parse(&kind, &detail).ok_or_else(|| conversion("state", &kind))?,
+        state_since: from_unix_ms(r.get(8)?),
+        deadline: ms_opt(r.get(9)?),
+        power_attempt: u32::try_from(r.get::<_, i64>(10)?).unwrap_or(0),
+        how: how
+            .map(|h| serde_json::from_str::<Release>(&h).map_err(|e| conversion("release plan", e)))
+            .transpose()?,
+        confirmed_off: ms_opt(r.get(12)?),
+        confirm_request: r.get(13)?,
+        powered_on: ms_opt(r.get(14)?),
+        failure: r.get(15)?,
+    })
+}
+
+/// The flow `id`, if it exists.
+pub fn load(conn: &Connection, id: u64) -> rusqlite::Result<Option<Flow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM fence_flows WHERE id = ?1"),
+        [id as i64],
+        row,
+    )
+    .optional()
+}
+
+/// Every flow not yet done or failed, oldest first: what a restarted coordinator resumes.
+pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Flow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM fence_flows WHERE state NOT IN ('done', 'failed') ORDER BY id"
+    ))?;
+    stmt.query_map([], row)?.collect()
+}
+
+/// Every flow, newest first, at most `limit`: for `coordinatorctl fence list`.
+pub fn list(conn: &Connection, limit: u32) -> rusqlite::Result<Vec<Flow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM fence_flows ORDER BY id DESC LIMIT ?1"
+    ))?;
+    stmt.query_map([i64::from(limit)], row)?.collect()
+}
+
+/// A flow's history, oldest first.
+pub fn history_of(conn: &Connection, id: u64) -> rusqlite::Result<Vec<HistoryLine>> {
+    let mut stmt = conn.prepare(
+        "SELECT at_ms, state, event FROM fence_flow_history WHERE flow_id = ?1 ORDER BY seq",
+    )?;
+    stmt.query_map([id as i64], |r| {
+        Ok(HistoryLine {
+            at: from_unix_ms(r.get(0)?),
+            state: r.get(1)?,
+            event: r.get(2)?,
+        })
+    })?
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::release::SavedNodeMetadata;
+    use crate::store::Store;
+
+    #[test]
+    fn a_flow_round_trips_with_its_saved_metadata_and_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("c.db")).unwrap();
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let mut f = Flow::new("10.0.0.1", "S", "n1", Some("b".into()), true, now);
+        f.id = s.with(|c| insert(c, &f, "started", now)).unwrap();
+        assert!(
+            s.with(|c| insert(c, &f, "again", now)).is_err(),
+            "one unfinished flow per machine"
+        );
+        f.state = State::WaitReleased;
+        f.how = Some(Release::DeleteNode(SavedNodeMetadata {
+            name: "n1".into(),
+            internal_ip: Some("10.0.0.1".into()),
+            labels: [("zone".to_string(), "a".to_string())].into(),
+            annotations: [("x".to_string(), "y".to_string())].into(),
+        }));
+        f.confirmed_off = Some(now);
+        f.deadline = Some(now);
+        f.power_attempt = 3;
+        f.failure = Some("why".into());
+        s.with(|c| update(c, &f, "released", now)).unwrap();
+        assert_eq!(s.with(|c| load(c, f.id)).unwrap(), Some(f.clone()));
+        assert_eq!(s.with(|c| unfinished(c)).unwrap(), vec![f.clone()]);
+        f.state = State::Failed {
+            detail: "bmc said no".into(),
+        };
+        s.with(|c| update(c, &f, "gave up", now)).unwrap();
+        assert_eq!(s.with(|c| load(c, f.id)).unwrap(), Some(f.clone()));
+        assert!(s.with(|c| unfinished(c)).unwrap().is_empty());
+        let h = s.with(|c| history_of(c, f.id)).unwrap();
+        let events: Vec<_> = h
+            .iter()
+            .map(|l| (l.state.as_str(), l.event.as_str()))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                ("plan", "started"),
+                ("wait-released", "released"),
+                ("failed", "gave up")
+            ]
+        );
+        assert_eq!(s.with(|c| list(c, 10)).unwrap().len(), 1);
+        // A finished flow no longer blocks a new one for the machine.
+        s.with(|c| {
+            insert(
+                c,
+                &Flow::new("10.0.0.1", "S", "n1", None, false, now),
+                "new",
+                now,
+            )
+        })
+        .unwrap();
+    }
+}
