@@ -77,6 +77,9 @@ const HELD_PASSES: u64 = 4;
 
 /// Set by SIGINT, SIGTERM or SIGHUP, or when stdout is closed: every wait stops at once.
 static STOP: AtomicBool = AtomicBool::new(false);
+/// Set when stdout is closed (`| head`): the demo then stops quietly, with status 0, as
+/// Fleetmend's other programs do.
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
 
 /// The demo was interrupted; everything it started is stopped on the way out.
 #[derive(Debug)]
@@ -101,6 +104,7 @@ fn stopped() -> anyhow::Result<()> {
 fn out(line: &str) {
     let mut o = std::io::stdout().lock();
     if writeln!(o, "{line}").and_then(|_| o.flush()).is_err() {
+        STDOUT_GONE.store(true, Ordering::SeqCst);
         STOP.store(true, Ordering::SeqCst);
     }
 }
@@ -938,6 +942,7 @@ fn main() -> ExitCode {
     match run(keep) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        Err(e) if e.is::<Interrupted>() && STDOUT_GONE.load(Ordering::SeqCst) => ExitCode::SUCCESS,
         Err(e) if e.is::<Interrupted>() => {
             eprintln!("fleetmend-demo: interrupted; everything it started is stopped");
             ExitCode::from(130)
