@@ -732,5 +732,19 @@ mod tests {
         k.set_healthy(false);
         assert!(get(&addr).starts_with("HTTP/1.1 500"));
         assert_eq!(k.requests(), 2);
+
+        // Healthy only while its state file says `ok`, as another process writes it.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("kubelet");
+        let k = FakeKubelet::start_with_state_file(&state).unwrap();
+        let addr = k
+            .url()
+            .trim_start_matches("http://")
+            .replace("/healthz", "");
+        assert!(get(&addr).starts_with("HTTP/1.1 200"));
+        std::fs::write(&state, "hung\n").unwrap();
+        assert!(get(&addr).starts_with("HTTP/1.1 500"));
+        std::fs::write(&state, "ok\n").unwrap();
+        assert!(get(&addr).starts_with("HTTP/1.1 200"));
     }
 }

@@ -608,7 +608,11 @@ impl Demo {
         let entry = self.wait_finished(addr)?;
         let index = field(&entry, "index").to_string();
         if field(&entry, "operation") != "unhealthy" || field(&entry, "status") != "succeeded" {
-            bail!("entry {index} ended {entry}");
+            bail!(
+                "entry {index} ({}) ended {}; see `coordinatorctl repair-queue show {index}`",
+                field(&entry, "operation"),
+                field(&entry, "status")
+            );
         }
         let show: Value = self
             .coord()
@@ -660,7 +664,11 @@ impl Demo {
         let entry = self.wait_finished(addr)?;
         let index = field(&entry, "index").to_string();
         if field(&entry, "operation") != "unreachable" || field(&entry, "status") != "succeeded" {
-            bail!("entry {index} ended {entry}");
+            bail!(
+                "entry {index} ({}) ended {}; see `coordinatorctl repair-queue show {index}`",
+                field(&entry, "operation"),
+                field(&entry, "status")
+            );
         }
         self.wait_state(addr, "healthy")?;
         let boot_after = self.boot_id(addr)?;
