@@ -97,8 +97,8 @@ impl Run {
         Ok((status.code(), self.seen.join("\n")))
     }
 
-    /// Processes still carrying the marker, with their command lines.
-    fn leftovers(&self) -> Vec<String> {
+    /// Processes still carrying the marker: pid and command line.
+    fn leftovers(&self) -> Vec<(u32, String)> {
         let needle = format!("DEMO_TEST_MARKER={}", self.marker);
         let mut found = Vec::new();
         let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -110,12 +110,11 @@ impl Run {
                 continue;
             };
             if env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+                let Some(pid) = e.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                    continue;
+                };
                 let cmdline = std::fs::read(p.join("cmdline")).unwrap_or_default();
-                found.push(format!(
-                    "{}: {}",
-                    p.display(),
-                    String::from_utf8_lossy(&cmdline).replace('\0', " ")
-                ));
+                found.push((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
             }
         }
         found
@@ -131,7 +130,7 @@ impl Run {
                 if left.is_empty() {
                     Ok(())
                 } else {
-                    Err(left.join("\n"))
+                    Err(format!("{left:?}"))
                 }
             },
         )
@@ -139,9 +138,15 @@ impl Run {
 }
 
 impl Drop for Run {
+    /// Kills the demo and, when a test failed because it left some, whatever it left.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for (pid, _) in self.leftovers() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
     }
 }
 
