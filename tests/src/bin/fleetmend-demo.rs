@@ -13,7 +13,8 @@
 //!    simulated hardware to power the machine back on: there is no BMC here) brings it back
 //!    with a new boot id;
 //! 3. a whole rack losing power (all four agents and Leases stop at once): held as a
-//!    correlated-failure rack event, nothing enqueued, `remediation status` names the rack.
+//!    correlated-failure rack event, nothing enqueued, `remediation status` names the rack;
+//!    when the power returns the machines boot and nothing held is replayed.
 //!
 //! It prints a live timeline (what was injected, what the coordinator decided, what happened)
 //! read the way an operator would, with `coordinatorctl`, then a summary table, and exits
@@ -476,14 +477,8 @@ impl Demo {
             // Show the admission and the running entry before what the hardware does.
             self.last_poll = None;
             let _ = self.poll();
-            let m = &mut self.machines[i];
-            let host = m.host;
-            if let Some(mut a) = m.agent.take() {
-                a.sigkill();
-            }
-            let boot = m.fixture.new_boot_id()?;
-            m.agent = Some(start_agent(m.host, &m.config, &m.log)?);
-            self.k8s.set_kubelet_alive(host, true);
+            let boot = self.power_on(i)?;
+            let host = self.machines[i].host;
             std::fs::write(
                 power.join(format!("{}.on", self.machines[i].addr)),
                 format!("{host} powered on with boot id {boot}\n"),
@@ -497,6 +492,18 @@ impl Demo {
             );
         }
         Ok(())
+    }
+
+    /// Machine `i` boots: whatever ran stops, a new boot id, its agent and kubelet start.
+    fn power_on(&mut self, i: usize) -> anyhow::Result<String> {
+        let m = &mut self.machines[i];
+        if let Some(mut a) = m.agent.take() {
+            a.sigkill();
+        }
+        let boot = m.fixture.new_boot_id()?;
+        m.agent = Some(start_agent(m.host, &m.config, &m.log)?);
+        self.k8s.set_kubelet_alive(m.host, true);
+        Ok(boot)
     }
 
     /// Polls (printing the timeline) until `f` sees what it waits for in the snapshot.
@@ -733,9 +740,40 @@ impl Demo {
         if !enqueued.is_empty() || self.snap.entries.len() != entries_before {
             bail!("entries were enqueued during the rack event: {enqueued:?}");
         }
+        // The power returns: the machines boot, and nothing held is replayed.
+        self.say(
+            "inject",
+            &format!("{rack}'s power returns: its machines boot (new boot ids)"),
+        );
+        for i in 0..self.machines.len() {
+            if self.machines[i].rack == rack {
+                self.power_on(i)?;
+            }
+        }
+        for (addr, _) in &hosts {
+            self.wait_state(addr, "healthy")?;
+        }
+        let back = u64::try_from(jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
+        self.wait(
+            "three remediation passes after the return",
+            SCENARIO_TIMEOUT,
+            |d| {
+                let st: RemediationStatus = d
+                    .coord()
+                    .ctl_json(&["remediation", "status", "--json"])
+                    .ok()?;
+                (st.last_pass_unix_ms? >= back + 1500).then_some(())
+            },
+        )?;
+        if self.snap.entries.len() != entries_before {
+            bail!(
+                "entries were enqueued after {rack} came back: {:?}",
+                self.snap.entries
+            );
+        }
         let sentence = sentence.strip_prefix("held: ").unwrap_or(&sentence);
         Ok(format!(
-            "held as one rack event [correlated-failure]: {sentence}; nothing enqueued over {HELD_PASSES} passes; remediation status names {rack}"
+            "held as one rack event [correlated-failure]: {sentence}; nothing enqueued over {HELD_PASSES} passes; remediation status names {rack}; power back: all healthy, nothing replayed"
         ))
     }
 
@@ -945,8 +983,26 @@ fn run(keep: bool) -> anyhow::Result<bool> {
     Ok(all)
 }
 
+const USAGE: &str = "usage: fleetmend-demo [--keep]\n\n\
+The full-story Fleetmend demo on loopback (run it through scripts/demo.sh, which builds the\n\
+binaries first). --keep leaves the fleet running until Ctrl-C. Exit 0 when every injected\n\
+failure ended as described, 1 when one did not, 130 when interrupted.";
+
 fn main() -> ExitCode {
-    let keep = std::env::args().skip(1).any(|a| a == "--keep");
+    let mut keep = false;
+    for a in std::env::args().skip(1) {
+        match a.as_str() {
+            "--keep" => keep = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            other => {
+                eprintln!("fleetmend-demo: unknown argument {other:?}\n{USAGE}");
+                return ExitCode::from(64);
+            }
+        }
+    }
     match run(keep) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
