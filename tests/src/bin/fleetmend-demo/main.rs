@@ -23,7 +23,6 @@
 //! into `head`); `--keep` leaves the fleet running until Ctrl-C. Run it through
 //! `scripts/demo.sh`, which builds the binaries first.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -31,12 +30,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use protocol::admin::machines::{MachineDetail, MachineSummary};
-use protocol::admin::remediation::{JournalLine, RemediationStatus};
+use protocol::admin::machines::MachineDetail;
+use protocol::admin::remediation::JournalLine;
 use serde_json::Value;
 use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed};
 use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, Proc, bin, start_agent};
+
+mod assets;
+mod stories;
+mod timeline;
+
+use assets::{POWER_CYCLE, REMEDIATION, REPAIR_YAML, RESTART_UNIT};
+use timeline::{Seen, Snapshot};
 
 /// The fleet: two racks of four, addresses from TEST-NET-1 (RFC 5737), used only as names.
 const RACKS: &[(&str, &[(&str, &str)])] = &[
@@ -149,24 +155,6 @@ struct Machine {
     config: PathBuf,
     log: PathBuf,
     agent: Option<Proc>,
-}
-
-/// What the timeline has seen, to print only what changed.
-#[derive(Default)]
-struct Seen {
-    states: BTreeMap<String, String>,
-    decisions: BTreeSet<(String, String, String, u64)>,
-    entries: BTreeMap<String, String>,
-    history: BTreeMap<String, usize>,
-    done: BTreeSet<String>,
-}
-
-/// The latest answers of `coordinatorctl`.
-#[derive(Default)]
-struct Snapshot {
-    machines: Vec<MachineSummary>,
-    events: Vec<JournalLine>,
-    entries: Vec<Value>,
 }
 
 /// How one injected failure ended.
@@ -362,107 +350,6 @@ impl Demo {
         Ok(demo)
     }
 
-    /// Asks the coordinator what changed (at most every [`POLL`]) and prints it.
-    fn poll(&mut self) -> anyhow::Result<()> {
-        if self.last_poll.is_some_and(|t| t.elapsed() < POLL) {
-            return Ok(());
-        }
-        self.last_poll = Some(Instant::now());
-        let c = self.coord();
-        let machines: Vec<MachineSummary> = c.ctl_json(&["machines", "list", "--json"])?;
-        let events: Vec<JournalLine> = c.ctl_json(&["events", "--json"])?;
-        let entries: Vec<Value> = c.ctl_json(&["repair-queue", "list", "--json"])?;
-        for m in &machines {
-            let before = self
-                .seen
-                .states
-                .insert(m.spec.address.clone(), m.state.clone());
-            if before.as_deref() != Some(m.state.as_str()) && before.is_some() {
-                let why = if m.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", m.reason)
-                };
-                self.say(
-                    "machine",
-                    &format!(
-                        "{} {} → {}{why}",
-                        m.spec.hostname,
-                        before.unwrap_or_default(),
-                        m.state
-                    ),
-                );
-            }
-        }
-        for l in &events {
-            let key = (
-                l.address.clone(),
-                l.outcome.clone(),
-                l.rule.clone(),
-                l.first_unix_ms,
-            );
-            if self.seen.decisions.insert(key) {
-                self.say(
-                    "decide",
-                    &format!(
-                        "{} {} [{}]: {}",
-                        self.host_of(&l.address),
-                        l.outcome,
-                        l.rule,
-                        l.sentence
-                    ),
-                );
-            }
-        }
-        for e in &entries {
-            let index = field(e, "index").to_string();
-            let state = format!(
-                "{} (step {} {})",
-                field(e, "status"),
-                e["step"],
-                field(e, "step_status")
-            );
-            // An entry's history is read while it runs, and once more after it finished.
-            let finished = matches!(field(e, "status"), "succeeded" | "failed");
-            if !self.seen.done.contains(&index) {
-                let shown = self.seen.history.get(&index).copied().unwrap_or(0);
-                let v: Value =
-                    self.coord()
-                        .ctl_json(&["repair-queue", "show", &index, "--json"])?;
-                let history = v["history"].as_array().cloned().unwrap_or_default();
-                for h in history.iter().skip(shown) {
-                    let detail = field(h, "detail");
-                    let sep = if detail.is_empty() { "" } else { ": " };
-                    self.say(
-                        "repair",
-                        &format!("entry {index}: {}{sep}{detail}", field(h, "event")),
-                    );
-                }
-                self.seen.history.insert(index.clone(), history.len());
-                if finished {
-                    self.seen.done.insert(index.clone());
-                }
-            }
-            if self.seen.entries.get(&index) != Some(&state) {
-                self.say(
-                    "queue",
-                    &format!(
-                        "entry {index} {} {}: {state}",
-                        field(e, "operation"),
-                        self.host_of(field(e, "address"))
-                    ),
-                );
-                self.seen.entries.insert(index.clone(), state);
-            }
-        }
-        self.snap = Snapshot {
-            machines,
-            events,
-            entries,
-        };
-        Ok(())
-    }
-
     /// Plays the hardware under the power-cycle stand-in: a request file from the script
     /// cuts the machine's power (its agent dies), then powers it on: a new boot id, the agent
     /// and the kubelet start again; the answer file lets the script finish.
@@ -595,188 +482,6 @@ impl Demo {
         d.boot_id.context("no boot id reported")
     }
 
-    /// 1. A hung kubelet, restarted by the agent on the coordinator's request.
-    fn kubelet_failure(&mut self) -> anyhow::Result<String> {
-        let host = "demo-r1-n2";
-        let (addr, state) = {
-            let m = self.machine(host);
-            (m.addr, m.kubelet_state.clone())
-        };
-        std::fs::write(&state, "hung\n")?;
-        self.say(
-            "inject",
-            &format!("{host}: the kubelet hangs (its healthz answers 500)"),
-        );
-        let t0 = Instant::now();
-        let admitted = self.wait_decision(addr, "admitted", "auto-repair", 1)?;
-        if admitted.operation.as_deref() != Some("unhealthy") {
-            bail!("admitted with operation {:?}", admitted.operation);
-        }
-        let entry = self.wait_finished(addr)?;
-        let index = field(&entry, "index").to_string();
-        if field(&entry, "operation") != "unhealthy" || field(&entry, "status") != "succeeded" {
-            bail!(
-                "entry {index} ({}) ended {}; see `coordinatorctl repair-queue show {index}`",
-                field(&entry, "operation"),
-                field(&entry, "status")
-            );
-        }
-        let show: Value = self
-            .coord()
-            .ctl_json(&["repair-queue", "show", &index, "--json"])?;
-        let restarted = show["history"].as_array().is_some_and(|h| {
-            h.iter().any(|e| {
-                field(e, "event") == "command-succeeded"
-                    && field(e, "detail").contains("restart-unit kubelet")
-            })
-        });
-        if !restarted {
-            bail!("entry {index} succeeded without a restart-unit kubelet step: {show}");
-        }
-        let restarts = std::fs::read_to_string(self.dir.join("restarts.log")).unwrap_or_default();
-        if !restarts.contains(&format!("{host} kubelet")) {
-            bail!("the agent's restart command never ran (restarts.log: {restarts:?})");
-        }
-        self.wait_state(addr, "healthy")?;
-        Ok(format!(
-            "enqueued `unhealthy` by itself (entry {index}); the agent ran its kubelet restart command; healthy again, entry succeeded ({:.0} s)",
-            t0.elapsed().as_secs_f64()
-        ))
-    }
-
-    /// 2. A dead machine, power-cycled by the repair procedure.
-    fn dead_machine(&mut self) -> anyhow::Result<String> {
-        let host = "demo-r1-n3";
-        let addr = self.machine(host).addr;
-        let boot_before = self.boot_id(addr)?;
-        if let Some(mut a) = self.machine(host).agent.take() {
-            a.sigkill();
-        }
-        self.k8s.set_kubelet_alive(host, false);
-        self.say(
-            "inject",
-            &format!("{host} dies: its agent is killed (SIGKILL) and its kubelet stops renewing its Lease"),
-        );
-        let t0 = Instant::now();
-        let admitted = self.wait_decision(addr, "admitted", "auto-repair", 1)?;
-        if admitted.operation.as_deref() != Some("unreachable") {
-            bail!("admitted with operation {:?}", admitted.operation);
-        }
-        if !admitted.sentence.contains("Lease") {
-            bail!(
-                "admitted without the kubelet Lease as second signal: {}",
-                admitted.sentence
-            );
-        }
-        let entry = self.wait_finished(addr)?;
-        let index = field(&entry, "index").to_string();
-        if field(&entry, "operation") != "unreachable" || field(&entry, "status") != "succeeded" {
-            bail!(
-                "entry {index} ({}) ended {}; see `coordinatorctl repair-queue show {index}`",
-                field(&entry, "operation"),
-                field(&entry, "status")
-            );
-        }
-        self.wait_state(addr, "healthy")?;
-        let boot_after = self.boot_id(addr)?;
-        if boot_after == boot_before {
-            bail!("{host} is back with the same boot id {boot_after}");
-        }
-        Ok(format!(
-            "dead by two signals (agent silent, Lease stale, Ready Unknown); enqueued `unreachable` (entry {index}); power-cycle stand-in ran; back with a new boot id, entry succeeded ({:.0} s)",
-            t0.elapsed().as_secs_f64()
-        ))
-    }
-
-    /// 3. A rack losing power: held as one event, nothing enqueued.
-    fn rack_power_loss(&mut self) -> anyhow::Result<String> {
-        let rack = "rack-2";
-        let entries_before = self.snap.entries.len();
-        let hosts: Vec<(&'static str, &'static str)> = self
-            .machines
-            .iter()
-            .filter(|m| m.rack == rack)
-            .map(|m| (m.addr, m.host))
-            .collect();
-        for (_, host) in &hosts {
-            if let Some(mut a) = self.machine(host).agent.take() {
-                a.sigkill();
-            }
-            self.k8s.set_kubelet_alive(host, false);
-        }
-        self.say(
-            "inject",
-            &format!("{rack} loses power: its 4 agents die and their kubelet Leases stop at once"),
-        );
-        let mut sentence = String::new();
-        for (addr, _) in &hosts {
-            sentence = self
-                .wait_decision(addr, "held", "correlated-failure", 1)?
-                .sentence;
-        }
-        // Passes go on holding; nothing is enqueued meanwhile.
-        self.wait_decision(hosts[0].0, "held", "correlated-failure", HELD_PASSES)?;
-        let st: RemediationStatus = self
-            .coord()
-            .ctl_json(&["remediation", "status", "--json"])?;
-        let limit = st
-            .limits
-            .iter()
-            .find(|l| l.rule == "correlated-failure")
-            .context("no correlated-failure limit in remediation status")?;
-        if !limit.holding || !limit.sentence.contains(rack) {
-            bail!("remediation status does not name {rack}: {limit:?}");
-        }
-        self.say(
-            "status",
-            &format!("coordinatorctl remediation status: {}", limit.sentence),
-        );
-        let enqueued: Vec<&Value> = self
-            .snap
-            .entries
-            .iter()
-            .filter(|e| hosts.iter().any(|(a, _)| field(e, "address") == *a))
-            .collect();
-        if !enqueued.is_empty() || self.snap.entries.len() != entries_before {
-            bail!("entries were enqueued during the rack event: {enqueued:?}");
-        }
-        // The power returns: the machines boot, and nothing held is replayed.
-        self.say(
-            "inject",
-            &format!("{rack}'s power returns: its machines boot (new boot ids)"),
-        );
-        for i in 0..self.machines.len() {
-            if self.machines[i].rack == rack {
-                self.power_on(i)?;
-            }
-        }
-        for (addr, _) in &hosts {
-            self.wait_state(addr, "healthy")?;
-        }
-        let back = u64::try_from(jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
-        self.wait(
-            "three remediation passes after the return",
-            SCENARIO_TIMEOUT,
-            |d| {
-                let st: RemediationStatus = d
-                    .coord()
-                    .ctl_json(&["remediation", "status", "--json"])
-                    .ok()?;
-                (st.last_pass_unix_ms? >= back + 1500).then_some(())
-            },
-        )?;
-        if self.snap.entries.len() != entries_before {
-            bail!(
-                "entries were enqueued after {rack} came back: {:?}",
-                self.snap.entries
-            );
-        }
-        let sentence = sentence.strip_prefix("held: ").unwrap_or(&sentence);
-        Ok(format!(
-            "held as one rack event [correlated-failure]: {sentence}; nothing enqueued over {HELD_PASSES} passes; remediation status names {rack}; power back: all healthy, nothing replayed"
-        ))
-    }
-
     /// Runs one scenario; a failure is an outcome, an interruption ends the demo.
     fn scenario(
         &mut self,
@@ -861,78 +566,6 @@ fn write_script(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
     Ok(path)
 }
-
-/// The repair procedures of machine type `demo`: CKE's format, Fleetmend's built-ins.
-const REPAIR_YAML: &str = r#"repair:
-  max_concurrent_repairs: 2
-  repair_procedures:
-    - machine_types: ["demo"]
-      repair_operations:
-        - operation: "unhealthy"
-          repair_steps:
-            - repair_command: ["@restart-unit", "kubelet"]
-              command_timeout_seconds: 30
-              watch_seconds: 30
-          health_check_command: ["@agent-healthy"]
-          command_timeout_seconds: 10
-        - operation: "unreachable"
-          repair_steps:
-            - repair_command: ["@POWER_CYCLE@"]
-              command_timeout_seconds: 30
-              watch_seconds: 30
-          health_check_command: ["@agent-healthy"]
-          command_timeout_seconds: 10
-"#;
-
-/// Automatic remediation, with the production defaults except where the demo's compressed
-/// time or its small fleet needs otherwise.
-const REMEDIATION: &str = r#"[remediation]
-# A pass every 500 ms and Leases stale after 3 s: production's 10 s and 20 s, compressed.
-interval = "500ms"
-lease_stale = "3s"
-
-[remediation.limits]
-# One rack is half of this 8-machine fleet, and the machine that died a moment before still
-# counts in a burst of silences for `window`: with the default 30 % a rack's power loss would
-# be taken for the coordinator losing its network (self-isolation: 5 of 8 silent). 70 % keeps
-# that rule for a real partition and lets correlated-failure name the rack. A silence settles
-# in 1 s here (two reports), not 10 s.
-self_isolation = { percent = 70, min_silent = 3, window = "1m", settle = "1s" }
-"#;
-
-/// Stand-in for `systemctl restart -- UNIT`: a restarted kubelet is healthy again.
-/// Arguments: the kubelet's state file, the log of restarts, then the unit (appended by
-/// the agent).
-const RESTART_UNIT: &str = r#"#!/bin/sh
-# Demo stand-in for `systemctl restart -- $3`: fixes the fake kubelet by rewriting its state.
-set -eu
-state="$1"; log="$2"; unit="$3"
-[ "$unit" = kubelet ] || { echo "no such unit: $unit" >&2; exit 5; }
-sleep 0.5
-echo ok > "$state"
-echo "$(basename "$state" .kubelet) $unit" >> "$log"
-echo "restarted $unit"
-"#;
-
-/// Stand-in for a BMC power cycle (the demo has no BMC): asks the demo's simulated hardware
-/// to cut and restore the power of the machine at `$1` (the address the repair queue
-/// appends), and waits until it is on.
-const POWER_CYCLE: &str = r#"#!/bin/sh
-# Demo stand-in for a BMC power cycle of the machine at $1 (no BMC here): the demo program
-# plays the hardware; this asks it to cut and restore power and waits for the power-on.
-set -eu
-power="@POWER@"
-rm -f "$power/$1.on"
-echo "power cycle" > "$power/$1.cycle"
-i=0
-while [ ! -e "$power/$1.on" ]; do
-  [ -d "$power" ] || exit 1
-  i=$((i + 1))
-  if [ "$i" -gt 200 ]; then echo "no power-on of $1 within 20 s" >&2; exit 1; fi
-  sleep 0.1
-done
-cat "$power/$1.on"
-"#;
 
 fn run(keep: bool) -> anyhow::Result<bool> {
     catch_signals()?;
