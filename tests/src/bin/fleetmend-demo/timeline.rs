@@ -14,10 +14,15 @@ use super::{Demo, POLL, field};
 /// What the timeline has seen, to print only what changed.
 #[derive(Default)]
 pub(super) struct Seen {
+    /// Health state by address.
     states: BTreeMap<String, String>,
+    /// Journal lines by (address, outcome, rule, first made): a repeat is not news.
     decisions: BTreeSet<(String, String, String, u64)>,
+    /// Status and step by entry index.
     entries: BTreeMap<String, String>,
+    /// History events printed, by entry index.
     history: BTreeMap<String, usize>,
+    /// Finished entries whose history was read after they finished.
     done: BTreeSet<String>,
 }
 
