@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Runs the local demo fleet: builds the binaries, then starts a coordinator and four
-# node-agents on loopback, breaks one server and repairs it. Pass --keep to leave it running.
+# The full-story demo: builds the binaries it needs, then starts on loopback the fake
+# Kubernetes API server, a coordinator with automatic remediation and eight node-agents in
+# two racks, and injects a hung kubelet, a dead machine and a rack power loss while printing
+# what the coordinator decides by itself. Exit 0 when every failure ended as described.
+# Pass --keep to leave the fleet running (until Ctrl-C) for the commands it prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --quiet -p fleetmend-coordinator -p fleetmend-node-agent -p fleetmend-tests --bins

@@ -571,6 +571,18 @@ pub struct FakeKubelet {
 impl FakeKubelet {
     /// Binds an ephemeral loopback port and starts serving, healthy.
     pub fn start() -> io::Result<Self> {
+        Self::serve(None)
+    }
+
+    /// As [`FakeKubelet::start`], and healthy only while the file `state` holds `ok` (read on
+    /// every request; written `ok` now). A separate process (a node-agent's restart command
+    /// standing in for `systemctl restart kubelet`) can then break or fix this kubelet.
+    pub fn start_with_state_file(state: &Path) -> io::Result<Self> {
+        std::fs::write(state, "ok\n")?;
+        Self::serve(Some(state.to_path_buf()))
+    }
+
+    fn serve(state: Option<PathBuf>) -> io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let healthy = Arc::new(AtomicBool::new(true));
@@ -584,7 +596,10 @@ impl FakeKubelet {
                 }
                 let Ok(conn) = conn else { continue };
                 r.fetch_add(1, Ordering::SeqCst);
-                let _ = serve_one(conn, h.load(Ordering::SeqCst));
+                let file_ok = state
+                    .as_deref()
+                    .is_none_or(|p| std::fs::read_to_string(p).is_ok_and(|t| t.trim() == "ok"));
+                let _ = serve_one(conn, h.load(Ordering::SeqCst) && file_ok);
             }
         });
         Ok(Self {
@@ -717,5 +732,19 @@ mod tests {
         k.set_healthy(false);
         assert!(get(&addr).starts_with("HTTP/1.1 500"));
         assert_eq!(k.requests(), 2);
+
+        // Healthy only while its state file says `ok`, as another process writes it.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("kubelet");
+        let k = FakeKubelet::start_with_state_file(&state).unwrap();
+        let addr = k
+            .url()
+            .trim_start_matches("http://")
+            .replace("/healthz", "");
+        assert!(get(&addr).starts_with("HTTP/1.1 200"));
+        std::fs::write(&state, "hung\n").unwrap();
+        assert!(get(&addr).starts_with("HTTP/1.1 500"));
+        std::fs::write(&state, "ok\n").unwrap();
+        assert!(get(&addr).starts_with("HTTP/1.1 200"));
     }
 }

@@ -1,0 +1,194 @@
+//! The three stories the demo tells: each injects a failure, waits for what the coordinator
+//! does by itself, checks it ended as described, and says what happened in one sentence.
+
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use protocol::admin::remediation::RemediationStatus;
+use serde_json::Value;
+
+use super::{Demo, HELD_PASSES, SCENARIO_TIMEOUT, field};
+
+impl Demo {
+    /// 1. A hung kubelet, restarted by the agent on the coordinator's request.
+    pub(super) fn kubelet_failure(&mut self) -> anyhow::Result<String> {
+        let host = "demo-r1-n2";
+        let (addr, state) = {
+            let m = self.machine(host);
+            (m.addr, m.kubelet_state.clone())
+        };
+        std::fs::write(&state, "hung\n")?;
+        self.say(
+            "inject",
+            &format!("{host}: the kubelet hangs (its healthz answers 500)"),
+        );
+        let t0 = Instant::now();
+        let admitted = self.wait_decision(addr, "admitted", "auto-repair", 1)?;
+        if admitted.operation.as_deref() != Some("unhealthy") {
+            bail!("admitted with operation {:?}", admitted.operation);
+        }
+        let entry = self.wait_finished(addr)?;
+        let index = field(&entry, "index").to_string();
+        if field(&entry, "operation") != "unhealthy" || field(&entry, "status") != "succeeded" {
+            bail!(
+                "entry {index} ({}) ended {}; see `coordinatorctl repair-queue show {index}`",
+                field(&entry, "operation"),
+                field(&entry, "status")
+            );
+        }
+        let show: Value = self
+            .coord()
+            .ctl_json(&["repair-queue", "show", &index, "--json"])?;
+        let restarted = show["history"].as_array().is_some_and(|h| {
+            h.iter().any(|e| {
+                field(e, "event") == "command-succeeded"
+                    && field(e, "detail").contains("restart-unit kubelet")
+            })
+        });
+        if !restarted {
+            bail!("entry {index} succeeded without a restart-unit kubelet step: {show}");
+        }
+        let restarts = std::fs::read_to_string(self.dir.join("restarts.log")).unwrap_or_default();
+        if !restarts.contains(&format!("{host} kubelet")) {
+            bail!("the agent's restart command never ran (restarts.log: {restarts:?})");
+        }
+        self.wait_state(addr, "healthy")?;
+        Ok(format!(
+            "enqueued `unhealthy` by itself (entry {index}); the agent ran its kubelet restart command; healthy again, entry succeeded ({:.0} s)",
+            t0.elapsed().as_secs_f64()
+        ))
+    }
+
+    /// 2. A dead machine, power-cycled by the repair procedure.
+    pub(super) fn dead_machine(&mut self) -> anyhow::Result<String> {
+        let host = "demo-r1-n3";
+        let addr = self.machine(host).addr;
+        let boot_before = self.boot_id(addr)?;
+        if let Some(mut a) = self.machine(host).agent.take() {
+            a.sigkill();
+        }
+        self.k8s.set_kubelet_alive(host, false);
+        self.say(
+            "inject",
+            &format!("{host} dies: its agent is killed (SIGKILL) and its kubelet stops renewing its Lease"),
+        );
+        let t0 = Instant::now();
+        let admitted = self.wait_decision(addr, "admitted", "auto-repair", 1)?;
+        if admitted.operation.as_deref() != Some("unreachable") {
+            bail!("admitted with operation {:?}", admitted.operation);
+        }
+        if !admitted.sentence.contains("Lease") {
+            bail!(
+                "admitted without the kubelet Lease as second signal: {}",
+                admitted.sentence
+            );
+        }
+        let entry = self.wait_finished(addr)?;
+        let index = field(&entry, "index").to_string();
+        if field(&entry, "operation") != "unreachable" || field(&entry, "status") != "succeeded" {
+            bail!(
+                "entry {index} ({}) ended {}; see `coordinatorctl repair-queue show {index}`",
+                field(&entry, "operation"),
+                field(&entry, "status")
+            );
+        }
+        self.wait_state(addr, "healthy")?;
+        let boot_after = self.boot_id(addr)?;
+        if boot_after == boot_before {
+            bail!("{host} is back with the same boot id {boot_after}");
+        }
+        Ok(format!(
+            "dead by two signals (agent silent, Lease stale, Ready Unknown); enqueued `unreachable` (entry {index}); power-cycle stand-in ran; back with a new boot id, entry succeeded ({:.0} s)",
+            t0.elapsed().as_secs_f64()
+        ))
+    }
+
+    /// 3. A rack losing power: held as one event, nothing enqueued.
+    pub(super) fn rack_power_loss(&mut self) -> anyhow::Result<String> {
+        let rack = "rack-2";
+        let entries_before = self.snap.entries.len();
+        let hosts: Vec<(&'static str, &'static str)> = self
+            .machines
+            .iter()
+            .filter(|m| m.rack == rack)
+            .map(|m| (m.addr, m.host))
+            .collect();
+        for (_, host) in &hosts {
+            if let Some(mut a) = self.machine(host).agent.take() {
+                a.sigkill();
+            }
+            self.k8s.set_kubelet_alive(host, false);
+        }
+        self.say(
+            "inject",
+            &format!("{rack} loses power: its 4 agents die and their kubelet Leases stop at once"),
+        );
+        let mut sentence = String::new();
+        for (addr, _) in &hosts {
+            sentence = self
+                .wait_decision(addr, "held", "correlated-failure", 1)?
+                .sentence;
+        }
+        // Passes go on holding; nothing is enqueued meanwhile.
+        self.wait_decision(hosts[0].0, "held", "correlated-failure", HELD_PASSES)?;
+        let st: RemediationStatus = self
+            .coord()
+            .ctl_json(&["remediation", "status", "--json"])?;
+        let limit = st
+            .limits
+            .iter()
+            .find(|l| l.rule == "correlated-failure")
+            .context("no correlated-failure limit in remediation status")?;
+        if !limit.holding || !limit.sentence.contains(rack) {
+            bail!("remediation status does not name {rack}: {limit:?}");
+        }
+        self.say(
+            "status",
+            &format!("coordinatorctl remediation status: {}", limit.sentence),
+        );
+        let enqueued: Vec<&Value> = self
+            .snap
+            .entries
+            .iter()
+            .filter(|e| hosts.iter().any(|(a, _)| field(e, "address") == *a))
+            .collect();
+        if !enqueued.is_empty() || self.snap.entries.len() != entries_before {
+            bail!("entries were enqueued during the rack event: {enqueued:?}");
+        }
+        // The power returns: the machines boot, and nothing held is replayed.
+        self.say(
+            "inject",
+            &format!("{rack}'s power returns: its machines boot (new boot ids)"),
+        );
+        for i in 0..self.machines.len() {
+            if self.machines[i].rack == rack {
+                self.power_on(i)?;
+            }
+        }
+        for (addr, _) in &hosts {
+            self.wait_state(addr, "healthy")?;
+        }
+        let back = u64::try_from(jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
+        self.wait(
+            "three remediation passes after the return",
+            SCENARIO_TIMEOUT,
+            |d| {
+                let st: RemediationStatus = d
+                    .coord()
+                    .ctl_json(&["remediation", "status", "--json"])
+                    .ok()?;
+                (st.last_pass_unix_ms? >= back + 1500).then_some(())
+            },
+        )?;
+        if self.snap.entries.len() != entries_before {
+            bail!(
+                "entries were enqueued after {rack} came back: {:?}",
+                self.snap.entries
+            );
+        }
+        let sentence = sentence.strip_prefix("held: ").unwrap_or(&sentence);
+        Ok(format!(
+            "held as one rack event [correlated-failure]: {sentence}; nothing enqueued over {HELD_PASSES} passes; remediation status names {rack}; power back: all healthy, nothing replayed"
+        ))
+    }
+}

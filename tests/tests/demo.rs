@@ -1,0 +1,228 @@
+//! The README's first command, end to end: `fleetmend-demo` (what `scripts/demo.sh` runs
+//! after building) must end every injected failure as described, say so in its summary,
+//! exit 0, and leave no process behind; interrupted midway (Ctrl-C), it must stop
+//! everything it started and exit 130.
+//!
+//! Leftovers are found by an environment variable set only for the demo (not `FLEETMEND_*`,
+//! which the test kit keeps from children): every process it starts (coordinator, agents,
+//! their commands) inherits it, so a process still carrying it after the demo exited is one
+//! it left behind.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use testkit::procs::{bin_dir, command, wait_for};
+
+/// The demo takes about 20 s on an idle machine; this bounds it on a loaded one.
+const DEMO_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// The demo process with its stdout lines arriving on a channel.
+struct Run {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    marker: String,
+    seen: Vec<String>,
+}
+
+impl Run {
+    fn start() -> anyhow::Result<Self> {
+        let marker = format!("{}-{:016x}", std::process::id(), rand::random::<u64>());
+        let mut cmd = command("fleetmend-demo");
+        cmd.env("FLEETMEND_BIN_DIR", bin_dir())
+            .env("DEMO_TEST_MARKER", &marker)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().context("cannot start fleetmend-demo")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            lines,
+            marker,
+            seen: Vec::new(),
+        })
+    }
+
+    /// Reads lines until one contains `needle` or stdout ends.
+    fn until(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let found = l.contains(needle);
+                    self.seen.push(l);
+                    if found {
+                        return Ok(());
+                    }
+                }
+                Err(_) => bail!(
+                    "no line with {needle:?} within {timeout:?}; output so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for the exit; returns its code and all of stdout.
+    fn finish(&mut self, timeout: Duration) -> anyhow::Result<(Option<i32>, String)> {
+        let status = wait_for("fleetmend-demo to exit", timeout, || {
+            self.child
+                .try_wait()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "running".to_string())
+        });
+        let status = match status {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("{e}; output so far:\n{}", self.seen.join("\n"));
+            }
+        };
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        Ok((status.code(), self.seen.join("\n")))
+    }
+
+    /// Processes still carrying the marker: pid and command line.
+    fn leftovers(&self) -> Vec<(u32, String)> {
+        let needle = format!("DEMO_TEST_MARKER={}", self.marker);
+        let mut found = Vec::new();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return found;
+        };
+        for e in dir.flatten() {
+            let p = e.path();
+            let Ok(env) = std::fs::read(p.join("environ")) else {
+                continue;
+            };
+            if env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+                let Some(pid) = e.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                    continue;
+                };
+                let cmdline = std::fs::read(p.join("cmdline")).unwrap_or_default();
+                found.push((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+            }
+        }
+        found
+    }
+
+    /// Waits (a little: a killed process takes a moment to go) until nothing is left.
+    fn assert_nothing_left(&self) -> anyhow::Result<()> {
+        wait_for(
+            "the demo's processes to be gone",
+            Duration::from_secs(10),
+            || {
+                let left = self.leftovers();
+                if left.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{left:?}"))
+                }
+            },
+        )
+    }
+}
+
+impl Drop for Run {
+    /// Kills the demo and, when a test failed because it left some, whatever it left.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for (pid, _) in self.leftovers() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// The demo's working directory, from its first line.
+fn work_dir(out: &str) -> Option<&str> {
+    out.lines()
+        .find_map(|l| l.strip_prefix("Fleetmend demo: working in "))
+}
+
+#[test]
+fn the_demo_ends_every_injected_failure_as_described_and_leaves_nothing_running()
+-> anyhow::Result<()> {
+    let mut run = Run::start()?;
+    let (code, out) = run.finish(DEMO_TIMEOUT)?;
+    assert_eq!(code, Some(0), "{out}");
+    // The timeline shows the coordinator deciding by itself, as an operator reads it.
+    for needle in [
+        "admitted [auto-repair]: admitted: 192.0.2.12 operation unhealthy",
+        "command-succeeded: step 0: @restart-unit kubelet",
+        "admitted [auto-repair]: admitted: 192.0.2.13 operation unreachable",
+        "simulated power off and on",
+        "held [correlated-failure]: held: rack rack-2 lost 4 of 4 machines",
+        "coordinatorctl remediation status: held: rack rack-2",
+    ] {
+        assert!(out.contains(needle), "no {needle:?} in:\n{out}");
+    }
+    // The summary: one row per injected failure, each expected.
+    let summary = out
+        .split_once("\nSummary\n")
+        .map(|(_, s)| s)
+        .context("no summary")?;
+    for injected in [
+        "a kubelet hangs on demo-r1-n2",
+        "demo-r1-n3 dies",
+        "rack-2 loses power",
+    ] {
+        let row = summary
+            .lines()
+            .find(|l| l.trim_start().starts_with(injected))
+            .with_context(|| format!("no summary row for {injected:?}:\n{summary}"))?;
+        let rest = row.trim_start()[injected.len()..].trim_start();
+        assert!(rest.starts_with("yes "), "{row}");
+    }
+    assert!(
+        summary.contains("All 3 injected failures ended as described."),
+        "{summary}"
+    );
+    for cmd in ["repair-queue list", "events", "remediation status"] {
+        assert!(
+            summary
+                .lines()
+                .any(|l| l.contains("coordinatorctl --profile ") && l.ends_with(cmd)),
+            "no look-closer command for {cmd:?}:\n{summary}"
+        );
+    }
+    run.assert_nothing_left()?;
+    let dir = work_dir(&out).context("no working directory line")?;
+    assert!(!std::path::Path::new(dir).exists(), "{dir} is left behind");
+    Ok(())
+}
+
+#[test]
+fn an_interrupted_demo_stops_everything_it_started() -> anyhow::Result<()> {
+    let mut run = Run::start()?;
+    // Midway: the first failure is injected and the coordinator is repairing.
+    run.until("inject", DEMO_TIMEOUT)?;
+    let pid = run.child.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()?;
+    assert!(status.success());
+    let (code, out) = run.finish(Duration::from_secs(30))?;
+    assert_eq!(code, Some(130), "{out}");
+    assert!(!out.contains("\nSummary\n"), "{out}");
+    run.assert_nothing_left()?;
+    let dir = work_dir(&out).context("no working directory line")?;
+    assert!(!std::path::Path::new(dir).exists(), "{dir} is left behind");
+    Ok(())
+}
