@@ -10,6 +10,9 @@
 //! from `utime + stime` in `/proc/<pid>/stat`, and cross-checked with the scheduler's
 //! nanosecond counter in `/proc/<pid>/task/*/schedstat`, because clock ticks (10 ms) are
 //! coarse next to a sub-millisecond cycle.
+//!
+//! `FOOTPRINT_AGENT_BIN=PATH` measures another build of the agent (an older release, for a
+//! side-by-side comparison in one run) instead of the one cargo just built.
 
 #[allow(unreachable_pub, dead_code, missing_docs, unused_imports)]
 #[path = "../../tests/src/fixture.rs"]
@@ -100,7 +103,10 @@ fn main() {
 }
 
 async fn bench(cycles: u64, interval_ms: u64) {
-    let bin = env!("CARGO_BIN_EXE_node-agent");
+    let bin = std::env::var("FOOTPRINT_AGENT_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_node-agent").to_string());
+    let bin = bin.as_str();
+    println!("agent binary: {bin}");
     let size = std::fs::metadata(bin).expect("binary").len();
 
     // PKI, fixture root, fake kubelet.
