@@ -531,9 +531,14 @@ impl Demo {
             out(&format!("  {ctl} --profile {p} {args}"));
         }
         out(&format!(
-            "  logs: {}/coordinator/coordinator-1.log, {}/<host>.log",
+            "  logs: {}/coordinator/coordinator-1.log, {}/<host>.log{}",
             self.dir.display(),
-            self.dir.display()
+            self.dir.display(),
+            if keep {
+                ""
+            } else {
+                " (removed when the demo ends; --keep keeps them)"
+            }
         ));
     }
 
