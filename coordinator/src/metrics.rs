@@ -277,7 +277,8 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// Serves the HTTP endpoint on an already bound listener until `shutdown`.
+/// Serves the HTTP endpoint on an already bound listener until `shutdown`; a connection that sends
+/// no complete request header within [`protocol::http::HEADER_READ_TIMEOUT`] is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: HttpState,
@@ -285,9 +286,13 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?addr, "serving /metrics and /healthz");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    protocol::http::serve_router(
+        listener,
+        router(state),
+        protocol::http::HEADER_READ_TIMEOUT,
+        async move { shutdown.cancelled().await },
+    )
+    .await
 }
 
 #[cfg(test)]
