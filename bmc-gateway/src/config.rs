@@ -64,20 +64,20 @@ pub struct TlsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Overall limit for an action when the request does not give one, in seconds.
-    #[serde(default = "default_action_secs")]
-    pub action_timeout_secs: u64,
-    /// How long a fence waits for the power state to read off, in seconds.
-    #[serde(default = "default_fence_secs")]
-    pub fence_timeout_secs: u64,
-    /// How long a power-on refused as busy (IPMI 0xC0, Redfish 409) is asked again, in
-    /// seconds; 0 = never. Also added to the default limit of `on` and `cycle` requests.
-    #[serde(default = "default_busy_retry_secs")]
-    pub power_on_busy_retry_secs: u64,
-    /// Minimum interval between two commands to one BMC, in milliseconds (a BMC may set its
-    /// own in `[[bmc]]`).
-    #[serde(default = "default_min_interval_ms")]
-    pub min_command_interval_ms: u64,
+    /// Overall limit for an action when the request does not give one (`"30s"`).
+    #[serde(default = "default_action", with = "duration")]
+    pub action_timeout: Duration,
+    /// How long a fence waits for the power state to read off (`"60s"`).
+    #[serde(default = "default_fence", with = "duration")]
+    pub fence_timeout: Duration,
+    /// How long a power-on refused as busy (IPMI 0xC0, Redfish 409) is asked again; `"0s"` =
+    /// never. Also added to the default limit of `on` and `cycle` requests.
+    #[serde(default = "default_busy_retry", with = "duration")]
+    pub power_on_busy_retry: Duration,
+    /// Minimum interval between two commands to one BMC (`"300ms"`; a BMC may set its own in
+    /// `[[bmc]]`).
+    #[serde(default = "default_min_interval", with = "duration")]
+    pub min_command_interval: Duration,
 }
 
 /// `/var/lib/fleetmend-gateway`: the systemd unit's `StateDirectory=`, writable by the
@@ -88,26 +88,26 @@ fn default_state_dir() -> PathBuf {
     PathBuf::from(DEFAULT_STATE_DIR)
 }
 
-fn default_action_secs() -> u64 {
-    DEFAULT_ACTION_TIMEOUT.as_secs()
+fn default_action() -> Duration {
+    DEFAULT_ACTION_TIMEOUT
 }
-fn default_fence_secs() -> u64 {
-    DEFAULT_FENCE_TIMEOUT.as_secs()
+fn default_fence() -> Duration {
+    DEFAULT_FENCE_TIMEOUT
 }
-fn default_busy_retry_secs() -> u64 {
-    crate::pace::DEFAULT_BUSY_RETRY.as_secs()
+fn default_busy_retry() -> Duration {
+    crate::pace::DEFAULT_BUSY_RETRY
 }
-fn default_min_interval_ms() -> u64 {
-    crate::pace::DEFAULT_MIN_INTERVAL.as_millis() as u64
+fn default_min_interval() -> Duration {
+    crate::pace::DEFAULT_MIN_INTERVAL
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            action_timeout_secs: default_action_secs(),
-            fence_timeout_secs: default_fence_secs(),
-            power_on_busy_retry_secs: default_busy_retry_secs(),
-            min_command_interval_ms: default_min_interval_ms(),
+            action_timeout: default_action(),
+            fence_timeout: default_fence(),
+            power_on_busy_retry: default_busy_retry(),
+            min_command_interval: default_min_interval(),
         }
     }
 }
@@ -158,10 +158,10 @@ pub struct BmcConfig {
     /// Redfish settings.
     #[serde(default)]
     pub redfish: Option<RedfishSettings>,
-    /// Minimum interval between two commands to this BMC, in milliseconds (default:
-    /// `limits.min_command_interval_ms`); some BMCs need seconds.
-    #[serde(default)]
-    pub min_command_interval_ms: Option<u64>,
+    /// Minimum interval between two commands to this BMC (default:
+    /// `limits.min_command_interval`); some BMCs need seconds.
+    #[serde(default, with = "opt_duration")]
+    pub min_command_interval: Option<Duration>,
 }
 
 /// IPMI-specific settings.
@@ -171,9 +171,9 @@ pub struct IpmiSettings {
     /// RMCP+ cipher suite. Only 3 (RAKP-HMAC-SHA1, HMAC-SHA1-96, AES-CBC-128) is supported.
     #[serde(default = "default_cipher_suite")]
     pub cipher_suite: u8,
-    /// Time to wait for one reply datagram, in milliseconds.
-    #[serde(default = "default_ipmi_reply_ms")]
-    pub reply_timeout_ms: u64,
+    /// Time to wait for one reply datagram (`"1s"`).
+    #[serde(default = "default_ipmi_reply", with = "duration")]
+    pub reply_timeout: Duration,
     /// How many times a request is sent before the BMC is declared unresponsive.
     #[serde(default = "default_ipmi_attempts")]
     pub attempts: u32,
@@ -184,8 +184,8 @@ fn default_cipher_suite() -> u8 {
 }
 /// 1 s: a BMC on the rack network answers in milliseconds; a datagram not answered within a
 /// second is lost, and waiting longer only delays the retransmission.
-fn default_ipmi_reply_ms() -> u64 {
-    1000
+fn default_ipmi_reply() -> Duration {
+    Duration::from_secs(1)
 }
 /// 3 attempts: ipmitool's default retry count; more only hides a dead BMC for longer.
 fn default_ipmi_attempts() -> u32 {
@@ -196,7 +196,7 @@ impl Default for IpmiSettings {
     fn default() -> Self {
         Self {
             cipher_suite: default_cipher_suite(),
-            reply_timeout_ms: default_ipmi_reply_ms(),
+            reply_timeout: default_ipmi_reply(),
             attempts: default_ipmi_attempts(),
         }
     }
@@ -221,9 +221,9 @@ pub struct RedfishSettings {
     /// `basic` (default), `session` (SessionService login), or `auto` (session when offered).
     #[serde(default = "default_auth")]
     pub auth: String,
-    /// Per HTTP request timeout, in milliseconds.
-    #[serde(default = "default_http_ms")]
-    pub request_timeout_ms: u64,
+    /// Per HTTP request timeout (`"10s"`).
+    #[serde(default = "default_http", with = "duration")]
+    pub request_timeout: Duration,
 }
 
 fn default_system() -> String {
@@ -237,8 +237,65 @@ fn default_auth() -> String {
 }
 /// 10 s: BMC web servers are slow (hundreds of ms is common, seconds under load) but a request
 /// pending longer than this is not going to complete.
-fn default_http_ms() -> u64 {
-    10_000
+fn default_http() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// Serde helpers for duration strings (`"30s"`, `"250ms"`, `"1m 30s"`), written like the
+/// coordinator's: a bare number is refused with a message that says to add a unit.
+mod duration {
+    use std::time::Duration;
+
+    use serde::Deserialize;
+
+    /// Parses a non-negative duration string; a bare number is refused (its unit would be a
+    /// guess).
+    pub(super) fn parse(s: &str) -> Result<Duration, String> {
+        let t = s.trim();
+        if !t.is_empty() && t.parse::<f64>().is_ok() {
+            return Err(bare_number(t));
+        }
+        let d: jiff::SignedDuration = t
+            .parse()
+            .map_err(|e| format!("{s:?} is not a duration like \"5s\" or \"1m 30s\": {e}"))?;
+        Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
+    }
+
+    fn bare_number(n: &str) -> String {
+        format!(
+            "{n} has no unit: durations are strings with a unit, like \"{n}s\", \"{n}ms\" or \"{n}m\""
+        )
+    }
+
+    /// A duration as written in the file: a string, or (refused) a number.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Text(String),
+        Int(i64),
+        Float(f64),
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Duration, D::Error> {
+        match Written::deserialize(d)? {
+            Written::Text(s) => parse(&s).map_err(serde::de::Error::custom),
+            Written::Int(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
+            Written::Float(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
+        }
+    }
+}
+
+/// Serde helpers for optional duration strings (absent = `None`).
+mod opt_duration {
+    use std::time::Duration;
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        super::duration::deserialize(d).map(Some)
+    }
 }
 
 /// A configuration problem, naming the key at fault.
@@ -354,16 +411,16 @@ impl Config {
                 ),
             ));
         }
-        if self.limits.action_timeout_secs == 0 {
+        if self.limits.action_timeout.is_zero() {
             return Err(bad(
-                "limits.action_timeout_secs".into(),
-                "must be at least 1".into(),
+                "limits.action_timeout".into(),
+                "must be more than 0s".into(),
             ));
         }
-        if self.limits.fence_timeout_secs == 0 {
+        if self.limits.fence_timeout.is_zero() {
             return Err(bad(
-                "limits.fence_timeout_secs".into(),
-                "must be at least 1".into(),
+                "limits.fence_timeout".into(),
+                "must be more than 0s".into(),
             ));
         }
         let mut machines = HashSet::new();
@@ -414,10 +471,10 @@ impl Config {
                             ),
                         ));
                     }
-                    if s.attempts == 0 || s.reply_timeout_ms == 0 {
+                    if s.attempts == 0 || s.reply_timeout.is_zero() {
                         return Err(bad(
                             key("ipmi"),
-                            "attempts and reply_timeout_ms must be at least 1".into(),
+                            "attempts must be at least 1 and reply_timeout more than 0s".into(),
                         ));
                     }
                 }
@@ -480,10 +537,10 @@ impl Config {
                             "a system id (no '/') or \"discover\"".into(),
                         ));
                     }
-                    if r.request_timeout_ms == 0 {
+                    if r.request_timeout.is_zero() {
                         return Err(bad(
-                            key("redfish.request_timeout_ms"),
-                            "must be at least 1".into(),
+                            key("redfish.request_timeout"),
+                            "must be more than 0s".into(),
                         ));
                     }
                 }
@@ -560,10 +617,51 @@ ca_file = "CA"
         assert_eq!(cfg.bmcs[1].port(), 443);
         assert_eq!(cfg.bmcs[0].read_password().unwrap(), "secret");
         assert_eq!(cfg.bmcs[1].redfish.as_ref().unwrap().system, "discover");
-        assert_eq!(cfg.limits.fence_timeout_secs, 60);
-        assert_eq!(cfg.limits.power_on_busy_retry_secs, 90);
-        assert_eq!(cfg.limits.min_command_interval_ms, 300);
-        assert_eq!(cfg.bmcs[0].min_command_interval_ms, None);
+        assert_eq!(cfg.limits.fence_timeout, Duration::from_secs(60));
+        assert_eq!(cfg.limits.power_on_busy_retry, Duration::from_secs(90));
+        assert_eq!(cfg.limits.min_command_interval, Duration::from_millis(300));
+        assert_eq!(cfg.bmcs[0].min_command_interval, None);
+    }
+
+    #[test]
+    fn durations_are_strings_with_units_and_bare_numbers_are_refused() {
+        let f = Fixture::new();
+        let bmc = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n";
+        let cfg = f
+            .parse(&format!(
+                "[limits]\naction_timeout = \"45s\"\nfence_timeout = \"2m\"\npower_on_busy_retry = \"0s\"\nmin_command_interval = \"250ms\"\n{bmc}min_command_interval = \"2s\"\n[bmc.ipmi]\nreply_timeout = \"500ms\"\n"
+            ))
+            .unwrap();
+        assert_eq!(cfg.limits.action_timeout, Duration::from_secs(45));
+        assert_eq!(cfg.limits.fence_timeout, Duration::from_secs(120));
+        assert_eq!(cfg.limits.power_on_busy_retry, Duration::ZERO);
+        assert_eq!(cfg.limits.min_command_interval, Duration::from_millis(250));
+        assert_eq!(
+            cfg.bmcs[0].min_command_interval,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            cfg.bmcs[0].ipmi_settings().reply_timeout,
+            Duration::from_millis(500)
+        );
+        for text in [
+            "[limits]\naction_timeout = 30\n".to_string(),
+            format!("{bmc}min_command_interval = 30\n"),
+            format!("{bmc}[bmc.ipmi]\nreply_timeout = 30\n"),
+        ] {
+            let msg = f.parse(&text).unwrap_err().to_string();
+            assert!(
+                msg.contains("30 has no unit") && msg.contains("\"30s\""),
+                "{text}: {msg}"
+            );
+        }
+        let msg = f
+            .parse("[limits]\nfence_timeout = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("is not a duration like"), "{msg}");
+        let e = f.parse("[limits]\nfence_timeout = \"0s\"\n").unwrap_err();
+        assert_eq!(key_of(e), "limits.fence_timeout");
     }
 
     #[test]
@@ -616,7 +714,8 @@ ca_file = "CA"
         let text = include_str!("../../packaging/bmc-gateway/bmc-gateway.toml");
         let cfg = Config::parse(Path::new("bmc-gateway.toml"), text).unwrap();
         assert!(cfg.bmcs.is_empty());
-        assert_eq!(cfg.limits.fence_timeout_secs, 60);
+        assert_eq!(cfg.limits.fence_timeout, Duration::from_secs(60));
+        assert_eq!(cfg.limits.action_timeout, Duration::from_secs(30));
         assert_eq!(cfg.state_dir, Path::new(DEFAULT_STATE_DIR));
     }
 

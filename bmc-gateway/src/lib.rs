@@ -90,7 +90,7 @@ pub fn power_for(b: &BmcConfig) -> Result<Arc<dyn PowerControl>, StartError> {
                 port: b.port(),
                 username: b.username.clone(),
                 password,
-                reply_timeout: Duration::from_millis(s.reply_timeout_ms),
+                reply_timeout: s.reply_timeout,
                 attempts: s.attempts,
             })))
         }
@@ -128,7 +128,7 @@ pub fn power_for(b: &BmcConfig) -> Result<Arc<dyn PowerControl>, StartError> {
                 password,
                 system: r.system.clone(),
                 auth,
-                request_timeout: Duration::from_millis(r.request_timeout_ms),
+                request_timeout: r.request_timeout,
             })
             .map_err(|e| StartError::Bmc {
                 machine: b.machine.clone(),
@@ -147,12 +147,12 @@ pub fn paced(
     power: Arc<dyn PowerControl>,
 ) -> Arc<dyn PowerControl> {
     let interval = b
-        .min_command_interval_ms
-        .unwrap_or(limits.min_command_interval_ms);
+        .min_command_interval
+        .unwrap_or(limits.min_command_interval);
     Arc::new(pace::Paced::new(
         power,
-        Duration::from_millis(interval),
-        Duration::from_secs(limits.power_on_busy_retry_secs),
+        interval,
+        limits.power_on_busy_retry,
     ))
 }
 
@@ -169,9 +169,9 @@ pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartE
         });
     }
     let defaults = Defaults {
-        action_timeout: Duration::from_secs(cfg.limits.action_timeout_secs),
-        fence_timeout: Duration::from_secs(cfg.limits.fence_timeout_secs),
-        busy_retry: Duration::from_secs(cfg.limits.power_on_busy_retry_secs),
+        action_timeout: cfg.limits.action_timeout,
+        fence_timeout: cfg.limits.fence_timeout,
+        busy_retry: cfg.limits.power_on_busy_retry,
         poll: actions::FENCE_POLL,
         probe: Some(gateway::PROBE_EVERY),
     };

@@ -21,7 +21,7 @@ use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
 ///
 /// 300 ms: enough for the BMCs known to drop back-to-back IPMI commands, short enough that a
 /// fence (an off, then a status read per second) loses nothing; BMCs that need seconds set
-/// `min_command_interval_ms` for themselves.
+/// `min_command_interval` for themselves.
 pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(300);
 
 /// Default window in which a power-on refused as busy is asked again.

@@ -166,7 +166,8 @@ pub fn http_router(gateway: Arc<Gateway>) -> Router {
         )
 }
 
-/// Serves HTTP on `addr` until `stop` is cancelled.
+/// Serves HTTP on `addr` until `stop` is cancelled; a connection that sends no complete request
+/// header within [`protocol::http::HEADER_READ_TIMEOUT`] is closed.
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     gateway: Arc<Gateway>,
@@ -174,9 +175,13 @@ pub async fn serve_http(
 ) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     debug!(?addr, "HTTP listening");
-    axum::serve(listener, http_router(gateway))
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+    protocol::http::serve_router(
+        listener,
+        http_router(gateway),
+        protocol::http::HEADER_READ_TIMEOUT,
+        async move { stop.cancelled().await },
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -181,7 +181,7 @@ impl App {
                         .await
                         .map_err(AppError::Kubernetes)?,
                 ),
-                Duration::from_secs(k.node_view_refresh_seconds),
+                k.node_view_refresh,
             )),
             None => None,
         };

@@ -277,7 +277,8 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// Serves the HTTP endpoint on an already bound listener until `shutdown`.
+/// Serves the HTTP endpoint on an already bound listener until `shutdown`; a connection that sends
+/// no complete request header within [`protocol::http::HEADER_READ_TIMEOUT`] is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: HttpState,
@@ -285,9 +286,13 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?addr, "serving /metrics and /healthz");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    protocol::http::serve_router(
+        listener,
+        router(state),
+        protocol::http::HEADER_READ_TIMEOUT,
+        async move { shutdown.cancelled().await },
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -319,5 +324,51 @@ mod tests {
         out.clear();
         m.render(&fleet, &mut out);
         assert!(out.contains("fleetmend_connections_open{kind=\"agent\"} 0"));
+    }
+
+    /// The real listener: a client that sends nothing is dropped after the header-read timeout,
+    /// while a GET of /healthz is answered.
+    #[tokio::test]
+    async fn a_silent_connection_is_dropped_and_a_get_answered() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let fleet = Fleet::open(
+            store.clone(),
+            Arc::new(SystemClock),
+            HealthConfig::default(),
+        )
+        .await
+        .unwrap();
+        let state = HttpState {
+            fleet: Arc::new(fleet),
+            metrics: Arc::new(Metrics::default()),
+            store,
+            sources: Vec::new(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, state, stop.clone()));
+
+        let started = std::time::Instant::now();
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut get = tokio::net::TcpStream::connect(addr).await.unwrap();
+        get.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        get.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let mut rest = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            silent.read_to_end(&mut rest),
+        )
+        .await
+        .expect("a silent connection is closed within 10 s")
+        .unwrap();
+        assert!(started.elapsed() >= protocol::http::HEADER_READ_TIMEOUT);
+        stop.cancel();
     }
 }

@@ -7,7 +7,8 @@
 //! - behind the `transport` feature, rustls and quinn configuration builders and async
 //!   helpers that move frames over QUIC streams ([`transport`]),
 //! - behind the `pki` feature, the fleet certificate authority ([`pki`]),
-//! - behind the `telemetry` feature, one tracing initialisation for all binaries ([`telemetry`]).
+//! - behind the `telemetry` feature, one tracing initialisation for all binaries ([`telemetry`]),
+//! - behind the `http` feature, plain-HTTP serving with a header-read timeout ([`http`]).
 //!
 //! The message and framing modules do no I/O: they are tested without sockets. The crate
 //! deliberately knows nothing about what the coordinator does with a report.
@@ -16,6 +17,8 @@ pub mod actions;
 pub mod admin;
 pub mod frame;
 pub mod gateway;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod identity;
 pub mod messages;
 #[cfg(feature = "pki")]

@@ -37,7 +37,7 @@ fn ipmi_bmc(dir: &std::path::Path, machine: &str, port: u16, user: &str, pw: &st
     let pw_file = dir.join(format!("{machine}.pw"));
     std::fs::write(&pw_file, format!("{pw}\n")).unwrap();
     format!(
-        "[[bmc]]\nmachine = \"{machine}\"\nserial = \"SN-{machine}\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {port}\nusername = \"{user}\"\npassword_file = \"{}\"\n[bmc.ipmi]\nreply_timeout_ms = 500\nattempts = 3\n\n",
+        "[[bmc]]\nmachine = \"{machine}\"\nserial = \"SN-{machine}\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {port}\nusername = \"{user}\"\npassword_file = \"{}\"\n[bmc.ipmi]\nreply_timeout = \"500ms\"\nattempts = 3\n\n",
         pw_file.display()
     )
 }
@@ -927,7 +927,7 @@ async fn commands_to_one_bmc_keep_its_minimum_interval() -> Result<()> {
     let m = "10.0.0.1";
     let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password).replace(
         "protocol = \"ipmi\"\n",
-        "protocol = \"ipmi\"\nmin_command_interval_ms = 1500\n",
+        "protocol = \"ipmi\"\nmin_command_interval = \"1500ms\"\n",
     );
     let gw = GatewayProc::start(&pki, &cfg).await?;
     let c = coordinator(&pki, &gw).await?;

@@ -143,7 +143,7 @@ impl Env {
         let mut extra = format!("[repair]\nconfig = {:?}\n\n", repair.display().to_string());
         if let Some(f) = &k8s {
             extra.push_str(&format!(
-                "[kubernetes]\nkubeconfig = {:?}\nnode_view_refresh_seconds = 1\nrequest_timeout_seconds = 5\n\n",
+                "[kubernetes]\nkubeconfig = {:?}\nnode_view_refresh = \"1s\"\nrequest_timeout = \"5s\"\n\n",
                 f.kubeconfig().display().to_string()
             ));
         }

@@ -25,7 +25,7 @@ const IP: &str = "10.0.0.1";
 async fn drainer(fake: &FakeK8s) -> Result<KubeDrainer> {
     let cfg = KubernetesConfig {
         kubeconfig: Some(fake.kubeconfig().to_path_buf()),
-        request_timeout_seconds: 5,
+        request_timeout: std::time::Duration::from_secs(5),
         instance: Some("test-coordinator".into()),
         ..Default::default()
     };
@@ -707,7 +707,7 @@ repair:
         )?;
         let opts = CoordinatorOptions {
             extra: format!(
-                "[repair]\nconfig = {:?}\n\n[kubernetes]\nkubeconfig = {:?}\nrequest_timeout_seconds = 3\ninstance = \"coord-e2e\"\n",
+                "[repair]\nconfig = {:?}\n\n[kubernetes]\nkubeconfig = {:?}\nrequest_timeout = \"3s\"\ninstance = \"coord-e2e\"\n",
                 repair.display().to_string(),
                 fake.kubeconfig().display().to_string()
             ),

@@ -46,28 +46,34 @@ pub struct KubernetesConfig {
     /// How fenced nodes are released.
     #[serde(default)]
     pub release_method: ReleaseMethod,
-    /// Seconds between refreshes of the node view detectors read.
-    #[serde(default = "default_node_view_refresh_seconds")]
-    pub node_view_refresh_seconds: u64,
-    /// Per-request timeout in seconds.
-    #[serde(default = "default_request_timeout_seconds")]
-    pub request_timeout_seconds: u64,
+    /// Time between refreshes of the node view detectors read (`"10s"`).
+    #[serde(
+        default = "default_node_view_refresh",
+        deserialize_with = "crate::config::duration::deserialize"
+    )]
+    pub node_view_refresh: Duration,
+    /// Per-request timeout (`"30s"`).
+    #[serde(
+        default = "default_request_timeout",
+        deserialize_with = "crate::config::duration::deserialize"
+    )]
+    pub request_timeout: Duration,
     /// Name reported as the Event source (`reportingInstance`).
     #[serde(default)]
     pub instance: Option<String>,
 }
 
-fn default_node_view_refresh_seconds() -> u64 {
+fn default_node_view_refresh() -> Duration {
     // Detectors act on minutes-scale conditions (node-startup timeouts, unhealthy
     // conditions for N seconds); 10 s keeps the view fresh without loading the API server
     // with full Node lists from every coordinator.
-    10
+    Duration::from_secs(10)
 }
 
-fn default_request_timeout_seconds() -> u64 {
+fn default_request_timeout() -> Duration {
     // Long enough for a slow API server under load, short enough that a hung connection
     // surfaces as "unavailable" well inside an eviction timeout.
-    30
+    Duration::from_secs(30)
 }
 
 impl Default for KubernetesConfig {
@@ -76,8 +82,8 @@ impl Default for KubernetesConfig {
             kubeconfig: None,
             context: None,
             release_method: ReleaseMethod::Auto,
-            node_view_refresh_seconds: default_node_view_refresh_seconds(),
-            request_timeout_seconds: default_request_timeout_seconds(),
+            node_view_refresh: default_node_view_refresh(),
+            request_timeout: default_request_timeout(),
             instance: None,
         }
     }
@@ -112,7 +118,7 @@ pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, KubeEr
     };
     // Our retry policy, not kube's: see the module documentation.
     config.default_retry = false;
-    let timeout = Duration::from_secs(cfg.request_timeout_seconds.max(1));
+    let timeout = cfg.request_timeout.max(Duration::from_secs(1));
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
     kube::Client::try_from(config)
@@ -165,7 +171,15 @@ mod tests {
     fn config_section_defaults_and_rejects_unknown_keys() {
         let cfg: KubernetesConfig = toml::from_str("kubeconfig = \"/etc/k.yaml\"").unwrap();
         assert_eq!(cfg.release_method, ReleaseMethod::Auto);
-        assert_eq!(cfg.node_view_refresh_seconds, 10);
+        assert_eq!(cfg.node_view_refresh, Duration::from_secs(10));
+        let cfg: KubernetesConfig =
+            toml::from_str("node_view_refresh = \"2s\"\nrequest_timeout = \"1m\"").unwrap();
+        assert_eq!(cfg.node_view_refresh, Duration::from_secs(2));
+        assert_eq!(cfg.request_timeout, Duration::from_secs(60));
+        let bare = toml::from_str::<KubernetesConfig>("request_timeout = 30")
+            .unwrap_err()
+            .to_string();
+        assert!(bare.contains("30 has no unit"), "{bare}");
         assert!(toml::from_str::<KubernetesConfig>("kubeconfg = \"/x\"").is_err());
         let cfg: KubernetesConfig = toml::from_str("release_method = \"delete-node\"").unwrap();
         assert_eq!(cfg.release_method, ReleaseMethod::DeleteNode);

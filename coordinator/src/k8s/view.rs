@@ -3,7 +3,7 @@
 //! `coordination.k8s.io/v1` Leases in `kube-node-lease`.
 //!
 //! Refreshed by polling (a full list of Nodes and node Leases every
-//! `node_view_refresh_seconds`), which is simple, survives API server restarts without
+//! `node_view_refresh`), which is simple, survives API server restarts without
 //! watch bookkeeping, and costs two list calls per interval. Reads are cheap: a clone of an
 //! `Arc` to an immutable snapshot. [`NodeView::is_fresh`] says whether the view can be
 //! trusted; when it cannot (API down), detectors must hold rather than guess (invariant 7).

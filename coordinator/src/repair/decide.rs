@@ -529,12 +529,13 @@ pub fn transition(
                 "command-started",
                 if resumed {
                     format!(
-                        "step {} attempt {}: restarted, the coordinator stopped while it ran",
-                        e.step,
-                        attempt + 1
+                        "step {} attempt {attempt}: restarted, the coordinator stopped while it ran",
+                        e.step
                     )
                 } else {
-                    format!("step {} attempt {}", e.step, attempt + 1)
+                    // Counted from 0 like the step and like the power request id
+                    // (`…-step<s>-attempt<a>`), so a history line names the gateway request.
+                    format!("step {} attempt {attempt}", e.step)
                 },
             )
         }
@@ -551,8 +552,9 @@ pub fn transition(
             HistoryEvent::new(
                 "command-failed",
                 format!(
-                    "step {} attempt {}: {summary}; retrying at {until}",
-                    e.step, attempt
+                    "step {} attempt {}: {summary}; attempt {attempt} at {until}",
+                    e.step,
+                    attempt.saturating_sub(1)
                 ),
             )
             .with_output(output.clone())
@@ -1649,5 +1651,44 @@ mod tests {
         )
         .unwrap();
         assert_eq!(next.boot_id_before, "", "a non-power attempt clears it");
+    }
+
+    #[test]
+    fn history_names_the_attempt_of_the_power_request_id() {
+        use crate::repair::entry::{RequestFor, power_request_id};
+        let c = case()
+            .entry("10.0.0.4", "type1", "op1")
+            .processing(RepairStepStatus::Waiting, 0);
+        let (e, _) = &c.entries[0];
+        let run = |e: &Entry, action: &Action| {
+            transition(e, c.op(), action, c.now, &|| None, &mut |_| 0).unwrap()
+        };
+        let (n, started) = run(e, &Action::Execute { attempt: 0 });
+        assert_eq!(started.detail, "step 0 attempt 0");
+        let id = power_request_id(
+            "aa11",
+            1,
+            RequestFor::Repair {
+                step: 0,
+                attempt: 0,
+            },
+        );
+        assert!(id.ends_with("-step0-attempt0"), "{id}");
+        let (_, failed) = run(
+            &n,
+            &Action::RetryLater {
+                attempt: 1,
+                until: c.now,
+                summary: "exit 1".into(),
+                output: String::new(),
+            },
+        );
+        assert!(
+            failed
+                .detail
+                .starts_with("step 0 attempt 0: exit 1; attempt 1 at "),
+            "{}",
+            failed.detail
+        );
     }
 }

@@ -235,8 +235,8 @@ impl Demo {
             REPAIR_YAML.replace("@POWER_CYCLE@", &power_cycle.display().to_string()),
         )?;
         let extra = format!(
-            "[repair]\nconfig = {:?}\n\n[kubernetes]\nkubeconfig = {:?}\nnode_view_refresh_seconds = 1\n\
-             request_timeout_seconds = 5\n\n{REMEDIATION}",
+            "[repair]\nconfig = {:?}\n\n[kubernetes]\nkubeconfig = {:?}\nnode_view_refresh = \"1s\"\n\
+             request_timeout = \"5s\"\n\n{REMEDIATION}",
             repair.display().to_string(),
             k8s.kubeconfig().display().to_string(),
         );
