@@ -557,7 +557,18 @@ async fn a_broken_kubelet_escalates_restart_then_reboot_then_power_cycle() -> an
             .any(|(e, d)| e == "command-succeeded" && d.contains("@power-cycle")),
         "{history:?}"
     );
-    assert!(sim.power_is_on().await?, "machine left off");
+    // The entry can succeed (new boot id, healthy) before ipmi_sim has applied the "on" half
+    // of its chassis cycle; the machine must end powered on, so wait for it a while.
+    let on_by = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !sim.power_is_on().await? {
+        assert!(
+            tokio::time::Instant::now() < on_by,
+            "machine left off; the BMC saw {:?}\ngateway log:\n{}",
+            sim.events(),
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // The agent was still there before the power cycle: its diagnostics were kept first.
     assert!(
         history
