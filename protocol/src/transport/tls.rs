@@ -1,0 +1,189 @@
+//! A component's TLS material (fleet CA, its own chain and key, its identity) and the
+//! rustls and quinn configurations and endpoints built from it.
+
+use super::*;
+
+/// Paths of a component's TLS files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The fleet CA certificate (PEM).
+    pub ca: PathBuf,
+    /// This component's certificate (PEM).
+    pub cert: PathBuf,
+    /// This component's private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Loaded TLS material: trust roots, our chain and key, and our own identity.
+#[derive(Debug)]
+pub struct TlsMaterial {
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    identity: Identity,
+}
+
+impl Clone for TlsMaterial {
+    fn clone(&self) -> Self {
+        Self {
+            roots: self.roots.clone(),
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+            identity: self.identity.clone(),
+        }
+    }
+}
+
+fn pem_err(what: &'static str, path: &Path, detail: impl ToString) -> TransportError {
+    TransportError::Pem {
+        what,
+        path: path.to_path_buf(),
+        detail: detail.to_string(),
+    }
+}
+
+impl TlsMaterial {
+    /// Loads the CA, certificate and key from PEM files.
+    pub fn load(files: &TlsFiles) -> Result<Self, TransportError> {
+        let read = |what, path: &Path| std::fs::read(path).map_err(|e| pem_err(what, path, e));
+        let ca = read("CA certificate", &files.ca)?;
+        let cert = read("certificate", &files.cert)?;
+        let key = read("private key", &files.key)?;
+        Self::from_pem(&ca, &cert, &key).map_err(|e| match e {
+            TransportError::Pem { what, detail, .. } => {
+                let path = match what {
+                    "CA certificate" => &files.ca,
+                    "certificate" => &files.cert,
+                    _ => &files.key,
+                };
+                pem_err(what, path, detail)
+            }
+            other => other,
+        })
+    }
+
+    /// Builds from PEM bytes (tests, in-memory PKI).
+    pub fn from_pem(ca: &[u8], cert: &[u8], key: &[u8]) -> Result<Self, TransportError> {
+        let none = Path::new("<memory>");
+        let mut roots = RootCertStore::empty();
+        let mut n = 0;
+        for c in CertificateDer::pem_slice_iter(ca) {
+            let c = c.map_err(|e| pem_err("CA certificate", none, e))?;
+            roots
+                .add(c)
+                .map_err(|e| pem_err("CA certificate", none, e))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(pem_err("CA certificate", none, "no certificate in file"));
+        }
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| pem_err("certificate", none, e))?;
+        let leaf = chain
+            .first()
+            .ok_or_else(|| pem_err("certificate", none, "no certificate in file"))?;
+        let identity = identity_from_cert_der(leaf).map_err(|e| pem_err("certificate", none, e))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(key).map_err(|e| pem_err("private key", none, e))?;
+        Ok(Self {
+            roots: Arc::new(roots),
+            chain,
+            key,
+            identity,
+        })
+    }
+
+    /// Checks that our own certificate chains to our CA and is valid now, as a peer will
+    /// check it: a certificate from another fleet's CA (or expired) is found at start, not
+    /// as a refused connection later. The error is the verifier's reason.
+    pub fn verify_own_chain(&self) -> Result<(), TransportError> {
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            self.roots.clone(),
+            provider(),
+        )
+        .build()
+        .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let (leaf, intermediates) = self
+            .chain
+            .split_first()
+            .ok_or_else(|| TransportError::Verifier("no certificate".into()))?;
+        verifier
+            .verify_client_cert(leaf, intermediates, rustls_pki_types::UnixTime::now())
+            .map(|_| ())
+            .map_err(TransportError::Tls)
+    }
+
+    /// Our own identity, from our certificate.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The rustls server configuration: TLS 1.3 only, client certificate required and
+    /// verified against the fleet CA.
+    pub fn rustls_server_config(&self) -> Result<rustls::ServerConfig, TransportError> {
+        let provider = provider();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+
+    /// The rustls client configuration: TLS 1.3 only, server verified against the fleet CA,
+    /// our certificate presented.
+    pub fn rustls_client_config(&self) -> Result<rustls::ClientConfig, TransportError> {
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(self.roots.clone())
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+
+    /// quinn server configuration with our transport settings.
+    pub fn quinn_server_config(&self) -> Result<quinn::ServerConfig, TransportError> {
+        let crypto =
+            quinn::crypto::rustls::QuicServerConfig::try_from(self.rustls_server_config()?)
+                .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        cfg.transport_config(Arc::new(transport_config()));
+        Ok(cfg)
+    }
+
+    /// quinn client configuration with our transport settings.
+    pub fn quinn_client_config(&self) -> Result<quinn::ClientConfig, TransportError> {
+        let crypto =
+            quinn::crypto::rustls::QuicClientConfig::try_from(self.rustls_client_config()?)
+                .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+        cfg.transport_config(Arc::new(transport_config()));
+        Ok(cfg)
+    }
+
+    /// A server endpoint listening on `addr` (which also works as a client).
+    pub fn server_endpoint(&self, addr: SocketAddr) -> Result<Endpoint, TransportError> {
+        let mut ep = Endpoint::server(self.quinn_server_config()?, addr)
+            .map_err(|source| TransportError::Bind { addr, source })?;
+        ep.set_default_client_config(self.quinn_client_config()?);
+        Ok(ep)
+    }
+
+    /// A client-only endpoint on an ephemeral port of the family of `peer`.
+    pub fn client_endpoint(&self, peer: SocketAddr) -> Result<Endpoint, TransportError> {
+        let bind: SocketAddr = if peer.is_ipv6() {
+            "[::]:0".parse().expect("literal address")
+        } else {
+            "0.0.0.0:0".parse().expect("literal address")
+        };
+        let mut ep =
+            Endpoint::client(bind).map_err(|source| TransportError::Bind { addr: bind, source })?;
+        ep.set_default_client_config(self.quinn_client_config()?);
+        Ok(ep)
+    }
+}
