@@ -41,10 +41,14 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::actions::{self, ActionServer, RebootOrder};
 use crate::backoff::{Backoff, INITIAL_BACKOFF, MAX_BACKOFF};
 use crate::checks::Checker;
-use crate::config::{Config, ConfigError, CoordinatorConfig};
+use crate::config::{Config, CoordinatorConfig};
 use crate::node::{self, NodeError};
 use crate::reload::{self, Reloads};
 use crate::systemd::{Notifier, ShutdownProbe};
+
+mod error;
+
+pub use error::AgentError;
 
 /// How long to wait for the coordinator's answer to a report. Longer than any sane
 /// coordinator write (a SQLite transaction) and well under the unreachable grace period,
@@ -59,61 +63,6 @@ pub const GOODBYE_TIMEOUT: Duration = Duration::from_secs(3);
 /// After closing the connection, how long to let quinn deliver the close frame so the
 /// coordinator sees a clean close instead of an idle timeout.
 const CLOSE_LINGER: Duration = Duration::from_millis(500);
-
-/// Errors that end the agent.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// The configuration cannot run an agent.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// The certificate, key or CA could not be loaded.
-    #[error("TLS files: {0}")]
-    Tls(#[source] TransportError),
-    /// The certificate does not name this node.
-    #[error(
-        "certificate identity {identity} does not match this node: expected role node and name {hostname:?}; issue a certificate for this hostname or set `hostname`"
-    )]
-    IdentityMismatch {
-        /// Identity in the certificate.
-        identity: String,
-        /// This node's hostname.
-        hostname: String,
-    },
-    /// The certificate does not chain to the configured CA (another fleet's CA, or
-    /// expired): the coordinator would refuse every connection.
-    #[error(
-        "certificate {cert} is not valid under the CA {ca} ({detail}); issue it from this fleet's CA or fix `ca`"
-    )]
-    ForeignCertificate {
-        /// The certificate file.
-        cert: std::path::PathBuf,
-        /// The CA file.
-        ca: std::path::PathBuf,
-        /// The verifier's reason.
-        detail: String,
-    },
-    /// Node facts (hostname, boot id) cannot be read.
-    #[error(transparent)]
-    Node(#[from] NodeError),
-}
-
-impl AgentError {
-    /// Whether restarting the agent unchanged could help (TLS files may still be being
-    /// provisioned); configuration and identity problems need an operator.
-    pub fn is_retriable(&self) -> bool {
-        matches!(self, AgentError::Tls(_))
-    }
-
-    /// Process exit code: 64 (EX_USAGE) for configuration problems, 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            AgentError::Config(_)
-            | AgentError::IdentityMismatch { .. }
-            | AgentError::ForeignCertificate { .. } => 64,
-            _ => 1,
-        }
-    }
-}
 
 /// Why one connection or report round failed; always followed by a reconnect.
 #[derive(Debug, thiserror::Error)]
