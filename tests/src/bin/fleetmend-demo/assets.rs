@@ -1,5 +1,6 @@
 //! What the demo writes for the programs it starts: the coordinator's repair procedures and
-//! remediation settings, and the shell scripts standing in for systemd and a BMC.
+//! remediation settings, the simulated BMCs' chassis control, and the shell scripts standing
+//! in for systemd (and, without `ipmi_sim`, for a BMC).
 
 /// The repair procedures of machine type `demo`: CKE's format, Fleetmend's built-ins.
 pub(super) const REPAIR_YAML: &str = r#"repair:
@@ -16,12 +17,37 @@ pub(super) const REPAIR_YAML: &str = r#"repair:
           command_timeout_seconds: 10
         - operation: "unreachable"
           repair_steps:
-            - repair_command: ["@POWER_CYCLE@"]
-              command_timeout_seconds: 30
-              watch_seconds: 30
+@DEAD_MACHINE_STEPS@
           health_check_command: ["@agent-healthy"]
           command_timeout_seconds: 10
 "#;
+
+/// The dead machine's repair steps through the bmc-gateway: each built-in with its
+/// `watch_seconds` (how long the `@agent-healthy` check is polled after the step before the
+/// next one runs). Power off, then power on: the machine boots and is back within the watch.
+// when @fence lands: `&[("@fence", 60)]` (the fence flow powers off, confirms off, releases
+// the workload with the out-of-service taint, powers on and waits for the node), and the
+// dead-machine story then checks that demo/db-0 and its VolumeAttachment were released.
+pub(super) const DEAD_MACHINE_BUILTINS: &[(&str, u32)] = &[("@power-off", 1), ("@power-on", 30)];
+
+/// The dead machine's repair steps in YAML: the built-ins through the gateway, or (`None`:
+/// no `ipmi_sim`) the stand-in script at `stand_in`.
+pub(super) fn dead_machine_steps(stand_in: Option<&str>) -> String {
+    let step = |cmd: &str, watch: u32| {
+        format!(
+            "            - repair_command: [{cmd:?}]\n              command_timeout_seconds: 30\n              watch_seconds: {watch}\n"
+        )
+    };
+    match stand_in {
+        Some(script) => step(script, 30),
+        None => DEAD_MACHINE_BUILTINS
+            .iter()
+            .map(|(b, watch)| step(b, *watch))
+            .collect(),
+    }
+    .trim_end()
+    .to_string()
+}
 
 /// Automatic remediation, with the production defaults except where the demo's compressed
 /// time or its small fleet needs otherwise.
@@ -53,7 +79,45 @@ echo "$(basename "$state" .kubelet) $unit" >> "$log"
 echo "restarted $unit"
 "#;
 
-/// Stand-in for a BMC power cycle (the demo has no BMC): asks the demo's simulated hardware
+/// `chassis_control` of every simulated BMC: `ipmi_sim` runs it as `SCRIPT 0x20 get|set
+/// PARAM [VALUE]…`. It keeps the machine's power in `./power` and appends each change to
+/// `./events` with its time, which the demo reads to stop or boot the machine.
+pub(super) const CHASSIS_CONTROL: &str = r#"#!/bin/sh
+# chassis_control for one demo BMC (ipmi_sim): "get power" prints power:0|1 from ./power;
+# "set power V", "set reset V", "set shutdown V" change it and log "<unix time> <param> <value>"
+# to ./events, where the demo program reads them and plays the machine's hardware.
+dir=$(dirname "$0")
+state="$dir/power"
+[ -f "$state" ] || echo 1 > "$state"
+shift
+op=$1
+shift
+case "$op" in
+get)
+  for p in "$@"; do
+    case "$p" in
+      power) echo "power:$(cat "$state")" ;;
+      boot) echo "boot:default" ;;
+    esac
+  done
+  ;;
+set)
+  while [ $# -gt 1 ]; do
+    p=$1; v=$2; shift 2
+    case "$p" in
+      power) echo "$v" > "$state" ;;
+      shutdown) echo 0 > "$state" ;;
+      reset) ;;
+      *) continue ;;
+    esac
+    echo "$(date +%s.%N) $p $v" >> "$dir/events"
+  done
+  ;;
+esac
+exit 0
+"#;
+
+/// Stand-in for a BMC power cycle (used only without `ipmi_sim`): asks the demo's simulated hardware
 /// to cut and restore the power of the machine at `$1` (the address the repair queue
 /// appends), and waits until it is on.
 pub(super) const POWER_CYCLE: &str = r#"#!/bin/sh

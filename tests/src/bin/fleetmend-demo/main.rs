@@ -8,10 +8,12 @@
 //! 1. a hung kubelet on one machine: detected, enqueued by itself as `unhealthy`, and the
 //!    procedure's `@restart-unit kubelet` step makes the agent run its restart command (a
 //!    script that fixes the fake kubelet); the machine reports healthy, the entry succeeds;
-//! 2. a dead machine (agent killed, its kubelet Lease stops): dead by two signals, enqueued as
-//!    `unreachable`, and the procedure's power-cycle stand-in (a script asking this program's
-//!    simulated hardware to power the machine back on: there is no BMC here) brings it back
-//!    with a new boot id;
+//! 2. a dead machine (agent killed, its kubelet Lease stops; it runs a StatefulSet pod with a
+//!    volume attached): dead by two signals, enqueued as `unreachable`, and the procedure's
+//!    `@power-off` and `@power-on` steps go through a real `bmc-gateway` to the machine's BMC,
+//!    an OpenIPMI `ipmi_sim` (one per machine, see [`bmc`]); the BMC's power-on boots it with
+//!    a new boot id. Without `ipmi_sim` a stand-in script asks this program's simulated
+//!    hardware for the power cycle instead, and the demo says so;
 //! 3. a whole rack losing power (all four agents and Leases stop at once): held as a
 //!    correlated-failure rack event, nothing enqueued, `remediation status` names the rack;
 //!    when the power returns the machines boot and nothing held is replayed.
@@ -33,15 +35,16 @@ use anyhow::{Context, bail};
 use protocol::admin::machines::MachineDetail;
 use protocol::admin::remediation::JournalLine;
 use serde_json::Value;
-use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed};
+use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed, PodSeed};
 use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, Proc, bin, start_agent};
 
 mod assets;
+mod bmc;
 mod stories;
 mod timeline;
 
-use assets::{POWER_CYCLE, REMEDIATION, REPAIR_YAML, RESTART_UNIT};
+use assets::{POWER_CYCLE, REMEDIATION, REPAIR_YAML, RESTART_UNIT, dead_machine_steps};
 use timeline::{Seen, Snapshot};
 
 /// The fleet: two racks of four, addresses from TEST-NET-1 (RFC 5737), used only as names.
@@ -81,6 +84,10 @@ const POLL: Duration = Duration::from_millis(500);
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Remediation passes a rack event must stay held for before the demo calls it held.
 const HELD_PASSES: u64 = 4;
+/// The machine that dies in story 2, and the StatefulSet pod (with a CSI volume attached)
+/// it runs: the workload a fence must release before the pod may start elsewhere.
+const DEAD_HOST: &str = "demo-r1-n3";
+const DEAD_POD: (&str, &str, &str) = ("demo", "db-0", "db");
 
 /// Set by SIGINT, SIGTERM or SIGHUP, or when stdout is closed: every wait stops at once.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -155,6 +162,8 @@ struct Machine {
     config: PathBuf,
     log: PathBuf,
     agent: Option<Proc>,
+    /// Whether the machine has power (a crashed machine still has).
+    powered: bool,
 }
 
 /// How one injected failure ended.
@@ -171,6 +180,8 @@ struct Demo {
     coord: Option<Coordinator>,
     k8s: BackgroundFake,
     machines: Vec<Machine>,
+    /// The simulated BMCs and the gateway; `None` without `ipmi_sim` (the stand-in then).
+    bmcs: Option<bmc::Bmcs>,
     seen: Seen,
     snap: Snapshot,
     last_poll: Option<Instant>,
@@ -214,32 +225,58 @@ impl Demo {
                 k8s.renew_lease(host);
                 k8s.set_kubelet_alive(host, true);
                 inventory.push_str(&format!(
-                    "[[machines]]\naddress = \"{addr}\"\nhostname = \"{host}\"\nserial = \"SN-{host}\"\n\
-                     rack = \"{rack}\"\nrole = \"cs\"\nmachine_type = \"demo\"\n\n"
+                    "[[machines]]\naddress = \"{addr}\"\nhostname = \"{host}\"\nserial = \"{}\"\n\
+                     rack = \"{rack}\"\nrole = \"cs\"\nmachine_type = \"demo\"\n\n",
+                    serial(host)
                 ));
             }
         }
         k8s.run_kubelets(LEASE_RENEW, NODE_MONITOR_GRACE);
+        let (ns, pod, set) = DEAD_POD;
+        k8s.add_namespace(ns, &[]);
+        k8s.add_pod(PodSeed::new(ns, pod, DEAD_HOST).owner("StatefulSet", set));
+        k8s.add_volume_attachment(&format!("csi-{set}-data-{pod}"), DEAD_HOST);
 
-        let power_dir = dir.join("power");
-        std::fs::create_dir_all(&power_dir)?;
-        let power_cycle = write_script(
-            dir,
-            "fake-power-cycle.sh",
-            &POWER_CYCLE.replace("@POWER@", &power_dir.display().to_string()),
-        )?;
+        let addrs: Vec<(&'static str, String)> = RACKS
+            .iter()
+            .flat_map(|(_, list)| list.iter().map(|(a, h)| (*a, serial(h))))
+            .collect();
+        let bmcs = bmc::Bmcs::start(dir, &pki, &addrs)?;
         let restart = write_script(dir, "fake-systemctl-restart.sh", RESTART_UNIT)?;
+        let stand_in = match &bmcs {
+            Some(_) => None,
+            None => {
+                let power_dir = dir.join("power");
+                std::fs::create_dir_all(&power_dir)?;
+                let script = write_script(
+                    dir,
+                    "fake-power-cycle.sh",
+                    &POWER_CYCLE.replace("@POWER@", &power_dir.display().to_string()),
+                )?;
+                Some(script.display().to_string())
+            }
+        };
         let repair = dir.join("repair.yaml");
         std::fs::write(
             &repair,
-            REPAIR_YAML.replace("@POWER_CYCLE@", &power_cycle.display().to_string()),
+            REPAIR_YAML.replace(
+                "@DEAD_MACHINE_STEPS@",
+                &dead_machine_steps(stand_in.as_deref()),
+            ),
         )?;
-        let extra = format!(
+        let mut extra = format!(
             "[repair]\nconfig = {:?}\n\n[kubernetes]\nkubeconfig = {:?}\nnode_view_refresh = \"1s\"\n\
              request_timeout = \"5s\"\n\n{REMEDIATION}",
             repair.display().to_string(),
             k8s.kubeconfig().display().to_string(),
         );
+        if let Some(b) = &bmcs {
+            let racks: Vec<&str> = RACKS.iter().map(|(r, _)| *r).collect();
+            extra.push_str(&format!(
+                "\n[[gateways.targets]]\nname = \"demo-racks\"\naddress = \"{}\"\nserver_name = \"127.0.0.1\"\nracks = {racks:?}\n",
+                b.quic
+            ));
+        }
         let coord = Coordinator::start(
             &dir.join("coordinator"),
             &pki,
@@ -300,6 +337,7 @@ impl Demo {
                     log: dir.join(format!("{host}.log")),
                     config,
                     agent: None,
+                    powered: true,
                 });
             }
         }
@@ -310,6 +348,7 @@ impl Demo {
             coord: Some(coord),
             k8s,
             machines,
+            bmcs,
             seen: Seen::default(),
             snap: Snapshot::default(),
             last_poll: None,
@@ -337,9 +376,22 @@ impl Demo {
             "start",
             "8 node-agents (rack-1: demo-r1-n1..n4, rack-2: demo-r2-n1..n4), mutual-TLS QUIC",
         );
+        let power = match &demo.bmcs {
+            Some(b) => format!(
+                "power control: a bmc-gateway on {} in front of 8 OpenIPMI ipmi_sim BMCs, one per machine (127.0.0.1 UDP ports {}–{})",
+                b.quic,
+                b.bmcs.iter().map(|m| m.port).min().unwrap_or(0),
+                b.bmcs.iter().map(|m| m.port).max().unwrap_or(0),
+            ),
+            None => "power control: ipmi_sim is NOT installed, so no BMC and no bmc-gateway: a stand-in script asks simulated hardware in this program for the power cycle (scripts/demo.sh installs openipmi when it can)".to_string(),
+        };
+        demo.say("start", &power);
         demo.say(
             "start",
-            "power control: a stand-in script and simulated hardware in this program (no BMC, no bmc-gateway)",
+            &format!(
+                "{DEAD_HOST} runs {}/{} (StatefulSet {}) with a CSI volume attached",
+                DEAD_POD.0, DEAD_POD.1, DEAD_POD.2
+            ),
         );
         demo.wait("every machine to report healthy", SCENARIO_TIMEOUT, |d| {
             (d.snap.machines.len() == d.machines.len()
@@ -350,10 +402,70 @@ impl Demo {
         Ok(demo)
     }
 
-    /// Plays the hardware under the power-cycle stand-in: a request file from the script
-    /// cuts the machine's power (its agent dies), then powers it on: a new boot id, the agent
-    /// and the kubelet start again; the answer file lets the script finish.
+    /// Plays the hardware under the BMCs (or the stand-in): each power change a BMC applied
+    /// stops or boots its machine, and the timeline shows it as the BMC saw it.
     fn serve_power(&mut self) -> anyhow::Result<()> {
+        self.serve_stand_in()?;
+        let events = match &mut self.bmcs {
+            Some(b) => b.power_events(),
+            None => return Ok(()),
+        };
+        if events.is_empty() {
+            return Ok(());
+        }
+        // Show the admission and the running entry before what the hardware does.
+        self.last_poll = None;
+        let _ = self.poll();
+        for e in events {
+            let Some(i) = self.machines.iter().position(|m| m.addr == e.machine) else {
+                continue;
+            };
+            let host = self.machines[i].host;
+            let port = self
+                .bmcs
+                .as_ref()
+                .and_then(|b| b.bmcs.iter().find(|m| m.machine == e.machine))
+                .map_or(0, |m| m.port);
+            let bmc = format!(
+                "{host}'s BMC (ipmi_sim on 127.0.0.1:{port}) applied `{}` from the bmc-gateway",
+                e.what
+            );
+            let reset = e.what.starts_with("reset");
+            let what = match (e.on, self.machines[i].powered) {
+                (false, _) => {
+                    self.power_off(i);
+                    format!("powered off at {}: the machine stays dead", e.at)
+                }
+                (true, false) => {
+                    let boot = self.power_on(i)?;
+                    format!(
+                        "powered on at {}: boots with a new boot id {}…, agent and kubelet starting",
+                        e.at,
+                        &boot[..8]
+                    )
+                }
+                (true, true) if reset => {
+                    let boot = self.power_on(i)?;
+                    format!(
+                        "reset at {}: reboots with a new boot id {}…",
+                        e.at,
+                        &boot[..8]
+                    )
+                }
+                (true, true) => format!("power on at {}: it was on, nothing changes", e.at),
+            };
+            self.say("power", &format!("{bmc}: {what}"));
+        }
+        Ok(())
+    }
+
+    /// Plays the hardware under the power-cycle stand-in (no `ipmi_sim`): a request file
+    /// from the script cuts the machine's power (its agent dies), then powers it on: a new
+    /// boot id, the agent and the kubelet start again; the answer file lets the script finish.
+    fn serve_stand_in(&mut self) -> anyhow::Result<()> {
+        if self.bmcs.is_some() {
+            return Ok(());
+        }
         let power = self.dir.join("power");
         for i in 0..self.machines.len() {
             let req = power.join(format!("{}.cycle", self.machines[i].addr));
@@ -381,6 +493,16 @@ impl Demo {
         Ok(())
     }
 
+    /// Machine `i` loses power: its agent dies, its kubelet stops renewing its Lease.
+    fn power_off(&mut self, i: usize) {
+        let m = &mut self.machines[i];
+        if let Some(mut a) = m.agent.take() {
+            a.sigkill();
+        }
+        m.powered = false;
+        self.k8s.set_kubelet_alive(m.host, false);
+    }
+
     /// Machine `i` boots: whatever ran stops, a new boot id, its agent and kubelet start.
     fn power_on(&mut self, i: usize) -> anyhow::Result<String> {
         let m = &mut self.machines[i];
@@ -389,6 +511,7 @@ impl Demo {
         }
         let boot = m.fixture.new_boot_id()?;
         m.agent = Some(start_agent(m.host, &m.config, &m.log)?);
+        m.powered = true;
         self.k8s.set_kubelet_alive(m.host, true);
         Ok(boot)
     }
@@ -521,17 +644,31 @@ impl Demo {
         } else {
             "Look closer (these reach the demo coordinator while it runs: `scripts/demo.sh --keep` keeps it up):"
         });
-        for args in [
+        let mut commands = vec![
             "repair-queue list",
-            "repair-queue show 1",
+            "repair-queue show 2",
             "events",
             "remediation status",
             "machines list",
-        ] {
+        ];
+        // `fence list` once this coordinatorctl has it (the fence flow's table).
+        if self.coord().ctl(&["fence", "list", "--help"]).is_ok() {
+            commands.push("fence list");
+        }
+        for args in commands {
             out(&format!("  {ctl} --profile {p} {args}"));
         }
+        let gateway = if self.bmcs.is_some() {
+            format!(
+                ", {}/gateway.log, {}/bmc-<address>/",
+                self.dir.display(),
+                self.dir.display()
+            )
+        } else {
+            String::new()
+        };
         out(&format!(
-            "  logs: {}/coordinator/coordinator-1.log, {}/<host>.log{}",
+            "  logs: {}/coordinator/coordinator-1.log, {}/<host>.log{gateway}{}",
             self.dir.display(),
             self.dir.display(),
             if keep {
@@ -543,7 +680,8 @@ impl Demo {
     }
 
     /// Stops everything: agents first, then the coordinator cleanly (it kills any repair
-    /// command still running), then the in-process fakes as the fields drop.
+    /// command still running), the gateway and the BMC simulators, then the in-process
+    /// fakes as the fields drop.
     fn shutdown(&mut self) {
         for m in &mut self.machines {
             if let Some(mut a) = m.agent.take() {
@@ -555,6 +693,9 @@ impl Demo {
         {
             let _ = p.sigterm(Duration::from_secs(5));
         }
+        if let Some(b) = &mut self.bmcs {
+            b.stop();
+        }
     }
 }
 
@@ -562,6 +703,11 @@ impl Drop for Demo {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The serial number of the demo machine `host`, in the inventory and the gateway alike.
+fn serial(host: &str) -> String {
+    format!("SN-{host}")
 }
 
 fn write_script(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
@@ -602,10 +748,13 @@ fn run(keep: bool) -> anyhow::Result<bool> {
     } else {
         "Some injected failures did NOT end as described (see the timeline above)."
     });
-    out(
-        "Power: the power cycle is a stand-in script and simulated hardware, no BMC; \
-         tests/tests/power_repair.rs drives a real bmc-gateway and ipmi_sim.",
-    );
+    out(if demo.bmcs.is_some() {
+        "Power: every power action went from the coordinator through a real bmc-gateway to \
+         OpenIPMI ipmi_sim BMCs (the machines under them are simulated)."
+    } else {
+        "Power: ipmi_sim is not installed, so the power cycle was a stand-in script and \
+         simulated hardware, no BMC and no bmc-gateway (install openipmi for the real path)."
+    });
     demo.look_closer(keep);
     if keep {
         out("--keep: the fleet keeps running; press Ctrl-C to stop it.");

@@ -7,7 +7,8 @@ use anyhow::{Context, bail};
 use protocol::admin::remediation::RemediationStatus;
 use serde_json::Value;
 
-use super::{Demo, HELD_PASSES, SCENARIO_TIMEOUT, field};
+use super::assets::DEAD_MACHINE_BUILTINS;
+use super::{DEAD_HOST, DEAD_POD, Demo, HELD_PASSES, SCENARIO_TIMEOUT, field};
 
 impl Demo {
     /// 1. A hung kubelet, restarted by the agent on the coordinator's request.
@@ -59,9 +60,10 @@ impl Demo {
         ))
     }
 
-    /// 2. A dead machine, power-cycled by the repair procedure.
+    /// 2. A dead machine, powered off and on through the bmc-gateway by the repair procedure
+    /// (or power-cycled by the stand-in without `ipmi_sim`).
     pub(super) fn dead_machine(&mut self) -> anyhow::Result<String> {
-        let host = "demo-r1-n3";
+        let host = DEAD_HOST;
         let addr = self.machine(host).addr;
         let boot_before = self.boot_id(addr)?;
         if let Some(mut a) = self.machine(host).agent.take() {
@@ -97,10 +99,74 @@ impl Demo {
         if boot_after == boot_before {
             bail!("{host} is back with the same boot id {boot_after}");
         }
+        let power = self.power_path(addr, &index)?;
+        let workload = self.workload_on(host);
         Ok(format!(
-            "dead by two signals (agent silent, Lease stale, Ready Unknown); enqueued `unreachable` (entry {index}); power-cycle stand-in ran; back with a new boot id, entry succeeded ({:.0} s)",
+            "dead by two signals (agent silent, Lease stale, Ready Unknown); enqueued `unreachable` (entry {index}); {power}; back with a new boot id, entry succeeded ({:.0} s); {workload}",
             t0.elapsed().as_secs_f64()
         ))
+    }
+
+    /// How the dead machine's power came back, checked: through the gateway, the entry's
+    /// history names each built-in and the machine's BMC applied a power off, then an on.
+    fn power_path(&mut self, addr: &str, index: &str) -> anyhow::Result<String> {
+        let Some(bmcs) = &self.bmcs else {
+            return Ok("power-cycle stand-in ran (no ipmi_sim: no BMC, no bmc-gateway)".into());
+        };
+        let changes: Vec<_> = bmcs.seen.iter().filter(|e| e.machine == addr).collect();
+        let off = changes.iter().position(|e| !e.on);
+        let on = changes.iter().rposition(|e| e.on);
+        let (Some(off), Some(on)) = (off, on) else {
+            bail!("{addr}'s BMC never applied a power off and a power on: {changes:?}");
+        };
+        if on < off {
+            bail!("{addr}'s BMC applied the power on before the power off: {changes:?}");
+        }
+        let show: Value = self
+            .coord()
+            .ctl_json(&["repair-queue", "show", index, "--json"])?;
+        for (builtin, _) in DEAD_MACHINE_BUILTINS {
+            let ran = show["history"].as_array().is_some_and(|h| {
+                h.iter().any(|e| {
+                    field(e, "event") == "command-succeeded" && field(e, "detail").contains(builtin)
+                })
+            });
+            if !ran {
+                bail!("entry {index} has no successful {builtin} step: {show}");
+            }
+        }
+        let steps: Vec<&str> = DEAD_MACHINE_BUILTINS.iter().map(|(b, _)| *b).collect();
+        Ok(format!(
+            "{} through the bmc-gateway: its ipmi_sim BMC powered it off at {} and on at {}",
+            steps.join(" then "),
+            changes[off].at,
+            changes[on].at
+        ))
+    }
+
+    /// Where the dead machine's StatefulSet pod and its volume attachment stand now.
+    fn workload_on(&self, host: &str) -> String {
+        let (ns, pod, _) = DEAD_POD;
+        let bound = self.k8s.pods_on(host).iter().any(|p| {
+            p["metadata"]["namespace"] == ns
+                && p["metadata"]["name"] == pod
+                && p["metadata"]["deletionTimestamp"].is_null()
+        });
+        let attached = !self.k8s.volume_attachments_on(host).is_empty();
+        match (bound, attached) {
+            (false, false) => format!(
+                "workload released: {ns}/{pod} and its volume attachment are gone from {host}"
+            ),
+            // when @fence lands: this is where the demo stops accepting a still-bound pod.
+            _ => format!(
+                "workload not released: {ns}/{pod}{} still on {host} (power off/on alone does not release it; the repair queue's @fence will)",
+                if attached {
+                    " and its volume attachment"
+                } else {
+                    ""
+                }
+            ),
+        }
     }
 
     /// 3. A rack losing power: held as one event, nothing enqueued.
@@ -113,11 +179,14 @@ impl Demo {
             .filter(|m| m.rack == rack)
             .map(|m| (m.addr, m.host))
             .collect();
-        for (_, host) in &hosts {
-            if let Some(mut a) = self.machine(host).agent.take() {
-                a.sigkill();
+        for i in 0..self.machines.len() {
+            if self.machines[i].rack == rack {
+                self.power_off(i);
+                // The BMCs, on the rack's power too, read off when it comes back.
+                if let Some(b) = &self.bmcs {
+                    b.set_power_state(self.machines[i].addr, false)?;
+                }
             }
-            self.k8s.set_kubelet_alive(host, false);
         }
         self.say(
             "inject",
@@ -162,6 +231,9 @@ impl Demo {
         );
         for i in 0..self.machines.len() {
             if self.machines[i].rack == rack {
+                if let Some(b) = &self.bmcs {
+                    b.set_power_state(self.machines[i].addr, true)?;
+                }
                 self.power_on(i)?;
             }
         }
