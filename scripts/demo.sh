@@ -1,10 +1,44 @@
 #!/usr/bin/env bash
 # The full-story demo: builds the binaries it needs, then starts on loopback the fake
-# Kubernetes API server, a coordinator with automatic remediation and eight node-agents in
-# two racks, and injects a hung kubelet, a dead machine and a rack power loss while printing
-# what the coordinator decides by itself. Exit 0 when every failure ended as described.
+# Kubernetes API server, a coordinator with automatic remediation, a bmc-gateway in front of
+# one OpenIPMI ipmi_sim BMC per machine, and eight node-agents in two racks, and injects a
+# hung kubelet, a dead machine and a rack power loss while printing what the coordinator
+# decides by itself. Exit 0 when every failure ended as described.
 # Pass --keep to leave the fleet running (until Ctrl-C) for the commands it prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet -p fleetmend-coordinator -p fleetmend-node-agent -p fleetmend-tests --bins
+
+have_ipmi_sim() {
+  command -v ipmi_sim >/dev/null 2>&1 || [ -x /usr/sbin/ipmi_sim ] || [ -x /usr/bin/ipmi_sim ]
+}
+
+# ipmi_sim (Debian/Ubuntu package openipmi) plays the BMCs. Installed here when this user may
+# (root, or sudo without a password prompt); otherwise the demo falls back to a stand-in
+# script for the power cycle, and says so.
+if ! have_ipmi_sim; then
+  sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo=(sudo -n)
+    else
+      sudo=(none)
+    fi
+  fi
+  if [ "${sudo[0]:-}" != none ] && command -v apt-get >/dev/null 2>&1; then
+    echo "demo.sh: installing openipmi (ipmi_sim plays the demo's BMCs) with apt-get"
+    apt_install() {
+      "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends openipmi >/dev/null
+    }
+    apt_install 2>/dev/null || { "${sudo[@]}" apt-get update -qq >/dev/null && apt_install; } ||
+      echo "demo.sh: apt-get could not install openipmi"
+  fi
+  if ! have_ipmi_sim; then
+    echo "demo.sh: ipmi_sim is NOT installed (as root: apt-get install openipmi), so this run has"
+    echo "         no BMC and no bmc-gateway: a stand-in script power-cycles the dead machine."
+  fi
+fi
+
+cargo build --quiet -p fleetmend-coordinator -p fleetmend-node-agent -p fleetmend-bmc-gateway \
+  -p fleetmend-tests --bins
 FLEETMEND_BIN_DIR="$(pwd)/target/debug" exec target/debug/fleetmend-demo "$@"

@@ -1,7 +1,13 @@
 //! The README's first command, end to end: `fleetmend-demo` (what `scripts/demo.sh` runs
-//! after building) must end every injected failure as described, say so in its summary,
-//! exit 0, and leave no process behind; interrupted midway (Ctrl-C), it must stop
-//! everything it started and exit 130.
+//! after building) must end every injected failure as described, the dead machine's power
+//! going through its bmc-gateway to OpenIPMI `ipmi_sim` BMCs, say so in its summary, exit 0,
+//! and leave no process behind; interrupted midway (Ctrl-C, SIGTERM, its output closed as by
+//! `| head`), it must stop everything it started (the gateway and the simulators included).
+//! With `--stand-in` (what it falls back to without `ipmi_sim`) it says plainly that there is
+//! no BMC.
+//!
+//! Needs `ipmi_sim` (scripts/setup-test-deps.sh installs it): without it the demo would fall
+//! back to its stand-in and the first test fails, as it should in CI.
 //!
 //! Leftovers are found by an environment variable set only for the demo (not `FLEETMEND_*`,
 //! which the test kit keeps from children): every process it starts (coordinator, agents,
@@ -28,10 +34,11 @@ struct Run {
 }
 
 impl Run {
-    fn start() -> anyhow::Result<Self> {
+    fn start(args: &[&str]) -> anyhow::Result<Self> {
         let marker = format!("{}-{:016x}", std::process::id(), rand::random::<u64>());
         let mut cmd = command("fleetmend-demo");
-        cmd.env("FLEETMEND_BIN_DIR", bin_dir())
+        cmd.args(args)
+            .env("FLEETMEND_BIN_DIR", bin_dir())
             .env("DEMO_TEST_MARKER", &marker)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -54,17 +61,17 @@ impl Run {
         })
     }
 
-    /// Reads lines until one contains `needle` or stdout ends.
-    fn until(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
+    /// Reads lines until one contains `needle` or stdout ends; returns that line.
+    fn until(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(l) => {
                     let found = l.contains(needle);
-                    self.seen.push(l);
+                    self.seen.push(l.clone());
                     if found {
-                        return Ok(());
+                        return Ok(l);
                     }
                 }
                 Err(_) => bail!(
@@ -159,20 +166,48 @@ fn work_dir(out: &str) -> Option<&str> {
 #[test]
 fn the_demo_ends_every_injected_failure_as_described_and_leaves_nothing_running()
 -> anyhow::Result<()> {
-    let mut run = Run::start()?;
+    let mut run = Run::start(&[])?;
     let (code, out) = run.finish(DEMO_TIMEOUT)?;
     assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("power control: a bmc-gateway on 127.0.0.1:")
+            && out.contains("in front of 8 OpenIPMI ipmi_sim BMCs"),
+        "the demo did not start its gateway and BMCs:\n{out}"
+    );
     // The timeline shows the coordinator deciding by itself, as an operator reads it.
     for needle in [
         "admitted [auto-repair]: admitted: 192.0.2.12 operation unhealthy",
         "command-succeeded: step 0: @restart-unit kubelet",
         "admitted [auto-repair]: admitted: 192.0.2.13 operation unreachable",
-        "simulated power off and on",
+        "command-succeeded: step 0: @power-off: done, power Off",
+        "command-succeeded: step 1: @power-on: done, power On",
         "held [correlated-failure]: held: rack rack-2 lost 4 of 4 machines",
         "coordinatorctl remediation status: held: rack rack-2",
     ] {
         assert!(out.contains(needle), "no {needle:?} in:\n{out}");
     }
+    // The power actions as the dead machine's BMC applied them: off, then on (the boot).
+    let bmc = "demo-r1-n3's BMC (ipmi_sim on 127.0.0.1:";
+    let power: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(" power ") && l.contains(bmc))
+        .collect();
+    assert_eq!(power.len(), 2, "{power:#?}\n{out}");
+    assert!(
+        power[0].contains("applied `power 0` from the bmc-gateway: powered off at "),
+        "{}",
+        power[0]
+    );
+    assert!(
+        power[1].contains("applied `power 1` from the bmc-gateway: powered on at ")
+            && power[1].contains("boots with a new boot id"),
+        "{}",
+        power[1]
+    );
+    assert!(
+        !out.contains("stand-in"),
+        "the stand-in ran although ipmi_sim is installed:\n{out}"
+    );
     // The summary: one row per injected failure, each expected.
     let summary = out
         .split_once("\nSummary\n")
@@ -190,6 +225,12 @@ fn the_demo_ends_every_injected_failure_as_described_and_leaves_nothing_running(
         let rest = row.trim_start()[injected.len()..].trim_start();
         assert!(rest.starts_with("yes "), "{row}");
     }
+    assert!(
+        summary.contains(
+            "@power-off then @power-on through the bmc-gateway: its ipmi_sim BMC powered it off at "
+        ),
+        "{summary}"
+    );
     assert!(
         summary.contains("All 3 injected failures ended as described."),
         "{summary}"
@@ -210,8 +251,9 @@ fn the_demo_ends_every_injected_failure_as_described_and_leaves_nothing_running(
 
 #[test]
 fn an_interrupted_demo_stops_everything_it_started() -> anyhow::Result<()> {
-    let mut run = Run::start()?;
-    // Midway: the first failure is injected and the coordinator is repairing.
+    let mut run = Run::start(&[])?;
+    // Midway: the gateway and the BMCs run, the first failure is injected.
+    run.until("power control: a bmc-gateway on", DEMO_TIMEOUT)?;
     run.until("inject", DEMO_TIMEOUT)?;
     let pid = run.child.id().to_string();
     let status = std::process::Command::new("kill")
@@ -224,5 +266,38 @@ fn an_interrupted_demo_stops_everything_it_started() -> anyhow::Result<()> {
     run.assert_nothing_left()?;
     let dir = work_dir(&out).context("no working directory line")?;
     assert!(!std::path::Path::new(dir).exists(), "{dir} is left behind");
+    Ok(())
+}
+
+#[test]
+fn a_demo_whose_output_is_closed_stops_quietly_and_leaves_nothing_running() -> anyhow::Result<()> {
+    let mut run = Run::start(&[])?;
+    run.until("power control: a bmc-gateway on", DEMO_TIMEOUT)?;
+    // As `| head` does: the reader goes away; the reading thread drops the pipe at the next
+    // line, and the demo's next write fails.
+    run.lines = mpsc::channel().1;
+    let (code, _) = run.finish(Duration::from_secs(60))?;
+    assert_eq!(code, Some(0), "{}", run.seen.join("\n"));
+    run.assert_nothing_left()?;
+    Ok(())
+}
+
+#[test]
+fn with_the_stand_in_it_says_plainly_there_is_no_bmc_and_sigterm_stops_it() -> anyhow::Result<()> {
+    let mut run = Run::start(&["--stand-in"])?;
+    let line = run.until("power control:", DEMO_TIMEOUT)?;
+    assert!(
+        line.contains("--stand-in, so no BMC and no bmc-gateway: a stand-in script"),
+        "{line}"
+    );
+    run.until("inject", DEMO_TIMEOUT)?;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &run.child.id().to_string()])
+        .status()?;
+    assert!(status.success());
+    let (code, out) = run.finish(Duration::from_secs(30))?;
+    assert_eq!(code, Some(130), "{out}");
+    assert!(!out.contains("bmc-gateway on"), "{out}");
+    run.assert_nothing_left()?;
     Ok(())
 }

@@ -212,7 +212,9 @@ impl Demo {
             .map_or(addr, |m| m.host)
     }
 
-    fn start(dir: &Path) -> anyhow::Result<Self> {
+    /// Starts the fleet in `dir`; `stand_in` uses the power-cycle stand-in even when
+    /// `ipmi_sim` is installed.
+    fn start(dir: &Path, stand_in: bool) -> anyhow::Result<Self> {
         let started = Instant::now();
         out(&format!("Fleetmend demo: working in {}", dir.display()));
         let pki = Pki::create(&dir.join("pki"), "demo.fleetmend")?;
@@ -241,9 +243,13 @@ impl Demo {
             .iter()
             .flat_map(|(_, list)| list.iter().map(|(a, h)| (*a, serial(h))))
             .collect();
-        let bmcs = bmc::Bmcs::start(dir, &pki, &addrs)?;
+        let bmcs = if stand_in {
+            None
+        } else {
+            bmc::Bmcs::start(dir, &pki, &addrs)?
+        };
         let restart = write_script(dir, "fake-systemctl-restart.sh", RESTART_UNIT)?;
-        let stand_in = match &bmcs {
+        let stand_in_script = match &bmcs {
             Some(_) => None,
             None => {
                 let power_dir = dir.join("power");
@@ -261,7 +267,7 @@ impl Demo {
             &repair,
             REPAIR_YAML.replace(
                 "@DEAD_MACHINE_STEPS@",
-                &dead_machine_steps(stand_in.as_deref()),
+                &dead_machine_steps(stand_in_script.as_deref()),
             ),
         )?;
         let mut extra = format!(
@@ -383,7 +389,14 @@ impl Demo {
                 b.bmcs.iter().map(|m| m.port).min().unwrap_or(0),
                 b.bmcs.iter().map(|m| m.port).max().unwrap_or(0),
             ),
-            None => "power control: ipmi_sim is NOT installed, so no BMC and no bmc-gateway: a stand-in script asks simulated hardware in this program for the power cycle (scripts/demo.sh installs openipmi when it can)".to_string(),
+            None => format!(
+                "power control: {}, so no BMC and no bmc-gateway: a stand-in script asks simulated hardware in this program for the power cycle",
+                if stand_in {
+                    "--stand-in"
+                } else {
+                    "ipmi_sim is NOT installed (scripts/demo.sh installs openipmi when it may)"
+                }
+            ),
         };
         demo.say("start", &power);
         demo.say(
@@ -718,12 +731,12 @@ fn write_script(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn run(keep: bool) -> anyhow::Result<bool> {
+fn run(keep: bool, stand_in: bool) -> anyhow::Result<bool> {
     catch_signals()?;
     let work = tempfile::Builder::new()
         .prefix("fleetmend-demo-")
         .tempdir()?;
-    let mut demo = Demo::start(work.path())?;
+    let mut demo = Demo::start(work.path(), stand_in)?;
     let outcomes = [
         demo.scenario("a kubelet hangs on demo-r1-n2", Demo::kubelet_failure)?,
         demo.scenario("demo-r1-n3 dies", Demo::dead_machine)?,
@@ -752,8 +765,8 @@ fn run(keep: bool) -> anyhow::Result<bool> {
         "Power: every power action went from the coordinator through a real bmc-gateway to \
          OpenIPMI ipmi_sim BMCs (the machines under them are simulated)."
     } else {
-        "Power: ipmi_sim is not installed, so the power cycle was a stand-in script and \
-         simulated hardware, no BMC and no bmc-gateway (install openipmi for the real path)."
+        "Power: the power cycle was a stand-in script and simulated hardware, no BMC and no \
+         bmc-gateway (with openipmi installed the demo drives a bmc-gateway and ipmi_sim)."
     });
     demo.look_closer(keep);
     if keep {
@@ -770,16 +783,19 @@ fn run(keep: bool) -> anyhow::Result<bool> {
     Ok(all)
 }
 
-const USAGE: &str = "usage: fleetmend-demo [--keep]\n\n\
+const USAGE: &str = "usage: fleetmend-demo [--keep] [--stand-in]\n\n\
 The full-story Fleetmend demo on loopback (run it through scripts/demo.sh, which builds the\n\
-binaries first). --keep leaves the fleet running until Ctrl-C. Exit 0 when every injected\n\
-failure ended as described, 1 when one did not, 130 when interrupted.";
+binaries first). --keep leaves the fleet running until Ctrl-C. --stand-in powers machines\n\
+with a stand-in script instead of a bmc-gateway and ipmi_sim (the default without ipmi_sim).\n\
+Exit 0 when every injected failure ended as described, 1 when one did not, 130 when\n\
+interrupted.";
 
 fn main() -> ExitCode {
-    let mut keep = false;
+    let (mut keep, mut stand_in) = (false, false);
     for a in std::env::args().skip(1) {
         match a.as_str() {
             "--keep" => keep = true,
+            "--stand-in" => stand_in = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -790,7 +806,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    match run(keep) {
+    match run(keep, stand_in) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) if e.is::<Interrupted>() && STDOUT_GONE.load(Ordering::SeqCst) => ExitCode::SUCCESS,

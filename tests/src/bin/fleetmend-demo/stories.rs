@@ -111,7 +111,7 @@ impl Demo {
     /// history names each built-in and the machine's BMC applied a power off, then an on.
     fn power_path(&mut self, addr: &str, index: &str) -> anyhow::Result<String> {
         let Some(bmcs) = &self.bmcs else {
-            return Ok("power-cycle stand-in ran (no ipmi_sim: no BMC, no bmc-gateway)".into());
+            return Ok("power-cycle stand-in ran (no BMC, no bmc-gateway)".into());
         };
         let changes: Vec<_> = bmcs.seen.iter().filter(|e| e.machine == addr).collect();
         let off = changes.iter().position(|e| !e.on);
