@@ -60,8 +60,8 @@ impl Demo {
         ))
     }
 
-    /// 2. A dead machine, powered off and on through the bmc-gateway by the repair procedure
-    /// (or power-cycled by the stand-in without `ipmi_sim`).
+    /// 2. A dead machine, powered off and on through the bmc-gateway by the repair
+    ///    procedure (or power-cycled by the stand-in without `ipmi_sim`).
     pub(super) fn dead_machine(&mut self) -> anyhow::Result<String> {
         let host = DEAD_HOST;
         let addr = self.machine(host).addr;
