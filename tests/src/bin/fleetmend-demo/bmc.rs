@@ -29,8 +29,8 @@ use super::write_script;
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The BMC administrator every simulator knows (the gateway reads the password from a file).
-const BMC_USER: &str = "admin";
-const BMC_PASSWORD: &str = "demo-bmc-secret";
+pub(super) const BMC_USER: &str = "admin";
+pub(super) const BMC_PASSWORD: &str = "demo-bmc-secret";
 
 /// One simulated BMC.
 pub(super) struct Bmc {

@@ -369,8 +369,9 @@ impl Demo {
         demo.say(
             "start",
             &format!(
-                "coordinator on {} with [remediation], [repair] and [kubernetes]; metrics on http://{}/metrics",
+                "coordinator on {} with [remediation], [repair], [kubernetes]{}; metrics on http://{}/metrics",
                 demo.coord().quic,
+                if demo.bmcs.is_some() { " and [gateways]" } else { "" },
                 demo.coord().http
             ),
         );
@@ -613,6 +614,13 @@ impl Demo {
             .expect("a machine of the demo fleet")
     }
 
+    fn machine_addr(&self, host: &str) -> &'static str {
+        self.machines
+            .iter()
+            .find(|m| m.host == host)
+            .map_or("", |m| m.addr)
+    }
+
     fn boot_id(&self, addr: &str) -> anyhow::Result<String> {
         let d: MachineDetail = self.coord().machine(addr)?;
         d.boot_id.context("no boot id reported")
@@ -680,6 +688,19 @@ impl Demo {
         } else {
             String::new()
         };
+        if let Some(b) = &self.bmcs
+            && let Some(m) = b
+                .bmcs
+                .iter()
+                .find(|m| m.machine == self.machine_addr(DEAD_HOST))
+        {
+            out(&format!(
+                "  {DEAD_HOST}'s BMC: ipmitool -I lanplus -C 3 -H 127.0.0.1 -p {} -U {} -P {} chassis power status",
+                m.port,
+                bmc::BMC_USER,
+                bmc::BMC_PASSWORD
+            ));
+        }
         out(&format!(
             "  logs: {}/coordinator/coordinator-1.log, {}/<host>.log{gateway}{}",
             self.dir.display(),
