@@ -26,8 +26,10 @@ pub(super) const REPAIR_YAML: &str = r#"repair:
 /// `watch_seconds` (how long the `@agent-healthy` check is polled after the step before the
 /// next one runs). Power off, then power on: the machine boots and is back within the watch.
 // when @fence lands: `&[("@fence", 60)]` (the fence flow powers off, confirms off, releases
-// the workload with the out-of-service taint, powers on and waits for the node), and the
-// dead-machine story then checks that demo/db-0 and its VolumeAttachment were released.
+// the workload with the out-of-service taint, powers on and waits for the node). Nothing else
+// changes: the dead-machine story then requires demo/db-0 and its VolumeAttachment to be
+// released, the timeline shows the taint and the release, and tests/tests/demo.rs checks
+// them (tried against the `fence` branch's coordinator: the demo passes in ~30 s).
 pub(super) const DEAD_MACHINE_BUILTINS: &[(&str, u32)] = &[("@power-off", 1), ("@power-on", 30)];
 
 /// The dead machine's repair steps in YAML: the built-ins through the gateway, or (`None`:

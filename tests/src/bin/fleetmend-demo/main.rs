@@ -550,6 +550,7 @@ impl Demo {
                 Err(e) => last_err = format!("; last error: {e:#}"),
             }
             self.serve_power()?;
+            self.watch_dead_node();
             if Instant::now() >= deadline {
                 bail!("timed out after {timeout:?} waiting for {what}{last_err}");
             }

@@ -100,7 +100,11 @@ impl Demo {
             bail!("{host} is back with the same boot id {boot_after}");
         }
         let power = self.power_path(addr, &index)?;
-        let workload = self.workload_on(host);
+        let (released, workload) = self.workload_on(host);
+        // A fence releases the workload before it powers the machine on.
+        if self.bmcs.is_some() && fences() && !released {
+            bail!("{workload}");
+        }
         Ok(format!(
             "dead by two signals (agent silent, Lease stale, Ready Unknown); enqueued `unreachable` (entry {index}); {power}; back with a new boot id, entry succeeded ({:.0} s); {workload}",
             t0.elapsed().as_secs_f64()
@@ -125,14 +129,15 @@ impl Demo {
         let show: Value = self
             .coord()
             .ctl_json(&["repair-queue", "show", index, "--json"])?;
-        for (builtin, _) in DEAD_MACHINE_BUILTINS {
+        for (step, (builtin, _)) in DEAD_MACHINE_BUILTINS.iter().enumerate() {
             let ran = show["history"].as_array().is_some_and(|h| {
                 h.iter().any(|e| {
-                    field(e, "event") == "command-succeeded" && field(e, "detail").contains(builtin)
+                    field(e, "event") == "command-succeeded"
+                        && field(e, "detail").starts_with(&format!("step {step}: "))
                 })
             });
             if !ran {
-                bail!("entry {index} has no successful {builtin} step: {show}");
+                bail!("entry {index} has no successful step {step} ({builtin}): {show}");
             }
         }
         let steps: Vec<&str> = DEAD_MACHINE_BUILTINS.iter().map(|(b, _)| *b).collect();
@@ -144,31 +149,47 @@ impl Demo {
         ))
     }
 
-    /// Where the dead machine's StatefulSet pod and its volume attachment stand now.
-    fn workload_on(&self, host: &str) -> String {
+    /// Whether the dead machine's StatefulSet pod and its volume attachment are released
+    /// (gone from the API server), and a sentence saying where they stand.
+    fn workload_on(&self, host: &str) -> (bool, String) {
         let (ns, pod, _) = DEAD_POD;
-        let bound = self.k8s.pods_on(host).iter().any(|p| {
-            p["metadata"]["namespace"] == ns
-                && p["metadata"]["name"] == pod
-                && p["metadata"]["deletionTimestamp"].is_null()
-        });
+        let bound = self
+            .k8s
+            .pods_on(host)
+            .iter()
+            .any(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == pod);
         let attached = !self.k8s.volume_attachments_on(host).is_empty();
-        match (bound, attached) {
-            (false, false) => format!(
-                "workload released: {ns}/{pod} and its volume attachment are gone from {host}"
-            ),
-            // when @fence lands: this is where the demo stops accepting a still-bound pod.
-            _ => format!(
-                "workload not released: {ns}/{pod}{} still on {host} (power off/on alone does not release it; the repair queue's @fence will)",
-                if attached {
-                    " and its volume attachment"
-                } else {
-                    ""
-                }
-            ),
+        if !bound && !attached {
+            return (
+                true,
+                format!(
+                    "workload released: {ns}/{pod} and its volume attachment are gone from {host}"
+                ),
+            );
         }
+        let why = if fences() {
+            ""
+        } else {
+            " (power off/on alone does not release it; the repair queue's @fence will)"
+        };
+        let what = match (bound, attached) {
+            (true, true) => format!("{ns}/{pod} and its volume attachment"),
+            (true, false) => format!("{ns}/{pod}"),
+            _ => "the volume attachment".to_string(),
+        };
+        (
+            false,
+            format!("workload not released: {what} still on {host}{why}"),
+        )
     }
+}
 
+/// Whether the dead machine's procedure fences (`@fence`), which releases its workload.
+fn fences() -> bool {
+    DEAD_MACHINE_BUILTINS.iter().any(|(b, _)| *b == "@fence")
+}
+
+impl Demo {
     /// 3. A rack losing power: held as one event, nothing enqueued.
     pub(super) fn rack_power_loss(&mut self) -> anyhow::Result<String> {
         let rack = "rack-2";

@@ -142,7 +142,6 @@ impl Demo {
             events,
             entries,
         };
-        self.watch_dead_node();
         self.watch_diagnostics();
         Ok(())
     }
@@ -185,7 +184,10 @@ impl Demo {
 
     /// Prints what changed on the dead machine's Node in the API server: the out-of-service
     /// taint coming and going, its StatefulSet pod and volume attachment released.
-    fn watch_dead_node(&mut self) {
+    ///
+    /// Called after the BMCs' power changes are shown, so a taint set after the power-off
+    /// reads after it.
+    pub(super) fn watch_dead_node(&mut self) {
         let (ns, pod, _) = DEAD_POD;
         let tainted = self.k8s.node(DEAD_HOST).is_some_and(|n| {
             n["spec"]["taints"]
