@@ -199,10 +199,13 @@ pids+=($!)
 
 say "warm-up 5 s, then measuring for $seconds s"
 sleep 5
-before_1s=$(reports agent-1s); before_5s=$(reports agent-5s); before_scrapes=$(wc -l <scrapes)
-python3 - "$seconds" "$(cat agent-1s.pid)" "$(cat agent-5s.pid)" "$exporter_pid" >cpu.txt <<'EOF'
-import os, sys, time
-seconds, pids = float(sys.argv[1]), sys.argv[2:]
+# One line per process: PID, on-CPU ns, clock ticks, events, all over the same window.
+python3 - "$seconds" \
+    "$(cat agent-1s.pid)" "http://127.0.0.1:$(cat agent-1s.http)/metrics" \
+    "$(cat agent-5s.pid)" "http://127.0.0.1:$(cat agent-5s.http)/metrics" \
+    "$exporter_pid" scrapes >cpu.txt <<'EOF'
+import os, sys, time, urllib.request
+seconds, procs = float(sys.argv[1]), list(zip(sys.argv[2::2], sys.argv[3::2]))
 def sched(pid):
     out = {}
     for t in os.listdir(f"/proc/{pid}/task"):
@@ -214,27 +217,33 @@ def sched(pid):
 def ticks(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return int(f[11]) + int(f[12])
-first = {p: sched(p) for p in pids}
-seen = {p: dict(first[p]) for p in pids}
-t0 = {p: ticks(p) for p in pids}
+def events(src):
+    if not src.startswith("http"):
+        return sum(1 for _ in open(src))  # one line per scrape
+    text = urllib.request.urlopen(src, timeout=5).read().decode()
+    return sum(int(float(l.split()[-1])) for l in text.splitlines()
+               if l.startswith("fleetmend_reports_received_total"))
+first = {p: sched(p) for p, _ in procs}
+seen = {p: dict(first[p]) for p, _ in procs}
+t0 = {p: ticks(p) for p, _ in procs}
+e0 = {p: events(src) for p, src in procs}
 end = time.monotonic() + seconds
 while time.monotonic() < end:
     time.sleep(0.25)
-    for p in pids:
+    for p, _ in procs:
         for t, ns in sched(p).items():
             seen[p][t] = max(seen[p].get(t, 0), ns)
-for p in pids:
+for p, src in procs:
     ns = sum(v - first[p].get(t, 0) for t, v in seen[p].items())
-    print(p, ns, ticks(p) - t0[p])
+    print(p, ns, ticks(p) - t0[p], events(src) - e0[p])
 EOF
-after_1s=$(reports agent-1s); after_5s=$(reports agent-5s); after_scrapes=$(wc -l <scrapes)
 
 hz=$(getconf CLK_TCK)
 kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
-# row KEY NAME PID EVENTS BINARY: the table row on stdout, KEY's raw figures on stderr.
+# row KEY NAME PID BINARY: the table row on stdout, KEY's raw figures on stderr.
 row() {
-    local key=$1 name=$2 pid=$3 events=$4 bin=$5 ns tk
-    read -r _ ns tk < <(grep "^$pid " cpu.txt)
+    local key=$1 name=$2 pid=$3 bin=$4 ns tk events
+    read -r _ ns tk events < <(grep "^$pid " cpu.txt)
     python3 - "$key" "$name" "$ns" "$tk" "$hz" "$events" "$seconds" \
         "$(kib "$pid" VmRSS)" "$(kib "$pid" VmHWM)" "$(stat -c %s "$bin")" <<'EOF'
 import sys
@@ -253,9 +262,9 @@ echo "measured over $seconds s on $(nproc) CPUs, load average $(cut -d' ' -f1-3 
 echo
 printf '%-27s %7s %8s %10s %10s %6s %8s %6s\n' "" "RSS MiB" "peak MiB" "CPU ms/min" "(ticks)" events ms/event "bin MB"
 {
-    row agent-1s "node-agent (1 s reports)" "$(cat agent-1s.pid)" $((after_1s - before_1s)) "$agent_bin"
-    row agent-5s "node-agent (5 s reports)" "$(cat agent-5s.pid)" $((after_5s - before_5s)) "$agent_bin"
-    row exporter "node_exporter (1 s scrapes)" "$exporter_pid" $((after_scrapes - before_scrapes)) "$exporter"
+    row agent-1s "node-agent (1 s reports)" "$(cat agent-1s.pid)" "$agent_bin"
+    row agent-5s "node-agent (5 s reports)" "$(cat agent-5s.pid)" "$agent_bin"
+    row exporter "node_exporter (1 s scrapes)" "$exporter_pid" "$exporter"
 } 2>figures.txt
 awk '
 $1 == "agent-1s" { ar = $2; ac = $3; ae = $4; as = $5 }
