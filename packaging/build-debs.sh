@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# Builds the three Debian packages with cargo-deb, from one release build:
-#   fleetmend-node-agent, fleetmend-coordinator (coordinator + coordinatorctl),
-#   fleetmend-bmc-gateway.
+# Builds the three Debian packages with cargo-deb:
+#   fleetmend-node-agent (from its own build with the `agent` profile of Cargo.toml),
+#   fleetmend-coordinator (coordinator + coordinatorctl) and fleetmend-bmc-gateway (one
+#   release build of the two).
 # Each crate's [package.metadata.deb] says what goes in; systemd/ holds the units and
 # packaging/<crate>/ the default config and maintainer scripts (docs/packaging.md).
-# Installs cargo-deb from crates.io when missing (pinned, --locked). Output: target/debian/.
-# Usage: packaging/build-debs.sh [--no-build]   (--no-build: reuse target/release)
+# Installs cargo-deb from crates.io when missing (pinned, packaging/lib.sh). Output:
+# target/debian/; check them with `packaging/check-debs.sh --release`.
+# Usage: packaging/build-debs.sh [--no-build]   (--no-build: reuse target/agent, target/release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-# Pinned so every machine builds the same package layout; 3.x is the first line that
-# needs a Rust as new as the workspace's anyway.
-CARGO_DEB_VERSION=3.6.2
+. packaging/lib.sh
 
 say() { echo "build-debs: $*"; }
 
@@ -23,24 +22,27 @@ for a in "$@"; do
   esac
 done
 
-have=$(cargo deb --version 2>/dev/null | awk '{print $2}' || true)
-if [ "$have" != "$CARGO_DEB_VERSION" ]; then
-  say "installing cargo-deb $CARGO_DEB_VERSION (found: ${have:-none})"
-  # Its xz support builds a bundled liblzma with the C compiler; nothing else is needed.
-  cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --quiet
-fi
+# cargo-deb compresses with the system's xz (packaging/lib.sh).
+ensure_apt xz:xz-utils
+ensure_cargo_deb
 
 if [ "$build" = 1 ]; then
-  # One build of the three packages' binaries with one feature resolution; cargo-deb then
-  # only strips and packs (--no-build).
-  say "cargo build --release"
-  cargo build --release --locked \
-    -p fleetmend-node-agent -p fleetmend-coordinator -p fleetmend-bmc-gateway --bins
+  # The agent on its own: built with the others, cargo would unify their dependencies'
+  # features into it (a larger binary and more resident memory on every server).
+  say "cargo build --profile agent -p fleetmend-node-agent"
+  cargo build --profile agent --locked -p fleetmend-node-agent --bins
+  # The coordinator and the gateway with one feature resolution; cargo-deb then only strips
+  # and packs (--no-build).
+  say "cargo build --release -p fleetmend-coordinator -p fleetmend-bmc-gateway"
+  cargo build --release --locked -p fleetmend-coordinator -p fleetmend-bmc-gateway --bins
 fi
 
-out=target/debian
+out=${CARGO_TARGET_DIR:-target}/debian
 mkdir -p "$out"
-for pkg in fleetmend-node-agent fleetmend-coordinator fleetmend-bmc-gateway; do
+# cargo-deb reads `target/release/` in the assets as "the chosen profile's directory".
+say "cargo deb --profile agent -p fleetmend-node-agent"
+cargo deb --no-build --profile agent -p fleetmend-node-agent --output "$out" >/dev/null
+for pkg in fleetmend-coordinator fleetmend-bmc-gateway; do
   say "cargo deb -p $pkg"
   cargo deb --no-build -p "$pkg" --output "$out" >/dev/null
 done

@@ -5,6 +5,11 @@
 #   3. in a throwaway root, per package: install, reinstall (the upgrade path of the
 #      maintainer scripts), `systemd-analyze verify` and `systemd-analyze security --offline`
 #      on the installed unit, remove, purge; then nothing may be left behind.
+#   4. with --release only: no test-only code ships (the coordinator must not contain the
+#      crash tests' kill-point variable FLEETMEND_FENCE_KILL_AT, compiled in only by the
+#      coordinator's `failpoints` feature). Packages of a debug workspace build
+#      (packaging/ci-debs.sh) may carry it, as the tests crate enables that feature, so the
+#      check applies to release packages (packaging/build-debs.sh) only.
 # Installs what it needs with apt (lintian; systemd for systemd-analyze). Runs as root.
 #
 # The throwaway root is the host's own root under a copy-on-write overlay in a private mount
@@ -14,34 +19,33 @@
 # root (no /run/systemd/system), as in any chroot, so the maintainer scripts take their
 # offline paths: deb-systemd-helper enable/purge without start/stop.
 #
-# Writes the exposure scores to target/debian/security.txt.
-# Usage: packaging/check-debs.sh [DEB...]   (default: target/debian/fleetmend-*.deb)
+# Writes the exposure scores to security.txt next to the (first) package.
+# Usage: packaging/check-debs.sh [--release] [DEB...]   (default: target/debian/fleetmend-*.deb)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
+. packaging/lib.sh
 
 say() { echo "check-debs: $*"; }
 fail() { echo "check-debs: FAIL: $*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "run as root (dpkg in a throwaway root, apt-get)"
 
-need_apt=()
-command -v lintian >/dev/null 2>&1 || need_apt+=(lintian)
-command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  say "apt-get install ${need_apt[*]}"
-  env DEBIAN_FRONTEND=noninteractive apt-get update -q
-  env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}" </dev/null
-fi
+ensure_apt lintian:lintian systemd-analyze:systemd
 
-if [ $# -gt 0 ]; then
-  debs=("$@")
-else
-  debs=(target/debian/fleetmend-*.deb)
-fi
+release=0
+debs=()
+for a in "$@"; do
+  case "$a" in
+    --release) release=1 ;;
+    -*) echo "usage: $0 [--release] [DEB...]" >&2; exit 2 ;;
+    *) debs+=("$a") ;;
+  esac
+done
+[ ${#debs[@]} -gt 0 ] || debs=(target/debian/fleetmend-*.deb)
 [ -e "${debs[0]}" ] || fail "no packages: run packaging/build-debs.sh first"
 
-report="$ROOT/target/debian/security.txt"
+out_dir=$(dirname "$(realpath "${debs[0]}")")
+report="$out_dir/security.txt"
 : >"$report"
 
 for deb in "${debs[@]}"; do
@@ -58,6 +62,16 @@ for deb in "${debs[@]}"; do
   lintian --fail-on error --no-tag-display-limit \
     --suppress-tags no-manual-page,no-changelog,debian-changelog-file-missing-or-wrong-name \
     "$deb"
+
+  if [ "$release" = 1 ]; then
+    # The variable's name is a string literal only where the kill points are compiled in.
+    # grep -c reads to the end: with -q, tar would die of SIGPIPE and pipefail hide the hit.
+    for b in $(dpkg-deb --contents "$deb" | awk '{print $NF}' | grep '^\./usr/bin/.'); do
+      hits=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO "$b" | grep -ac FLEETMEND_FENCE_KILL_AT || true)
+      [ "${hits:-0}" = 0 ] || fail "$pkg: ${b#.} contains the test-only kill points (feature failpoints)"
+    done
+    say "$pkg: no test-only kill points in its binaries"
+  fi
 
   unit_path=$(dpkg-deb --contents "$deb" | awk '{print $NF}' | grep -E '^\./(usr/)?lib/systemd/system/[^/]+\.service$' | head -n1 | sed 's|^\.||')
   unit=$(basename "${unit_path:-none}")
@@ -135,7 +149,7 @@ INNER
   say "$pkg: install, reinstall, remove, purge: nothing left behind"
   exposure=$(grep -o 'Overall exposure level for .*' "$work/security.txt" || echo "no exposure reported for $unit")
   echo "$pkg $exposure" | tee -a "$report"
-  cp "$work/security.txt" "$ROOT/target/debian/security-$unit.txt"
+  cp "$work/security.txt" "$out_dir/security-$unit.txt"
   rm -rf "$work"
 done
 say "ok: ${#debs[@]} packages; exposure in $report"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# CI: packs the three Debian packages from the debug binaries the test step already built
+# (scripts/test.sh) and checks them with packaging/check-debs.sh: dpkg-deb --info/--contents,
+# lintian without errors, `systemd-analyze verify` on each unit, install + reinstall + purge
+# in a throwaway root leaving nothing behind.
+#
+# Nothing is compiled here apart from a missing cargo-deb: the packages are the release
+# packages' layout (same metadata, units, configs, maintainer scripts) around the debug
+# binaries, so what they check is the packaging, not the release build
+# (packaging/build-debs.sh makes those, and `check-debs.sh --release` checks them).
+# `cargo build -p fleetmend-node-agent` below compiles nothing after scripts/test.sh: it
+# puts the agent's own build (not the workspace's, whose feature unification pulls more
+# into the agent) back at target/debug/node-agent, where `cargo test --workspace` left the
+# workspace's.
+#
+# Installs cargo-deb (pinned, packaging/lib.sh) and lintian when missing. Runs as root.
+# Usage: packaging/ci-debs.sh   Output: target/debian-ci/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. packaging/lib.sh
+
+say() { echo "ci-debs: $*"; }
+start=$SECONDS
+# xz-utils comes with lintian: cargo-deb (built without liblzma) compresses with `xz`.
+ensure_apt lintian:lintian xz:xz-utils systemd-analyze:systemd
+ensure_cargo_deb
+
+target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
+for b in coordinator coordinatorctl bmc-gateway; do
+  [ -x "$target_dir/debug/$b" ] || { echo "ci-debs: $target_dir/debug/$b missing: run scripts/test.sh first" >&2; exit 1; }
+done
+cargo build --quiet --locked -p fleetmend-node-agent --bins
+
+out="$target_dir/debian-ci"
+rm -rf "$out"
+mkdir -p "$out"
+for pkg in fleetmend-node-agent fleetmend-coordinator fleetmend-bmc-gateway; do
+  say "cargo deb --profile dev --no-build -p $pkg"
+  # --fast: xz -1; the packages are thrown away after the check. cargo-deb warns that the
+  # dev profile is not meant for releases, which is the point here (--quiet hides it).
+  cargo deb --quiet --locked --no-build --profile dev --fast -p "$pkg" --output "$out" >/dev/null
+done
+say "packed in $((SECONDS - start)) s"
+packaging/check-debs.sh "$out"/fleetmend-*.deb
+say "ok in $((SECONDS - start)) s"
