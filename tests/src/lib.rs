@@ -3,10 +3,12 @@
 //! - [`fixture`]: fake sysfs/procfs trees for node-agents,
 //! - [`procs`]: building PKIs and running Fleetmend binaries as real processes,
 //! - [`fake_k8s`]: a fake Kubernetes API server speaking the real JSON over HTTP,
+//! - [`fake_sabakan`]: a small sabakan GraphQL server (`searchMachines`),
 //! - [`bmc_sim`]: launchers for `ipmi_sim` and `sushy-emulator`.
 
 pub mod bmc_sim;
 pub mod fake_k8s;
+pub mod fake_sabakan;
 pub mod fixture;
 pub mod procs;
 pub mod relay;
