@@ -14,8 +14,8 @@
 
 use std::time::Duration;
 
-use protocol::admin::remediation::{JournalLine, RemediationStatus};
 use serde_json::{Value, json};
+use testkit::ctl_json::{JournalLine, RemediationStatus};
 use testkit::fake_sabakan::{FakeSabakan, Fault, SabakanMachine};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, wait_for};
 
