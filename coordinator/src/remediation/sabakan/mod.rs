@@ -635,4 +635,35 @@ mod tests {
             assert!(e.contains(want), "{text}: {e}");
         }
     }
+
+    #[tokio::test]
+    async fn set_variables_refuses_what_sabakan_could_not_be_asked() {
+        use protocol::admin::AdminResponse;
+        use protocol::admin::remediation::RemediationRequest as R;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("c.db")).unwrap();
+        let clock = Arc::new(crate::testing::FakeClock::new(fixture::t0()));
+        let cfg = case().sabakan(None, vec![], None).cfg;
+        let rem = crate::remediation::Remediation::open(store, clock, cfg, false)
+            .await
+            .unwrap();
+        let set = |json: &str| R::SetVariables { json: json.into() };
+        let r = rem
+            .handle_admin(set(r#"{"having": {"racks": ["r1"]}}"#))
+            .await;
+        let AdminResponse::Error(e) = r else {
+            panic!("accepted: {r:?}")
+        };
+        assert!(
+            e.to_string()
+                .contains("auto-repair reads sabakan: having.racks: \"r1\""),
+            "{e}"
+        );
+        let r = rem
+            .handle_admin(set(
+                r#"{"having": {"racks": ["3"], "states": ["unhealthy"]}}"#,
+            ))
+            .await;
+        assert!(!matches!(r, AdminResponse::Error(_)), "{r:?}");
+    }
 }
