@@ -184,7 +184,7 @@ fn sabakans_unhealthy_machine_is_enqueued_and_an_unreadable_sabakan_holds_auto_r
         .find(|l| l.rule == "sabakan-unavailable")
         .expect("a sabakan line");
     assert!(
-        !l.holding && l.sentence.contains("1 machines match"),
+        !l.holding && l.sentence.contains("1 machine matches"),
         "{l:?}"
     );
 

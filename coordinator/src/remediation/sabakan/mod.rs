@@ -153,14 +153,17 @@ pub(super) fn status(input: &Input, enabled: bool, now: Timestamp) -> Option<Lim
             rule: Rule::SabakanUnavailable,
             holding: false,
             sentence: format!(
-                "sabakan at {} answered {} ago: {} machines match having/notHaving",
+                "sabakan at {} answered {} ago: {} having/notHaving",
                 s.url,
                 human(
                     s.read
                         .as_ref()
                         .map_or(Duration::ZERO, |(at, _)| elapsed(now, *at))
                 ),
-                m.len()
+                match m.len() {
+                    1 => "1 machine matches".to_string(),
+                    n => format!("{n} machines match"),
+                }
             ),
         },
         Err(sentence) => LimitStatus {
@@ -433,7 +436,7 @@ mod tests {
             .unwrap();
         assert!(!l.holding);
         assert!(
-            l.sentence.contains("answered 5s ago: 1 machines match"),
+            l.sentence.contains("answered 5s ago: 1 machine matches"),
             "{}",
             l.sentence
         );
