@@ -1,12 +1,16 @@
 //! Fleetmend's test kit: helpers shared by the end-to-end tests in `tests/tests/`.
 //!
 //! - [`fixture`]: fake sysfs/procfs trees for node-agents,
+//! - [`ctl_json`]: what `coordinatorctl … --json` prints, typed as a script reads it,
 //! - [`procs`]: building PKIs and running Fleetmend binaries as real processes,
 //! - [`fake_k8s`]: a fake Kubernetes API server speaking the real JSON over HTTP,
+//! - [`fake_sabakan`]: a small sabakan GraphQL server (`searchMachines`),
 //! - [`bmc_sim`]: launchers for `ipmi_sim` and `sushy-emulator`.
 
 pub mod bmc_sim;
+pub mod ctl_json;
 pub mod fake_k8s;
+pub mod fake_sabakan;
 pub mod fixture;
 pub mod procs;
 pub mod relay;

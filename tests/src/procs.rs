@@ -508,15 +508,12 @@ impl Coordinator {
     }
 
     /// `machines list --json`.
-    pub fn machines(&self) -> anyhow::Result<Vec<protocol::admin::machines::MachineSummary>> {
+    pub fn machines(&self) -> anyhow::Result<Vec<crate::ctl_json::MachineSummary>> {
         self.ctl_json(&["machines", "list", "--json"])
     }
 
     /// `machines show ADDRESS --json`.
-    pub fn machine(
-        &self,
-        address: &str,
-    ) -> anyhow::Result<protocol::admin::machines::MachineDetail> {
+    pub fn machine(&self, address: &str) -> anyhow::Result<crate::ctl_json::MachineDetail> {
         self.ctl_json(&["machines", "show", address, "--json"])
     }
 
@@ -526,7 +523,7 @@ impl Coordinator {
         hostname: &str,
         state: &str,
         timeout: Duration,
-    ) -> anyhow::Result<protocol::admin::machines::MachineSummary> {
+    ) -> anyhow::Result<crate::ctl_json::MachineSummary> {
         wait_for(&format!("{hostname} to be {state}"), timeout, || {
             let list = self.machines().map_err(|e| e.to_string())?;
             let m = list

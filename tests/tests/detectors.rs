@@ -26,8 +26,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use protocol::admin::remediation::{JournalLine, RemediationStatus};
 use serde_json::Value;
+use testkit::ctl_json::{JournalLine, RemediationStatus};
 use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed};
 use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, Proc, start_agent, wait_for};
@@ -498,10 +498,10 @@ fn a_planned_reboot_waits_and_a_crash_next_to_it_does_not() -> anyhow::Result<()
         .context("hold line")?;
     assert!(held.count >= 2, "{held:#?}");
     assert!(
-        rebooted.first_unix_ms >= held.first_unix_ms + 3_000,
+        rebooted.first_at >= held.first_at + jiff::SignedDuration::from_secs(3),
         "held at {} admitted at {}",
-        held.first_unix_ms,
-        rebooted.first_unix_ms
+        held.first_at,
+        rebooted.first_at
     );
     let entries = env.entries()?;
     assert_eq!(entries.len(), 2, "{entries:#?}");
@@ -620,10 +620,10 @@ fn a_coordinator_cut_off_from_most_agents_suspects_itself_and_repairs_nobody() -
         env.coord.wait_for_state(h, "healthy", SETTLE)?;
     }
     let st = env.status()?;
-    let before = st.last_pass_unix_ms.unwrap_or(0);
+    let before = st.last_pass_at.map_or(0, testkit::ctl_json::ms);
     wait_for("two passes after recovery", SETTLE, || {
         let s = env.status().map_err(|e| e.to_string())?;
-        match s.last_pass_unix_ms {
+        match s.last_pass_at.map(testkit::ctl_json::ms) {
             Some(t) if t >= before + 1000 => Ok(()),
             other => Err(format!("{other:?}")),
         }

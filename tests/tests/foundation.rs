@@ -118,7 +118,8 @@ fn agents_report_health_states_persist_across_restart() -> anyhow::Result<()> {
     let killed_ms = now_ms();
     nodes[2].agent.sigkill();
     let m = coord.wait_for_state("node-3", "unreachable", SETTLE)?;
-    let took = Duration::from_millis(m.state_since_unix_ms.saturating_sub(killed_ms));
+    let took =
+        Duration::from_millis(testkit::ctl_json::ms(m.state_since).saturating_sub(killed_ms));
     assert!(
         took <= GRACE + INTERVAL,
         "unreachable {took:?} after SIGKILL; must be within grace {GRACE:?} + one interval {INTERVAL:?}"
@@ -259,7 +260,10 @@ fn unknown_host_awaits_registration_until_added() -> anyhow::Result<()> {
     let m = coord.wait_for_state("stray", "healthy", SETTLE)?;
     assert_eq!(m.spec.address, "10.0.0.7");
     assert_eq!(m.spec.machine_type, "qemu");
-    assert_eq!(m.spec.labels, vec![("zone".to_string(), "a".to_string())]);
+    assert_eq!(
+        m.spec.labels,
+        std::collections::BTreeMap::from([("zone".to_string(), "a".to_string())])
+    );
     assert_eq!(
         coord.machines()?.len(),
         1,

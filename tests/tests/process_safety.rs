@@ -423,7 +423,8 @@ fn sighup_keeps_coordinator_and_agent_running() -> anyhow::Result<()> {
             .machines()?
             .into_iter()
             .find(|m| m.spec.hostname == "node-1")
-            .and_then(|m| m.last_report_unix_ms)
+            .and_then(|m| m.last_report_at)
+            .map(testkit::ctl_json::ms)
             .context("node-1 has reported")
     };
     let reports_go_on = |agent: &mut Proc| -> anyhow::Result<()> {

@@ -119,10 +119,10 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 /// Waits until the good agent has reported after now.
 fn good_agent_still_reports(coord: &Coordinator) -> anyhow::Result<()> {
-    let before = coord.machine(GOOD.0)?.last_report_unix_ms;
+    let before = coord.machine(GOOD.0)?.last_report_at;
     wait_for("the good agent to report again", PROMPT, || {
         let d = coord.machine(GOOD.0).map_err(|e| e.to_string())?;
-        if d.last_report_unix_ms > before && d.summary.state == "healthy" {
+        if d.last_report_at > before && d.summary.state == "healthy" {
             Ok(())
         } else {
             Err(format!("{:?}", d.summary))

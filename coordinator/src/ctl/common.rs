@@ -76,3 +76,175 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
         line(r.iter().map(String::as_str).collect());
     }
 }
+
+/// A Unix-millisecond time as scripts get it in `--json`: RFC 3339, UTC, milliseconds
+/// (`2026-11-23T06:35:12.345Z`).
+pub fn rfc3339_ms(ms: u64) -> String {
+    jiff::Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX))
+        .map(|t| format!("{t:.3}"))
+        .unwrap_or_else(|_| ms.to_string())
+}
+
+/// The name a `*_unix_ms` field has in `--json`: the suffix goes, and a name that does not
+/// already say it is a time (`at`, `…_at`, `…since`, `…time`) gets `_at`
+/// (`last_report_unix_ms` → `last_report_at`, `state_since_unix_ms` → `state_since`).
+fn time_key(base: &str) -> String {
+    if base == "at" || base.ends_with("_at") || base.ends_with("since") || base.ends_with("time") {
+        base.to_string()
+    } else {
+        format!("{base}_at")
+    }
+}
+
+/// `[[k, v], …]` when every element is a two-element array whose first is a string.
+fn pairs(v: &[serde_json::Value]) -> Option<Vec<(String, serde_json::Value)>> {
+    v.iter()
+        .map(|p| match p.as_array().map(Vec::as_slice) {
+            Some([serde_json::Value::String(k), v]) => Some((k.clone(), v.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Rewrites what the admin API's types serialize to into what scripts want, recursively:
+/// `*_unix_ms` integers become RFC 3339 strings under the name [`time_key`] gives them
+/// (0, "never", becomes null); `labels` lists of pairs become objects; `failing_since`
+/// (check, time) pairs become an object of times; `paused` (reason, since) becomes
+/// `{reason, since}`. Anything else is left as it is.
+pub fn script_value(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let time = |v: Value| match v.as_u64() {
+        Some(0) => Value::Null,
+        Some(ms) => Value::String(rfc3339_ms(ms)),
+        None => v,
+    };
+    match v {
+        Value::Array(a) => Value::Array(a.into_iter().map(script_value).collect()),
+        Value::Object(o) => {
+            let mut out = serde_json::Map::with_capacity(o.len());
+            for (k, v) in o {
+                let (k, v) = match (k.as_str(), v) {
+                    (k, v) if k.ends_with("_unix_ms") => {
+                        (time_key(k.trim_end_matches("_unix_ms")), time(v))
+                    }
+                    ("labels", Value::Array(a)) if pairs(&a).is_some() => {
+                        let m = pairs(&a).unwrap_or_default().into_iter().collect();
+                        (k.to_string(), Value::Object(m))
+                    }
+                    ("failing_since", Value::Array(a)) if pairs(&a).is_some() => {
+                        let m = pairs(&a)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(c, t)| (c, time(t)))
+                            .collect();
+                        (k.to_string(), Value::Object(m))
+                    }
+                    ("paused", Value::Array(a)) if a.len() == 2 && a[0].is_string() => {
+                        let mut it = a.into_iter();
+                        let reason = it.next().unwrap_or_default();
+                        let since = time(it.next().unwrap_or_default());
+                        (
+                            k.to_string(),
+                            serde_json::json!({"reason": reason, "since": since}),
+                        )
+                    }
+                    (k, v) => (k.to_string(), script_value(v)),
+                };
+                out.insert(k, v);
+            }
+            Value::Object(out)
+        }
+        other => other,
+    }
+}
+
+/// Prints `v` as `--json` prints: pretty, with [`script_value`]'s types.
+pub fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&script_value(serde_json::to_value(v)?))?
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::admin::machines::{MachineDetail, MachineSpec, MachineSummary};
+    use protocol::admin::remediation::RemediationStatus;
+    use serde_json::json;
+
+    use super::*;
+
+    fn summary() -> MachineSummary {
+        MachineSummary {
+            spec: MachineSpec {
+                address: "10.0.0.1".into(),
+                hostname: "n1".into(),
+                serial: "S1".into(),
+                rack: "r1".into(),
+                role: "cs".into(),
+                machine_type: "qemu".into(),
+                labels: vec![("zone".into(), "a".into()), ("pool".into(), "gpu".into())],
+            },
+            state: "healthy".into(),
+            state_since_unix_ms: 1_795_414_698_418,
+            failing: vec![],
+            reason: String::new(),
+            last_report_unix_ms: None,
+            connected: true,
+        }
+    }
+
+    #[test]
+    fn times_become_rfc3339_with_milliseconds_and_labels_a_map() {
+        let d = MachineDetail {
+            summary: summary(),
+            last_report: None,
+            last_report_unix_ms: Some(1_795_414_698_000),
+            transitions: vec![],
+            boot_id: None,
+            agent_version: None,
+            healthy_since_unix_ms: None,
+            failing_since: vec![("nic:eth0".into(), 1_795_414_698_001)],
+        };
+        let v = script_value(serde_json::to_value(&d).unwrap());
+        assert_eq!(v["summary"]["state_since"], "2026-11-23T06:18:18.418Z");
+        assert_eq!(v["last_report_at"], "2026-11-23T06:18:18.000Z");
+        assert_eq!(v["summary"]["last_report_at"], json!(null));
+        assert_eq!(
+            v["summary"]["spec"]["labels"],
+            json!({"zone": "a", "pool": "gpu"})
+        );
+        assert_eq!(
+            v["failing_since"],
+            json!({"nic:eth0": "2026-11-23T06:18:18.001Z"})
+        );
+        assert!(!v.to_string().contains("unix_ms"), "{v}");
+        let s = RemediationStatus {
+            paused: Some(("maintenance".into(), 1_795_414_698_418)),
+            last_pass_unix_ms: Some(1_795_414_698_418),
+            ..RemediationStatus::default()
+        };
+        let v = script_value(serde_json::to_value(&s).unwrap());
+        assert_eq!(
+            v["paused"],
+            json!({"reason": "maintenance", "since": "2026-11-23T06:18:18.418Z"})
+        );
+        assert_eq!(v["last_pass_at"], "2026-11-23T06:18:18.418Z");
+        assert_eq!(v["outage_confirmed_at"], json!(null));
+    }
+
+    #[test]
+    fn time_keys_say_they_are_times() {
+        for (base, key) in [
+            ("at", "at"),
+            ("first", "first_at"),
+            ("last_report", "last_report_at"),
+            ("state_since", "state_since"),
+            ("last_transition_time", "last_transition_time"),
+            ("collected", "collected_at"),
+        ] {
+            assert_eq!(time_key(base), key);
+        }
+    }
+}

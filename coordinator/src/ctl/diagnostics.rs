@@ -7,7 +7,7 @@ use protocol::admin::diagnostics::{DiagnosticsRequest, DiagnosticsResponse, Diag
 use protocol::admin::{AdminRequest, AdminResponse};
 use serde_json::json;
 
-use super::common::{CommandGroup, Ctx, fmt_time, print_table};
+use super::common::{CommandGroup, Ctx, fmt_time, print_table, rfc3339_ms};
 
 /// Diagnostics commands.
 #[derive(Debug, Subcommand)]
@@ -39,7 +39,7 @@ pub fn summary_json(s: &DiagnosticsSummary) -> serde_json::Value {
         "id": s.id,
         "address": s.address,
         "entry_index": s.entry_index,
-        "collected": fmt_time(u64::try_from(s.collected_unix_ms).unwrap_or(0)),
+        "collected_at": rfc3339_ms(u64::try_from(s.collected_unix_ms).unwrap_or(0)),
         "bytes": s.bytes,
         "truncated_parts": s.truncated_parts,
     })

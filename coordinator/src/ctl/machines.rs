@@ -7,7 +7,7 @@ use clap::Subcommand;
 use protocol::admin::machines::{MachineDetail, MachineSpec, MachinesRequest, MachinesResponse};
 use protocol::admin::{AdminRequest, AdminResponse};
 
-use super::common::{CommandGroup, Ctx, fmt_age, fmt_time, print_table};
+use super::common::{CommandGroup, Ctx, fmt_age, fmt_time, print_json, print_table};
 use crate::inventory::{RecordSource, load_inventory};
 
 /// Machine commands.
@@ -122,11 +122,6 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 fn now_ms() -> u64 {
     use crate::clock::Clock as _;
     u64::try_from(crate::clock::SystemClock.now().as_millisecond()).unwrap_or(0)
-}
-
-fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
 }
 
 fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {

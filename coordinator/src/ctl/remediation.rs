@@ -13,7 +13,9 @@ use protocol::admin::remediation::{
 use protocol::admin::{AdminRequest, AdminResponse};
 
 use super::client::AdminClient;
-use super::common::{CommandGroup, Ctx, fmt_time, print_table};
+use super::common::{
+    CommandGroup, Ctx, fmt_time, print_json, print_table, rfc3339_ms, script_value,
+};
 
 async fn call(
     client: &AdminClient,
@@ -34,11 +36,6 @@ async fn with_client<T>(
     let r = f(&client).await;
     client.close().await;
     r
-}
-
-fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
 }
 
 /// sabakan-style auto-repair (as `ckecli auto-repair`).
@@ -382,7 +379,7 @@ impl CommandGroup for EventsArgs {
                 };
                 if self.json && self.follow {
                     for l in &lines {
-                        println!("{}", serde_json::to_string(l)?);
+                        println!("{}", script_value(serde_json::to_value(l)?));
                     }
                 } else if self.json {
                     print_json(&lines)?;
@@ -422,7 +419,7 @@ pub async fn clear_machine(ctx: &Ctx, address: String, json: bool) -> anyhow::Re
         } => {
             if json {
                 print_json(
-                    &serde_json::json!({ "address": address, "cleared_at": fmt_time(at_unix_ms) }),
+                    &serde_json::json!({ "address": address, "cleared_at": rfc3339_ms(at_unix_ms) }),
                 )?;
             } else {
                 println!("{address} cleared at {}", fmt_time(at_unix_ms));

@@ -71,6 +71,13 @@ impl Remediation {
             R::SetAutoRepair(on) => (key::AUTO_REPAIR, Some(if on { "on" } else { "off" }.into())),
             R::ConfirmOutage => (key::OUTAGE_CONFIRMED, Some("confirmed".into())),
             R::SetVariables { json } => match Variables::parse(&json) {
+                // sabakan could not be asked with them (a rack name, a state of our own).
+                Ok(v) if sh.base.auto_repair.source == super::sabakan::Source::Sabakan => {
+                    match super::sabakan::client::variables(&v.having, &v.not_having) {
+                        Ok(_) => (key::VARIABLES, Some(json)),
+                        Err(e) => return bad(format!("auto-repair reads sabakan: {e}")),
+                    }
+                }
                 Ok(_) => (key::VARIABLES, Some(json)),
                 Err(e) => return bad(e),
             },

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::input::Machine;
+use super::sabakan::{SabakanConfig, Source};
 use crate::config::duration;
 use crate::health::MachineState;
 
@@ -164,6 +165,10 @@ pub struct AutoRepair {
     pub having: MachineFilter,
     /// A machine matching any field given here is left alone.
     pub not_having: MachineFilter,
+    /// Where the machines come from: `inventory` (default) or `sabakan`.
+    pub source: Source,
+    /// The sabakan to read with `source = "sabakan"`.
+    pub sabakan: Option<SabakanConfig>,
 }
 
 impl Default for AutoRepair {
@@ -180,6 +185,8 @@ impl Default for AutoRepair {
                 roles: vec!["boot".into()],
                 ..MachineFilter::default()
             },
+            source: Source::Inventory,
+            sabakan: None,
         }
     }
 }
@@ -577,6 +584,7 @@ impl RemediationConfig {
         if self.interval.is_zero() {
             return err("interval".into(), "must be greater than 0");
         }
+        super::sabakan::validate(&self.auto_repair)?;
         if self.journal_max_rows == 0 {
             return err("journal_max_rows".into(), "must be at least 1");
         }

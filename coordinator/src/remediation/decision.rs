@@ -43,6 +43,8 @@ pub enum Rule {
     SlowStart,
     /// The hourly rate of disruptive remediations, fleet-wide or per domain.
     RateLimit,
+    /// auto-repair reads sabakan, which cannot be read or answered too long ago.
+    SabakanUnavailable,
     /// Admitted, but the repair queue refused the entry (no repair queue, or no procedure
     /// for the machine type and operation). Set by the remediation loop, never by a rule.
     EnqueueRefused,
@@ -69,6 +71,7 @@ impl Rule {
             Rule::FleetCap => "fleet-cap",
             Rule::SlowStart => "slow-start",
             Rule::RateLimit => "rate-limit",
+            Rule::SabakanUnavailable => "sabakan-unavailable",
             Rule::EnqueueRefused => "enqueue-refused",
         }
     }

@@ -163,12 +163,15 @@ fn proposal(m: &Machine, operation: &str, source: String, reason: String) -> Pro
 /// sabakan-style auto-repair with CKE's limiters.
 pub(super) fn auto_repair<'a>(ctx: &Ctx<'a>, out: &mut Detected<'a>) {
     let ar = &ctx.cfg.auto_repair;
-    if !ar.enabled {
+    // A source that cannot be read holds auto-repair as a whole (see `decide`).
+    let (true, Ok(machines)) = (ar.enabled, &ctx.auto_repair_from) else {
         return;
-    }
+    };
     let mut candidates = Vec::new();
-    for m in &ctx.input.machines {
-        if !ar.having.matches_all(m) || ar.not_having.matches_any(m) {
+    // sabakan filtered its answer itself (its racks are numbers, not the registry's names).
+    let filtered = ctx.input.sabakan.is_some();
+    for m in machines.iter() {
+        if !filtered && (!ar.having.matches_all(m) || ar.not_having.matches_any(m)) {
             continue;
         }
         let (reason, needs_view) = if m.state == MachineState::Unreachable {

@@ -84,6 +84,7 @@ pub fn input(
         history,
         outcomes,
         control,
+        sabakan: None,
     }
 }
 
@@ -116,7 +117,7 @@ fn machine(m: &MachineSnapshot, node: Option<NodeFacts>) -> Machine {
 
 /// A condition without a transition time counts from the view's refresh: the oldest it can
 /// be shown to be.
-fn node_facts(n: &NodeSnapshot, fallback: Option<Timestamp>) -> NodeFacts {
+pub(super) fn node_facts(n: &NodeSnapshot, fallback: Option<Timestamp>) -> NodeFacts {
     NodeFacts {
         name: n.name.clone(),
         lease_renewed_at: n.lease_renew_time,

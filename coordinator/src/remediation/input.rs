@@ -30,6 +30,23 @@ pub struct Input {
     pub outcomes: Vec<RepairOutcome>,
     /// Operator switches: pause, confirmed outage, cleared machines.
     pub control: Control,
+    /// With `auto_repair.source = "sabakan"`: what sabakan said; auto-repair reads its
+    /// machines instead of `machines`.
+    pub sabakan: Option<SabakanFacts>,
+}
+
+/// What the configured sabakan said, as of this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SabakanFacts {
+    /// The GraphQL endpoint, for sentences.
+    pub url: String,
+    /// The last answer asked with the `having` / `not_having` in force: when, and the
+    /// machines it returned.
+    pub read: Option<(Timestamp, Vec<Machine>)>,
+    /// The last attempt's error, when the last attempt failed.
+    pub error: Option<String>,
+    /// An answer older than this is not used.
+    pub max_age: Duration,
 }
 
 /// One machine: its record, its health state and what its agent last said.

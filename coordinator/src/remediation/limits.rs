@@ -60,9 +60,10 @@ impl<'a> Limiter<'a> {
     pub(super) fn new(ctx: &'a Ctx<'a>) -> Self {
         let cfg = &ctx.cfg.limits;
         let now = ctx.now;
-        let machines = &ctx.input.machines;
-        let fleet = machines
-            .iter()
+        // The registry's machines and those only sabakan knows (`by_address` holds both).
+        let fleet = ctx
+            .by_address
+            .values()
             .filter(|m| m.state != MachineState::Retired)
             .count();
         let cap = (cfg.fleet_cap.count as usize)

@@ -14,6 +14,7 @@
 //! - module `limits`: pause, self-isolation, correlated failure, escalation to
 //!   `needs-human`, fleet cap, slow start per failure domain, hourly rate;
 //! - [`config`]: the `[remediation]` section and its defaults;
+//! - [`sabakan`]: auto-repair's machines from a real sabakan's GraphQL API;
 //! - [`input`] and [`decision`]: what goes in and what comes out.
 //!
 //! What it deliberately does not do:
@@ -37,6 +38,7 @@ pub mod journal;
 mod limits;
 pub mod metrics;
 pub mod runner;
+pub mod sabakan;
 pub mod switches;
 
 #[cfg(test)]
@@ -82,12 +84,23 @@ pub(crate) struct Ctx<'a> {
     /// Per machine (same order as `input.machines`): it has an active entry. Looked up
     /// once here so each health check does not hash every address again.
     active: Vec<bool>,
+    /// The machines auto-repair looks at (the registry's or sabakan's), or why it holds.
+    auto_repair_from: Result<&'a [Machine], String>,
 }
 
 impl<'a> Ctx<'a> {
     fn new(input: &'a Input, cfg: &'a RemediationConfig, now: Timestamp) -> Self {
         let mut by_address = HashMap::with_capacity(input.machines.len());
         by_address.extend(input.machines.iter().map(|m| (m.address.as_str(), m)));
+        let auto_repair_from = sabakan::auto_repair_machines(input, now);
+        if input.sabakan.is_some()
+            && let Ok(from) = &auto_repair_from
+        {
+            // Machines only sabakan knows still need a failure domain for the limits.
+            for m in from.iter() {
+                by_address.entry(m.address.as_str()).or_insert(m);
+            }
+        }
         let mut entries: HashMap<&str, &input::QueueEntry> = HashMap::new();
         for e in &input.queue {
             let slot = entries.entry(e.address.as_str()).or_insert(e);
@@ -112,6 +125,7 @@ impl<'a> Ctx<'a> {
             by_address,
             entries,
             active,
+            auto_repair_from,
         }
     }
 
@@ -243,6 +257,20 @@ pub fn decide(input: &Input, cfg: &RemediationConfig, now: Timestamp) -> Pass {
         ..Pass::default()
     };
 
+    if let Err(sentence) = &ctx.auto_repair_from
+        && cfg.auto_repair.enabled
+    {
+        pass.held.push(Decision {
+            at: now,
+            address: sabakan::JOURNAL_ADDRESS.into(),
+            domain: String::new(),
+            outcome: Outcome::Held,
+            rule: Rule::SabakanUnavailable,
+            proposal: None,
+            sentence: sentence.clone(),
+        });
+    }
+
     let mut candidates = found.candidates;
     candidates.sort_by(|a, b| (a.m.since, &a.m.address).cmp(&(b.m.since, &b.m.address)));
     let view_fresh = input.kube.is_none_or(|k| k.is_fresh(now));
@@ -284,6 +312,8 @@ pub fn decide(input: &Input, cfg: &RemediationConfig, now: Timestamp) -> Pass {
         }
     }
     pass.limits = limiter.status();
+    pass.limits
+        .extend(sabakan::status(input, cfg.auto_repair.enabled, now));
     pass
 }
 

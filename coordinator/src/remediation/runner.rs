@@ -31,6 +31,7 @@ use super::gather::{self, ViewFacts};
 use super::input::RepairOutcome;
 use super::journal::{self, JournalWrite};
 use super::metrics::RemediationMetrics;
+use super::sabakan::SabakanSource;
 use super::switches::Switches;
 use crate::clock::{Clock, to_unix_ms};
 use crate::fleet::Fleet;
@@ -139,6 +140,15 @@ impl Remediation {
         shutdown: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
         let shared = self.shared.clone();
+        let ar = &shared.base.auto_repair;
+        let sabakan = match (ar.source, &ar.sabakan) {
+            (super::sabakan::Source::Sabakan, Some(cfg)) => {
+                let s = Arc::new(SabakanSource::new(cfg, shared.base.interval));
+                tokio::spawn(s.clone().run(shared.clone(), shutdown.clone()));
+                Some(s)
+            }
+            _ => None,
+        };
         tokio::spawn(async move {
             let mut state = match LoopState::load(&shared).await {
                 Ok(s) => s,
@@ -163,7 +173,7 @@ impl Remediation {
                     _ = tick.tick() => {}
                     _ = shared.wake.notified() => {}
                 }
-                if let Err(error) = state.pass(&shared, &deps).await {
+                if let Err(error) = state.pass(&shared, &deps, sabakan.as_deref()).await {
                     shared.metrics.pass_failed();
                     tracing::warn!(%error, "remediation pass skipped; retrying next interval");
                 }
@@ -247,7 +257,12 @@ impl LoopState {
         }
     }
 
-    async fn pass(&mut self, shared: &Shared, deps: &LoopDeps) -> Result<(), PassError> {
+    async fn pass(
+        &mut self,
+        shared: &Shared,
+        deps: &LoopDeps,
+        sabakan: Option<&SabakanSource>,
+    ) -> Result<(), PassError> {
         let queue = Self::queue(deps).await?;
         let now = shared.clock.now();
         let (cfg, control) = {
@@ -259,17 +274,19 @@ impl LoopState {
         let view = deps.view.as_ref().map(|(v, max)| (v.snapshot(), *max));
         let keep = ago(now, history_window(&cfg));
         self.admissions.retain(|d| to_unix_ms(d.at) >= keep);
-        let input = gather::input(
+        let view = view.as_ref().map(|(s, max)| ViewFacts {
+            snapshot: s,
+            max_age: *max,
+        });
+        let mut input = gather::input(
             &fleet,
-            view.as_ref().map(|(s, max)| ViewFacts {
-                snapshot: s,
-                max_age: *max,
-            }),
+            view,
             &queue,
             self.admissions.clone(),
             self.outcomes.iter().map(|(_, o)| o.clone()).collect(),
             control,
         );
+        input.sabakan = sabakan.map(|s| s.facts(&cfg.auto_repair, &input.machines, view));
         let mut pass = super::decide(&input, &cfg, now);
         enqueue(&mut pass, deps).await;
         let nodes: HashMap<&str, &str> = input
@@ -616,7 +633,10 @@ mod tests {
         async fn passes(&mut self, n: usize) {
             for _ in 0..n {
                 self.clock.advance(SignedDuration::from_secs(10));
-                self.state.pass(&self.rem.shared, &self.deps).await.unwrap();
+                self.state
+                    .pass(&self.rem.shared, &self.deps, None)
+                    .await
+                    .unwrap();
             }
         }
 

@@ -32,9 +32,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use protocol::admin::machines::MachineDetail;
-use protocol::admin::remediation::JournalLine;
 use serde_json::Value;
+use testkit::ctl_json::{JournalLine, MachineDetail};
 use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed, PodSeed};
 use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, Proc, bin, start_agent};

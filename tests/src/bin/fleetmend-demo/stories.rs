@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use protocol::admin::remediation::RemediationStatus;
 use serde_json::Value;
+use testkit::ctl_json::RemediationStatus;
 
 use super::assets::DEAD_MACHINE_BUILTINS;
 use super::{DEAD_HOST, DEAD_POD, Demo, HELD_PASSES, SCENARIO_TIMEOUT, field};
@@ -270,7 +270,7 @@ impl Demo {
                     .coord()
                     .ctl_json(&["remediation", "status", "--json"])
                     .ok()?;
-                (st.last_pass_unix_ms? >= back + 1500).then_some(())
+                (testkit::ctl_json::ms(st.last_pass_at?) >= back + 1500).then_some(())
             },
         )?;
         if self.snap.entries.len() != entries_before {

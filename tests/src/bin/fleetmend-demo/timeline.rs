@@ -7,9 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use protocol::admin::machines::MachineSummary;
-use protocol::admin::remediation::JournalLine;
 use serde_json::Value;
+use testkit::ctl_json::{JournalLine, MachineSummary};
 
 use super::{DEAD_HOST, DEAD_POD, Demo, POLL, field};
 
@@ -22,7 +21,7 @@ pub(super) struct Seen {
     /// Health state by address.
     states: BTreeMap<String, String>,
     /// Journal lines by (address, outcome, rule, first made): a repeat is not news.
-    decisions: BTreeSet<(String, String, String, u64)>,
+    decisions: BTreeSet<(String, String, String, jiff::Timestamp)>,
     /// Status and step by entry index.
     entries: BTreeMap<String, String>,
     /// History events printed, by entry index.
@@ -81,7 +80,7 @@ impl Demo {
                 l.address.clone(),
                 l.outcome.clone(),
                 l.rule.clone(),
-                l.first_unix_ms,
+                l.first_at,
             );
             if self.seen.decisions.insert(key) {
                 self.say(

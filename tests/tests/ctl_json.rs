@@ -1,0 +1,136 @@
+//! Issue 9, item 7: `coordinatorctl … --json` is JSON scripts can use. A real coordinator
+//! with one real agent whose NIC fails and a paused remediation; each command's `--json`
+//! must parse into the test kit's script-side types ([`testkit::ctl_json`], unknown fields
+//! denied, times as RFC 3339), and no output may carry a `*_unix_ms` integer or a label list.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use testkit::ctl_json::{
+    Constraints, JournalLine, MachineDetail, MachineSummary, RemediationStatus,
+};
+use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
+use testkit::procs::{Coordinator, CoordinatorOptions, Pki, start_agent, wait_for};
+
+const SETTLE: Duration = Duration::from_secs(60);
+const REPORT: Duration = Duration::from_millis(300);
+
+/// Every key in `v`, recursively.
+fn keys(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            for (k, v) in o {
+                out.push(k.clone());
+                keys(v, out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| keys(v, out)),
+        _ => {}
+    }
+}
+
+/// `s` is RFC 3339 in UTC with exactly milliseconds: `2026-11-23T06:35:12.345Z`.
+fn is_ms_utc(s: &str) -> bool {
+    s.len() == 24
+        && s.ends_with('Z')
+        && s.as_bytes()[19] == b'.'
+        && s.parse::<jiff::Timestamp>().is_ok()
+}
+
+#[test]
+fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    let pki = Pki::create(&dir.join("pki"), "e2e.test")?;
+    let inventory = "[[machines]]\naddress = \"10.0.3.1\"\nhostname = \"j1\"\nserial = \"SN-J1\"\n\
+                     rack = \"r1\"\nrole = \"cs\"\nmachine_type = \"qemu\"\n\
+                     labels = { zone = \"a\", pool = \"gpu\" }\n";
+    let coord = Coordinator::start(
+        &dir.join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            report_interval: REPORT,
+            unreachable_grace: REPORT * 3,
+            inventory: Some(inventory.into()),
+            extra: "[remediation]\ninterval = \"500ms\"\n".into(),
+            health_extra: String::new(),
+        },
+    )?;
+    let fixture = NodeFixture::builder("j1")
+        .nic("eth0")
+        .address("10.0.3.1".parse()?)
+        .build()?;
+    let kubelet = FakeKubelet::start()?;
+    let tls = pki.issue("node", "j1", &[])?;
+    let cfg = fixture.write_agent_config(
+        &AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+            .report_interval(REPORT)
+            .kubelet_url(&kubelet.url()),
+    )?;
+    let _agent = start_agent("j1", &cfg, &dir.join("j1.log"))?;
+    coord.wait_for_state("j1", "healthy", SETTLE)?;
+    fixture.set_carrier("eth0", false)?;
+    coord.wait_for_state("j1", "unhealthy", SETTLE)?;
+    coord.ctl(&["remediation", "pause", "--reason", "json test"])?;
+    // A pass after the pause, so that status and events have something to show.
+    wait_for("a decision in the journal", SETTLE, || {
+        let l: Vec<JournalLine> = coord
+            .ctl_json(&["events", "--json"])
+            .map_err(|e| e.to_string())?;
+        (!l.is_empty())
+            .then_some(())
+            .ok_or_else(|| "none yet".to_string())
+    })?;
+
+    let outputs: Vec<(&[&str], Value)> = [
+        &["machines", "list", "--json"][..],
+        &["machines", "show", "10.0.3.1", "--json"],
+        &["remediation", "status", "--json"],
+        &["events", "--json"],
+        &["constraints", "show", "--json"],
+    ]
+    .into_iter()
+    .map(|args| Ok((args, coord.ctl_json::<Value>(args)?)))
+    .collect::<anyhow::Result<_>>()?;
+    for (args, v) in &outputs {
+        let mut ks = Vec::new();
+        keys(v, &mut ks);
+        assert!(
+            ks.iter().all(|k| !k.ends_with("_unix_ms")),
+            "{args:?} still prints Unix milliseconds: {v:#}"
+        );
+    }
+
+    let list: Vec<MachineSummary> = serde_json::from_value(outputs[0].1.clone())?;
+    assert_eq!(list[0].spec.labels["zone"], "a");
+    assert_eq!(list[0].spec.labels["pool"], "gpu");
+    assert!(is_ms_utc(
+        outputs[0].1[0]["state_since"].as_str().unwrap_or_default()
+    ));
+    let show: MachineDetail = serde_json::from_value(outputs[1].1.clone())?;
+    assert!(show.failing_since.contains_key("nic:eth0"), "{show:#?}");
+    let report = show.last_report.as_ref().expect("a report");
+    assert!(report.time <= jiff::Timestamp::now());
+    assert!(show.last_report_at.is_some());
+    let last = show.transitions.last().expect("a transition");
+    assert_eq!(last.to, "unhealthy");
+    assert!(is_ms_utc(
+        outputs[1].1["last_report_at"].as_str().unwrap_or_default()
+    ));
+    let st: RemediationStatus = serde_json::from_value(outputs[2].1.clone())?;
+    let paused = st.paused.expect("paused");
+    assert_eq!(paused.reason, "json test");
+    assert!(st.last_pass_at.is_some_and(|t| t >= paused.since));
+    let events: Vec<JournalLine> = serde_json::from_value(outputs[3].1.clone())?;
+    let held = events
+        .iter()
+        .find(|l| l.address == "10.0.3.1" && l.rule == "paused")
+        .expect("the paused hold");
+    assert!(held.first_at <= held.last_at);
+    let c: Constraints = serde_json::from_value(outputs[4].1.clone())?;
+    assert!(c.maximum_repair_queue_entries > 0);
+    // The human output keeps its table.
+    let out = coord.ctl(&["machines", "list"])?;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("10.0.3.1"));
+    Ok(())
+}
