@@ -16,6 +16,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod health;
 pub mod inventory;
+pub mod kdump;
 pub mod k8s;
 pub mod lifecycle;
 pub mod metrics;

@@ -12,6 +12,7 @@
 //! The kdump path and the repair queue's `@fence` wiring are not here yet.
 
 pub mod flow;
+pub mod kdump;
 pub mod killpoint;
 pub mod proof;
 pub mod runner;
