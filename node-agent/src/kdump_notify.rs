@@ -117,7 +117,8 @@ impl Notify {
             .coordinator
             .clone()
             .ok_or_else(|| bad("--coordinator HOST:PORT is required".into()))?;
-        let (host, _) = split_host_port(&address).map_err(|e| bad(format!("--coordinator: {e}")))?;
+        let (host, _) =
+            split_host_port(&address).map_err(|e| bad(format!("--coordinator: {e}")))?;
         let files = TlsFiles {
             ca: need("ca", &settings.ca)?,
             cert: need("cert", &settings.cert)?,
@@ -209,8 +210,8 @@ impl Notify {
                 Ok(session) => {
                     session.conn.close(0u32.into(), b"kdump notice sent");
                     // Let the close reach the coordinator, which waits for it.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle())
-                        .await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
                     return Ok(addr);
                 }
                 Err(TransportError::Refused(r)) => {
@@ -267,7 +268,12 @@ mod tests {
             coordinator: Some("no-port".into()),
             ..Settings::default()
         };
-        assert!(Notify::new(&s, &args("30s")).unwrap_err().to_string().contains("port"));
+        assert!(
+            Notify::new(&s, &args("30s"))
+                .unwrap_err()
+                .to_string()
+                .contains("port")
+        );
     }
 
     #[test]

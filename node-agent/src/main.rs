@@ -21,7 +21,16 @@ use node_agent::systemd::{SdNotifier, SystemdShutdownProbe};
 
 fn main() -> ExitCode {
     protocol::telemetry::quiet_broken_pipe();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        // The kdump initramfs scripts tell bad input (64) from an unreachable coordinator
+        // (69); clap's own code for a bad flag would be 2.
+        Err(e) if e.use_stderr() && std::env::args().any(|a| a == "kdump-notify") => {
+            let _ = e.print();
+            return ExitCode::from(64);
+        }
+        Err(e) => e.exit(),
+    };
     if let Err(e) = protocol::telemetry::init("info") {
         eprintln!("node-agent: {e}");
         return ExitCode::from(64);

@@ -340,7 +340,12 @@ mod tests {
         assert_eq!(peek_version(&frame[4..]).unwrap(), crate::PROTOCOL_VERSION);
         assert_eq!(decode_payload::<ClientHello>(&frame[4..]).unwrap(), hello);
         assert_eq!("done".parse::<KdumpPhase>(), Ok(KdumpPhase::Done));
-        assert!("dumping".parse::<KdumpPhase>().unwrap_err().contains("start or done"));
+        assert!(
+            "dumping"
+                .parse::<KdumpPhase>()
+                .unwrap_err()
+                .contains("start or done")
+        );
     }
 
     #[test]

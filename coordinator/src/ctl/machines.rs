@@ -168,7 +168,10 @@ fn kdump_line(k: &protocol::admin::machines::KdumpDetail, now: u64) -> String {
         (_, started, Some(t)) => format!(
             "dump done at {}{}",
             fmt_time(t),
-            started.map_or(String::new(), |s| format!(" (dumping since {})", fmt_time(s)))
+            started.map_or(String::new(), |s| format!(
+                " (dumping since {})",
+                fmt_time(s)
+            ))
         ),
         (_, Some(t), None) => format!(
             "dumping reported at {}, but the agent has reported since",

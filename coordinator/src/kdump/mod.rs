@@ -267,16 +267,15 @@ mod tests {
 
     #[test]
     fn timeouts_come_from_the_machine_type_or_the_default() {
-        let cfg: KdumpConfig = toml::from_str(
-            "timeout = \"5m\"\n[timeout_by_machine_type]\nbig-mem = \"45m\"\n",
-        )
-        .unwrap();
+        let cfg: KdumpConfig =
+            toml::from_str("timeout = \"5m\"\n[timeout_by_machine_type]\nbig-mem = \"45m\"\n")
+                .unwrap();
         assert_eq!(cfg.timeout_for(Some("big-mem")), Duration::from_secs(2700));
         assert_eq!(cfg.timeout_for(Some("qemu")), Duration::from_secs(300));
         assert_eq!(cfg.timeout_for(None), Duration::from_secs(300));
         assert_eq!(KdumpConfig::default().timeout, DEFAULT_KDUMP_TIMEOUT);
-        let e = toml::from_str::<KdumpConfig>("[timeout_by_machine_type]\nx = \"soon\"\n")
-            .unwrap_err();
+        let e =
+            toml::from_str::<KdumpConfig>("[timeout_by_machine_type]\nx = \"soon\"\n").unwrap_err();
         assert!(e.to_string().contains("machine type x"), "{e}");
         assert!(toml::from_str::<KdumpConfig>("wait = \"1m\"\n").is_err());
     }

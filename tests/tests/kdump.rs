@@ -1,0 +1,219 @@
+//! Issue 11 item 5, the notifier half: `node-agent kdump-notify` as a real process against a
+//! real coordinator process over mutual-TLS QUIC on loopback.
+//! - "dumping" then "dump done" are recorded for the machine the certificate names, shown
+//!   by `coordinatorctl machines show` (human and `--json`) and logged, and survive a
+//!   coordinator restart (SQLite);
+//! - a node certificate cannot report a dump for another machine, and an unregistered node
+//!   is refused with the coordinator's reason (exit 69);
+//! - an unreachable coordinator ends the notifier with 69 once its `--timeout` passed; bad
+//!   input (a missing flag, a config file) with 64, before any network use.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use protocol::Role;
+use protocol::messages::{HelloBody, KdumpNotice, KdumpPhase, RefusalCode};
+use protocol::transport::{self, TlsFiles, TlsMaterial, TransportError};
+use testkit::procs::{
+    CertFiles, Coordinator, CoordinatorOptions, Pki, command, free_udp_port, inventory_toml,
+};
+
+const ADDR: &str = "10.20.0.1";
+
+fn start(dir: &Path) -> anyhow::Result<(Pki, Coordinator)> {
+    let pki = Pki::create(&dir.join("pki"), "e2e.test")?;
+    let opts = CoordinatorOptions {
+        inventory: Some(inventory_toml(&[(ADDR, "node-1"), ("10.20.0.2", "node-2")])),
+        ..CoordinatorOptions::default()
+    };
+    let coord = Coordinator::start(&dir.join("coord"), &pki, &opts)?;
+    Ok((pki, coord))
+}
+
+/// `node-agent kdump-notify --phase PHASE --coordinator ADDR --ca --cert --key …`.
+fn notify(coordinator: &str, tls: &CertFiles, phase: &str, extra: &[&str]) -> Output {
+    command("node-agent")
+        .args([
+            "kdump-notify",
+            "--phase",
+            phase,
+            "--coordinator",
+            coordinator,
+        ])
+        .arg("--ca")
+        .arg(&tls.ca)
+        .arg("--cert")
+        .arg(&tls.cert)
+        .arg("--key")
+        .arg(&tls.key)
+        .args(extra)
+        .output()
+        .expect("run node-agent kdump-notify")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn show(coord: &Coordinator) -> anyhow::Result<String> {
+    let out = coord.ctl(&["machines", "show", ADDR])?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn dumping_then_dump_done_are_recorded_shown_and_kept_across_a_restart() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (pki, mut coord) = start(tmp.path())?;
+    let tls = Coordinator::agent_tls(&pki, "node-1")?;
+    let server = coord.quic.to_string();
+
+    let before = coord.machine(ADDR)?;
+    assert_eq!(before.kdump, None, "no dump known yet");
+
+    let out = notify(&server, &tls, "start", &["--boot-id", "crashed-boot-1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let d = coord.machine(ADDR)?;
+    let k = d.kdump.context("kdump shown after start")?;
+    assert_eq!(k.phase, KdumpPhase::Start);
+    assert!(k.dumping_now, "{k:?}");
+    assert!(k.dumping_since_unix_ms.is_some() && k.done_at_unix_ms.is_none());
+    assert_eq!(k.boot_id.as_deref(), Some("crashed-boot-1"));
+    let human = show(&coord)?;
+    assert!(
+        human.contains("kdump:")
+            && human.contains("dumping since")
+            && human.contains("crashed-boot-1"),
+        "{human}"
+    );
+    coord.wait_for_log(&["kdump", ADDR, "dumping since"], Duration::from_secs(10))?;
+
+    let out = notify(&server, &tls, "done", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let k = coord
+        .machine(ADDR)?
+        .kdump
+        .context("kdump shown after done")?;
+    assert_eq!(k.phase, KdumpPhase::Done);
+    assert!(!k.dumping_now);
+    let (started, done) = (k.dumping_since_unix_ms.unwrap(), k.done_at_unix_ms.unwrap());
+    assert!(done >= started, "{k:?}");
+    assert!(show(&coord)?.contains("dump done at"));
+
+    coord.restart()?;
+    let after = coord
+        .machine(ADDR)?
+        .kdump
+        .context("kdump kept across a restart")?;
+    assert_eq!(after, k);
+    let other = coord.machine("10.20.0.2")?;
+    assert_eq!(
+        other.kdump, None,
+        "only the certificate's machine is marked"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_certificate_cannot_report_a_dump_for_another_machine() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().to_path_buf();
+    let (pki, coord) = tokio::task::spawn_blocking(move || start(&dir)).await??;
+    let tls = Coordinator::agent_tls(&pki, "node-2")?;
+    let material = TlsMaterial::load(&TlsFiles {
+        ca: tls.ca.clone(),
+        cert: tls.cert.clone(),
+        key: tls.key.clone(),
+    })?;
+    let endpoint = material.client_endpoint(coord.quic)?;
+    let forged = KdumpNotice {
+        hostname: "node-1".into(),
+        phase: KdumpPhase::Start,
+        boot_id: None,
+        time_unix_ms: 0,
+    };
+    let r = transport::connect(
+        &endpoint,
+        coord.quic,
+        "127.0.0.1",
+        Role::Coordinator,
+        HelloBody::Kdump(forged),
+    )
+    .await;
+    match r {
+        Err(TransportError::Refused(r)) => {
+            assert_eq!(r.code, RefusalCode::IdentityMismatch, "{r}");
+            assert!(r.reason.contains("node-2"), "{r}");
+        }
+        other => panic!("a forged kdump notice was not refused: {other:?}"),
+    }
+    let coord = std::sync::Arc::new(coord);
+    let c = coord.clone();
+    let d = tokio::task::spawn_blocking(move || c.machine(ADDR)).await??;
+    assert_eq!(d.kdump, None, "nothing recorded for node-1");
+
+    // An unregistered node: refused with the coordinator's reason, not retried.
+    let stranger = Coordinator::agent_tls(&pki, "node-x")?;
+    let server = coord.quic.to_string();
+    let t = Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        notify(&server, &stranger, "start", &["--timeout", "30s"])
+    })
+    .await?;
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no machine with hostname node-x"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "a refusal is final: {:?}",
+        t.elapsed()
+    );
+    Ok(())
+}
+
+#[test]
+fn an_unreachable_coordinator_exits_69_after_the_timeout_and_bad_input_64() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "e2e.test")?;
+    let tls = Coordinator::agent_tls(&pki, "node-1")?;
+    let nobody = format!("127.0.0.1:{}", free_udp_port());
+    let t = Instant::now();
+    let out = notify(&nobody, &tls, "start", &["--timeout", "3s"]);
+    let took = t.elapsed();
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not reached within 3 s"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(15),
+        "retried until about the timeout: {took:?}"
+    );
+
+    let out = command("node-agent")
+        .args(["kdump-notify", "--phase", "start", "--coordinator", &nobody])
+        .output()?;
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--ca is required"),
+        "{}",
+        stderr(&out)
+    );
+    let out = notify(&nobody, &tls, "dumping", &[]);
+    assert_eq!(out.status.code(), Some(64), "an unknown phase is bad input");
+    assert!(stderr(&out).contains("start or done"), "{}", stderr(&out));
+    let out = notify(
+        &nobody,
+        &tls,
+        "start",
+        &["--config", "/etc/fleetmend/node-agent.toml"],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no config file"), "{}", stderr(&out));
+    Ok(())
+}
