@@ -244,6 +244,7 @@ impl App {
                     view,
                     queue: repair.clone(),
                     events: drainer.clone(),
+                    kdump: kdump.clone(),
                 };
                 Some((rem, deps))
             }

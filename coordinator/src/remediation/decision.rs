@@ -46,6 +46,9 @@ pub enum Rule {
     /// Admitted, but the repair queue refused the entry (no repair queue, or no procedure
     /// for the machine type and operation). Set by the remediation loop, never by a rule.
     EnqueueRefused,
+    /// A silent machine whose crash kernel was loaded waits `kdump_wait` for its kdump
+    /// initramfs to say "dumping" before it counts as dead.
+    KdumpWait,
 }
 
 impl Rule {
@@ -70,6 +73,7 @@ impl Rule {
             Rule::SlowStart => "slow-start",
             Rule::RateLimit => "rate-limit",
             Rule::EnqueueRefused => "enqueue-refused",
+            Rule::KdumpWait => "kdump-wait",
         }
     }
 }

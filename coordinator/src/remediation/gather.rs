@@ -14,10 +14,11 @@ use protocol::admin::repair::RepairEntry;
 
 use super::decision::Decision;
 use super::input::{
-    Condition, Control, FailingCheck, Input, KubeFacts, Machine, NodeFacts, QueueEntry,
+    Condition, Control, Dump, FailingCheck, Input, KubeFacts, Machine, NodeFacts, QueueEntry,
     RepairOutcome,
 };
 use crate::clock::from_unix_ms;
+use crate::fence::kdump::{DumpSeen, KdumpView};
 use crate::fleet::{FleetSnapshot, MachineSnapshot};
 use crate::k8s::view::{NodeSnapshot, NodeViewSnapshot};
 
@@ -108,9 +109,22 @@ fn machine(m: &MachineSnapshot, node: Option<NodeFacts>) -> Machine {
             .collect(),
         goodbye: m.goodbye,
         kdump_loaded: m.kdump_loaded,
+        dump: Dump::None,
         booted_at: m.boot_seen_at,
         node,
         last_silence: m.last_silence,
+    }
+}
+
+/// Fills in what each machine's kdump initramfs last said (the registry is read apart from
+/// the fleet snapshot; both are in memory).
+pub fn add_dumps(input: &mut Input, kdump: &dyn KdumpView) {
+    for m in &mut input.machines {
+        m.dump = match kdump.dump(&m.address) {
+            DumpSeen::None => Dump::None,
+            DumpSeen::Dumping { started, .. } => Dump::Dumping { since: started },
+            DumpSeen::Done { at } => Dump::Done { at },
+        };
     }
 }
 

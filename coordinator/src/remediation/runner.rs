@@ -99,6 +99,8 @@ pub struct LoopDeps {
     pub queue: Option<RepairQueue>,
     /// Where Node Events go ([`crate::k8s::NotANode`] posts none).
     pub events: Arc<dyn Drainer>,
+    /// Crash dumps reported by kdump initramfs ([`crate::fence::kdump::NoKdump`]: none).
+    pub kdump: Arc<dyn crate::fence::kdump::KdumpView>,
 }
 
 impl Remediation {
@@ -259,7 +261,7 @@ impl LoopState {
         let view = deps.view.as_ref().map(|(v, max)| (v.snapshot(), *max));
         let keep = ago(now, history_window(&cfg));
         self.admissions.retain(|d| to_unix_ms(d.at) >= keep);
-        let input = gather::input(
+        let mut input = gather::input(
             &fleet,
             view.as_ref().map(|(s, max)| ViewFacts {
                 snapshot: s,
@@ -270,6 +272,7 @@ impl LoopState {
             self.outcomes.iter().map(|(_, o)| o.clone()).collect(),
             control,
         );
+        gather::add_dumps(&mut input, deps.kdump.as_ref());
         let mut pass = super::decide(&input, &cfg, now);
         enqueue(&mut pass, deps).await;
         let nodes: HashMap<&str, &str> = input
@@ -602,6 +605,7 @@ mod tests {
                 view: None,
                 queue: None,
                 events: Arc::new(NotANode),
+                kdump: Arc::new(crate::fence::kdump::NoKdump),
             };
             Self {
                 _dir: dir,
