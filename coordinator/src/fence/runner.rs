@@ -8,11 +8,19 @@
 //! confirmed off, even from a committed row. A restore pass after a restart rebuilds the
 //! proof from the committed confirmation, since the machine is on again by then.
 //!
+//! kdump: before the first power-off it reads the kdump view ([`Flow::checks_kdump_first`]),
+//! and a release pass of the kdump leg builds its [`KdumpProof`] from the view *now*
+//! ("dumping", nothing since), never from the committed row, so a dump that ended stops
+//! the release. A restore pass after a restart rebuilds the kdump proof from the committed
+//! leg when the flow never confirmed an off. The view is [`NoKdump`] unless
+//! [`FenceRunner::with_kdump`] gives one.
+//!
 //! Power-state reads get a fresh request id each time (a repeated id would be answered from
 //! the gateway's record of an earlier read); power actions use the flow's ids, which change
 //! only after a failed answer. This module decides nothing: every choice is in [`flow`].
 //!
 //! [`flow`]: super::flow
+//! [`KdumpProof`]: super::proof::KdumpProof
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,8 +30,11 @@ use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest};
 use tracing::{info, warn};
 
 use super::flow::{Action, FenceTimeouts, Flow, Observation, PowerAnswer, State, step};
+use super::kdump::{DumpSeen, KdumpView, NoKdump};
 use super::killpoint::{KillPoints, Killed};
-use super::proof::{DownProof, PowerOffProof, ProofError, confirm_power_off, reconfirm_power_off};
+use super::proof::{
+    DownProof, KdumpProof, PowerOffProof, ProofError, confirm_power_off, reconfirm_power_off,
+};
 use super::store as fence_store;
 use crate::clock::{Clock, to_unix_ms};
 use crate::gateway::PowerControl;
@@ -102,6 +113,7 @@ pub struct FenceRunner {
     poll: Duration,
     kill: KillPoints,
     proofs: Mutex<HashMap<u64, PowerOffProof>>,
+    kdump: Arc<dyn KdumpView>,
 }
 
 /// Pause between passes of a state that did not change (waiting on pods, the agent, a
@@ -120,7 +132,16 @@ impl FenceRunner {
             poll: DEFAULT_POLL,
             kill: KillPoints::from_env(),
             proofs: Mutex::default(),
+            kdump: Arc::new(NoKdump),
         }
+    }
+
+    /// Reads crash dumps from `kdump` (the coordinator's [`crate::kdump::Kdumps`]): a
+    /// machine dumping when its flow is about to power it off is released on the dump and
+    /// power-cycled after it. Without this, flows never hear of dumps ([`NoKdump`]).
+    pub fn with_kdump(mut self, kdump: Arc<dyn KdumpView>) -> Self {
+        self.kdump = kdump;
+        self
     }
 
     /// Sets the time limits of every machine.
@@ -305,6 +326,14 @@ impl FenceRunner {
             },
             Action::Power {
                 action: PowerAction::Fence,
+                ..
+            } if flow.checks_kdump_first()
+                && matches!(self.kdump.dump(&flow.address), DumpSeen::Dumping { .. }) =>
+            {
+                Observation::Kdump(self.kdump.dump(&flow.address))
+            }
+            Action::Power {
+                action: PowerAction::Fence,
                 request_id,
             } => Observation::Power(
                 match confirm_power_off(
@@ -334,6 +363,7 @@ impl FenceRunner {
             Action::ReleasePass => self.release_pass(flow).await,
             Action::CheckAgent => Observation::Agent(d.agents.agent_health(&flow.address)),
             Action::RestorePass => self.restore_pass(flow).await,
+            Action::CheckKdump => Observation::Kdump(self.kdump.dump(&flow.address)),
             Action::None => Observation::Tick,
         };
         (obs, None)
@@ -365,6 +395,15 @@ impl FenceRunner {
     }
 
     async fn release_pass(&self, flow: &Flow) -> Observation {
+        if matches!(flow.state, State::KdumpRelease | State::KdumpWaitReleased) {
+            return match self.kdump.dump(&flow.address) {
+                DumpSeen::Dumping { started, .. } => {
+                    let proof = KdumpProof::from_dump_in_progress(&flow.address, started);
+                    self.release_with(flow, DownProof::from(proof)).await
+                }
+                ended => Observation::Kdump(ended),
+            };
+        }
         let proof = match self.held_proof(flow.id) {
             Some(p) => p,
             None => {
@@ -375,13 +414,16 @@ impl FenceRunner {
                 }
             }
         };
+        self.release_with(flow, DownProof::from(proof)).await
+    }
+
+    async fn release_with(&self, flow: &Flow, down: DownProof) -> Observation {
         let Some(how) = &flow.how else {
             return Observation::KubeFailed {
                 detail: "no release plan was committed".into(),
                 retriable: false,
             };
         };
-        let down = DownProof::from(proof);
         match self.deps.release.release(&flow.node, &down, how).await {
             Ok(ReleaseProgress::Done) => Observation::Released {
                 done: true,
@@ -401,23 +443,28 @@ impl FenceRunner {
     }
 
     async fn restore_pass(&self, flow: &Flow) -> Observation {
-        let proof = self.held_proof(flow.id).or_else(|| {
-            flow.confirmed_off.map(|at| {
+        let proof = self.held_proof(flow.id).map(DownProof::from).or_else(|| {
+            let off = flow.confirmed_off.map(|at| {
                 PowerOffProof::from_committed_confirmation(
                     &flow.address,
                     flow.confirm_request.clone().unwrap_or_default(),
                     at,
                 )
-            })
+            });
+            // A kdump flow whose power-off failed after its release: restore on the dump it
+            // released on (the machine is on again by now).
+            let dump = flow
+                .kdump
+                .map(|leg| KdumpProof::from_dump_in_progress(&flow.address, leg.started));
+            off.map(DownProof::from).or(dump.map(DownProof::from))
         });
-        let (Some(proof), Some(how)) = (proof, &flow.how) else {
+        let (Some(down), Some(how)) = (proof, &flow.how) else {
             return Observation::KubeFailed {
                 detail: "no committed power-off confirmation or release plan to restore from"
                     .into(),
                 retriable: false,
             };
         };
-        let down = DownProof::from(proof);
         match self.deps.release.restore(&flow.node, &down, how).await {
             Ok(RestoreProgress::Done) => Observation::Restored { done: true },
             Ok(RestoreProgress::WaitingForNode) => Observation::Restored { done: false },
