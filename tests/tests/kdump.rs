@@ -217,3 +217,76 @@ fn an_unreachable_coordinator_exits_69_after_the_timeout_and_bad_input_64() -> a
     assert!(stderr(&out).contains("no config file"), "{}", stderr(&out));
     Ok(())
 }
+
+/// `packaging/kdump/fleetmend-kdump-notify PHASE` with the settings file `env`.
+fn wrapper(env: &Path, args: &[&str]) -> Output {
+    let script = testkit::procs::workspace_root().join("packaging/kdump/fleetmend-kdump-notify");
+    let mut cmd = std::process::Command::new("sh");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("FLEETMEND_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.arg(script)
+        .args(args)
+        .env("FLEETMEND_KDUMP_ENV", env)
+        .env("FLEETMEND_NODE_AGENT", testkit::procs::bin("node-agent"))
+        .output()
+        .expect("run the kdump wrapper")
+}
+
+#[test]
+fn the_packaged_wrapper_sends_both_phases_and_never_fails_the_dump() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (pki, coord) = start(tmp.path())?;
+    let tls = Coordinator::agent_tls(&pki, "node-1")?;
+    let env_file = |coordinator: &str, timeout: &str| -> anyhow::Result<std::path::PathBuf> {
+        let p = tmp.path().join(format!("kdump-notify-{timeout}.env"));
+        std::fs::write(
+            &p,
+            format!(
+                "FLEETMEND_AGENT_COORDINATOR={coordinator}\nFLEETMEND_AGENT_CA={}\n\
+                 FLEETMEND_AGENT_CERT={}\nFLEETMEND_AGENT_KEY={}\nFLEETMEND_KDUMP_TIMEOUT={timeout}\n",
+                tls.ca.display(),
+                tls.cert.display(),
+                tls.key.display()
+            ),
+        )?;
+        Ok(p)
+    };
+    let env = env_file(&coord.quic.to_string(), "30s")?;
+    let out = wrapper(&env, &["start"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("coordinator told: start"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(coord.machine(ADDR)?.kdump.is_some_and(|k| k.dumping_now));
+    // As kexec-tools' kdump_post calls it: the dump's exit status after the phase.
+    let out = wrapper(&env, &["done", "0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let k = coord.machine(ADDR)?.kdump.context("kdump shown")?;
+    assert_eq!((k.phase, k.dumping_now), (KdumpPhase::Done, false));
+
+    // Nobody listening, a missing settings file, a wrong phase: logged, exit 0 all the same.
+    let nobody = env_file(&format!("127.0.0.1:{}", free_udp_port()), "1s")?;
+    let out = wrapper(&nobody, &["start"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unreachable or refusing (exit 69)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = wrapper(&tmp.path().join("missing.env"), &["start"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("missing; nothing sent"),
+        "{}",
+        stderr(&out)
+    );
+    let out = wrapper(&env, &["0"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("unknown phase"), "{}", stderr(&out));
+    Ok(())
+}
