@@ -5,6 +5,10 @@
 //!   coordinator restart (SQLite);
 //! - a node certificate cannot report a dump for another machine, and an unregistered node
 //!   is refused with the coordinator's reason (exit 69);
+//! - "dumping" stops counting once the machine's agent reports again (a lost "dump done"
+//!   must not hold a machine down for ever);
+//! - the packaged wrapper (`packaging/kdump/fleetmend-kdump-notify`) sends both phases and
+//!   exits 0 whatever happens, so it never stops a dump;
 //! - an unreachable coordinator ends the notifier with 69 once its `--timeout` passed; bad
 //!   input (a missing flag, a config file) with 64, before any network use.
 
@@ -16,8 +20,10 @@ use anyhow::Context;
 use protocol::Role;
 use protocol::messages::{HelloBody, KdumpNotice, KdumpPhase, RefusalCode};
 use protocol::transport::{self, TlsFiles, TlsMaterial, TransportError};
+use testkit::fixture::{AgentConfig, NodeFixture};
 use testkit::procs::{
     CertFiles, Coordinator, CoordinatorOptions, Pki, command, free_udp_port, inventory_toml,
+    start_agent, wait_for,
 };
 
 const ADDR: &str = "10.20.0.1";
@@ -288,5 +294,44 @@ fn the_packaged_wrapper_sends_both_phases_and_never_fails_the_dump() -> anyhow::
     let out = wrapper(&env, &["0"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("unknown phase"), "{}", stderr(&out));
+    Ok(())
+}
+
+#[test]
+fn a_dumping_machine_whose_agent_reports_again_is_no_longer_held_down() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (pki, coord) = start(tmp.path())?;
+    let tls = Coordinator::agent_tls(&pki, "node-1")?;
+    let out = notify(&coord.quic.to_string(), &tls, "start", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(coord.machine(ADDR)?.kdump.is_some_and(|k| k.dumping_now));
+
+    // The "dump done" was lost; the machine rebooted and its agent reports again.
+    let fixture = NodeFixture::builder("node-1")
+        .address(ADDR.parse()?)
+        .build()?;
+    let cfg = fixture.write_agent_config(
+        &AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+            .report_interval(Duration::from_millis(300)),
+    )?;
+    let _agent = start_agent("node-1", &cfg, &tmp.path().join("node-1.log"))?;
+    let k = wait_for("the dump to stop counting", Duration::from_secs(30), || {
+        let k = coord
+            .machine(ADDR)
+            .map_err(|e| e.to_string())?
+            .kdump
+            .ok_or("kdump record lost")?;
+        if k.dumping_now {
+            Err(format!("{k:?}"))
+        } else {
+            Ok(k)
+        }
+    })?;
+    assert_eq!(k.phase, KdumpPhase::Start, "the record itself is kept");
+    assert!(
+        show(&coord)?.contains("but the agent has reported since"),
+        "{}",
+        show(&coord)?
+    );
     Ok(())
 }
