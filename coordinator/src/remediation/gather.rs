@@ -351,4 +351,41 @@ mod tests {
             per.as_secs_f64() * 1e3
         );
     }
+
+    #[test]
+    fn dumps_come_from_the_kdump_view_per_machine() {
+        struct View;
+        impl KdumpView for View {
+            fn dump(&self, address: &str) -> DumpSeen {
+                match address {
+                    "10.0.0.1" => DumpSeen::Dumping {
+                        started: t(7),
+                        timeout: Duration::from_secs(600),
+                    },
+                    "10.0.0.2" => DumpSeen::Done { at: t(8) },
+                    _ => DumpSeen::None,
+                }
+            }
+        }
+        let fleet = FleetSnapshot {
+            taken_at: Some(t(20)),
+            machines: vec![
+                snap("10.0.0.1", "n1"),
+                snap("10.0.0.2", "n2"),
+                snap("10.0.0.3", "n3"),
+            ],
+        };
+        let mut i = input(&fleet, None, &[], vec![], vec![], Control::default());
+        assert!(i.machines.iter().all(|m| m.dump == Dump::None));
+        add_dumps(&mut i, &View);
+        let dumps: Vec<_> = i.machines.iter().map(|m| m.dump).collect();
+        assert_eq!(
+            dumps,
+            [
+                Dump::Dumping { since: t(7) },
+                Dump::Done { at: t(8) },
+                Dump::None
+            ]
+        );
+    }
 }
