@@ -319,19 +319,18 @@ impl FenceRunner {
 
     async fn act(&self, flow: &Flow, action: &Action) -> (Observation, Option<String>) {
         let d = &self.deps;
+        if flow.checks_kdump_first() {
+            // A dumping machine is not powered off: the flow takes the kdump leg instead.
+            let seen = self.kdump.dump(&flow.address);
+            if matches!(seen, DumpSeen::Dumping { .. }) {
+                return (Observation::Kdump(seen), None);
+            }
+        }
         let obs = match action {
             Action::Plan => match d.release.release_plan(&flow.node).await {
                 Ok(how) => Observation::Planned(how),
                 Err(e) => kube(e),
             },
-            Action::Power {
-                action: PowerAction::Fence,
-                ..
-            } if flow.checks_kdump_first()
-                && matches!(self.kdump.dump(&flow.address), DumpSeen::Dumping { .. }) =>
-            {
-                Observation::Kdump(self.kdump.dump(&flow.address))
-            }
             Action::Power {
                 action: PowerAction::Fence,
                 request_id,
