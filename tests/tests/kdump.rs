@@ -8,7 +8,9 @@
 //! - "dumping" stops counting once the machine's agent reports again (a lost "dump done"
 //!   must not hold a machine down for ever);
 //! - the packaged wrapper (`packaging/kdump/fleetmend-kdump-notify`) sends both phases and
-//!   exits 0 whatever happens, so it never stops a dump;
+//!   exits 0 whatever happens, so it never stops a dump; the dracut module
+//!   (`packaging/kdump/dracut/99fleetmend-kdump/module-setup.sh`), run by bash with stand-ins
+//!   for dracut's helpers, installs node-agent, its settings and the TLS files they name;
 //! - an unreachable coordinator ends the notifier with 69 once its `--timeout` passed; bad
 //!   input (a missing flag, a config file) with 64, before any network use.
 
@@ -333,5 +335,96 @@ fn a_dumping_machine_whose_agent_reports_again_is_no_longer_held_down() -> anyho
         "{}",
         show(&coord)?
     );
+    Ok(())
+}
+
+/// Runs `script` in bash after sourcing the dracut module with stand-ins for dracut's
+/// helpers that print what they were asked to install.
+fn dracut_module(env: &Path, initdir: &Path, script: &str) -> Output {
+    let module = testkit::procs::workspace_root()
+        .join("packaging/kdump/dracut/99fleetmend-kdump/module-setup.sh");
+    let stubs = r#"
+require_binaries() { echo "require_binaries $*"; return 0; }
+inst_binary() { echo "inst_binary $*"; }
+inst_simple() { echo "inst_simple $*"; }
+inst_script() { echo "inst_script $*"; }
+derror() { echo "derror $*" >&2; }
+dfatal() { echo "dfatal $*" >&2; }
+"#;
+    std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -u\n{stubs}\n. {:?}\n{script}", module))
+        .env("FLEETMEND_KDUMP_ENV", env)
+        .env("initdir", initdir)
+        .output()
+        .expect("run bash")
+}
+
+#[test]
+fn the_dracut_module_installs_the_notifier_its_settings_and_the_tls_files_they_name()
+-> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let initdir = tmp.path().join("initramfs");
+    std::fs::create_dir_all(&initdir)?;
+    let tls_dir = tmp.path().join("tls");
+    std::fs::create_dir_all(&tls_dir)?;
+    for f in ["ca.crt", "node.crt", "node.key"] {
+        std::fs::write(tls_dir.join(f), "pem")?;
+    }
+    let env = tmp.path().join("kdump-notify.env");
+    std::fs::write(
+        &env,
+        format!(
+            "FLEETMEND_AGENT_COORDINATOR=10.0.0.10:7443\nFLEETMEND_AGENT_CA={0}/ca.crt\n\
+             FLEETMEND_AGENT_CERT={0}/node.crt\nFLEETMEND_AGENT_KEY={0}/node.key\n",
+            tls_dir.display()
+        ),
+    )?;
+
+    // Included only when asked for (255), and only with its settings file.
+    let out = dracut_module(&env, &initdir, "check; echo rc=$?");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rc=255"),
+        "{out:?}"
+    );
+    let out = dracut_module(&tmp.path().join("none.env"), &initdir, "check; echo rc=$?");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rc=1"),
+        "{out:?}"
+    );
+    assert!(stderr(&out).contains("is missing"), "{out:?}");
+    let out = dracut_module(&env, &initdir, "depends");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "network");
+
+    let out = dracut_module(&env, &initdir, "install; echo rc=$?");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "inst_binary /usr/bin/node-agent".to_string(),
+        format!("inst_simple {}", env.display()),
+        format!("inst_simple {}/ca.crt", tls_dir.display()),
+        format!("inst_simple {}/node.crt", tls_dir.display()),
+        format!("inst_simple {}/node.key", tls_dir.display()),
+        "inst_script /usr/lib/fleetmend/kdump/fleetmend-kdump-notify".to_string(),
+        "inst_script /usr/lib/fleetmend/kdump/fleetmend-kdump-start".to_string(),
+        "inst_script /usr/lib/fleetmend/kdump/fleetmend-kdump-done".to_string(),
+        "rc=0".to_string(),
+    ] {
+        assert!(
+            stdout.contains(&want),
+            "missing {want:?} in:\n{stdout}\n{}",
+            stderr(&out)
+        );
+    }
+    let cmdline = std::fs::read_to_string(initdir.join("etc/cmdline.d/90fleetmend-kdump.conf"))?;
+    assert_eq!(cmdline.trim(), "rd.neednet=1");
+
+    // A TLS file the settings name but that is not there stops the build, loudly.
+    std::fs::remove_file(tls_dir.join("node.key"))?;
+    let out = dracut_module(&env, &initdir, "install; echo rc=$?");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rc=1"),
+        "{out:?}"
+    );
+    assert!(stderr(&out).contains("node.key"), "{out:?}");
     Ok(())
 }

@@ -4,7 +4,7 @@
 # initramfs, for kexec-tools' kdump_pre/kdump_post (see packaging/kdump/README.md).
 # Only included when asked for: `dracut_args --add fleetmend-kdump` in /etc/kdump.conf.
 
-FLEETMEND_ENV=/etc/fleetmend/kdump-notify.env
+FLEETMEND_ENV=${FLEETMEND_KDUMP_ENV:-/etc/fleetmend/kdump-notify.env}
 FLEETMEND_LIB=/usr/lib/fleetmend/kdump
 
 # called by dracut
@@ -26,6 +26,7 @@ depends() {
 
 # called by dracut
 install() {
+    local FLEETMEND_AGENT_COORDINATOR FLEETMEND_AGENT_SERVER_NAME FLEETMEND_KDUMP_TIMEOUT
     local FLEETMEND_AGENT_CA FLEETMEND_AGENT_CERT FLEETMEND_AGENT_KEY f
     # shellcheck disable=SC1090
     . "$FLEETMEND_ENV"
@@ -42,5 +43,6 @@ install() {
     inst_script "$FLEETMEND_LIB/fleetmend-kdump-start" "$FLEETMEND_LIB/fleetmend-kdump-start"
     inst_script "$FLEETMEND_LIB/fleetmend-kdump-done" "$FLEETMEND_LIB/fleetmend-kdump-done"
     # The dump kernel's network comes up only when something needs it.
+    mkdir -p "${initdir}/etc/cmdline.d"
     echo "rd.neednet=1" >"${initdir}/etc/cmdline.d/90fleetmend-kdump.conf"
 }
