@@ -279,4 +279,24 @@ mod tests {
         assert!(e.to_string().contains("machine type x"), "{e}");
         assert!(toml::from_str::<KdumpConfig>("wait = \"1m\"\n").is_err());
     }
+
+    #[test]
+    fn the_coordinator_config_carries_a_kdump_section_with_defaults() {
+        let base = "listen = \"127.0.0.1:7443\"\ndatabase = \"/tmp/c.db\"\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n";
+        let path = std::path::Path::new("c.toml");
+        let c = crate::config::Config::parse(base, path).unwrap();
+        assert_eq!(c.kdump, KdumpConfig::default());
+        let text = format!(
+            "{base}[kdump]\ntimeout = \"20m\"\n[kdump.timeout_by_machine_type]\nbig-mem = \"45m\"\n"
+        );
+        let c = crate::config::Config::parse(&text, path).unwrap();
+        assert_eq!(
+            c.kdump.timeout_for(Some("big-mem")),
+            Duration::from_secs(2700)
+        );
+        assert_eq!(c.kdump.timeout_for(Some("qemu")), Duration::from_secs(1200));
+        let e = crate::config::Config::parse(&format!("{base}[kdump]\ntimeout = 600\n"), path)
+            .unwrap_err();
+        assert!(e.to_string().contains("no unit"), "{e}");
+    }
 }
