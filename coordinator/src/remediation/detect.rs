@@ -33,9 +33,11 @@ pub(super) enum Death {
 
 /// Two-signal death of an `unreachable` machine: agent silent past its grace (the state
 /// says so) and, with Kubernetes, the kubelet Lease unrenewed for `lease_stale` and Ready
-/// not True. kdump comes first: a machine whose kdump initramfs says "dumping" is known
-/// down (an authenticated word from the machine itself, needing no second signal), and one
-/// whose crash kernel was loaded is given `kdump_wait` after its last report to say so.
+/// not True. kdump first: a machine whose kdump initramfs says "dumping" is known down (an
+/// authenticated word from the machine itself, needing no second signal); one that would be
+/// dead but whose crash kernel was loaded is given `kdump_wait` after its last report to
+/// say so. A live kubelet, a stale view or a Ready node still decide first: a machine that
+/// runs its kubelet is not in a dump kernel.
 pub(super) fn death(m: &Machine, ctx: &Ctx<'_>) -> Death {
     let now = ctx.now;
     let last = m.last_report_at.unwrap_or(m.since);
@@ -48,14 +50,22 @@ pub(super) fn death(m: &Machine, ctx: &Ctx<'_>) -> Death {
         ));
     }
     let dumped_since = matches!(m.dump, Dump::Done { at } if at > last);
-    let waited = elapsed(now, last);
-    if m.kdump_loaded && !dumped_since && waited < ctx.cfg.kdump_wait {
-        return Death::KdumpWait(format!(
-            "agent silent for {silent}, but its crash kernel was loaded: waiting for its kdump \
-             initramfs to say \"dumping\" until kdump_wait {} has passed",
-            human(ctx.cfg.kdump_wait)
-        ));
+    match two_signals(m, ctx, &silent) {
+        Death::Dead(_)
+            if m.kdump_loaded && !dumped_since && elapsed(now, last) < ctx.cfg.kdump_wait =>
+        {
+            Death::KdumpWait(format!(
+                "agent silent for {silent}, but its crash kernel was loaded: waiting for its \
+                 kdump initramfs to say \"dumping\" until kdump_wait {} has passed",
+                human(ctx.cfg.kdump_wait)
+            ))
+        }
+        d => d,
     }
+}
+
+fn two_signals(m: &Machine, ctx: &Ctx<'_>, silent: &str) -> Death {
+    let now = ctx.now;
     let Some(kube) = ctx.input.kube else {
         return Death::Dead(format!(
             "agent silent for {silent}; no [kubernetes] section, so the agent signal alone counts"
@@ -480,6 +490,15 @@ mod tests {
             .dead(40)
             .run();
         assert_eq!(p.admitted_addresses(), ["a"]);
+    }
+
+    #[test]
+    fn a_live_kubelet_is_agent_lost_node_alive_even_with_a_crash_kernel() {
+        // A machine running its kubelet is not in a dump kernel: no kdump wait, the finding.
+        let p = case().machine("a").crash_kernel().silent(30).run();
+        assert!(p.held.is_empty(), "{p:#?}");
+        assert_eq!(p.findings.len(), 1);
+        assert_eq!(p.findings[0].rule, Rule::AgentLostNodeAlive);
     }
 
     #[test]
