@@ -25,6 +25,8 @@ pub struct Admin {
     pub store: crate::store::Store,
     /// Automatic remediation, when `[remediation]` is set.
     pub remediation: Option<crate::remediation::Remediation>,
+    /// Crash-dump notices, for `machines show`.
+    pub kdump: Option<Arc<crate::kdump::Kdumps>>,
 }
 
 fn error(code: RefusalCode, reason: impl Into<String>) -> AdminResponse {
@@ -109,7 +111,10 @@ impl Admin {
             }
             MachinesRequest::List => Ok(MachinesResponse::List(self.fleet.list())),
             MachinesRequest::Show { address } => match self.fleet.detail(&address).await {
-                Ok(Some(d)) => Ok(MachinesResponse::Show(Box::new(d))),
+                Ok(Some(mut d)) => {
+                    d.kdump = self.kdump.as_ref().and_then(|k| k.detail(&address));
+                    Ok(MachinesResponse::Show(Box::new(d)))
+                }
                 Ok(None) => Err(FleetError::UnknownMachine(address)),
                 Err(e) => Err(e),
             },

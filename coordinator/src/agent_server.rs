@@ -24,7 +24,7 @@ use std::time::Duration;
 use protocol::Role;
 use protocol::frame::{self, FrameError, MAX_ADMIN_FRAME_LEN, MAX_FRAME_LEN};
 use protocol::messages::{
-    AgentHello, AgentMessage, CoordinatorReply, HelloBody, Refusal, RefusalCode,
+    AgentHello, AgentMessage, CoordinatorReply, HelloBody, KdumpNotice, Refusal, RefusalCode,
 };
 use protocol::transport::{
     HelloError, PendingHello, Session, TransportError, accept_hello, read_payload, write_msg,
@@ -61,6 +61,8 @@ pub struct ServerCtx {
     pub admin: Arc<Admin>,
     /// Connections of connected agents, for agent actions.
     pub links: Arc<crate::agent_link::AgentLinks>,
+    /// Crash-dump notices from kdump initramfs; `None` refuses them.
+    pub kdump: Option<Arc<crate::kdump::Kdumps>>,
 }
 
 /// Accepts connections until `shutdown`, then gives open sessions up to `grace` to end and
@@ -152,6 +154,11 @@ async fn handle_connection(
                 .instrument(tracing::info_span!("agent", hostname = %peer.name))
                 .await;
         }
+        (Role::Node, HelloBody::Kdump(notice)) => {
+            kdump_notice(pending, notice, &ctx)
+                .instrument(tracing::info_span!("kdump", hostname = %peer.name))
+                .await;
+        }
         (Role::Admin, HelloBody::Admin(hello)) => {
             tracing::info!(admin = %peer.name, client = %hello.client, "admin connected");
             admin_session(pending, &ctx, shutdown)
@@ -163,6 +170,7 @@ async fn handle_connection(
                 HelloBody::Agent(_) => "an agent session",
                 HelloBody::Admin(_) => "the admin API",
                 HelloBody::Coordinator(_) => "a coordinator session",
+                HelloBody::Kdump(_) => "a kdump notice",
             };
             let r = Refusal::new(
                 RefusalCode::NotAuthorized,
@@ -177,6 +185,51 @@ async fn handle_connection(
             ctx.metrics.refused(refusal_label(r.code));
             pending.refuse(r).await;
         }
+    }
+}
+
+/// A kdump initramfs's notice: recorded (durably) for the machine its certificate names,
+/// then acknowledged by accepting the hello; the connection ends there. The certificate,
+/// never the notice, says which machine is dumping.
+async fn kdump_notice(pending: PendingHello, notice: KdumpNotice, ctx: &ServerCtx) {
+    let hostname = pending.peer.name.clone();
+    let refusal = if notice.hostname != hostname {
+        Some(Refusal::new(
+            RefusalCode::IdentityMismatch,
+            format!(
+                "kdump notice claims hostname {:?} but the certificate names {hostname:?}; a node may only report about itself",
+                notice.hostname
+            ),
+        ))
+    } else {
+        match &ctx.kdump {
+            None => Some(Refusal::new(
+                RefusalCode::BadRequest,
+                "this coordinator does not record kdump notices",
+            )),
+            Some(k) => match k.notice(&hostname, &notice).await {
+                Ok(_) => None,
+                Err(e @ crate::kdump::KdumpError::UnknownHost(_)) => {
+                    Some(Refusal::new(RefusalCode::BadRequest, e.to_string()))
+                }
+                Err(e) => Some(Refusal::new(RefusalCode::Internal, e.to_string())),
+            },
+        }
+    };
+    if let Some(r) = refusal {
+        tracing::warn!(code = refusal_label(r.code), reason = %r.reason, "kdump notice refused");
+        ctx.metrics.refused(refusal_label(r.code));
+        pending.refuse(r).await;
+        return;
+    }
+    match pending.accept(&ctx.name).await {
+        Ok(Session { conn, mut send, .. }) => {
+            let _ = send.finish();
+            // The client closes once it has read the acceptance; wait for that (bounded).
+            let _ = tokio::time::timeout(REFUSAL_LINGER, conn.closed()).await;
+            conn.close(CLOSE_OK.into(), b"kdump notice recorded");
+        }
+        Err(e) => tracing::info!(error = %e, "kdump notifier left before the acknowledgement"),
     }
 }
 

@@ -121,6 +121,8 @@ pub struct App {
         crate::remediation::Remediation,
         crate::remediation::LoopDeps,
     )>,
+    /// Crash-dump notices.
+    kdump: Arc<crate::kdump::Kdumps>,
 }
 
 impl std::fmt::Debug for App {
@@ -190,6 +192,16 @@ impl App {
             None => Arc::new(NotANode),
         };
         let power = power_control(&config, &tls, &name, &fleet);
+        let kdump = Arc::new(
+            crate::kdump::Kdumps::open(
+                store.clone(),
+                clock.clone(),
+                fleet.clone(),
+                config.kdump.clone(),
+            )
+            .await?
+            .with_events(drainer.clone()),
+        );
         let links = crate::agent_link::AgentLinks::new();
         // The engine starts now, so a bad `repair:` file fails the build, but stops with
         // the app: `run` cancels this token when its shutdown token fires.
@@ -232,6 +244,7 @@ impl App {
                     view,
                     queue: repair.clone(),
                     events: drainer.clone(),
+                    kdump: kdump.clone(),
                 };
                 Some((rem, deps))
             }
@@ -242,6 +255,7 @@ impl App {
             repair: repair.clone(),
             store: store.clone(),
             remediation: remediation.as_ref().map(|(r, _)| r.clone()),
+            kdump: Some(kdump.clone()),
         });
         let mut metrics_sources: Vec<Arc<dyn MetricsSource>> = repair
             .iter()
@@ -266,6 +280,7 @@ impl App {
             repair_join,
             links,
             remediation,
+            kdump,
         })
     }
 
@@ -290,6 +305,7 @@ impl App {
             metrics: self.metrics.clone(),
             admin: self.admin.clone(),
             links: self.links.clone(),
+            kdump: Some(self.kdump.clone()),
         });
         tracing::info!(
             name = %self.name,

@@ -101,6 +101,9 @@ pub struct Config {
     /// defaults of [`crate::remediation::RemediationConfig`].
     #[serde(default)]
     pub remediation: Option<crate::remediation::RemediationConfig>,
+    /// Crash dumps (owned by the kdump area): how long a dump may take, per machine type.
+    #[serde(default)]
+    pub kdump: crate::kdump::KdumpConfig,
 }
 
 /// `[tls]`: the coordinator's certificate, key and the fleet CA.

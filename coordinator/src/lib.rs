@@ -17,6 +17,7 @@ pub mod gateway;
 pub mod health;
 pub mod inventory;
 pub mod k8s;
+pub mod kdump;
 pub mod lifecycle;
 pub mod metrics;
 pub mod remediation;

@@ -116,6 +116,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// From the kdump initramfs: tell the coordinator this machine's crash dump started or
+    /// is written. Reads no config file: give --coordinator, --ca, --cert and --key. Exit
+    /// codes: 0 recorded, 64 bad input, 69 coordinator unreachable or refusing.
+    KdumpNotify(crate::kdump_notify::KdumpNotifyArgs),
 }
 
 /// Flags (and their environment variables) that override the file.

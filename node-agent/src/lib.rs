@@ -11,7 +11,8 @@
 //! - [`backoff`]: reconnect delays,
 //! - [`systemd`]: `sd_notify` and telling a system shutdown from an agent restart,
 //! - [`reload`]: what a SIGHUP may change in a running agent,
-//! - [`cli`]: the `check` subcommand's output.
+//! - [`cli`]: the `check` subcommand's output,
+//! - [`kdump_notify`]: the `kdump-notify` subcommand, run from the kdump initramfs.
 //!
 //! The agent deliberately decides nothing about repairs; it observes, reports, and carries
 //! out the actions its configuration allows when the coordinator asks.
@@ -24,6 +25,7 @@ pub mod backoff;
 pub mod checks;
 pub mod cli;
 pub mod config;
+pub mod kdump_notify;
 pub mod node;
 pub mod reload;
 pub mod systemd;

@@ -3,7 +3,9 @@
 //! running agent read its configuration and TLS files again (see `node_agent::reload`).
 //!
 //! Exit codes: 0 after a clean stop or a healthy `check`, 1 when `check` finds a failing
-//! check or the agent cannot start, 64 for a bad configuration.
+//! check or the agent cannot start, 64 for a bad configuration. `kdump-notify` (from the
+//! kdump initramfs) reads no configuration and exits 0, 64 (bad input) or 69 (coordinator
+//! unreachable or refusing).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -13,15 +15,28 @@ use node_agent::agent::{Agent, AgentOptions};
 use node_agent::checks::Checker;
 use node_agent::cli;
 use node_agent::config::{Cli, Command, Config, Settings};
+use node_agent::kdump_notify::{KdumpNotifyArgs, Notify};
 use node_agent::reload::Reloads;
 use node_agent::systemd::{SdNotifier, SystemdShutdownProbe};
 
 fn main() -> ExitCode {
     protocol::telemetry::quiet_broken_pipe();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        // The kdump initramfs scripts tell bad input (64) from an unreachable coordinator
+        // (69); clap's own code for a bad flag would be 2.
+        Err(e) if e.use_stderr() && std::env::args().any(|a| a == "kdump-notify") => {
+            let _ = e.print();
+            return ExitCode::from(64);
+        }
+        Err(e) => e.exit(),
+    };
     if let Err(e) = protocol::telemetry::init("info") {
         eprintln!("node-agent: {e}");
         return ExitCode::from(64);
+    }
+    if let Some(Command::KdumpNotify(args)) = &cli.command {
+        return kdump_notify(&cli.settings, args);
     }
     let cfg = match Config::load(&cli.settings) {
         Ok(c) => c,
@@ -45,6 +60,35 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Check { json }) => rt.block_on(check(cfg, json)),
         Some(Command::Run) | None => rt.block_on(run(cfg, cli.settings)),
+        Some(Command::KdumpNotify(_)) => unreachable!("handled before the config is loaded"),
+    }
+}
+
+/// `kdump-notify`: no config file, its own small runtime, sysexits codes.
+fn kdump_notify(settings: &Settings, args: &KdumpNotifyArgs) -> ExitCode {
+    let notify = match Notify::new(settings, args) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("node-agent kdump-notify: {e}");
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("node-agent kdump-notify: cannot start runtime: {e}");
+            return ExitCode::from(69);
+        }
+    };
+    match rt.block_on(notify.send()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("node-agent kdump-notify: {e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }
 

@@ -37,6 +37,9 @@ pub enum HelloBody {
     Admin(AdminHello),
     /// A coordinator connecting to a bmc-gateway.
     Coordinator(CoordinatorHello),
+    /// `node-agent kdump-notify` in a node's kdump initramfs: the notice is the whole
+    /// request, an accepted [`HelloReply`] says it was recorded, and the connection ends.
+    Kdump(KdumpNotice),
 }
 
 /// Reads only the protocol version from the start of a hello payload.
@@ -58,6 +61,55 @@ pub struct AgentHello {
     pub agent_version: String,
     /// `/proc/sys/kernel/random/boot_id`: changes on every boot.
     pub boot_id: String,
+}
+
+/// A crash dump's progress, sent from the kdump initramfs with the node's own certificate.
+///
+/// The kdump kernel has its own boot id and no agent configuration, so this is not an
+/// agent hello: it never makes the machine look alive, and it carries only what the
+/// initramfs knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KdumpNotice {
+    /// The node's hostname; must equal the name in its certificate.
+    pub hostname: String,
+    /// Dump started or finished.
+    pub phase: KdumpPhase,
+    /// The boot id of the kernel that crashed, if the initramfs was told it.
+    pub boot_id: Option<String>,
+    /// When the phase was reached, milliseconds since the Unix epoch, by the node's clock
+    /// (the coordinator records its own receive time too: a kdump kernel's clock may be off).
+    pub time_unix_ms: u64,
+}
+
+/// The phase a [`KdumpNotice`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KdumpPhase {
+    /// The kdump kernel booted and is writing the dump: the machine runs no workload.
+    Start,
+    /// The dump is written; the machine reboots or powers off next.
+    Done,
+}
+
+impl KdumpPhase {
+    /// Lower-case name (`start`, `done`), as on the `kdump-notify --phase` command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KdumpPhase::Start => "start",
+            KdumpPhase::Done => "done",
+        }
+    }
+}
+
+impl std::str::FromStr for KdumpPhase {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "start" => Ok(KdumpPhase::Start),
+            "done" => Ok(KdumpPhase::Done),
+            other => Err(format!("unknown kdump phase {other:?}: use start or done")),
+        }
+    }
 }
 
 /// What an admin client says when it connects.
@@ -271,6 +323,29 @@ mod tests {
         assert_eq!(peek_version(&frame[4..]).unwrap(), 4242);
         let back: ClientHello = decode_payload(&frame[4..]).unwrap();
         assert_eq!(back, hello);
+    }
+
+    #[test]
+    fn a_kdump_notice_is_a_hello_that_round_trips_and_peeks() {
+        let hello = ClientHello {
+            protocol_version: crate::PROTOCOL_VERSION,
+            body: HelloBody::Kdump(KdumpNotice {
+                hostname: "node-1".into(),
+                phase: KdumpPhase::Start,
+                boot_id: Some("b1".into()),
+                time_unix_ms: 1_800_000_000_000,
+            }),
+        };
+        let frame = encode_frame(&hello, MAX_FRAME_LEN).unwrap();
+        assert_eq!(peek_version(&frame[4..]).unwrap(), crate::PROTOCOL_VERSION);
+        assert_eq!(decode_payload::<ClientHello>(&frame[4..]).unwrap(), hello);
+        assert_eq!("done".parse::<KdumpPhase>(), Ok(KdumpPhase::Done));
+        assert!(
+            "dumping"
+                .parse::<KdumpPhase>()
+                .unwrap_err()
+                .contains("start or done")
+        );
     }
 
     #[test]

@@ -104,6 +104,26 @@ pub struct MachineDetail {
     pub healthy_since: Option<Timestamp>,
     /// Each failing check and since when.
     pub failing_since: BTreeMap<String, Timestamp>,
+    /// What the machine's kdump initramfs last said, if anything.
+    pub kdump: Option<KdumpDetail>,
+}
+
+/// `machines show --json`'s `kdump`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KdumpDetail {
+    /// The last phase reported.
+    pub phase: protocol::messages::KdumpPhase,
+    /// The machine is held for down because of the dump.
+    pub dumping_now: bool,
+    /// When the last "dumping" notice arrived.
+    pub dumping_since: Option<Timestamp>,
+    /// When "dump done" arrived, if it did after the last "dumping".
+    pub done_at: Option<Timestamp>,
+    /// The crashed kernel's boot id, if the initramfs knew it.
+    pub boot_id: Option<String>,
+    /// The node's own time in the last notice.
+    pub node_time: Option<Timestamp>,
 }
 
 /// One line of `events --json` (and of `remediation status --json`'s decisions).

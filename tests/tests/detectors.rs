@@ -154,7 +154,9 @@ impl Env {
             "self_isolation = { settle = \"1s\" }\n"
         };
         extra.push_str(&format!(
-            "[remediation]\ninterval = \"500ms\"\nlease_stale = \"3s\"\n{}\n\
+            // The fixtures load a crash kernel but no kdump initramfs runs here: no kdump
+            // wait (tests/tests/kdump.rs and the remediation unit tests cover it).
+            "[remediation]\ninterval = \"500ms\"\nlease_stale = \"3s\"\nkdump_wait = \"0s\"\n{}\n\
              [remediation.limits]\nfleet_cap = {{ count = 10, percent = 100 }}\n{settle}{}\n",
             s.root, s.tables
         ));

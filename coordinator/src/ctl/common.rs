@@ -206,6 +206,7 @@ mod tests {
             agent_version: None,
             healthy_since_unix_ms: None,
             failing_since: vec![("nic:eth0".into(), 1_795_414_698_001)],
+            kdump: None,
         };
         let v = script_value(serde_json::to_value(&d).unwrap());
         assert_eq!(v["summary"]["state_since"], "2026-11-23T06:18:18.418Z");

@@ -156,6 +156,30 @@ fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
     );
 }
 
+/// `dumping since T (Ns ago)` / `dump done at T (dumping since T)`, with the crashed boot.
+fn kdump_line(k: &protocol::admin::machines::KdumpDetail, now: u64) -> String {
+    let mut s = match (k.dumping_now, k.dumping_since_unix_ms, k.done_at_unix_ms) {
+        (true, Some(t), _) => format!("dumping since {} ({} ago)", fmt_time(t), fmt_age(t, now)),
+        (_, started, Some(t)) => format!(
+            "dump done at {}{}",
+            fmt_time(t),
+            started.map_or(String::new(), |s| format!(
+                " (dumping since {})",
+                fmt_time(s)
+            ))
+        ),
+        (_, Some(t), None) => format!(
+            "dumping reported at {}, but the agent has reported since",
+            fmt_time(t)
+        ),
+        _ => format!("last notice: {}", k.phase.as_str()),
+    };
+    if let Some(b) = &k.boot_id {
+        s.push_str(&format!("; crashed boot {b}"));
+    }
+    s
+}
+
 fn print_detail(d: &MachineDetail) {
     let s = &d.summary;
     let now = now_ms();
@@ -195,6 +219,9 @@ fn print_detail(d: &MachineDetail) {
     }
     if let Some(t) = d.healthy_since_unix_ms {
         println!("healthy since: {}", fmt_time(t));
+    }
+    if let Some(k) = &d.kdump {
+        println!("kdump:     {}", kdump_line(k, now));
     }
     match (&d.last_report, d.last_report_unix_ms) {
         (Some(r), Some(at)) => {

@@ -27,6 +27,8 @@
 //! off, unless [`Flow::keep_off`] asks for exactly that. A failure of the power-on itself
 //! ends the flow failed with the machine off: nothing more can be done without a person.
 //!
+//! A machine dumping its kernel takes the kdump leg instead of the power-off ([`kdump`]).
+//!
 //! Power requests carry ids derived from the flow id and an attempt number that only grows
 //! after a *failed answer* ([`power_request_id`]); a lost answer is asked again with the same
 //! id and the gateway's durable record answers, so a completed power action is never
@@ -39,8 +41,13 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use protocol::gateway::{PowerAction, PowerState};
 
+use crate::fence::kdump::DumpSeen;
 use crate::k8s::release::Release;
 use crate::repair::AgentHealth;
+
+pub mod kdump;
+
+pub use kdump::KdumpLeg;
 
 /// Where a fence flow stands. Each state is committed before its action runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +68,12 @@ pub enum State {
     WaitBack,
     /// Remove the taint / put the saved metadata back once the Node re-registered.
     Restore,
+    /// The machine is dumping its kernel: release on the kdump proof (first pass).
+    KdumpRelease,
+    /// kdump release passes until the node's pods and VolumeAttachments are gone.
+    KdumpWaitReleased,
+    /// Wait for "dump done" or `kdump_timeout` before any power action.
+    KdumpWait,
     /// Finished: released, powered on and restored (or failed, see [`Flow::failure`]).
     Done,
     /// Gave up; `detail` says why and where.
@@ -82,6 +95,9 @@ impl State {
             State::PowerOn => "power-on",
             State::WaitBack => "wait-back",
             State::Restore => "restore",
+            State::KdumpRelease => "kdump-release",
+            State::KdumpWaitReleased => "kdump-wait-released",
+            State::KdumpWait => "kdump-wait",
             State::Done => "done",
             State::Failed { .. } => "failed",
         }
@@ -98,6 +114,9 @@ impl State {
             "power-on" => State::PowerOn,
             "wait-back" => State::WaitBack,
             "restore" => State::Restore,
+            "kdump-release" => State::KdumpRelease,
+            "kdump-wait-released" => State::KdumpWaitReleased,
+            "kdump-wait" => State::KdumpWait,
             "done" => State::Done,
             "failed" => State::Failed {
                 detail: detail.to_string(),
@@ -121,6 +140,9 @@ impl State {
                 | State::PowerOn
                 | State::WaitBack
                 | State::Restore
+                | State::KdumpRelease
+                | State::KdumpWaitReleased
+                | State::KdumpWait
         )
     }
 }
@@ -189,6 +211,8 @@ pub struct Flow {
     pub powered_on: Option<Timestamp>,
     /// A failure after the release started: the flow powers on and restores, then fails.
     pub failure: Option<String>,
+    /// The dump the flow released on, when it took the kdump path.
+    pub kdump: Option<KdumpLeg>,
 }
 
 impl Flow {
@@ -217,7 +241,15 @@ impl Flow {
             confirm_request: None,
             powered_on: None,
             failure: None,
+            kdump: None,
         }
+    }
+
+    /// True when the runner must read the kdump view before this state's power-off: a
+    /// machine that is dumping is released on its dump instead (once per flow; after the
+    /// dump the power-off goes ahead whatever the view says).
+    pub fn checks_kdump_first(&self) -> bool {
+        self.state == State::PowerOff && self.kdump.is_none()
     }
 
     /// The action the committed state asks for.
@@ -233,6 +265,8 @@ impl Flow {
                 request_id: req("confirm"),
             },
             State::Release | State::WaitReleased => Action::ReleasePass,
+            State::KdumpRelease | State::KdumpWaitReleased => Action::ReleasePass,
+            State::KdumpWait => Action::CheckKdump,
             State::PowerOn => Action::Power {
                 action: PowerAction::On,
                 request_id: req("on"),
@@ -274,6 +308,8 @@ pub enum Action {
     CheckAgent,
     /// One restore pass.
     RestorePass,
+    /// Read the kdump view.
+    CheckKdump,
     /// Nothing: the flow is over.
     None,
 }
@@ -308,6 +344,8 @@ pub enum Observation {
     },
     /// Only time passed (a retry is due); used to check deadlines.
     Tick,
+    /// What the kdump view says of the machine's dump.
+    Kdump(DumpSeen),
 }
 
 /// A gateway's answer to a power request, as the flow needs it.
@@ -411,6 +449,10 @@ fn past(f: &Flow, now: Timestamp) -> bool {
 }
 
 fn transition(f: &mut Flow, obs: Observation, now: Timestamp, t: &FenceTimeouts) -> Option<String> {
+    let obs = match kdump::transition(f, obs, now, t) {
+        Ok(event) => return event,
+        Err(not_kdump) => not_kdump,
+    };
     match (f.state.clone(), obs) {
         (State::Plan, Observation::Planned(how)) => {
             let line = match &how {

@@ -7,11 +7,14 @@
 //! - [`store`]: its SQLite tables (migration 0007),
 //! - [`runner`]: the I/O around the step function, over the power, node-release and
 //!   agent-health traits, resumable after a restart,
-//! - [`killpoint`]: crash-test kill points, compiled only into test builds.
+//! - [`killpoint`]: crash-test kill points, compiled only into test builds,
+//! - [`kdump`]: what the flow reads of a machine's crash dump (the kdump leg is in
+//!   [`flow::kdump`]).
 //!
-//! The kdump path and the repair queue's `@fence` wiring are not here yet.
+//! The repair queue's `@fence` wiring is not here yet.
 
 pub mod flow;
+pub mod kdump;
 pub mod killpoint;
 pub mod proof;
 pub mod runner;

@@ -13,7 +13,8 @@
 //!   confirmation its flow committed, once the machine is on again after a restart; it never
 //!   releases with one);
 //! - a [`KdumpProof`], whose constructor is visible only inside `crate::fence`, where the
-//!   kdump flow will build it from the agent's "dump in progress" message.
+//!   fence runner builds it from the kdump view's "dumping" (the kdump initramfs's notice),
+//!   read at the time of each release pass.
 //!
 //! The proof types have private fields and no public constructor, so no other code, in
 //! this crate or outside it, can conjure one: invariant 1 is checked by the compiler.
@@ -226,9 +227,9 @@ pub struct KdumpProof {
 }
 
 impl KdumpProof {
-    /// Builds the proof from an agent's "dumping" message received from the kdump
-    /// initramfs. Visible only inside `crate::fence`, where the kdump flow lives.
-    #[allow(dead_code, reason = "called by the kdump flow (fencing issue)")]
+    /// Builds the proof from a "dumping" notice received from the kdump initramfs (for a
+    /// release: as the kdump view says it now; for a restore after a restart: as the flow
+    /// committed it). Visible only inside `crate::fence`, where the kdump flow lives.
     pub(in crate::fence) fn from_dump_in_progress(
         address: impl Into<String>,
         dump_started: Timestamp,

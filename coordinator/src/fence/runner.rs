@@ -8,11 +8,19 @@
 //! confirmed off, even from a committed row. A restore pass after a restart rebuilds the
 //! proof from the committed confirmation, since the machine is on again by then.
 //!
+//! kdump: before the first power-off it reads the kdump view ([`Flow::checks_kdump_first`]),
+//! and a release pass of the kdump leg builds its [`KdumpProof`] from the view *now*
+//! ("dumping", nothing since), never from the committed row, so a dump that ended stops
+//! the release. A restore pass after a restart rebuilds the kdump proof from the committed
+//! leg when the flow never confirmed an off. The view is [`NoKdump`] unless
+//! [`FenceRunner::with_kdump`] gives one.
+//!
 //! Power-state reads get a fresh request id each time (a repeated id would be answered from
 //! the gateway's record of an earlier read); power actions use the flow's ids, which change
 //! only after a failed answer. This module decides nothing: every choice is in [`flow`].
 //!
 //! [`flow`]: super::flow
+//! [`KdumpProof`]: super::proof::KdumpProof
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,8 +30,11 @@ use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest};
 use tracing::{info, warn};
 
 use super::flow::{Action, FenceTimeouts, Flow, Observation, PowerAnswer, State, step};
+use super::kdump::{DumpSeen, KdumpView, NoKdump};
 use super::killpoint::{KillPoints, Killed};
-use super::proof::{DownProof, PowerOffProof, ProofError, confirm_power_off, reconfirm_power_off};
+use super::proof::{
+    DownProof, KdumpProof, PowerOffProof, ProofError, confirm_power_off, reconfirm_power_off,
+};
 use super::store as fence_store;
 use crate::clock::{Clock, to_unix_ms};
 use crate::gateway::PowerControl;
@@ -102,6 +113,7 @@ pub struct FenceRunner {
     poll: Duration,
     kill: KillPoints,
     proofs: Mutex<HashMap<u64, PowerOffProof>>,
+    kdump: Arc<dyn KdumpView>,
 }
 
 /// Pause between passes of a state that did not change (waiting on pods, the agent, a
@@ -120,7 +132,16 @@ impl FenceRunner {
             poll: DEFAULT_POLL,
             kill: KillPoints::from_env(),
             proofs: Mutex::default(),
+            kdump: Arc::new(NoKdump),
         }
+    }
+
+    /// Reads crash dumps from `kdump` (the coordinator's [`crate::kdump::Kdumps`]): a
+    /// machine dumping when its flow is about to power it off is released on the dump and
+    /// power-cycled after it. Without this, flows never hear of dumps ([`NoKdump`]).
+    pub fn with_kdump(mut self, kdump: Arc<dyn KdumpView>) -> Self {
+        self.kdump = kdump;
+        self
     }
 
     /// Sets the time limits of every machine.
@@ -298,6 +319,13 @@ impl FenceRunner {
 
     async fn act(&self, flow: &Flow, action: &Action) -> (Observation, Option<String>) {
         let d = &self.deps;
+        if flow.checks_kdump_first() {
+            // A dumping machine is not powered off: the flow takes the kdump leg instead.
+            let seen = self.kdump.dump(&flow.address);
+            if matches!(seen, DumpSeen::Dumping { .. }) {
+                return (Observation::Kdump(seen), None);
+            }
+        }
         let obs = match action {
             Action::Plan => match d.release.release_plan(&flow.node).await {
                 Ok(how) => Observation::Planned(how),
@@ -334,6 +362,7 @@ impl FenceRunner {
             Action::ReleasePass => self.release_pass(flow).await,
             Action::CheckAgent => Observation::Agent(d.agents.agent_health(&flow.address)),
             Action::RestorePass => self.restore_pass(flow).await,
+            Action::CheckKdump => Observation::Kdump(self.kdump.dump(&flow.address)),
             Action::None => Observation::Tick,
         };
         (obs, None)
@@ -365,6 +394,15 @@ impl FenceRunner {
     }
 
     async fn release_pass(&self, flow: &Flow) -> Observation {
+        if matches!(flow.state, State::KdumpRelease | State::KdumpWaitReleased) {
+            return match self.kdump.dump(&flow.address) {
+                DumpSeen::Dumping { started, .. } => {
+                    let proof = KdumpProof::from_dump_in_progress(&flow.address, started);
+                    self.release_with(flow, DownProof::from(proof)).await
+                }
+                ended => Observation::Kdump(ended),
+            };
+        }
         let proof = match self.held_proof(flow.id) {
             Some(p) => p,
             None => {
@@ -375,13 +413,16 @@ impl FenceRunner {
                 }
             }
         };
+        self.release_with(flow, DownProof::from(proof)).await
+    }
+
+    async fn release_with(&self, flow: &Flow, down: DownProof) -> Observation {
         let Some(how) = &flow.how else {
             return Observation::KubeFailed {
                 detail: "no release plan was committed".into(),
                 retriable: false,
             };
         };
-        let down = DownProof::from(proof);
         match self.deps.release.release(&flow.node, &down, how).await {
             Ok(ReleaseProgress::Done) => Observation::Released {
                 done: true,
@@ -401,23 +442,28 @@ impl FenceRunner {
     }
 
     async fn restore_pass(&self, flow: &Flow) -> Observation {
-        let proof = self.held_proof(flow.id).or_else(|| {
-            flow.confirmed_off.map(|at| {
+        let proof = self.held_proof(flow.id).map(DownProof::from).or_else(|| {
+            let off = flow.confirmed_off.map(|at| {
                 PowerOffProof::from_committed_confirmation(
                     &flow.address,
                     flow.confirm_request.clone().unwrap_or_default(),
                     at,
                 )
-            })
+            });
+            // A kdump flow whose power-off failed after its release: restore on the dump it
+            // released on (the machine is on again by now).
+            let dump = flow
+                .kdump
+                .map(|leg| KdumpProof::from_dump_in_progress(&flow.address, leg.started));
+            off.map(DownProof::from).or(dump.map(DownProof::from))
         });
-        let (Some(proof), Some(how)) = (proof, &flow.how) else {
+        let (Some(down), Some(how)) = (proof, &flow.how) else {
             return Observation::KubeFailed {
                 detail: "no committed power-off confirmation or release plan to restore from"
                     .into(),
                 retriable: false,
             };
         };
-        let down = DownProof::from(proof);
         match self.deps.release.restore(&flow.node, &down, how).await {
             Ok(RestoreProgress::Done) => Observation::Restored { done: true },
             Ok(RestoreProgress::WaitingForNode) => Observation::Restored { done: false },
@@ -484,6 +530,36 @@ mod tests {
         release_refused: Mutex<bool>,
         plan: Mutex<Release>,
         lose_answers: Mutex<u32>,
+        /// A crash dump: (started, "dump done" at, if ever), with a 60 s kdump_timeout.
+        dump: Mutex<Option<(Timestamp, Option<Timestamp>)>>,
+    }
+
+    const KDUMP_TIMEOUT: Duration = Duration::from_secs(60);
+
+    impl KdumpView for World {
+        fn dump(&self, _address: &str) -> DumpSeen {
+            let now = self.clock.now();
+            match *self.dump.lock().unwrap() {
+                None => DumpSeen::None,
+                Some((_, Some(done))) if now >= done => DumpSeen::Done { at: done },
+                Some((started, _)) => DumpSeen::Dumping {
+                    started,
+                    timeout: KDUMP_TIMEOUT,
+                },
+            }
+        }
+    }
+
+    impl World {
+        /// True while the dump runs and its kdump_timeout has not passed: no power action
+        /// may reach the BMC then.
+        fn dumping_now(&self) -> bool {
+            let now = self.clock.now();
+            self.dump.lock().unwrap().is_some_and(|(started, done)| {
+                done.is_none_or(|d| now < d)
+                    && now < started + SignedDuration::try_from(KDUMP_TIMEOUT).unwrap()
+            })
+        }
     }
 
     impl World {
@@ -500,6 +576,7 @@ mod tests {
                 release_refused: Mutex::default(),
                 plan: Mutex::new(Release::Taint),
                 lose_answers: Mutex::default(),
+                dump: Mutex::default(),
             })
         }
         fn log(&self) -> Vec<String> {
@@ -518,6 +595,9 @@ mod tests {
                 confirmed_off_unix_ms: off,
                 detail: "sim".into(),
             };
+            if matches!(req.action, PowerAction::Fence | PowerAction::On) {
+                assert!(!self.dumping_now(), "{:?} sent during a dump", req.action);
+            }
             match req.action {
                 PowerAction::Fence => {
                     if let Some(why) = self.refuse_off.lock().unwrap().clone() {
@@ -607,10 +687,31 @@ mod tests {
             proof: &'a DownProof,
             _how: &'a Release,
         ) -> BoxFuture<'a, Result<ReleaseProgress, KubeError>> {
-            assert!(
-                !*self.on.lock().unwrap(),
-                "released while the machine is on"
-            );
+            match proof {
+                DownProof::Kdump(k) => {
+                    assert!(self.dumping_now(), "released on a dump that ended");
+                    assert_eq!(
+                        Some(k.dump_started()),
+                        self.dump.lock().unwrap().map(|d| d.0)
+                    );
+                    self.push("release-on-dump");
+                    let mut waits = self.release_waits.lock().unwrap();
+                    let answer = if *waits > 0 {
+                        *waits -= 1;
+                        Ok(ReleaseProgress::Waiting {
+                            terminating_pods: 1,
+                            volume_attachments: 0,
+                        })
+                    } else {
+                        Ok(ReleaseProgress::Done)
+                    };
+                    return Box::pin(async move { answer });
+                }
+                DownProof::PowerOff(_) => assert!(
+                    !*self.on.lock().unwrap(),
+                    "released while the machine is on"
+                ),
+            }
             assert_eq!(proof.address(), ADDR);
             self.push("release");
             let refused = *self.release_refused.lock().unwrap();
@@ -683,7 +784,9 @@ mod tests {
                 agents: self.world.clone(),
                 clock: self.clock.clone(),
             };
-            FenceRunner::new(Store::open(&self.db).unwrap(), "aa11", deps).with_poll(Duration::ZERO)
+            FenceRunner::new(Store::open(&self.db).unwrap(), "aa11", deps)
+                .with_poll(Duration::ZERO)
+                .with_kdump(self.world.clone())
         }
 
         /// Advances until terminal, the clock moving a second per pass.
@@ -992,5 +1095,171 @@ mod tests {
         };
         assert!(detail.contains("power On"), "{detail}");
         assert_eq!(r.world.count("release"), 0, "{:?}", r.world.log());
+    }
+
+    // ---- kdump ----
+
+    /// A dump running since the rig's start; "dump done" `done_after` seconds later (never
+    /// with `None`).
+    fn dumping(r: &Rig, done_after: Option<i64>) {
+        let t = r.clock.now();
+        *r.world.dump.lock().unwrap() =
+            Some((t, done_after.map(|s| t + SignedDuration::from_secs(s))));
+    }
+
+    /// The history's states, in order, without repeats.
+    fn states(r: &Rig, id: u64) -> Vec<String> {
+        let store = Store::open(&r.db).unwrap();
+        let mut v: Vec<String> = store
+            .with(|c| fence_store::history_of(c, id))
+            .unwrap()
+            .into_iter()
+            .map(|l| l.state)
+            .collect();
+        v.dedup();
+        v
+    }
+
+    /// Released on the dump, before any power action; then off once, on once, restored.
+    fn assert_clean_kdump_fence(w: &World) {
+        let log = w.log();
+        assert_eq!((w.count("off"), w.count("on")), (1, 1), "{log:?}");
+        let first_power = log.iter().position(|l| l == "off").unwrap();
+        assert!(
+            log[..first_power].iter().all(|l| l == "release-on-dump"),
+            "only releases on the dump before the power-off: {log:?}"
+        );
+        assert!(w.count("release-on-dump") >= 1, "{log:?}");
+        assert_eq!(w.count("release"), 0, "no second release: {log:?}");
+        assert_eq!(log.last().map(String::as_str), Some("restore"), "{log:?}");
+        assert!(*w.on.lock().unwrap(), "the machine ends powered on");
+    }
+
+    #[tokio::test]
+    async fn dumping_releases_the_workload_with_no_power_action_and_dump_done_lets_the_cycle_proceed()
+     {
+        let r = rig();
+        dumping(&r, Some(20));
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        // Until the dump is done: released, no power action at all.
+        r.finish_one(&run, id, 10).await;
+        let f = run.load(id).await.unwrap();
+        assert_eq!(f.state, State::KdumpWait, "{f:?}");
+        assert_eq!(r.world.log(), ["release-on-dump", "release-on-dump"]);
+        assert_eq!(f.kdump.map(|l| l.released), Some(true));
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        assert_clean_kdump_fence(&r.world);
+        assert_eq!(
+            states(&r, id),
+            [
+                "plan",
+                "power-off",
+                "kdump-release",
+                "kdump-wait-released",
+                "kdump-wait",
+                "power-off",
+                "confirm-off",
+                "power-on",
+                "wait-back",
+                "restore",
+                "done"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn without_dump_done_the_power_cycle_waits_for_the_kdump_timeout() {
+        let r = rig();
+        dumping(&r, None);
+        let run = r.runner();
+        let started = r.clock.now();
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        assert_clean_kdump_fence(&r.world);
+        let store = Store::open(&r.db).unwrap();
+        let h = store.with(|c| fence_store::history_of(c, id)).unwrap();
+        let cycle = h
+            .iter()
+            .find(|l| l.event.contains("kdump_timeout passed"))
+            .expect("the timeout let the cycle go");
+        assert!(
+            cycle.at >= started + SignedDuration::try_from(KDUMP_TIMEOUT).unwrap(),
+            "{cycle:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_machine_not_dumping_is_fenced_by_power_off_as_before() {
+        let r = rig();
+        // An old dump, finished before the flow: no kdump leg.
+        let t = r.clock.now() - SignedDuration::from_secs(3600);
+        *r.world.dump.lock().unwrap() = Some((t, Some(t + SignedDuration::from_secs(60))));
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!((f.state, f.kdump), (State::Done, None));
+        assert_clean_fence(&r.world);
+    }
+
+    const KDUMP_STATES: [&str; 6] = [
+        "kdump-release",
+        "kdump-wait-released",
+        "kdump-wait",
+        "power-off",
+        "confirm-off",
+        "power-on",
+    ];
+
+    #[tokio::test]
+    async fn restarting_at_every_kdump_kill_point_completes_without_a_power_action_during_the_dump()
+    {
+        let mut table = Vec::new();
+        for state in KDUMP_STATES {
+            for when in ["before", "after"] {
+                let point = format!("{when}:{state}");
+                let r = rig();
+                dumping(&r, Some(20));
+                let first = r.runner();
+                first.kill_points().arm(&point);
+                let id = first.start(request()).await.unwrap();
+                match r.finish(&first, id).await {
+                    Err(FenceError::Killed(k)) => assert_eq!(k.0, point),
+                    other => panic!("kill point {point} never reached: {other:?}"),
+                }
+                drop(first);
+                // A restarted coordinator: no proof in memory, the kdump view as it is now.
+                let second = r.runner();
+                assert_eq!(second.unfinished().await.unwrap(), [id], "{point}");
+                let f = r.finish(&second, id).await.unwrap();
+                assert_eq!(f.state, State::Done, "{point}: {f:?}");
+                assert_clean_kdump_fence(&r.world);
+                table.push(format!("{point:26} → done; log {:?}", r.world.log()));
+            }
+        }
+        println!("{}", table.join("\n"));
+        assert_eq!(table.len(), 12);
+    }
+
+    #[tokio::test]
+    async fn a_dump_that_ends_mid_release_is_finished_after_a_confirmed_power_off() {
+        let r = rig();
+        // The release needs six passes, but the dump ends 4 s in, after the second.
+        *r.world.release_waits.lock().unwrap() = 5;
+        dumping(&r, Some(4));
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        let log = r.world.log();
+        let off = log.iter().position(|l| l == "off").unwrap();
+        assert_eq!(log[..off], ["release-on-dump"], "{log:?}");
+        assert!(
+            log[off..].iter().any(|l| l == "release"),
+            "the release went on after the confirmed off: {log:?}"
+        );
+        assert_eq!((r.world.count("off"), r.world.count("on")), (1, 1));
     }
 }

@@ -1,4 +1,5 @@
-//! Persistence of fence flows in the coordinator's SQLite store (migration 0007).
+//! Persistence of fence flows in the coordinator's SQLite store (migration 0007; the kdump
+//! leg's columns come with migration 0009).
 //!
 //! Plain synchronous functions over a `rusqlite::Connection`, called by the runner inside
 //! [`crate::store::Store::call`]. A state change and its history line are one transaction,
@@ -7,7 +8,7 @@
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::flow::{Flow, State};
+use super::flow::{Flow, KdumpLeg, State};
 use crate::clock::{from_unix_ms, to_unix_ms};
 use crate::k8s::release::Release;
 
@@ -100,6 +101,7 @@ pub fn insert(
         ],
     )?;
     let id = tx.last_insert_rowid() as u64;
+    kdump_leg(&tx, id, f)?;
     history(&tx, id, f, event, now)?;
     tx.commit()?;
     Ok(id)
@@ -135,13 +137,30 @@ pub fn update(
     if n != 1 {
         return Err(rusqlite::Error::QueryReturnedNoRows);
     }
+    kdump_leg(&tx, f.id, f)?;
     history(&tx, f.id, f, event, now)?;
     tx.commit()
 }
 
 const COLUMNS: &str = "id, address, serial, node, keep_off, boot_id_before, state, state_detail,
     state_since_ms, deadline_ms, power_attempt, how_json, confirmed_off_ms, confirm_request,
-    powered_on_ms, failure";
+    powered_on_ms, failure, kdump_started_ms, kdump_deadline_ms, kdump_released";
+
+/// Writes the kdump leg's columns of flow `id` (inside the caller's transaction).
+fn kdump_leg(tx: &Connection, id: u64, f: &Flow) -> rusqlite::Result<()> {
+    let leg = f.kdump;
+    tx.execute(
+        "UPDATE fence_flows SET kdump_started_ms = ?2, kdump_deadline_ms = ?3, kdump_released = ?4
+         WHERE id = ?1",
+        params![
+            id as i64,
+            opt_ms(leg.map(|l| l.started)),
+            opt_ms(leg.map(|l| l.until)),
+            leg.is_some_and(|l| l.released),
+        ],
+    )?;
+    Ok(())
+}
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Flow> {
     let kind: String = r.get(6)?;
@@ -165,6 +184,14 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Flow> {
         confirm_request: r.get(13)?,
         powered_on: ms_opt(r.get(14)?),
         failure: r.get(15)?,
+        kdump: match (ms_opt(r.get(16)?), ms_opt(r.get(17)?)) {
+            (Some(started), Some(until)) => Some(KdumpLeg {
+                started,
+                until,
+                released: r.get(18)?,
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -270,5 +297,26 @@ mod tests {
             )
         })
         .unwrap();
+    }
+
+    #[test]
+    fn the_kdump_leg_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("c.db")).unwrap();
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let mut f = Flow::new("10.0.0.1", "S", "n1", None, false, now);
+        f.id = s.with(|c| insert(c, &f, "started", now)).unwrap();
+        f.state = State::KdumpWait;
+        f.kdump = Some(KdumpLeg {
+            started: now,
+            until: now + jiff::SignedDuration::from_secs(600),
+            released: true,
+        });
+        s.with(|c| update(c, &f, "released on the dump", now))
+            .unwrap();
+        assert_eq!(s.with(|c| load(c, f.id)).unwrap(), Some(f.clone()));
+        drop(s);
+        let s = Store::open(&dir.path().join("c.db")).unwrap();
+        assert_eq!(s.with(|c| unfinished(c)).unwrap(), vec![f]);
     }
 }

@@ -661,6 +661,7 @@ impl Fleet {
                 .into_iter()
                 .map(|(k, t)| (k, ms(t)))
                 .collect(),
+            kdump: None,
         }))
     }
 }

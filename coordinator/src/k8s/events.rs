@@ -50,6 +50,10 @@ pub enum NodeEvent {
     RemediationHeld,
     /// The machine's agent is silent while its kubelet still renews its Lease.
     AgentLostNodeAlive,
+    /// The machine's kdump initramfs says a crash dump is being written.
+    KdumpStarted,
+    /// The machine's kdump initramfs says the crash dump is written.
+    KdumpDone,
 }
 
 impl NodeEvent {
@@ -69,6 +73,8 @@ impl NodeEvent {
             NodeEvent::RemediationAdmitted => "FleetmendRemediationAdmitted",
             NodeEvent::RemediationHeld => "FleetmendRemediationHeld",
             NodeEvent::AgentLostNodeAlive => "FleetmendAgentLostNodeAlive",
+            NodeEvent::KdumpStarted => "FleetmendKdumpStarted",
+            NodeEvent::KdumpDone => "FleetmendKdumpDone",
         }
     }
 
@@ -79,7 +85,8 @@ impl NodeEvent {
             | NodeEvent::DrainAbandoned
             | NodeEvent::Failed
             | NodeEvent::RemediationHeld
-            | NodeEvent::AgentLostNodeAlive => "Warning",
+            | NodeEvent::AgentLostNodeAlive
+            | NodeEvent::KdumpStarted => "Warning",
             _ => "Normal",
         }
     }

@@ -19,6 +19,11 @@ use crate::health::MachineState;
 
 /// Two kubelet Lease renewals (kubelet renews every 10 s): one late renewal is not death.
 pub const DEFAULT_LEASE_STALE: Duration = Duration::from_secs(20);
+
+/// A panicking kernel kexecs into the crash kernel within seconds, and the kdump initramfs
+/// reaches the network (and sends "dumping") within a minute even with DHCP and a slow
+/// link; a machine that said nothing by then is treated as dead as usual.
+pub const DEFAULT_KDUMP_WAIT: Duration = Duration::from_secs(60);
 /// Enough for a rack's worth of repairs, small enough that a detector bug cannot fill the
 /// queue with the fleet. CKE's default 0 never enqueues anything.
 pub const DEFAULT_MAXIMUM_REPAIR_QUEUE_ENTRIES: u32 = 10;
@@ -90,6 +95,10 @@ pub struct RemediationConfig {
     /// CKE's limiter: an unreachable machine that said goodbye for a reboot, or is not a
     /// Kubernetes node, waits this many seconds (from becoming unreachable) first.
     pub wait_seconds_to_repair_rebooting: u64,
+    /// A silent machine whose last report said its crash kernel is loaded is not dead until
+    /// this long after that report passed without a "dumping" from its kdump initramfs.
+    #[serde(with = "duration")]
+    pub kdump_wait: Duration,
     /// MachineHealthCheck-style checks.
     pub health_checks: Vec<HealthCheck>,
     /// Storm limits over every detector.
@@ -108,6 +117,7 @@ impl Default for RemediationConfig {
             auto_repair: AutoRepair::default(),
             maximum_repair_queue_entries: DEFAULT_MAXIMUM_REPAIR_QUEUE_ENTRIES,
             wait_seconds_to_repair_rebooting: DEFAULT_WAIT_SECONDS_TO_REPAIR_REBOOTING,
+            kdump_wait: DEFAULT_KDUMP_WAIT,
             health_checks: Vec::new(),
             limits: Limits::default(),
         }
@@ -695,6 +705,7 @@ mod tests {
         let c = RemediationConfig::from_toml("").unwrap();
         assert_eq!(c, RemediationConfig::default());
         assert_eq!(c.lease_stale, Duration::from_secs(20));
+        assert_eq!(c.kdump_wait, DEFAULT_KDUMP_WAIT);
         assert!(c.auto_repair.enabled);
         assert_eq!(
             c.auto_repair.having.states,
@@ -712,6 +723,7 @@ mod tests {
 observe = true
 failure_domain = "label:topology.kubernetes.io/zone"
 lease_stale = "30s"
+kdump_wait = "90s"
 maximum_repair_queue_entries = 4
 wait_seconds_to_repair_rebooting = 120
 [auto_repair]
@@ -746,6 +758,7 @@ escalation = { max_remediations = 2, window = "12h" }
             FailureDomain::Label("topology.kubernetes.io/zone".into())
         );
         assert_eq!(c.lease_stale, Duration::from_secs(30));
+        assert_eq!(c.kdump_wait, Duration::from_secs(90));
         let hc = &c.health_checks[0];
         assert_eq!(hc.max_unhealthy, Some(Threshold::Percent(40)));
         assert_eq!(hc.unhealthy_conditions[0].timeout, Duration::from_secs(300));

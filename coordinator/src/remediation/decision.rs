@@ -48,6 +48,9 @@ pub enum Rule {
     /// Admitted, but the repair queue refused the entry (no repair queue, or no procedure
     /// for the machine type and operation). Set by the remediation loop, never by a rule.
     EnqueueRefused,
+    /// A silent machine whose crash kernel was loaded waits `kdump_wait` for its kdump
+    /// initramfs to say "dumping" before it counts as dead.
+    KdumpWait,
 }
 
 impl Rule {
@@ -73,6 +76,7 @@ impl Rule {
             Rule::RateLimit => "rate-limit",
             Rule::SabakanUnavailable => "sabakan-unavailable",
             Rule::EnqueueRefused => "enqueue-refused",
+            Rule::KdumpWait => "kdump-wait",
         }
     }
 }

@@ -10,7 +10,7 @@ use protocol::messages::GoodbyeReason;
 
 use super::config::{HealthCheck, Threshold};
 use super::decision::{Proposal, Rule};
-use super::input::Machine;
+use super::input::{Dump, Machine};
 use super::{Candidate, Ctx, Detected, Note, elapsed, human};
 use crate::health::MachineState;
 
@@ -25,14 +25,47 @@ pub(super) enum Death {
     NotConfirmed(String),
     /// The Kubernetes view is too old to confirm anything.
     ViewStale(String),
+    /// Known down without either signal: its kdump initramfs said "dumping".
+    Dumping(String),
+    /// The crash kernel was loaded: waiting `kdump_wait` for a "dumping" first.
+    KdumpWait(String),
 }
 
 /// Two-signal death of an `unreachable` machine: agent silent past its grace (the state
 /// says so) and, with Kubernetes, the kubelet Lease unrenewed for `lease_stale` and Ready
-/// not True.
+/// not True. kdump first: a machine whose kdump initramfs says "dumping" is known down (an
+/// authenticated word from the machine itself, needing no second signal); one that would be
+/// dead but whose crash kernel was loaded is given `kdump_wait` after its last report to
+/// say so. A live kubelet, a stale view or a Ready node still decide first: a machine that
+/// runs its kubelet is not in a dump kernel.
 pub(super) fn death(m: &Machine, ctx: &Ctx<'_>) -> Death {
     let now = ctx.now;
-    let silent = human(elapsed(now, m.last_report_at.unwrap_or(m.since)));
+    let last = m.last_report_at.unwrap_or(m.since);
+    let silent = human(elapsed(now, last));
+    if let Dump::Dumping { since } = m.dump {
+        return Death::Dumping(format!(
+            "kdump in progress: its kdump initramfs said \"dumping\" {} ago (agent silent \
+             for {silent}), so the machine is known down",
+            human(elapsed(now, since))
+        ));
+    }
+    let dumped_since = matches!(m.dump, Dump::Done { at } if at > last);
+    match two_signals(m, ctx, &silent) {
+        Death::Dead(_)
+            if m.kdump_loaded && !dumped_since && elapsed(now, last) < ctx.cfg.kdump_wait =>
+        {
+            Death::KdumpWait(format!(
+                "agent silent for {silent}, but its crash kernel was loaded: waiting for its \
+                 kdump initramfs to say \"dumping\" until kdump_wait {} has passed",
+                human(ctx.cfg.kdump_wait)
+            ))
+        }
+        d => d,
+    }
+}
+
+fn two_signals(m: &Machine, ctx: &Ctx<'_>, silent: &str) -> Death {
+    let now = ctx.now;
     let Some(kube) = ctx.input.kube else {
         return Death::Dead(format!(
             "agent silent for {silent}; no [kubernetes] section, so the agent signal alone counts"
@@ -177,6 +210,12 @@ pub(super) fn auto_repair<'a>(ctx: &Ctx<'a>, out: &mut Detected<'a>) {
         let (reason, needs_view) = if m.state == MachineState::Unreachable {
             match death(m, ctx) {
                 Death::Dead(s) => (s, ctx.input.kube.is_some()),
+                Death::Dumping(s) => (s, false),
+                Death::KdumpWait(s) => {
+                    let s = format!("held: {}: {s}", m.address);
+                    out.hold(Note::new(m, Rule::KdumpWait, None, s));
+                    continue;
+                }
                 // Reported once by `findings`; nothing to propose.
                 Death::NodeAlive(_) => continue,
                 Death::NotConfirmed(s) => {
@@ -426,6 +465,89 @@ mod tests {
         // 15 s without a renewal is under lease_stale (20 s): still alive.
         let p = case().machine("a").silent(600).lease(15).run();
         assert_eq!(p.findings[0].rule, Rule::AgentLostNodeAlive);
+    }
+
+    // ---- kdump ----
+
+    #[test]
+    fn a_silent_machine_with_a_crash_kernel_waits_kdump_wait_for_a_dumping_message() {
+        // Dead by both signals 40 s after its last report, but kdump_wait is 60 s.
+        let (rule, s) = case().machine("a").crash_kernel().dead(40).held("a");
+        assert_eq!(rule, Rule::KdumpWait);
+        assert!(
+            s.contains("crash kernel was loaded") && s.contains("kdump_wait 1m"),
+            "{s}"
+        );
+        // Once kdump_wait passed without a word, it is dead as usual.
+        let p = case().machine("a").crash_kernel().dead(61).run();
+        assert_eq!(p.admitted_addresses(), ["a"]);
+        assert!(p.admitted[0].sentence.contains("Lease"), "{:?}", p.admitted);
+        // Without a crash kernel there is nothing to wait for.
+        let p = case().machine("a").dead(40).run();
+        assert_eq!(p.admitted_addresses(), ["a"]);
+        // kdump_wait is configurable.
+        let p = case()
+            .cfg(|c| c.kdump_wait = Duration::from_secs(30))
+            .machine("a")
+            .crash_kernel()
+            .dead(40)
+            .run();
+        assert_eq!(p.admitted_addresses(), ["a"]);
+    }
+
+    #[test]
+    fn a_live_kubelet_is_agent_lost_node_alive_even_with_a_crash_kernel() {
+        // A machine running its kubelet is not in a dump kernel: no kdump wait, the finding.
+        let p = case().machine("a").crash_kernel().silent(30).run();
+        assert!(p.held.is_empty(), "{p:#?}");
+        assert_eq!(p.findings.len(), 1);
+        assert_eq!(p.findings[0].rule, Rule::AgentLostNodeAlive);
+    }
+
+    #[test]
+    fn a_dumping_machine_is_known_down_without_the_second_signal_and_the_decision_says_so() {
+        // Silent only 30 s (kdump_wait is 60 s), kubelet Lease fresh and Ready True: the dump alone decides.
+        let p = case()
+            .machine("a")
+            .crash_kernel()
+            .silent(30)
+            .dumping(5)
+            .run();
+        assert_eq!(p.admitted_addresses(), ["a"], "{p:#?}");
+        let s = &p.admitted[0].sentence;
+        assert!(
+            s.contains("kdump in progress") && s.contains("known down"),
+            "{s}"
+        );
+        // Even with a stale Kubernetes view: the dump needs no view.
+        let p = case()
+            .machine("a")
+            .crash_kernel()
+            .silent(30)
+            .dumping(5)
+            .view_age(300)
+            .run();
+        assert_eq!(p.admitted_addresses(), ["a"], "{p:#?}");
+    }
+
+    #[test]
+    fn a_dump_done_after_the_silence_ends_the_kdump_wait_but_an_old_one_does_not() {
+        // "Dump done" 10 s ago, silent 40 s: no more waiting, the two signals decide.
+        let p = case()
+            .machine("a")
+            .crash_kernel()
+            .dead(40)
+            .dump_done(10)
+            .run();
+        assert_eq!(p.admitted_addresses(), ["a"], "{p:#?}");
+        // A "dump done" from before the last report is an old crash: the wait applies.
+        let (rule, _) = case()
+            .machine("a")
+            .crash_kernel()
+            .dead(40)
+            .dump_done(3600)
+            .held("a");
+        assert_eq!(rule, Rule::KdumpWait);
     }
 
     #[test]

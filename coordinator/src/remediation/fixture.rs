@@ -64,7 +64,10 @@ pub(super) fn healthy(address: &str, rack: &str, now: Timestamp) -> Machine {
         last_report_at: Some(now),
         failing_checks: Vec::new(),
         goodbye: None,
-        kdump_loaded: true,
+        // Without a crash kernel unless a case says so: `kdump_wait` only delays machines
+        // that have one.
+        kdump_loaded: false,
+        dump: super::input::Dump::None,
         booted_at: Some(ago(now, 86_400)),
         last_silence: None,
         node: Some(NodeFacts {
@@ -118,6 +121,21 @@ impl Case {
         let now = self.now;
         f(self.input.machines.last_mut().expect("a machine"), now);
         self
+    }
+
+    /// The last machine's last report said its crash kernel is loaded.
+    pub(super) fn crash_kernel(self) -> Self {
+        self.m(|m, _| m.kdump_loaded = true)
+    }
+
+    /// The last machine's kdump initramfs said "dumping" `s` seconds ago.
+    pub(super) fn dumping(self, s: i64) -> Self {
+        self.m(move |m, now| m.dump = super::input::Dump::Dumping { since: ago(now, s) })
+    }
+
+    /// The last machine's kdump initramfs said "dump done" `s` seconds ago.
+    pub(super) fn dump_done(self, s: i64) -> Self {
+        self.m(move |m, now| m.dump = super::input::Dump::Done { at: ago(now, s) })
     }
 
     /// The last machine's agent reports `check` failing for `s` seconds.

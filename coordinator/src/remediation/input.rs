@@ -76,6 +76,8 @@ pub struct Machine {
     pub goodbye: Option<(GoodbyeReason, Timestamp)>,
     /// The agent reported the crash kernel loaded.
     pub kdump_loaded: bool,
+    /// What the machine's kdump initramfs last said.
+    pub dump: Dump,
     /// When the current boot was first seen (or the machine registered): the node startup
     /// timeout counts from here.
     pub booted_at: Option<Timestamp>,
@@ -85,6 +87,24 @@ pub struct Machine {
     /// partition's agents return one by one; self-isolation still counts the returned
     /// ones for a window so that the last to return are not repaired as stragglers.
     pub last_silence: Option<(Timestamp, Timestamp)>,
+}
+
+/// A machine's crash dump, as its kdump initramfs reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dump {
+    /// Nothing reported (or the machine has reported healthy since).
+    #[default]
+    None,
+    /// "Dumping" since this time, nothing since: the machine is known down.
+    Dumping {
+        /// When "dumping" arrived.
+        since: Timestamp,
+    },
+    /// "Dump done" at this time.
+    Done {
+        /// When "dump done" arrived.
+        at: Timestamp,
+    },
 }
 
 /// A failing agent check.

@@ -100,6 +100,8 @@ pub struct LoopDeps {
     pub queue: Option<RepairQueue>,
     /// Where Node Events go ([`crate::k8s::NotANode`] posts none).
     pub events: Arc<dyn Drainer>,
+    /// Crash dumps reported by kdump initramfs ([`crate::fence::kdump::NoKdump`]: none).
+    pub kdump: Arc<dyn crate::fence::kdump::KdumpView>,
 }
 
 impl Remediation {
@@ -286,6 +288,7 @@ impl LoopState {
             self.outcomes.iter().map(|(_, o)| o.clone()).collect(),
             control,
         );
+        gather::add_dumps(&mut input, deps.kdump.as_ref());
         input.sabakan = sabakan.map(|s| s.facts(&cfg.auto_repair, &input.machines, view));
         let mut pass = super::decide(&input, &cfg, now);
         enqueue(&mut pass, deps).await;
@@ -619,6 +622,7 @@ mod tests {
                 view: None,
                 queue: None,
                 events: Arc::new(NotANode),
+                kdump: Arc::new(crate::fence::kdump::NoKdump),
             };
             Self {
                 _dir: dir,

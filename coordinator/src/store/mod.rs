@@ -64,6 +64,8 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fence_flows",
         include_str!("migrations/0007_fence_flows.sql"),
     ),
+    // 8 is reserved by another area.
+    (9, "kdump", include_str!("migrations/0009_kdump.sql")),
 ];
 
 /// Errors from the store.

@@ -128,4 +128,24 @@ pub struct MachineDetail {
     pub healthy_since_unix_ms: Option<u64>,
     /// Each currently failing check (`kind:subject`) and since when it fails.
     pub failing_since: Vec<(String, u64)>,
+    /// The last crash-dump notice from the machine's kdump initramfs, if any.
+    pub kdump: Option<KdumpDetail>,
+}
+
+/// What `machines show` says about a machine's crash dump.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KdumpDetail {
+    /// The last phase reported (`start`: dumping, `done`: dump written).
+    pub phase: crate::messages::KdumpPhase,
+    /// True while the coordinator holds the machine for down because of the dump (a
+    /// "dumping" with no "done" and no agent report since).
+    pub dumping_now: bool,
+    /// When the last "dumping" notice arrived (coordinator clock).
+    pub dumping_since_unix_ms: Option<u64>,
+    /// When "dump done" arrived, if it did after the last "dumping".
+    pub done_at_unix_ms: Option<u64>,
+    /// The crashed kernel's boot id, if the initramfs knew it.
+    pub boot_id: Option<String>,
+    /// The node's own time in the last notice.
+    pub node_time_unix_ms: u64,
 }

@@ -326,6 +326,7 @@ fn machines(
                     failing_checks: Vec::new(),
                     goodbye: None,
                     kdump_loaded: false,
+                    dump: Default::default(),
                     booted_at: None,
                     node: by_ip
                         .get(r.address.as_str())
