@@ -64,6 +64,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fence_flows",
         include_str!("migrations/0007_fence_flows.sql"),
     ),
+    (
+        8,
+        "repair_fence_flows",
+        include_str!("migrations/0008_repair_fence_flows.sql"),
+    ),
 ];
 
 /// Errors from the store.
