@@ -317,6 +317,35 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
         "the Node was not restored: {:?}",
         rig.k8s.node(HOST)
     );
+    // `coordinatorctl fence list|show` tell the same story, with RFC 3339 times.
+    let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
+    assert_eq!(flows.len(), 1, "{flows:#?}");
+    assert_eq!(flows[0]["state"], "done", "{flows:#?}");
+    assert_eq!(flows[0]["node"], HOST);
+    let id = flows[0]["id"].to_string();
+    let shown: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", &id, "--json"]))?;
+    let confirmed = shown["confirmed_off"].as_str().context("confirmed_off")?;
+    assert!(confirmed.parse::<jiff::Timestamp>().is_ok(), "{confirmed}");
+    let states: Vec<&str> = shown["steps"]
+        .as_array()
+        .context("steps")?
+        .iter()
+        .filter_map(|s| s["state"].as_str())
+        .collect();
+    for want in [
+        "plan",
+        "power-off",
+        "confirm-off",
+        "release",
+        "power-on",
+        "restore",
+        "done",
+    ] {
+        assert!(states.contains(&want), "{want} missing from {states:?}");
+    }
+    let table = blocking(|| rig.coord.ctl(&["fence", "show", &id]))?;
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(table.contains("EVENT") && table.contains("done"), "{table}");
     eprintln!(
         "fenced and powered on {:.1} s after the machine died; entry done {:.1} s after",
         on_after.as_secs_f64(),

@@ -7,10 +7,12 @@
 //! - [`store`]: its SQLite tables (migration 0007),
 //! - [`runner`]: the I/O around the step function, over the power, node-release and
 //!   agent-health traits, resumable after a restart,
-//! - [`killpoint`]: crash-test kill points, compiled only into test builds.
+//! - [`killpoint`]: crash-test kill points, compiled only into test builds,
+//! - [`admin`]: the admin API's read-only view of flows (`coordinatorctl fence`).
 //!
-//! The kdump path and the repair queue's `@fence` wiring are not here yet.
+//! The repair queue's `@fence` wiring lives in [`crate::repair::fencing`].
 
+pub mod admin;
 pub mod flow;
 pub mod killpoint;
 pub mod proof;
