@@ -66,6 +66,11 @@ impl Rig {
     /// Everything up and healthy; with `remediation`, automatic remediation finds dead
     /// machines (else entries are added by hand).
     async fn start(remediation: bool) -> Result<Self> {
+        Self::start_with(remediation, REPAIR_YML).await
+    }
+
+    /// As [`Rig::start`], with the `repair:` file `repair_yml`.
+    async fn start_with(remediation: bool, repair_yml: &str) -> Result<Self> {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().to_path_buf();
         let sim = IpmiSim::start(true).await?;
@@ -98,7 +103,7 @@ impl Rig {
         k8s.run_kubelets(Duration::from_millis(500), Duration::from_secs(3));
 
         let repair = dir.join("repair.yml");
-        std::fs::write(&repair, REPAIR_YML)?;
+        std::fs::write(&repair, repair_yml)?;
         let mut extra = format!(
             "[repair]\nconfig = {:?}\n\n[kubernetes]\nkubeconfig = {:?}\nnode_view_refresh = \"1s\"\nrequest_timeout = \"5s\"\n\n[[gateways.targets]]\nname = \"{RACK}\"\naddress = \"{}\"\nserver_name = \"127.0.0.1\"\nracks = [\"{RACK}\"]\n\n",
             repair.display().to_string(),
@@ -351,6 +356,61 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
         on_after.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// A step that needs a drain; the repair command itself only leaves a mark.
+const DRAIN_YML: &str = r#"
+repair:
+  repair_procedures:
+    - machine_types: ["qemu"]
+      repair_operations:
+        - operation: "unreachable"
+          repair_steps:
+            - repair_command: ["sh", "-c", "echo $1 >> \"$0\"", "@MARK@"]
+              need_drain: true
+              watch_seconds: 60
+          health_check_command: ["@agent-healthy"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_of_a_dead_node_fences_first_and_releases_after() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mark = dir.path().join("repaired");
+    let yml = DRAIN_YML.replace("@MARK@", &mark.display().to_string());
+    let mut rig = Rig::start_with(true, &yml).await?;
+    rig.kill_machine();
+    blocking(|| {
+        wait_for("the simulator to power on again", SETTLE, || {
+            (rig.count_power("1") > 0)
+                .then_some(())
+                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
+        })
+    })?;
+    assert!(
+        !mark.exists(),
+        "the repair command ran before the fence released the node"
+    );
+    rig.boot_machine()?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    let history = v["history"].as_array().context("history")?;
+    let why = history
+        .iter()
+        .find(|h| h["event"] == "fence-instead-of-drain")
+        .with_context(|| format!("no fence-instead-of-drain in {history:#?}"))?;
+    let why = why["detail"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("agent silent") && why.contains("Lease"),
+        "the reason does not name the two signals: {why}"
+    );
+    assert_eq!(std::fs::read_to_string(&mark)?.trim(), MACHINE);
+    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
+    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    let off = rig.first_power("0").context("never powered off")?;
+    for (at, what) in rig.node_writes() {
+        assert!(at > off, "{what} came before the simulator powered off");
+    }
     Ok(())
 }
 
