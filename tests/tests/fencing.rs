@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use testkit::bmc_sim::{GatewayProc, IpmiSim, TestPki};
+use testkit::bmc_sim::{BusyBmc, GatewayProc, IpmiSim, TestPki};
 use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed, PodSeed};
 use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
 use testkit::procs::{
@@ -47,11 +47,47 @@ repair:
           health_check_command: ["@agent-healthy"]
 "#;
 
+/// The machine's BMC: OpenIPMI's simulator, or a pyghmi BMC that is busy after an off.
+enum Sim {
+    Ipmi(IpmiSim),
+    Busy(BusyBmc),
+}
+
+impl Sim {
+    fn login(&self) -> (u16, &str, &str) {
+        match self {
+            Sim::Ipmi(s) => (s.port, &s.username, &s.password),
+            Sim::Busy(s) => (s.port, &s.username, &s.password),
+        }
+    }
+
+    fn events(&self) -> Vec<String> {
+        match self {
+            Sim::Ipmi(s) => s.events(),
+            Sim::Busy(s) => s.events(),
+        }
+    }
+
+    fn timed_events(&self) -> Vec<(SystemTime, String)> {
+        match self {
+            Sim::Ipmi(s) => s.timed_events(),
+            Sim::Busy(s) => s.timed_events(),
+        }
+    }
+
+    fn ipmi(&self) -> &IpmiSim {
+        match self {
+            Sim::Ipmi(s) => s,
+            Sim::Busy(_) => panic!("not ipmi_sim"),
+        }
+    }
+}
+
 /// One machine with its BMC, gateway, Node, agent and kubelet, and a coordinator.
 struct Rig {
     _tmp: tempfile::TempDir,
     dir: PathBuf,
-    sim: IpmiSim,
+    sim: Sim,
     _gw: GatewayProc,
     k8s: BackgroundFake,
     coord: Coordinator,
@@ -66,14 +102,23 @@ impl Rig {
     /// Everything up and healthy; with `remediation`, automatic remediation finds dead
     /// machines (else entries are added by hand).
     async fn start(remediation: bool) -> Result<Self> {
-        Self::start_with(remediation, REPAIR_YML).await
+        Self::start_with(remediation, REPAIR_YML, None).await
     }
 
-    /// As [`Rig::start`], with the `repair:` file `repair_yml`.
-    async fn start_with(remediation: bool, repair_yml: &str) -> Result<Self> {
+    /// As [`Rig::start`], with the `repair:` file `repair_yml`, and with a BMC that refuses
+    /// power-on as busy for `busy_on` after an off (pyghmi's) instead of `ipmi_sim`.
+    async fn start_with(
+        remediation: bool,
+        repair_yml: &str,
+        busy_on: Option<Duration>,
+    ) -> Result<Self> {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().to_path_buf();
-        let sim = IpmiSim::start(true).await?;
+        let sim = match busy_on {
+            None => Sim::Ipmi(IpmiSim::start(true).await?),
+            Some(d) => Sim::Busy(BusyBmc::start(d).await?),
+        };
+        let (port, username, password) = sim.login();
         let pki = {
             let d = dir.join("pki");
             tokio::task::spawn_blocking(move || Pki::create(&d, "fleet.test")).await??
@@ -83,11 +128,9 @@ impl Rig {
             dir: tempfile::tempdir()?,
         };
         let pw_file = gw_pki.dir.path().join("bmc.pw");
-        std::fs::write(&pw_file, format!("{}\n", sim.password))?;
+        std::fs::write(&pw_file, format!("{password}\n"))?;
         let bmcs = format!(
-            "[[bmc]]\nmachine = \"{MACHINE}\"\nserial = \"SN1\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {}\nusername = \"{}\"\npassword_file = {:?}\n",
-            sim.port,
-            sim.username,
+            "[[bmc]]\nmachine = \"{MACHINE}\"\nserial = \"SN1\"\nprotocol = \"ipmi\"\nhost = \"127.0.0.1\"\nport = {port}\nusername = \"{username}\"\npassword_file = {:?}\n",
             pw_file.to_string_lossy()
         );
         let gw = GatewayProc::start(&gw_pki, &bmcs).await?;
@@ -359,6 +402,52 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bmc_busy_for_20_s_after_the_off_delays_the_power_on_and_the_flow_completes() -> Result<()>
+{
+    let busy = Duration::from_secs(20);
+    let mut rig = Rig::start_with(false, REPAIR_YML, Some(busy)).await?;
+    rig.kill_machine();
+    blocking(|| {
+        rig.coord
+            .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
+    })?;
+    blocking(|| {
+        wait_for("the BMC to power on again", SETTLE, || {
+            (rig.count_power("1") > 0).then_some(()).ok_or_else(|| {
+                let flows = rig
+                    .coord
+                    .ctl(&["fence", "list"])
+                    .map(|o| String::from_utf8_lossy(&o.stdout).to_string());
+                format!(
+                    "power log {:?}; flows {flows:?}; gateway {}",
+                    rig.sim.events(),
+                    rig._gw.log()
+                )
+            })
+        })
+    })?;
+    rig.boot_machine()?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    let events = rig.sim.timed_events();
+    let off = rig.first_power("0").context("never powered off")?;
+    let on = rig.first_power("1").context("never powered on")?;
+    let refused = events.iter().filter(|(_, e)| e == "busy power 1").count();
+    let waited = on.duration_since(off)?;
+    assert!(refused >= 2, "the BMC never said busy: {events:?}");
+    assert!(
+        waited >= busy,
+        "powered on {waited:?} after the off, inside the busy window"
+    );
+    assert_eq!(rig.count_power("0"), 1, "{events:?}");
+    assert_eq!(rig.count_power("1"), 1, "{events:?}");
+    let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
+    assert_eq!(flows[0]["state"], "done", "{flows:#?}");
+    eprintln!("power-on {waited:?} after the off, {refused} busy answers before it");
+    Ok(())
+}
+
 /// A step that needs a drain; the repair command itself only leaves a mark.
 const DRAIN_YML: &str = r#"
 repair:
@@ -378,7 +467,7 @@ async fn a_drain_of_a_dead_node_fences_first_and_releases_after() -> Result<()> 
     let dir = tempfile::tempdir()?;
     let mark = dir.path().join("repaired");
     let yml = DRAIN_YML.replace("@MARK@", &mark.display().to_string());
-    let mut rig = Rig::start_with(true, &yml).await?;
+    let mut rig = Rig::start_with(true, &yml, None).await?;
     rig.kill_machine();
     blocking(|| {
         wait_for("the simulator to power on again", SETTLE, || {
@@ -417,7 +506,7 @@ async fn a_drain_of_a_dead_node_fences_first_and_releases_after() -> Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words() -> Result<()> {
     let rig = Rig::start(false).await?;
-    rig.sim.refuse_power(false, true)?;
+    rig.sim.ipmi().refuse_power(false, true)?;
     blocking(|| {
         rig.coord
             .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
@@ -440,7 +529,10 @@ async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words(
 
 impl Rig {
     fn sim_power_is_on(&self) -> Result<bool> {
-        tokio::runtime::Handle::current().block_on(self.sim.power_is_on())
+        match &self.sim {
+            Sim::Ipmi(s) => tokio::runtime::Handle::current().block_on(s.power_is_on()),
+            Sim::Busy(s) => Ok(s.power_is_on()),
+        }
     }
 }
 
