@@ -1,7 +1,8 @@
 //! `coordinatorctl fence list|show ID`: the fence flows the coordinator ran or is running,
 //! and the committed steps of one (see docs/fencing.md). Read-only.
 //!
-//! Tables by default; `--json` prints times as RFC 3339 strings.
+//! Tables by default (times to the second); `--json` prints times as RFC 3339 strings with
+//! milliseconds.
 
 use anyhow::bail;
 use clap::Subcommand;
@@ -33,8 +34,17 @@ pub enum FenceCommand {
     },
 }
 
+/// A time for tables: RFC 3339, to the second.
 fn time(ms: i64) -> String {
     fmt_time(u64::try_from(ms).unwrap_or(0))
+}
+
+/// A time for JSON: RFC 3339 with milliseconds (a fence takes seconds; its steps are
+/// compared to the millisecond).
+fn precise(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
 }
 
 fn opt_time(ms: Option<i64>) -> Option<String> {
@@ -52,9 +62,9 @@ pub fn flow_json(f: &FenceFlowSummary) -> serde_json::Value {
         "failure": f.failure,
         "release": f.release,
         "keep_off": f.keep_off,
-        "state_since": time(f.state_since_unix_ms),
-        "confirmed_off": opt_time(f.confirmed_off_unix_ms),
-        "powered_on": opt_time(f.powered_on_unix_ms),
+        "state_since": precise(f.state_since_unix_ms),
+        "confirmed_off": f.confirmed_off_unix_ms.map(precise),
+        "powered_on": f.powered_on_unix_ms.map(precise),
     })
 }
 
@@ -116,7 +126,7 @@ impl CommandGroup for FenceCommand {
                     v["steps"] = d
                         .steps
                         .iter()
-                        .map(|s| json!({"at": time(s.at_unix_ms), "state": s.state, "event": s.event}))
+                        .map(|s| json!({"at": precise(s.at_unix_ms), "state": s.state, "event": s.event}))
                         .collect();
                     println!("{}", serde_json::to_string_pretty(&v)?);
                 } else {

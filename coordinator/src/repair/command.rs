@@ -50,6 +50,13 @@ pub struct AgentHealth {
 pub trait AgentHealthView: Send + Sync + 'static {
     /// The agent's state for the machine at `address`, `None` if it never reported.
     fn agent_health(&self, address: &str) -> Option<AgentHealth>;
+
+    /// True when the machine's agent is known silent past its grace (state `unreachable`):
+    /// nothing is asked of it before a fence. Default: not known.
+    fn is_unreachable(&self, address: &str) -> bool {
+        let _ = address;
+        false
+    }
 }
 
 /// A view with no agents: `@agent-healthy` never passes.
@@ -272,7 +279,13 @@ async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
             return (end, Outcome::Error);
         }
     }
-    let diagnostics = super::agent_steps::diagnostics_before_power(ctx).await;
+    // A silent agent's connection may not be known dead yet (QUIC idle timeout): asking it
+    // would only spend the diagnostics bound before the power-off of a dead machine.
+    let diagnostics = if ctx.agents.is_unreachable(&ctx.address) {
+        String::new()
+    } else {
+        super::agent_steps::diagnostics_before_power(ctx).await
+    };
     let end = svc
         .fence_step(
             &ctx.request_id,

@@ -64,6 +64,11 @@ impl AgentHealthView for Fleet {
             ok_since: live.healthy_since,
         })
     }
+
+    fn is_unreachable(&self, address: &str) -> bool {
+        self.machine(address)
+            .is_some_and(|m| m.state == crate::health::MachineState::Unreachable)
+    }
 }
 
 impl MetricsSource for RepairMetrics {
