@@ -288,3 +288,153 @@ pub fn describe(f: &Flow) -> String {
         other => format!("fence flow {} in {}", f.id, other.kind()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fence::runner::FenceDeps;
+    use crate::testing::{FakeAgents, FakeClock, FakeDrainer, FakeNodeRelease, FakePower};
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        store: Store,
+        svc: Arc<FenceService>,
+        stop: CancellationToken,
+    }
+
+    fn setup(drainer: FakeDrainer) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let clock = Arc::new(FakeClock::new(
+            jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+        ));
+        let runner = FenceRunner::new(
+            store.clone(),
+            "db1",
+            FenceDeps {
+                power: Arc::new(FakePower::default()),
+                release: Arc::new(FakeNodeRelease::default()),
+                agents: Arc::new(FakeAgents::with(None)),
+                clock: clock.clone(),
+            },
+        );
+        let stop = CancellationToken::new();
+        let svc = FenceService::new(
+            Arc::new(runner),
+            store.clone(),
+            clock,
+            Arc::new(drainer),
+            stop.clone(),
+        );
+        Setup {
+            _dir: dir,
+            store,
+            svc,
+            stop,
+        }
+    }
+
+    fn flows(s: &Store) -> Vec<Flow> {
+        s.with(|c| fence_store::list(c, 100)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_step_run_again_waits_for_the_flow_it_started_instead_of_a_second() {
+        let s = setup(FakeDrainer::default());
+        let a = s
+            .svc
+            .flow_for_step("db1-repair-1-step0-attempt0", 1, "10.0.0.1", "S")
+            .await
+            .unwrap()
+            .unwrap();
+        let again = s
+            .svc
+            .flow_for_step("db1-repair-1-step0-attempt0", 1, "10.0.0.1", "S")
+            .await
+            .unwrap();
+        assert_eq!(again, Some(a));
+        let all = flows(&s.store);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].node, "n-10.0.0.1");
+        s.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_flow_started_but_not_recorded_before_a_crash_is_adopted() {
+        let s = setup(FakeDrainer::default());
+        // The previous coordinator committed the flow and died before recording it.
+        let orphan = s
+            .svc
+            .runner()
+            .start(FenceRequest {
+                address: "10.0.0.1".into(),
+                serial: "S".into(),
+                node: "n-10.0.0.1".into(),
+                keep_off: false,
+            })
+            .await
+            .unwrap();
+        let id = s
+            .svc
+            .flow_for_step("db1-repair-1-step0-attempt0", 1, "10.0.0.1", "S")
+            .await
+            .unwrap();
+        assert_eq!(id, Some(orphan));
+        assert_eq!(flows(&s.store).len(), 1);
+        // Recorded now: the next run of the step finds it without looking for orphans.
+        let recorded: i64 = s
+            .store
+            .with(|c| {
+                c.query_row(
+                    "SELECT flow_id FROM repair_fence_flows WHERE step_key = 'db1-repair-1-step0-attempt0'",
+                    [],
+                    |r| r.get(0),
+                )
+            })
+            .unwrap();
+        assert_eq!(recorded as u64, orphan);
+        s.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_machine_that_is_not_a_node_gets_no_flow() {
+        let s = setup(FakeDrainer::without_nodes());
+        let id = s
+            .svc
+            .flow_for_step("db1-repair-1-step0-attempt0", 1, "10.0.0.1", "S")
+            .await
+            .unwrap();
+        assert_eq!(id, None);
+        assert!(flows(&s.store).is_empty());
+        s.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_failed_flow_ends_the_step_with_its_reason() {
+        let s = setup(FakeDrainer::default());
+        let id = s
+            .svc
+            .flow_for_step("k", 1, "10.0.0.1", "S")
+            .await
+            .unwrap()
+            .unwrap();
+        let mut f = s.svc.runner().load(id).await.unwrap();
+        f.state = State::Failed {
+            detail: "BMC said: Unspecified error".into(),
+        };
+        s.store
+            .with(|c| fence_store::update(c, &f, "gave up", f.state_since))
+            .unwrap();
+        match s.svc.fence_step("k", 1, "10.0.0.1", "S", None).await {
+            FenceEnd::Failed(f) => {
+                assert!(
+                    describe(&f).contains("Unspecified error"),
+                    "{}",
+                    describe(&f)
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        s.stop.cancel();
+    }
+}
