@@ -544,6 +544,34 @@ async fn a_drain_of_a_dead_node_fences_first_and_releases_after() -> Result<()> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_step_that_needs_a_drain_on_a_dead_node_fences_once() -> Result<()> {
+    let yml = REPAIR_YML.replace(
+        "command_timeout_seconds: 600",
+        "command_timeout_seconds: 600\n              need_drain: true",
+    );
+    let mut rig = Rig::start_with(true, &yml, None).await?;
+    rig.kill_machine();
+    blocking(|| {
+        wait_for("the simulator to power on again", SETTLE, || {
+            (rig.count_power("1") > 0)
+                .then_some(())
+                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
+        })
+    })?;
+    rig.boot_machine()?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    let history = v["history"].to_string();
+    assert!(history.contains("drain-skipped-for-fence"), "{history}");
+    assert!(!history.contains("fence-instead-of-drain"), "{history}");
+    let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
+    assert_eq!(flows.len(), 1, "fenced twice: {flows:#?}");
+    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
+    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words() -> Result<()> {
     let rig = Rig::start(false).await?;
     rig.sim.ipmi().refuse_power(false, true)?;

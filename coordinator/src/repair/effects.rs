@@ -15,7 +15,7 @@ use protocol::admin::repair::RepairStatus;
 use tracing::Instrument;
 
 use super::command::{self, AgentHealthView, CommandKind, RunContext};
-use super::config::{CommandSpec, RepairOperation};
+use super::config::{Builtin, CommandSpec, RepairOperation};
 use super::decide::{Action, DrainEnd, NodeObs, TaskObs};
 use super::diagnostics::DiagnosticsShelf;
 use super::entry::{Entry, HistoryEvent, RequestFor, power_request_id};
@@ -115,7 +115,12 @@ impl Effects {
             }
             Action::Start => tasks.reset(index),
             Action::ResolveNode => self.resolve_node(tasks, e),
-            Action::StartDrain(_) | Action::ResumeDrain => self.start_drain(tasks, e),
+            Action::StartDrain(_) | Action::ResumeDrain => {
+                let fences = step.is_some_and(|s| {
+                    matches!(s.repair_command, CommandSpec::Builtin(Builtin::Fence))
+                });
+                self.start_drain(tasks, e, fences)
+            }
             Action::AbandonDrain(_) => {
                 let rt = tasks.runtime(index);
                 if let Some(t) = rt.drain_task.take() {
@@ -297,7 +302,9 @@ impl Effects {
     /// [`DRAIN_POLL_INTERVAL`] until done or abandoned. A node dead by the two signals cannot
     /// drain (its pods never terminate): its machine is fenced instead, and the fence's
     /// release is the drain ([`Self::fence_instead_of_drain`]).
-    fn start_drain(&self, tasks: &mut Tasks, e: &Entry) {
+    /// A step whose own command is `@fence` (`step_fences`) does not fence twice: its drain
+    /// of a dead node ends at once and the step's flow releases the workload.
+    fn start_drain(&self, tasks: &mut Tasks, e: &Entry, step_fences: bool) {
         let (index, generation) = (e.index, tasks.next_generation());
         let drainer = self.drainer.clone();
         let opts = self.drain_opts.clone();
@@ -312,6 +319,21 @@ impl Effects {
         let h = tokio::spawn(
             async move {
                 let end = loop {
+                    if let Some(f) = &fence
+                        && let Some(why) = f.liveness.dead(&address)
+                        && step_fences
+                    {
+                        let note = HistoryEvent::new(
+                            "drain-skipped-for-fence",
+                            format!("node {node} cannot drain: {why}; the step's @fence releases its workload after a confirmed power-off"),
+                        );
+                        let _ = tx.send(Event::Note {
+                            index,
+                            generation,
+                            event: note,
+                        });
+                        break DrainEnd::Done;
+                    }
                     if let Some(f) = &fence
                         && let Some(why) = f.liveness.dead(&address)
                     {
