@@ -1,16 +1,20 @@
 //! Issue 11's end-to-end "must show" for fencing, with real processes: a coordinator, a
-//! real bmc-gateway driving OpenIPMI's `ipmi_sim`, a node-agent, and the fake Kubernetes
-//! API server (Node, Lease, a StatefulSet pod and its VolumeAttachment):
+//! real bmc-gateway driving OpenIPMI's `ipmi_sim` (or, for a busy BMC, pyghmi's IPMI
+//! server), a node-agent, and the fake Kubernetes API server (Node, Lease, a StatefulSet pod
+//! and its VolumeAttachment):
 //! - a machine whose agent and kubelet Lease die is found dead by automatic remediation and
 //!   fenced by `@fence`: its workload is released only after the simulator reads off (the
 //!   fake API server's request log against the simulator's power log, both timed), then the
 //!   machine is powered on, its agent comes back with a new boot id and the Node is restored,
+//! - a `need_drain` step on the dead node fences instead of draining and says why; a
+//!   `@fence` step with `need_drain` fences once,
 //! - a BMC that refuses power-off: nothing is released and the entry fails with the BMC's
-//!   words,
+//!   words; a BMC busy for 20 s after the off: the power-on waits and the flow completes,
 //! - the crash test (`#[ignore]`d, run by name): the coordinator killed with SIGKILL at each
-//!   kill point of the flow, each a separate run; after every restart the flow completes, the
-//!   simulator's log shows one off and one on, the machine ends on, and no release came
-//!   before the off. It prints a table of kill point → outcome.
+//!   of 11 kill points of the flow, each a separate run; after every restart the flow
+//!   completes, the simulator's log shows one off and one on, the machine ends on, and no
+//!   release came before the off. It prints a table of kill point → outcome,
+//! - the benchmark (`#[ignore]`d): death → release with its breakdown.
 //!
 //! Needs `ipmi_sim` and `ipmitool` (scripts/setup-test-deps.sh installs them).
 
