@@ -57,6 +57,7 @@ impl Admin {
                 ),
             },
             AdminRequest::Diagnostics(d) => self.diagnostics(d).await,
+            AdminRequest::Fence(f) => crate::fence::admin::handle(&self.store, f).await,
             AdminRequest::Remediation(r) => match &self.remediation {
                 Some(rem) => rem.handle_admin(r).await,
                 None => error(

@@ -216,6 +216,19 @@ impl App {
                     drainer.clone(),
                     power,
                     links.clone(),
+                    kube.as_ref()
+                        .map(|(k, every)| crate::repair::wiring::FenceWiring {
+                            release: k.clone(),
+                            liveness: Arc::new(crate::repair::wiring::FleetLiveness {
+                                fleet: fleet.clone(),
+                                view: Arc::new(k.node_view().clone()),
+                                max_age: *every
+                                    * crate::remediation::runner::VIEW_MAX_AGE_REFRESHES,
+                                config: config.remediation.clone().unwrap_or_default(),
+                                clock: clock.clone(),
+                            }),
+                            kdump: kdump.clone(),
+                        }),
                     repair_stop.clone(),
                 )
                 .await?;

@@ -98,7 +98,9 @@ where
 const CHASSIS_SCRIPT: &str = r#"#!/bin/sh
 # chassis_control for ipmi_sim: "<mc> get power" prints power:0|1; "<mc> set power|reset|shutdown V"
 # changes the state file. Every call is logged to ./events. If ./ignore-off exists, power-off
-# requests are logged but not applied (a BMC that accepts off and never does it).
+# requests are logged but not applied (a BMC that accepts off and never does it). If
+# ./refuse-<0|1> exists, power off (0) or on (1) is refused (ipmi_sim answers 0xFF).
+# ./events.timed has the same lines prefixed with the time in nanoseconds.
 dir=$(dirname "$0")
 state="$dir/power"
 [ -f "$state" ] || echo 1 > "$state"
@@ -118,6 +120,10 @@ set)
   while [ $# -gt 0 ]; do
     p=$1; v=$2; shift 2
     echo "set $p $v" >> "$dir/events"
+    echo "$(date +%s%N) set $p $v" >> "$dir/events.timed"
+    if [ "$p" = power ] && [ -f "$dir/refuse-$v" ]; then
+      cat "$dir/refuse-$v"; exit 1
+    fi
     case "$p" in
       power)
         if [ "$v" = 0 ] && [ -f "$dir/ignore-off" ]; then :; else echo "$v" > "$state"; fi ;;
@@ -284,6 +290,35 @@ impl IpmiSim {
             .collect()
     }
 
+    /// Every `set` with when the chassis control received it (wall clock), to order it
+    /// against other processes' logs.
+    pub fn timed_events(&self) -> Vec<(std::time::SystemTime, String)> {
+        std::fs::read_to_string(self.dir.path().join("events.timed"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (ns, what) = l.split_once(' ')?;
+                let at = std::time::UNIX_EPOCH + Duration::from_nanos(ns.parse().ok()?);
+                Some((at, what.to_string()))
+            })
+            .collect()
+    }
+
+    /// Makes the simulator refuse power off (`on = false`) or on (`on = true`) requests,
+    /// answering IPMI completion code 0xFF (or accept them again with `refuse = false`).
+    pub fn refuse_power(&self, on: bool, refuse: bool) -> Result<()> {
+        let f = self
+            .dir
+            .path()
+            .join(if on { "refuse-1" } else { "refuse-0" });
+        if refuse {
+            std::fs::write(f, "chassis control refused by the test\n")?;
+        } else if f.exists() {
+            std::fs::remove_file(f)?;
+        }
+        Ok(())
+    }
+
     /// Makes the simulator accept power-off requests without applying them (or undoes it).
     pub fn ignore_off(&self, yes: bool) -> Result<()> {
         let f = self.dir.path().join("ignore-off");
@@ -311,6 +346,179 @@ impl Drop for IpmiSim {
         if let Some(pid) = self.child.id() {
             let _ = signal(pid, "CONT");
         }
+        let _ = self.child.start_kill();
+    }
+}
+
+const BUSY_BMC_PY: &str = r#"
+# A BMC for tests, on pyghmi's IPMI server (RMCP+, cipher suite 3): power on and off change
+# ./power and are logged to ./events (and ./events.timed, with nanoseconds). A power-on less
+# than ./busy-on-secs seconds after the last power-off is refused with completion code 0xC0
+# (node busy), as some BMCs do right after an off (ipmi_sim can only answer 0xFF).
+import os, sys, time
+import pyghmi.ipmi.bmc as bmc
+
+class BusyBmc(bmc.Bmc):
+    def __init__(self, authdata, port, state_dir):
+        super().__init__(authdata, port, address='127.0.0.1')
+        self.dir = state_dir
+
+    def _p(self, name):
+        return os.path.join(self.dir, name)
+
+    def _read(self, name, default):
+        try:
+            with open(self._p(name)) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return default
+
+    def _log(self, what):
+        with open(self._p('events'), 'a') as f:
+            f.write(what + '\n')
+        with open(self._p('events.timed'), 'a') as f:
+            f.write('%d %s\n' % (time.time_ns(), what))
+
+    def sessionless_data(self, data, sockaddr):
+        # RMCP presence ping (ASF class 6, IANA 4542, type 0x80): answer the pong that real
+        # BMCs give and pyghmi does not (RMCP header, IANA, 0x40, tag, 0, 16 bytes: IANA,
+        # OEM 0, entities 0x81 = IPMI supported, interactions 0, 6 reserved).
+        d = bytearray(data)
+        if len(d) >= 12 and d[3] == 6 and d[4:8] == b'\x00\x00\x11\xbe' and d[8] == 0x80:
+            pong = bytes([6, 0, 0xff, 6, 0, 0, 0x11, 0xbe, 0x40, d[9], 0, 16,
+                          0, 0, 0x11, 0xbe, 0, 0, 0, 0, 0x81, 0, 0, 0, 0, 0, 0, 0])
+            self.serversocket.sendto(pong, sockaddr)
+            return
+        return super().sessionless_data(data, sockaddr)
+
+    def get_power_state(self):
+        return self._read('power', 'on')
+
+    def power_off(self):
+        self._log('set power 0')
+        with open(self._p('power'), 'w') as f:
+            f.write('off')
+        with open(self._p('off-at'), 'w') as f:
+            f.write(str(time.time()))
+
+    def power_on(self):
+        busy = float(self._read('busy-on-secs', '0'))
+        off_at = float(self._read('off-at', '0'))
+        if time.time() - off_at < busy:
+            self._log('busy power 1')
+            return 0xC0
+        self._log('set power 1')
+        with open(self._p('power'), 'w') as f:
+            f.write('on')
+
+BusyBmc({sys.argv[2]: sys.argv[3]}, int(sys.argv[1]), sys.argv[4]).listen()
+"#;
+
+/// A BMC on pyghmi's IPMI server that refuses power-on as busy (0xC0) for a while after a
+/// power-off. Same log format as [`IpmiSim`]: `set power 0|1`, plus `busy power 1` for each
+/// refused power-on.
+pub struct BusyBmc {
+    child: Child,
+    dir: tempfile::TempDir,
+    /// UDP port.
+    pub port: u16,
+    /// Administrator user.
+    pub username: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl BusyBmc {
+    /// Starts a BMC whose machine is on and which refuses power-on as busy for `busy`
+    /// after each power-off; waits until ipmitool can read it.
+    pub async fn start(busy: Duration) -> Result<Self> {
+        let python = venv_bin("python3")?;
+        let ipmitool = find_program("ipmitool")?;
+        let dir = tempfile::tempdir()?;
+        let d = dir.path();
+        std::fs::write(d.join("busy_bmc.py"), BUSY_BMC_PY)?;
+        std::fs::write(d.join("busy-on-secs"), format!("{}\n", busy.as_secs_f64()))?;
+        std::fs::write(d.join("events"), "")?;
+        let port = free_udp_port();
+        let (username, password) = ("admin".to_string(), "bmc-secret-2".to_string());
+        let log = std::fs::File::create(d.join("bmc.log"))?;
+        let mut child = Command::new(&python)
+            .arg(d.join("busy_bmc.py"))
+            .arg(port.to_string())
+            .arg(&username)
+            .arg(&password)
+            .arg(d)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", python.display()))?;
+        let start = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait()? {
+                bail!(
+                    "the pyghmi BMC exited with {st}: {}",
+                    std::fs::read_to_string(d.join("bmc.log")).unwrap_or_default()
+                );
+            }
+            let out = Command::new(&ipmitool)
+                .args(["-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p"])
+                .arg(port.to_string())
+                .args(["-U", &username, "-P", &password, "-N", "1", "-R", "1"])
+                .args(["chassis", "power", "status"])
+                .stdin(Stdio::null())
+                .output()
+                .await?;
+            if String::from_utf8_lossy(&out.stdout).contains("Chassis Power is") {
+                break;
+            }
+            if start.elapsed() > START_TIMEOUT {
+                bail!("the pyghmi BMC not answering within {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Self {
+            child,
+            dir,
+            port,
+            username,
+            password,
+        })
+    }
+
+    /// Every power request it received, in order (`set power 0|1`, `busy power 1`).
+    pub fn events(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("events"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// [`BusyBmc::events`] with when each was received (wall clock).
+    pub fn timed_events(&self) -> Vec<(std::time::SystemTime, String)> {
+        std::fs::read_to_string(self.dir.path().join("events.timed"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (ns, what) = l.split_once(' ')?;
+                let at = std::time::UNIX_EPOCH + Duration::from_nanos(ns.parse().ok()?);
+                Some((at, what.to_string()))
+            })
+            .collect()
+    }
+
+    /// Whether the machine is on, as the BMC holds it.
+    pub fn power_is_on(&self) -> bool {
+        std::fs::read_to_string(self.dir.path().join("power"))
+            .map(|s| s.trim() == "on")
+            .unwrap_or(true)
+    }
+}
+
+impl Drop for BusyBmc {
+    fn drop(&mut self) {
         let _ = self.child.start_kill();
     }
 }

@@ -378,6 +378,8 @@ pub struct Coordinator {
     pub config: PathBuf,
     /// Admin certificate used by [`Coordinator::ctl`].
     pub admin: CertFiles,
+    /// Extra environment of the next starts (e.g. `FLEETMEND_FENCE_KILL_AT`).
+    pub env: Vec<(String, String)>,
     starts: u32,
 }
 
@@ -419,6 +421,7 @@ impl Coordinator {
             dir: dir.to_path_buf(),
             config,
             admin,
+            env: Vec::new(),
             starts: 0,
         };
         c.restart()?;
@@ -441,7 +444,8 @@ impl Coordinator {
         let mut cmd = command("coordinator");
         cmd.arg("--config")
             .arg(&self.config)
-            .env("FLEETMEND_LOG", "info,coordinator=debug");
+            .env("FLEETMEND_LOG", "info,coordinator=debug")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         let log = self.dir.join(format!("coordinator-{}.log", self.starts));
         let mut proc = Proc::spawn("coordinator", cmd, &log)?;
         let http = self.http;

@@ -358,6 +358,7 @@ fn timed_out(req: &AdminRequest, timeout: Duration) -> String {
         AdminRequest::RepairQueue(_) => "coordinatorctl repair-queue list",
         AdminRequest::Diagnostics(_) => "coordinatorctl diagnostics list ADDRESS",
         AdminRequest::Remediation(_) => "coordinatorctl remediation status",
+        AdminRequest::Fence(_) => "coordinatorctl fence list",
     };
     format!(
         "no answer from the coordinator within {timeout:?} (--timeout): the outcome is unknown, the request may or may not have been carried out; check with `{check}` before retrying, and the coordinator's /healthz and log for why it is slow"

@@ -15,6 +15,7 @@
 pub mod client;
 pub mod common;
 pub mod diagnostics;
+pub mod fence;
 pub mod machines;
 pub mod pki;
 pub mod profile;
@@ -63,6 +64,8 @@ command_groups! {
     Remediation(remediation::RemediationCommand),
     /// The decision journal: every remediation decision and why.
     Events(remediation::EventsArgs),
+    /// Fence flows: power off, confirm, release, power on, restore.
+    Fence(fence::FenceCommand),
 }
 
 /// Fleetmend's operator CLI.

@@ -9,10 +9,12 @@
 //!   agent-health traits, resumable after a restart,
 //! - [`killpoint`]: crash-test kill points, compiled only into test builds,
 //! - [`kdump`]: what the flow reads of a machine's crash dump (the kdump leg is in
-//!   [`flow::kdump`]).
+//!   [`flow::kdump`]),
+//! - [`admin`]: the admin API's read-only view of flows (`coordinatorctl fence`).
 //!
-//! The repair queue's `@fence` wiring is not here yet.
+//! The repair queue's `@fence` wiring lives in [`crate::repair::fencing`].
 
+pub mod admin;
 pub mod flow;
 pub mod kdump;
 pub mod killpoint;

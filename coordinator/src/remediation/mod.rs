@@ -234,6 +234,27 @@ impl<'a> Detected<'a> {
     }
 }
 
+/// Two-signal death of one machine, as the detectors decide it: `Some(why)` when the machine
+/// at `address` is `unreachable` and dead by the two signals (see the module `detect`);
+/// `None` when it is alive, not confirmed dead, the view is too old, or it is unknown. The
+/// repair queue asks this before a drain, which cannot complete on a dead node.
+pub fn dead(
+    input: &Input,
+    cfg: &RemediationConfig,
+    address: &str,
+    now: Timestamp,
+) -> Option<String> {
+    let ctx = Ctx::new(input, cfg, now);
+    let m = ctx.machine(address)?;
+    if m.state != crate::health::MachineState::Unreachable {
+        return None;
+    }
+    match detect::death(m, &ctx) {
+        detect::Death::Dead(why) => Some(why),
+        _ => None,
+    }
+}
+
 /// One pass: runs the detectors, then the limits over their candidates (oldest failure
 /// first), and returns every decision with its reason.
 pub fn decide(input: &Input, cfg: &RemediationConfig, now: Timestamp) -> Pass {

@@ -355,6 +355,8 @@ mod tests {
             groups: None,
             actions,
             diagnostics: None,
+            entry_index: 0,
+            fence: None,
         }
     }
 

@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::config::{Builtin, CommandSpec};
 use super::decide::CommandEnd;
 use super::diagnostics::DiagnosticsShelf;
+use super::fencing::{FenceEnd, FenceService, describe};
 use super::orphans::GroupLedger;
 use crate::agent_link::AgentActions;
 use crate::fence::proof::fence_confirmed;
@@ -49,6 +50,13 @@ pub struct AgentHealth {
 pub trait AgentHealthView: Send + Sync + 'static {
     /// The agent's state for the machine at `address`, `None` if it never reported.
     fn agent_health(&self, address: &str) -> Option<AgentHealth>;
+
+    /// True when the machine's agent is known silent past its grace (state `unreachable`):
+    /// nothing is asked of it before a fence. Default: not known.
+    fn is_unreachable(&self, address: &str) -> bool {
+        let _ = address;
+        false
+    }
 }
 
 /// A view with no agents: `@agent-healthy` never passes.
@@ -134,6 +142,11 @@ pub struct RunContext {
     pub actions: Arc<dyn AgentActions>,
     /// Where `@collect-diagnostics` keeps what it got; `None` = nowhere (the step fails).
     pub diagnostics: Option<DiagnosticsShelf>,
+    /// The entry's index (the key of the fence flow a step starts).
+    pub entry_index: u64,
+    /// Fence flows for `@fence`; `None` = `@fence` only powers off and confirms (no
+    /// cluster to release from).
+    pub fence: Option<Arc<FenceService>>,
 }
 
 /// Runs a command of `kind` and says how it ended.
@@ -160,6 +173,7 @@ pub fn run(
                 (end, outcome)
             }
             CommandSpec::Builtin(Builtin::AgentHealthy) => agent_healthy(&ctx),
+            CommandSpec::Builtin(Builtin::Fence) if ctx.fence.is_some() => fence(&ctx).await,
             CommandSpec::Agent(step) => super::agent_steps::run(step, &ctx).await,
             CommandSpec::Builtin(b) => power(b, &ctx).await,
         }
@@ -239,6 +253,67 @@ impl Held {
             self.last
         )
     }
+}
+
+/// `@fence` with a cluster: runs the fence flow (power off, confirm, release, power on,
+/// restore) and succeeds when it is done; a machine that is not a node has nothing to
+/// release and is only powered off and confirmed off.
+async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let Some(svc) = &ctx.fence else {
+        return power(Builtin::Fence, ctx).await;
+    };
+    // The flow is committed (and recorded for this step) before anything acts; the agent's
+    // diagnostics are taken next, before the flow's first power action.
+    match svc
+        .flow_for_step(&ctx.request_id, ctx.entry_index, &ctx.address, &ctx.serial)
+        .await
+    {
+        Ok(Some(_)) => {}
+        Ok(None) => return power(Builtin::Fence, ctx).await,
+        Err(e) => {
+            let end = CommandEnd {
+                ok: false,
+                summary: format!("@fence: {e}"),
+                output: String::new(),
+            };
+            return (end, Outcome::Error);
+        }
+    }
+    // A silent agent's connection may not be known dead yet (QUIC idle timeout): asking it
+    // would only spend the diagnostics bound before the power-off of a dead machine.
+    let diagnostics = if ctx.agents.is_unreachable(&ctx.address) {
+        String::new()
+    } else {
+        super::agent_steps::diagnostics_before_power(ctx).await
+    };
+    let end = svc
+        .fence_step(
+            &ctx.request_id,
+            ctx.entry_index,
+            &ctx.address,
+            &ctx.serial,
+            ctx.timeout,
+        )
+        .await;
+    let (ok, summary, output, outcome) = match end {
+        FenceEnd::NotANode => return power(Builtin::Fence, ctx).await,
+        FenceEnd::Done(f) => (true, describe(&f), String::new(), Outcome::Ok),
+        FenceEnd::Failed(f) => (
+            false,
+            describe(&f),
+            f.failure.clone().unwrap_or_default(),
+            Outcome::Failed,
+        ),
+        FenceEnd::Error(e) => (false, format!("@fence: {e}"), String::new(), Outcome::Error),
+    };
+    (
+        CommandEnd {
+            ok,
+            summary: format!("{summary}{diagnostics}"),
+            output,
+        },
+        outcome,
+    )
 }
 
 /// Sends a power built-in. A gateway that cannot be reached (nothing sent) or whose answer
@@ -607,6 +682,8 @@ mod tests {
             groups: None,
             actions: Arc::new(crate::agent_link::NoAgentLinks),
             diagnostics: None,
+            entry_index: 0,
+            fence: None,
         }
     }
 

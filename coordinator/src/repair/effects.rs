@@ -15,10 +15,11 @@ use protocol::admin::repair::RepairStatus;
 use tracing::Instrument;
 
 use super::command::{self, AgentHealthView, CommandKind, RunContext};
-use super::config::{CommandSpec, RepairOperation};
+use super::config::{Builtin, CommandSpec, RepairOperation};
 use super::decide::{Action, DrainEnd, NodeObs, TaskObs};
 use super::diagnostics::DiagnosticsShelf;
-use super::entry::{Entry, RequestFor, power_request_id};
+use super::entry::{Entry, HistoryEvent, RequestFor, power_request_id};
+use super::fencing::{FenceEnd, FenceService, NodeLiveness, describe};
 use super::orphans::GroupLedger;
 use super::tasks::{Event, Tasks};
 use crate::agent_link::AgentActions;
@@ -51,6 +52,15 @@ pub(super) struct Effects {
     clock: Arc<dyn Clock>,
     /// This database's identity, the prefix of every power request id.
     store_id: String,
+    /// Fence flows (`@fence`, and drains of dead nodes), with a cluster.
+    fence: Option<Fencing>,
+}
+
+/// What effects need for fencing: the flows, and whether a node is dead.
+#[derive(Clone)]
+pub(super) struct Fencing {
+    pub(super) service: Arc<FenceService>,
+    pub(super) liveness: Arc<dyn NodeLiveness>,
 }
 
 impl Effects {
@@ -65,6 +75,7 @@ impl Effects {
         store: Store,
         clock: Arc<dyn Clock>,
         store_id: String,
+        fence: Option<Fencing>,
     ) -> Self {
         Self {
             drainer,
@@ -75,6 +86,7 @@ impl Effects {
             store,
             clock,
             store_id,
+            fence,
         }
     }
 
@@ -103,7 +115,12 @@ impl Effects {
             }
             Action::Start => tasks.reset(index),
             Action::ResolveNode => self.resolve_node(tasks, e),
-            Action::StartDrain(_) | Action::ResumeDrain => self.start_drain(tasks, e),
+            Action::StartDrain(_) | Action::ResumeDrain => {
+                let fences = step.is_some_and(|s| {
+                    matches!(s.repair_command, CommandSpec::Builtin(Builtin::Fence))
+                });
+                self.start_drain(tasks, e, fences)
+            }
             Action::AbandonDrain(_) => {
                 let rt = tasks.runtime(index);
                 if let Some(t) = rt.drain_task.take() {
@@ -223,6 +240,8 @@ impl Effects {
                 self.clock.clone(),
                 e.index,
             )),
+            entry_index: e.index,
+            fence: self.fence.as_ref().map(|f| f.service.clone()),
         }
     }
 
@@ -280,16 +299,56 @@ impl Effects {
     }
 
     /// Starts (or restarts) the drain loop of the entry's node: idempotent passes every
-    /// [`DRAIN_POLL_INTERVAL`] until done or abandoned.
-    fn start_drain(&self, tasks: &mut Tasks, e: &Entry) {
+    /// [`DRAIN_POLL_INTERVAL`] until done or abandoned. A node dead by the two signals cannot
+    /// drain (its pods never terminate): its machine is fenced instead, and the fence's
+    /// release is the drain ([`Self::fence_instead_of_drain`]).
+    /// A step whose own command is `@fence` (`step_fences`) does not fence twice: its drain
+    /// of a dead node ends at once and the step's flow releases the workload.
+    fn start_drain(&self, tasks: &mut Tasks, e: &Entry, step_fences: bool) {
         let (index, generation) = (e.index, tasks.next_generation());
         let drainer = self.drainer.clone();
         let opts = self.drain_opts.clone();
         let tx = tasks.sender();
         let node = e.nodename.clone();
+        let fence = self.fence.clone();
+        let (address, serial) = (e.address.clone(), e.serial.clone());
+        let key = format!(
+            "{}-repair-{index}-step{}-drain{}-fence",
+            self.store_id, e.step, e.drain_backoff_count
+        );
         let h = tokio::spawn(
             async move {
                 let end = loop {
+                    if let Some(f) = &fence
+                        && let Some(why) = f.liveness.dead(&address)
+                        && step_fences
+                    {
+                        let note = HistoryEvent::new(
+                            "drain-skipped-for-fence",
+                            format!("node {node} cannot drain: {why}; the step's @fence releases its workload after a confirmed power-off"),
+                        );
+                        let _ = tx.send(Event::Note {
+                            index,
+                            generation,
+                            event: note,
+                        });
+                        break DrainEnd::Done;
+                    }
+                    if let Some(f) = &fence
+                        && let Some(why) = f.liveness.dead(&address)
+                    {
+                        let note = HistoryEvent::new(
+                            "fence-instead-of-drain",
+                            format!("node {node} cannot drain: {why}; fencing its machine first, releasing its workload after"),
+                        );
+                        let _ = tx.send(Event::Note {
+                            index,
+                            generation,
+                            event: note,
+                        });
+                        break Self::fence_instead_of_drain(f, &key, index, &address, &serial)
+                            .await;
+                    }
                     match drainer.drain(&node, &opts).await {
                         Ok(DrainProgress::Done) => break DrainEnd::Done,
                         Ok(DrainProgress::Abandoned { reason }) => {
@@ -319,6 +378,26 @@ impl Effects {
         }
         rt.drain_gen = generation;
         rt.obs.drain = TaskObs::Running;
+    }
+
+    /// The drain of a dead node: its fence flow, whose end is the drain's.
+    async fn fence_instead_of_drain(
+        f: &Fencing,
+        key: &str,
+        index: u64,
+        address: &str,
+        serial: &str,
+    ) -> DrainEnd {
+        match f
+            .service
+            .fence_step(key, index, address, serial, None)
+            .await
+        {
+            FenceEnd::Done(_) => DrainEnd::Done,
+            FenceEnd::Failed(flow) => DrainEnd::Abandoned(describe(&flow)),
+            FenceEnd::NotANode => DrainEnd::Done,
+            FenceEnd::Error(e) => DrainEnd::Abandoned(format!("fence instead of drain: {e}")),
+        }
     }
 
     /// A Kubernetes Event on the entry's node (when it has one) saying how the repair

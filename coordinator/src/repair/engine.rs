@@ -72,6 +72,12 @@ pub struct RepairDeps {
     pub actions: Arc<dyn crate::agent_link::AgentActions>,
     /// `rand(n)` in `0..n`, for the drain backoff; injectable for tests.
     pub rand: Box<dyn FnMut(u64) -> u64 + Send + Sync>,
+    /// Fence flows for `@fence` and for drains of dead nodes, and which nodes are dead;
+    /// `None` = `@fence` only powers off and confirms, and every drain drains.
+    pub fence: Option<(
+        Arc<super::fencing::FenceService>,
+        Arc<dyn super::fencing::NodeLiveness>,
+    )>,
 }
 
 impl RepairDeps {
@@ -93,6 +99,7 @@ impl RepairDeps {
             agents,
             actions: Arc::new(crate::agent_link::NoAgentLinks),
             rand: Box::new(|n| if n == 0 { 0 } else { rand::random_range(0..n) }),
+            fence: None,
         }
     }
 }
@@ -135,6 +142,12 @@ impl RepairQueue {
             deps.store.clone(),
             deps.clock.clone(),
             store_id,
+            deps.fence
+                .as_ref()
+                .map(|(service, liveness)| super::effects::Fencing {
+                    service: service.clone(),
+                    liveness: liveness.clone(),
+                }),
         );
         let engine = Engine {
             deps,

@@ -14,6 +14,7 @@
 //! - [`engine`]: the task that owns the queue: its handle, loop, step and commit,
 //! - [`tasks`]: bookkeeping of the tasks each entry runs and what they reported,
 //! - [`effects`]: what an action does once committed (commands, drains, uncordon, Events),
+//! - [`fencing`]: `@fence` steps and drains of dead nodes run the durable fence flow,
 //! - [`metrics`]: the queue's `/metrics` series,
 //! - [`wiring`]: starting it from the app.
 //!
@@ -32,6 +33,7 @@ pub mod diagnostics;
 mod effects;
 pub mod engine;
 pub mod entry;
+pub mod fencing;
 pub mod load;
 pub mod metrics;
 pub mod orphans;

@@ -42,6 +42,12 @@ pub(super) enum Event {
         end: CommandEnd,
         outcome: Outcome,
     },
+    /// A task's note for the entry's history (a drain that fences, and why).
+    Note {
+        index: u64,
+        generation: u64,
+        event: HistoryEvent,
+    },
 }
 
 /// What runs for one entry and what was observed of it.
@@ -213,6 +219,17 @@ impl Tasks {
                     }
                 }
                 Some((kind, outcome))
+            }
+            Event::Note {
+                index,
+                generation,
+                event,
+            } => {
+                let rt = self.rt.get(&index)?;
+                if rt.drain_gen == generation {
+                    self.pending_history.push((index, event));
+                }
+                None
             }
         }
     }

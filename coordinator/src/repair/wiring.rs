@@ -2,7 +2,9 @@
 //! coordinator's store, and connect it to the fleet's live health and to `/metrics`.
 //!
 //! The app passes the drainer and the power control it has; this module does not choose a
-//! Kubernetes client or a gateway.
+//! Kubernetes client or a gateway. With a cluster ([`FenceWiring`]) it also builds the fence
+//! runner (`@fence` and drains of dead nodes run the fence flow) and resumes the flows a
+//! previous coordinator left unfinished.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,14 +14,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::command::{AgentHealth, AgentHealthView};
 use super::engine::{RepairDeps, RepairQueue};
+use super::fencing::{FenceService, NodeLiveness};
 use super::load::{RepairConfigError, load_file};
 use super::metrics::RepairMetrics;
 use crate::agent_link::AgentActions;
 use crate::clock::Clock;
+use crate::fence::runner::{FenceDeps, FenceError, FenceRunner};
 use crate::fleet::Fleet;
 use crate::gateway::PowerControl;
-use crate::k8s::Drainer;
+use crate::k8s::{Drainer, NodeRelease, NodeViewSource};
 use crate::metrics::MetricsSource;
+use crate::remediation::RemediationConfig;
 use crate::store::{Store, StoreError};
 
 /// Why the repair queue could not start.
@@ -59,12 +64,61 @@ impl AgentHealthView for Fleet {
             ok_since: live.healthy_since,
         })
     }
+
+    fn is_unreachable(&self, address: &str) -> bool {
+        self.machine(address)
+            .is_some_and(|m| m.state == crate::health::MachineState::Unreachable)
+    }
 }
 
 impl MetricsSource for RepairMetrics {
     fn render(&self, out: &mut String) {
         out.push_str(&RepairMetrics::render(self));
     }
+}
+
+/// Two-signal death from the fleet's live health and the Kubernetes node view, decided by
+/// [`crate::remediation::dead`] with the remediation settings (`lease_stale`).
+pub struct FleetLiveness {
+    /// The fleet.
+    pub fleet: Arc<Fleet>,
+    /// The node view and how old it may be.
+    pub view: Arc<dyn NodeViewSource>,
+    /// Its freshness limit.
+    pub max_age: std::time::Duration,
+    /// The remediation settings (defaults without `[remediation]`).
+    pub config: RemediationConfig,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl NodeLiveness for FleetLiveness {
+    fn dead(&self, address: &str) -> Option<String> {
+        let snapshot = self.view.snapshot();
+        let input = crate::remediation::gather::input(
+            &self.fleet.snapshot(),
+            Some(crate::remediation::gather::ViewFacts {
+                snapshot: &snapshot,
+                max_age: self.max_age,
+            }),
+            &[],
+            Vec::new(),
+            Vec::new(),
+            Default::default(),
+        );
+        crate::remediation::dead(&input, &self.config, address, self.clock.now())
+    }
+}
+
+/// What fencing needs from a cluster: releasing and restoring Nodes, and which are dead.
+pub struct FenceWiring {
+    /// Releasing and restoring Nodes.
+    pub release: Arc<dyn NodeRelease>,
+    /// Which nodes are dead by the two signals.
+    pub liveness: Arc<dyn NodeLiveness>,
+    /// What the machines' kdump initramfs said: a dumping machine's workload is released
+    /// with no power action, and its power cycle waits for "dump done".
+    pub kdump: Arc<dyn crate::fence::kdump::KdumpView>,
 }
 
 /// Loads the repair configuration at `path` and starts the engine. The engine stops when
@@ -80,11 +134,44 @@ pub async fn start_for_app(
     drainer: Arc<dyn Drainer>,
     power: Arc<dyn PowerControl>,
     actions: Arc<dyn AgentActions>,
+    fencing: Option<FenceWiring>,
     shutdown: CancellationToken,
 ) -> Result<(RepairQueue, JoinHandle<()>), RepairStartError> {
     let loaded = load_file(path)?;
+    let fence = match fencing {
+        Some(w) => {
+            let store_id = store.call(|c| crate::store::identity::read(c)).await?;
+            let runner = FenceRunner::new(
+                store.clone(),
+                store_id,
+                FenceDeps {
+                    power: power.clone(),
+                    release: w.release,
+                    agents: fleet.clone(),
+                    clock: clock.clone(),
+                },
+            )
+            .with_kdump(w.kdump);
+            let service = FenceService::new(
+                Arc::new(runner),
+                store.clone(),
+                clock.clone(),
+                drainer.clone(),
+                shutdown.clone(),
+            );
+            match service.resume_unfinished().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(flows = n, "fence flows resumed"),
+                Err(FenceError::Store(e)) => return Err(e.into()),
+                Err(e) => tracing::error!(error = %e, "cannot resume fence flows"),
+            }
+            Some((service, w.liveness))
+        }
+        None => None,
+    };
     let mut deps = RepairDeps::new(store, Arc::new(loaded.config), clock, drainer, power, fleet);
     deps.actions = actions;
+    deps.fence = fence;
     let (queue, join) = RepairQueue::start(deps, shutdown).await?;
     tracing::info!(file = %path.display(), "repair queue started");
     Ok((queue, join))

@@ -64,7 +64,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fence_flows",
         include_str!("migrations/0007_fence_flows.sql"),
     ),
-    // 8 is reserved by another area.
+    (
+        8,
+        "repair_fence_flows",
+        include_str!("migrations/0008_repair_fence_flows.sql"),
+    ),
     (9, "kdump", include_str!("migrations/0009_kdump.sql")),
 ];
 

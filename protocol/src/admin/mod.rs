@@ -7,6 +7,7 @@
 //! append variants, never reorder.
 
 pub mod diagnostics;
+pub mod fence;
 pub mod machines;
 pub mod remediation;
 pub mod repair;
@@ -26,6 +27,8 @@ pub enum AdminRequest {
     Diagnostics(diagnostics::DiagnosticsRequest),
     /// Automatic remediation: switches, limits, the decision journal.
     Remediation(remediation::RemediationRequest),
+    /// Fence flows.
+    Fence(fence::FenceRequest),
 }
 
 /// The answer to one [`AdminRequest`].
@@ -41,4 +44,6 @@ pub enum AdminResponse {
     Diagnostics(diagnostics::DiagnosticsResponse),
     /// Answer to a [`AdminRequest::Remediation`].
     Remediation(remediation::RemediationResponse),
+    /// Answer to a [`AdminRequest::Fence`].
+    Fence(fence::FenceResponse),
 }

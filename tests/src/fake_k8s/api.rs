@@ -349,6 +349,7 @@ pub(crate) async fn handle(AxState(srv): AxState<Arc<Shared>>, req: Request) -> 
         method: method.to_string(),
         path: path.clone(),
         query: query.clone(),
+        at: std::time::SystemTime::now(),
     });
     let latency = *srv.latency.lock().expect("latency poisoned");
     if latency > Duration::ZERO {

@@ -71,6 +71,8 @@ pub struct Recorded {
     pub path: String,
     /// Raw query string.
     pub query: String,
+    /// When it was received (wall clock, to order it against other processes' logs).
+    pub at: std::time::SystemTime,
 }
 
 /// State shared by the HTTP handlers and the test API.
