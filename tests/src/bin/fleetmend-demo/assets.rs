@@ -23,14 +23,11 @@ pub(super) const REPAIR_YAML: &str = r#"repair:
 "#;
 
 /// The dead machine's repair steps through the bmc-gateway: each built-in with its
-/// `watch_seconds` (how long the `@agent-healthy` check is polled after the step before the
-/// next one runs). Power off, then power on: the machine boots and is back within the watch.
-// when @fence lands: `&[("@fence", 60)]` (the fence flow powers off, confirms off, releases
-// the workload with the out-of-service taint, powers on and waits for the node). Nothing else
-// changes: the dead-machine story then requires demo/db-0 and its VolumeAttachment to be
-// released, the timeline shows the taint and the release, and tests/tests/demo.rs checks
-// them (tried against the `fence` branch's coordinator: the demo passes in ~30 s).
-pub(super) const DEAD_MACHINE_BUILTINS: &[(&str, u32)] = &[("@power-off", 1), ("@power-on", 30)];
+/// `watch_seconds` (how long the `@agent-healthy` check is polled after the step). `@fence`
+/// runs the fence flow: power off, confirm off, release the workload with the
+/// out-of-service taint, wait until its pods and VolumeAttachments are gone, power on, wait
+/// for the node and its agent, remove the taint.
+pub(super) const DEAD_MACHINE_BUILTINS: &[(&str, u32)] = &[("@fence", 60)];
 
 /// The dead machine's repair steps in YAML: the built-ins through the gateway, or (`None`:
 /// no `ipmi_sim`) the stand-in script at `stand_in`.
@@ -57,6 +54,9 @@ pub(super) const REMEDIATION: &str = r#"[remediation]
 # A pass every 500 ms and Leases stale after 3 s: production's 10 s and 20 s, compressed.
 interval = "500ms"
 lease_stale = "3s"
+# The demo machines report a loaded crash kernel, as real servers do; a silent one waits this
+# long for its kdump initramfs to say "dumping" before it counts as dead (production: 1 min).
+kdump_wait = "2s"
 
 [remediation.limits]
 # One rack is half of this 8-machine fleet, and the machine that died a moment before still

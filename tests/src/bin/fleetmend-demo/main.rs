@@ -10,9 +10,10 @@
 //!    script that fixes the fake kubelet); the machine reports healthy, the entry succeeds;
 //! 2. a dead machine (agent killed, its kubelet Lease stops; it runs a StatefulSet pod with a
 //!    volume attached): dead by two signals, enqueued as `unreachable`, and the procedure's
-//!    `@power-off` and `@power-on` steps go through a real `bmc-gateway` to the machine's BMC,
-//!    an OpenIPMI `ipmi_sim` (one per machine, see [`bmc`]); the BMC's power-on boots it with
-//!    a new boot id. Without `ipmi_sim` a stand-in script asks this program's simulated
+//!    `@fence` step runs the fence flow through a real `bmc-gateway` to the machine's BMC, an
+//!    OpenIPMI `ipmi_sim` (one per machine, see [`bmc`]): power off, confirmed off, the
+//!    workload released (out-of-service taint; pod and VolumeAttachment gone), power on (a
+//!    new boot id), the taint removed. Without `ipmi_sim` a stand-in script asks this program's simulated
 //!    hardware for the power cycle instead, and the demo says so;
 //! 3. a whole rack losing power (all four agents and Leases stop at once): held as a
 //!    correlated-failure rack event, nothing enqueued, `remediation status` names the rack;
