@@ -317,10 +317,37 @@ pub async fn connect_within(
     body: HelloBody,
     limit: Duration,
 ) -> Result<Session, TransportError> {
+    let connecting = endpoint.connect(addr, server_name);
+    hello_exchange(connecting, addr, server_role, body, limit).await
+}
+
+/// [`connect_within`] with a client configuration of its own instead of the endpoint's
+/// default: one endpoint (one UDP socket) can then hold connections under many identities,
+/// as the fleet simulator does with thousands of node certificates.
+pub async fn connect_with(
+    endpoint: &Endpoint,
+    config: quinn::ClientConfig,
+    addr: SocketAddr,
+    server_name: &str,
+    server_role: Role,
+    body: HelloBody,
+    limit: Duration,
+) -> Result<Session, TransportError> {
+    let connecting = endpoint.connect_with(config, addr, server_name);
+    hello_exchange(connecting, addr, server_role, body, limit).await
+}
+
+/// The client side after `Endpoint::connect`: QUIC handshake, server role check and hello.
+async fn hello_exchange(
+    connecting: Result<quinn::Connecting, quinn::ConnectError>,
+    addr: SocketAddr,
+    server_role: Role,
+    body: HelloBody,
+    limit: Duration,
+) -> Result<Session, TransportError> {
     let handshaken = std::sync::atomic::AtomicBool::new(false);
     let attempt = async {
-        let conn = endpoint
-            .connect(addr, server_name)
+        let conn = connecting
             .map_err(|e| TransportError::Connect {
                 addr,
                 detail: e.to_string(),
