@@ -132,6 +132,12 @@ impl TlsMaterial {
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())?;
         cfg.alpn_protocols = vec![ALPN.to_vec()];
+        // No session tickets: a ticket is remembered by the server (rustls keeps the last
+        // 256 sessions, each with the client's certificate chain) and costs every handshake
+        // two more messages, yet it cannot help whom it is for: 10,000 agents overflow that
+        // cache, and after a coordinator restart (when they all reconnect) it is empty.
+        cfg.send_tls13_tickets = 0;
+        cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         Ok(cfg)
     }
 

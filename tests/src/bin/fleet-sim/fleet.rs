@@ -139,10 +139,10 @@ pub(crate) struct Agent {
 /// Runs one agent until [`Shared::stop`]; failures are counted in `shared`, not returned.
 pub(crate) async fn run(agent: Agent, handshakes: Arc<Semaphore>, shared: Arc<Shared>) {
     let host = hostname(agent.index);
-    if let Err(e) = session(&agent, &host, &handshakes, &shared).await {
-        if !shared.stop.load(Ordering::Relaxed) {
-            shared.failed(&host, &e);
-        }
+    if let Err(e) = session(&agent, &host, &handshakes, &shared).await
+        && !shared.stop.load(Ordering::Relaxed)
+    {
+        shared.failed(&host, &e);
     }
 }
 

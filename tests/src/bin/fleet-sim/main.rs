@@ -301,7 +301,7 @@ async fn simulate(
 
     // Kill 1 % at once, spread over the fleet, and time the coordinator's detection.
     let killed = ((n as f64 * args.kill_percent / 100.0).round() as usize).min(n);
-    let step = if killed == 0 { n } else { n / killed };
+    let step = n.checked_div(killed).unwrap_or(n);
     let victims: Vec<usize> = (0..killed).map(|k| k * step).collect();
     let before = wait_metrics(coord, Duration::ZERO, |_| true)
         .await?
