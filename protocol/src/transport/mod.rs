@@ -25,7 +25,7 @@ use crate::{ALPN, PROTOCOL_VERSION};
 
 mod tls;
 
-pub use tls::{TlsFiles, TlsMaterial};
+pub use tls::{SERVER_UDP_RECEIVE_BUFFER, TlsFiles, TlsMaterial, udp_socket};
 
 /// How long a QUIC connection may stay silent before it is considered dead.
 ///

@@ -24,13 +24,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use protocol::transport::{SERVER_UDP_RECEIVE_BUFFER, udp_socket};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, inventory_toml};
 
 mod fleet;
 mod measure;
 
 use fleet::{Agent, Shared};
-use measure::{Metrics, Results, cpu_time, quantile_ms, rss_kib};
+use measure::{Metrics, Results, cpu_time, quantile_ms, rss_kib, udp_receive_drops};
 
 /// Connections per client endpoint. One endpoint's driver task handles every packet of its
 /// connections; a few endpoints let the runtime's workers share the agents' packet work.
@@ -239,11 +240,22 @@ async fn simulate(
     let n = args.agents;
     let endpoints = (0..n.div_ceil(CONNECTIONS_PER_ENDPOINT))
         .map(|_| {
-            quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal address"))
-                .context("binding a client endpoint")
+            // Thousands of connections share each socket, as at the coordinator.
+            let socket = udp_socket(
+                "127.0.0.1:0".parse().expect("literal address"),
+                SERVER_UDP_RECEIVE_BUFFER,
+            )?;
+            quinn::Endpoint::new(
+                quinn::EndpointConfig::default(),
+                None,
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )
+            .context("making a client endpoint")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let handshakes = Arc::new(tokio::sync::Semaphore::new(args.handshakes));
+    let udp_drops_at_start = udp_receive_drops()?;
     let connect_start = Instant::now();
     let mut tasks = Vec::with_capacity(n);
     for (index, tls) in materials.into_iter().enumerate() {
@@ -323,6 +335,7 @@ async fn simulate(
     let detect_s = detected.as_ref().map(|_| kill_at.elapsed().as_secs_f64());
 
     let errors = shared.errors.lock().expect("errors lock").clone();
+    let end = Metrics::scrape(coord.http)?;
     Ok(Results {
         agents: n,
         interval_s: args.interval.as_secs_f64(),
@@ -346,6 +359,8 @@ async fn simulate(
         simulator_cpu_pct: 100.0 * (s1 - s0).as_secs_f64() / w,
         dropped: shared.dropped.load(Ordering::Relaxed),
         errors,
+        coordinator_refused: end.refused,
+        udp_receive_drops: udp_receive_drops()? - udp_drops_at_start,
         healthy_at_window_end: m1.state("healthy"),
         killed,
         unreachable_grace_s: 0.0,

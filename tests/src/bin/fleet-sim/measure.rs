@@ -31,6 +31,26 @@ pub(crate) fn rss_kib(pid: &str) -> anyhow::Result<u64> {
         .context("no VmRSS in /proc status")
 }
 
+/// `RcvbufErrors` of `/proc/net/snmp`: UDP datagrams the kernel dropped, machine-wide,
+/// because a socket's receive buffer was full.
+pub(crate) fn udp_receive_drops() -> anyhow::Result<u64> {
+    let snmp = std::fs::read_to_string("/proc/net/snmp")?;
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (
+        udp.next().context("Udp header")?,
+        udp.next().context("Udp values")?,
+    );
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "RcvbufErrors")
+        .context("no RcvbufErrors")?;
+    Ok(values
+        .split_whitespace()
+        .nth(i)
+        .context("short Udp line")?
+        .parse()?)
+}
+
 /// The coordinator's gauges and counters the simulator watches.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Metrics {
@@ -40,6 +60,8 @@ pub(crate) struct Metrics {
     pub(crate) reports: u64,
     /// `fleetmend_connections_open{kind="agent"}`.
     pub(crate) agent_connections: u64,
+    /// `fleetmend_connections_refused_total`, all reasons.
+    pub(crate) refused: u64,
 }
 
 impl Metrics {
@@ -68,6 +90,8 @@ impl Metrics {
                 m.reports = value;
             } else if series == "fleetmend_connections_open{kind=\"agent\"}" {
                 m.agent_connections = value;
+            } else if series.starts_with("fleetmend_connections_refused_total") {
+                m.refused += value;
             }
         }
         m
@@ -135,6 +159,10 @@ pub(crate) struct Results {
     pub(crate) dropped: usize,
     /// The first few failures.
     pub(crate) errors: Vec<String>,
+    /// Connections the coordinator refused or lost before hello, whole run.
+    pub(crate) coordinator_refused: u64,
+    /// UDP datagrams the kernel dropped for full receive buffers during the run, machine-wide.
+    pub(crate) udp_receive_drops: u64,
     /// Machines the coordinator held `healthy` at the end of the window.
     pub(crate) healthy_at_window_end: u64,
     /// Agents killed at once.
@@ -203,8 +231,13 @@ impl Results {
             (
                 "dropped connections".into(),
                 format!(
-                    "{} (healthy at window end: {}/{})",
-                    self.dropped, self.healthy_at_window_end, self.agents
+                    "{} (healthy at window end: {}/{}; refused by the coordinator: {}; \
+                     UDP receive-buffer drops: {})",
+                    self.dropped,
+                    self.healthy_at_window_end,
+                    self.agents,
+                    self.coordinator_refused,
+                    self.udp_receive_drops
                 ),
             ),
             (
@@ -249,13 +282,16 @@ mod tests {
                     fleetmend_machines{state=\"unreachable\"} 10\n\
                     fleetmend_reports_received_total 12345\n\
                     fleetmend_connections_open{kind=\"agent\"} 990\n\
-                    fleetmend_connections_open{kind=\"admin\"} 1\n";
+                    fleetmend_connections_open{kind=\"admin\"} 1\n\
+                    fleetmend_connections_refused_total{reason=\"handshake_failed\"} 2\n\
+                    fleetmend_connections_refused_total{reason=\"not_authorized\"} 1\n";
         let m = Metrics::parse(body);
         assert_eq!(m.state("healthy"), 990);
         assert_eq!(m.state("unreachable"), 10);
         assert_eq!(m.state("fenced"), 0);
         assert_eq!(m.reports, 12345);
         assert_eq!(m.agent_connections, 990);
+        assert_eq!(m.refused, 3);
     }
 
     #[test]
