@@ -90,6 +90,7 @@ fn a_small_fleet_connects_reports_and_its_killed_agents_are_detected() -> anyhow
         .with_context(|| format!("killed agents not detected: {r:#}"))?;
     assert!(detect >= grace - 0.3 * 1.05 - 0.01, "{r:#}");
     assert_eq!(num("healthy_after_kill"), 48.0, "{r:#}");
+    assert_eq!(num("others_unreachable"), 0.0, "{r:#}");
     Ok(())
 }
 

@@ -12,7 +12,8 @@
 //! Then it kills `--kill-percent` of the agents at once (their tasks stop and their
 //! connections close, so their reports stop) and times how long the coordinator takes to
 //! count them unreachable on `/metrics`. It prints one table, or JSON with `--json`, and
-//! exits non-zero when a connection dropped or the killed agents were not detected.
+//! exits non-zero when a connection dropped, the killed agents were not detected, or other
+//! machines went unreachable with them.
 //!
 //! The agents share the machine with the coordinator, so on a small machine the figures are
 //! an upper bound on the coordinator's costs. Run it through `scripts/fleet-sim.sh`, which
@@ -31,7 +32,9 @@ mod fleet;
 mod measure;
 
 use fleet::{Agent, Shared};
-use measure::{Metrics, Results, cpu_time, quantile_ms, rss_kib, udp_receive_drops};
+use measure::{
+    Metrics, Results, cpu_time, quantile_ms, rss_kib, udp_receive_drops, udp_socket_drops,
+};
 
 /// Connections per client endpoint. One endpoint's driver task handles every packet of its
 /// connections; a few endpoints let the runtime's workers share the agents' packet work.
@@ -143,8 +146,10 @@ fn main() -> ExitCode {
             } else {
                 print!("{}", r.table());
             }
-            if r.dropped > 0 || (r.killed > 0 && r.detect_s.is_none()) {
-                eprintln!("fleet-sim: connections dropped or killed agents not detected");
+            if r.dropped > 0 || r.others_unreachable > 0 || (r.killed > 0 && r.detect_s.is_none()) {
+                eprintln!(
+                    "fleet-sim: connections dropped, killed agents not detected, or others lost"
+                );
                 return ExitCode::FAILURE;
             }
             ExitCode::SUCCESS
@@ -254,6 +259,10 @@ async fn simulate(
             .context("making a client endpoint")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let sim_ports = endpoints
+        .iter()
+        .map(|e| Ok(e.local_addr()?.port()))
+        .collect::<anyhow::Result<Vec<u16>>>()?;
     let handshakes = Arc::new(tokio::sync::Semaphore::new(args.handshakes));
     let udp_drops_at_start = udp_receive_drops()?;
     let connect_start = Instant::now();
@@ -324,15 +333,42 @@ async fn simulate(
     }
     let unreachable_before = before.state("unreachable");
     let limit = args.interval * (GRACE_INTERVALS + 2) + Duration::from_secs(30);
-    let detected = if killed == 0 {
-        None
-    } else {
-        wait_metrics(coord, limit, |m| {
+    let deadline = Instant::now() + limit;
+    let victim_names: std::collections::HashSet<String> =
+        victims.iter().map(|&v| fleet::hostname(v)).collect();
+    // The cheap gauge first; then, per machine, that it is the killed ones that went
+    // unreachable (a loaded coordinator could lose others too).
+    let mut detect_s = None;
+    let mut others_unreachable = 0;
+    let mut healthy_after_kill = 0;
+    if killed > 0
+        && wait_metrics(coord, limit, |m| {
             m.state("unreachable") >= unreachable_before + killed as u64
         })
         .await?
-    };
-    let detect_s = detected.as_ref().map(|_| kill_at.elapsed().as_secs_f64());
+        .is_some()
+    {
+        loop {
+            let list = tokio::task::block_in_place(|| coord.machines())?;
+            let unreachable =
+                |m: &&protocol::admin::machines::MachineSummary| m.state == "unreachable";
+            let hit = list
+                .iter()
+                .filter(unreachable)
+                .filter(|m| victim_names.contains(&m.spec.hostname))
+                .count();
+            if hit == killed {
+                detect_s = Some(kill_at.elapsed().as_secs_f64());
+                others_unreachable = list.iter().filter(unreachable).count() - hit;
+                healthy_after_kill = list.iter().filter(|m| m.state == "healthy").count() as u64;
+                break;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 
     let errors = shared.errors.lock().expect("errors lock").clone();
     let end = Metrics::scrape(coord.http)?;
@@ -360,12 +396,15 @@ async fn simulate(
         dropped: shared.dropped.load(Ordering::Relaxed),
         errors,
         coordinator_refused: end.refused,
+        udp_drops_coordinator: udp_socket_drops(&[coord.quic.port()])?,
+        udp_drops_simulator: udp_socket_drops(&sim_ports)?,
         udp_receive_drops: udp_receive_drops()? - udp_drops_at_start,
         healthy_at_window_end: m1.state("healthy"),
         killed,
         unreachable_grace_s: 0.0,
         detect_s,
-        healthy_after_kill: detected.map_or(0, |m| m.state("healthy")),
+        others_unreachable,
+        healthy_after_kill,
     })
 }
 

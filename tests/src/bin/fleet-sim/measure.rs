@@ -51,6 +51,27 @@ pub(crate) fn udp_receive_drops() -> anyhow::Result<u64> {
         .parse()?)
 }
 
+/// Datagrams dropped by the UDP sockets bound to `ports` (the `drops` column of
+/// `/proc/net/udp`), summed.
+pub(crate) fn udp_socket_drops(ports: &[u16]) -> anyhow::Result<u64> {
+    let table = std::fs::read_to_string("/proc/net/udp")?;
+    Ok(parse_socket_drops(&table, ports))
+}
+
+fn parse_socket_drops(table: &str, ports: &[u16]) -> u64 {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let port = u16::from_str_radix(f.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+            ports
+                .contains(&port)
+                .then(|| f.last()?.parse::<u64>().ok())?
+        })
+        .sum()
+}
+
 /// The coordinator's gauges and counters the simulator watches.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Metrics {
@@ -163,6 +184,10 @@ pub(crate) struct Results {
     pub(crate) coordinator_refused: u64,
     /// UDP datagrams the kernel dropped for full receive buffers during the run, machine-wide.
     pub(crate) udp_receive_drops: u64,
+    /// Of those, dropped at the coordinator's socket (whole run, from its start).
+    pub(crate) udp_drops_coordinator: u64,
+    /// Of those, dropped at the simulator's sockets.
+    pub(crate) udp_drops_simulator: u64,
     /// Machines the coordinator held `healthy` at the end of the window.
     pub(crate) healthy_at_window_end: u64,
     /// Agents killed at once.
@@ -172,6 +197,8 @@ pub(crate) struct Results {
     /// Seconds from the kill until the coordinator counted every killed machine unreachable
     /// (`None`: not within the time limit).
     pub(crate) detect_s: Option<f64>,
+    /// Machines other than the killed ones counted unreachable at that moment (should be 0).
+    pub(crate) others_unreachable: usize,
     /// Machines `healthy` once the killed ones were detected (should be agents − killed).
     pub(crate) healthy_after_kill: u64,
 }
@@ -231,21 +258,23 @@ impl Results {
             (
                 "dropped connections".into(),
                 format!(
-                    "{} (healthy at window end: {}/{}; refused by the coordinator: {}; \
-                     UDP receive-buffer drops: {})",
-                    self.dropped,
-                    self.healthy_at_window_end,
-                    self.agents,
-                    self.coordinator_refused,
-                    self.udp_receive_drops
+                    "{} (healthy at window end: {}/{}; refused by the coordinator: {})",
+                    self.dropped, self.healthy_at_window_end, self.agents, self.coordinator_refused,
+                ),
+            ),
+            (
+                "UDP receive-buffer drops".into(),
+                format!(
+                    "{} machine-wide: {} at the coordinator, {} at the agents",
+                    self.udp_receive_drops, self.udp_drops_coordinator, self.udp_drops_simulator
                 ),
             ),
             (
                 format!("detect {} agents killed at once", self.killed),
                 match self.detect_s {
                     Some(s) => format!(
-                        "{s:.2} s (grace {:.1} s; healthy after: {})",
-                        self.unreachable_grace_s, self.healthy_after_kill
+                        "{s:.2} s (grace {:.1} s; then healthy: {}, others unreachable: {})",
+                        self.unreachable_grace_s, self.healthy_after_kill, self.others_unreachable
                     ),
                     None => "not detected in time".into(),
                 },
@@ -292,6 +321,16 @@ mod tests {
         assert_eq!(m.reports, 12345);
         assert_eq!(m.agent_connections, 990);
         assert_eq!(m.refused, 3);
+    }
+
+    #[test]
+    fn sums_the_drops_of_the_named_ports() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+            10206: 0100007F:B6CA 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 2148677 2 000000009edf5d58 7\n\
+            10207: 0100007F:0050 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 2148678 2 000000009edf5d59 5\n\
+            10208: 0100007F:0051 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 2148679 2 000000009edf5d5a 100\n";
+        assert_eq!(parse_socket_drops(table, &[0xB6CA, 80]), 12);
+        assert_eq!(parse_socket_drops(table, &[1]), 0);
     }
 
     #[test]
