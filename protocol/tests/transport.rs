@@ -201,3 +201,54 @@ async fn random_bytes_are_refused_as_malformed() {
     assert_eq!(refusal_code(&reply), RefusalCode::Malformed);
     assert!(outcome.is_err());
 }
+
+/// Opens bidirectional streams on `conn` until one is not granted within 300 ms; the count.
+async fn streams_granted(conn: &quinn::Connection, up_to: u32) -> u32 {
+    let mut opened = Vec::new();
+    for n in 0..up_to {
+        let wait = if n == 0 {
+            LIMIT
+        } else {
+            Duration::from_millis(300)
+        };
+        match tokio::time::timeout(wait, conn.open_bi()).await {
+            Ok(Ok(s)) => opened.push(s),
+            Ok(Err(e)) => panic!("open_bi failed: {e}"),
+            Err(_) => break,
+        }
+    }
+    opened.len() as u32
+}
+
+#[tokio::test]
+async fn agents_get_few_stream_slots_and_admins_many() {
+    let ca = Ca::generate("fleet.test").unwrap();
+    let server = material(&ca, Role::Coordinator, "c1");
+    let (addr, _outcomes) = spawn_server(&server);
+
+    let agent = material(&ca, Role::Node, "n1");
+    let ep = agent.client_endpoint(addr).unwrap();
+    let hello = HelloBody::Agent(protocol::messages::AgentHello {
+        hostname: "n1".into(),
+        serial: String::new(),
+        addresses: vec![],
+        agent_version: "test".into(),
+        boot_id: "b".into(),
+    });
+    let s = transport::connect(&ep, addr, "127.0.0.1", Role::Coordinator, hello)
+        .await
+        .unwrap();
+    // The hello stream holds one slot.
+    assert_eq!(
+        streams_granted(&s.conn, 20).await,
+        transport::STREAMS_PER_CONNECTION - 1
+    );
+
+    let admin = material(&ca, Role::Admin, "alice");
+    let ep = admin.client_endpoint(addr).unwrap();
+    let s = transport::connect(&ep, addr, "127.0.0.1", Role::Coordinator, admin_hello())
+        .await
+        .unwrap();
+    let want = transport::MULTIPLEXED_STREAMS - 1;
+    assert_eq!(streams_granted(&s.conn, want + 5).await, want);
+}

@@ -25,7 +25,7 @@ use crate::{ALPN, PROTOCOL_VERSION};
 
 mod tls;
 
-pub use tls::{TlsFiles, TlsMaterial};
+pub use tls::{SERVER_UDP_RECEIVE_BUFFER, TlsFiles, TlsMaterial, udp_socket};
 
 /// How long a QUIC connection may stay silent before it is considered dead.
 ///
@@ -156,12 +156,57 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Bidirectional streams a peer may have open at once on a new connection. An agent's
+/// connection carries its one hello-and-reports stream and the coordinator's action requests
+/// (one stream per action running on that machine, rarely more than two). quinn keeps a
+/// table slot per allowed stream from the start, in its send and its receive map: quinn's
+/// default of 100 cost about 8 KiB per agent connection at the coordinator for streams never
+/// opened. A peer that wants more waits for a slot; it is never refused.
+pub const STREAMS_PER_CONNECTION: u32 = 8;
+
+/// The stream limit once an admin, gateway or coordinator peer's hello is accepted
+/// ([`PendingHello::accept`]): those connections multiplex requests (`coordinatorctl`
+/// scripts, the repair-queue benchmark's 64 requests in flight, a fence storm's power
+/// requests to one gateway) and are few, so their slots cost nothing that matters.
+pub const MULTIPLEXED_STREAMS: u32 = 256;
+
+/// Per-stream receive window: how much a peer may send on one stream before we read it.
+/// The largest agent message is 64 KiB and an action frame 1 MiB; a quarter MiB moves either
+/// in a few round trips (a LAN round trip is well under a millisecond) and bounds what a
+/// peer whose stream we are slow to read can park in our memory (quinn's default, 1.25 MB
+/// per stream, would let 10,000 agents park 12 GB).
+pub const STREAM_RECEIVE_WINDOW: u32 = 256 * 1024;
+
+/// Receive window of a whole connection, across its streams: four full stream windows, so
+/// an admin client streaming one large answer and a few small requests are not starved
+/// (quinn's default is unlimited).
+pub const CONNECTION_RECEIVE_WINDOW: u32 = 4 * STREAM_RECEIVE_WINDOW;
+
+/// Unacknowledged data we keep per connection for sending: the coordinator's answers are
+/// acks and admin replies (up to 32 MiB exports, written in pieces as the window allows);
+/// one MiB keeps a LAN link busy and bounds what a peer that stops acknowledging costs
+/// (quinn's default is 10 MB).
+pub const SEND_WINDOW: u64 = 1024 * 1024;
+
+/// The QUIC transport settings every Fleetmend endpoint uses, tuned for many connections
+/// carrying small messages: few stream slots, bounded windows, no unreliable datagrams
+/// (no component sends one, so none are buffered), and no path MTU discovery (every agent
+/// message fits the 1200-byte minimum packet; probing would cost each of 10,000 connections
+/// several packets every ten minutes and a larger send buffer).
 fn transport_config() -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.max_idle_timeout(Some(
         IDLE_TIMEOUT.try_into().expect("idle timeout fits a VarInt"),
     ));
     t.keep_alive_interval(Some(KEEP_ALIVE));
+    t.max_concurrent_bidi_streams(STREAMS_PER_CONNECTION.into());
+    t.max_concurrent_uni_streams(0u32.into());
+    t.stream_receive_window(STREAM_RECEIVE_WINDOW.into());
+    t.receive_window(CONNECTION_RECEIVE_WINDOW.into());
+    t.send_window(SEND_WINDOW);
+    t.datagram_receive_buffer_size(None);
+    t.datagram_send_buffer_size(0);
+    t.mtu_discovery_config(None);
     t
 }
 
@@ -317,10 +362,37 @@ pub async fn connect_within(
     body: HelloBody,
     limit: Duration,
 ) -> Result<Session, TransportError> {
+    let connecting = endpoint.connect(addr, server_name);
+    hello_exchange(connecting, addr, server_role, body, limit).await
+}
+
+/// [`connect_within`] with a client configuration of its own instead of the endpoint's
+/// default: one endpoint (one UDP socket) can then hold connections under many identities,
+/// as the fleet simulator does with thousands of node certificates.
+pub async fn connect_with(
+    endpoint: &Endpoint,
+    config: quinn::ClientConfig,
+    addr: SocketAddr,
+    server_name: &str,
+    server_role: Role,
+    body: HelloBody,
+    limit: Duration,
+) -> Result<Session, TransportError> {
+    let connecting = endpoint.connect_with(config, addr, server_name);
+    hello_exchange(connecting, addr, server_role, body, limit).await
+}
+
+/// The client side after `Endpoint::connect`: QUIC handshake, server role check and hello.
+async fn hello_exchange(
+    connecting: Result<quinn::Connecting, quinn::ConnectError>,
+    addr: SocketAddr,
+    server_role: Role,
+    body: HelloBody,
+    limit: Duration,
+) -> Result<Session, TransportError> {
     let handshaken = std::sync::atomic::AtomicBool::new(false);
     let attempt = async {
-        let conn = endpoint
-            .connect(addr, server_name)
+        let conn = connecting
             .map_err(|e| TransportError::Connect {
                 addr,
                 detail: e.to_string(),
@@ -431,8 +503,13 @@ pub struct PendingHello {
 }
 
 impl PendingHello {
-    /// Accepts the connection and returns its session.
+    /// Accepts the connection and returns its session. Peers other than node-agents get
+    /// [`MULTIPLEXED_STREAMS`] stream slots (agents keep [`STREAMS_PER_CONNECTION`]).
     pub async fn accept(mut self, server: &str) -> Result<Session, TransportError> {
+        if self.peer.role != Role::Node {
+            self.conn
+                .set_max_concurrent_bi_streams(MULTIPLEXED_STREAMS.into());
+        }
         let reply = HelloReply::Accepted {
             protocol_version: PROTOCOL_VERSION,
             server: server.to_string(),

@@ -3,6 +3,32 @@
 
 use super::*;
 
+/// Receive buffer asked for on a server endpoint's UDP socket. Every connection shares that
+/// one socket: when a fleet reconnects at once (a coordinator restart) or thousands of
+/// reports arrive together, datagrams come faster than one thread drains them, and the
+/// kernel's default buffer (208 KiB, about 150 full packets) drops the rest. A dropped
+/// handshake packet costs its connection a retransmission backoff of a second and more, so
+/// a burst of drops turned into hello timeouts in the 5,000-agent simulation. Linux caps the
+/// request at `net.core.rmem_max` (raise that sysctl to get all of it); 4 MiB holds about
+/// 3,000 packets.
+pub const SERVER_UDP_RECEIVE_BUFFER: usize = 4 * 1024 * 1024;
+
+/// A UDP socket bound to `addr` whose receive buffer is asked to be `receive_buffer` bytes
+/// (best effort: the kernel may grant less, and a refusal is not an error), for
+/// `quinn::Endpoint::new`.
+pub fn udp_socket(
+    addr: SocketAddr,
+    receive_buffer: usize,
+) -> Result<std::net::UdpSocket, TransportError> {
+    let bind = |source| TransportError::Bind { addr, source };
+    let socket = std::net::UdpSocket::bind(addr).map_err(bind)?;
+    let state = quinn::udp::UdpSocketState::new((&socket).into()).map_err(bind)?;
+    if let Err(error) = state.set_recv_buffer_size((&socket).into(), receive_buffer) {
+        tracing::debug!(%error, %addr, receive_buffer, "cannot enlarge the UDP receive buffer");
+    }
+    Ok(socket)
+}
+
 /// Paths of a component's TLS files.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -132,6 +158,12 @@ impl TlsMaterial {
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())?;
         cfg.alpn_protocols = vec![ALPN.to_vec()];
+        // No session tickets: a ticket is remembered by the server (rustls keeps the last
+        // 256 sessions, each with the client's certificate chain) and costs every handshake
+        // two more messages, yet it cannot help whom it is for: 10,000 agents overflow that
+        // cache, and after a coordinator restart (when they all reconnect) it is empty.
+        cfg.send_tls13_tickets = 0;
+        cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         Ok(cfg)
     }
 
@@ -166,10 +198,18 @@ impl TlsMaterial {
         Ok(cfg)
     }
 
-    /// A server endpoint listening on `addr` (which also works as a client).
+    /// A server endpoint listening on `addr` (which also works as a client), its socket's
+    /// receive buffer enlarged ([`SERVER_UDP_RECEIVE_BUFFER`]).
     pub fn server_endpoint(&self, addr: SocketAddr) -> Result<Endpoint, TransportError> {
-        let mut ep = Endpoint::server(self.quinn_server_config()?, addr)
-            .map_err(|source| TransportError::Bind { addr, source })?;
+        let socket = udp_socket(addr, SERVER_UDP_RECEIVE_BUFFER)?;
+        let runtime = Arc::new(quinn::TokioRuntime);
+        let mut ep = Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(self.quinn_server_config()?),
+            socket,
+            runtime,
+        )
+        .map_err(|source| TransportError::Bind { addr, source })?;
         ep.set_default_client_config(self.quinn_client_config()?);
         Ok(ep)
     }
