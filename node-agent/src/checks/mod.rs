@@ -94,7 +94,7 @@ impl Checker {
     /// Runs every check once: kubelet, NICs, mounts, kdump, in that order.
     pub async fn run(&mut self) -> Vec<CheckResult> {
         let mut out = Vec::with_capacity(2 + self.nics.len() + self.mounts.len());
-        if let Some(k) = &self.kubelet {
+        if let Some(k) = &mut self.kubelet {
             out.push(k.check().await);
         }
         for n in &self.nics {
