@@ -52,6 +52,7 @@ pub struct Checker {
     kubelet: Option<kubelet::KubeletClient>,
     nic_tracker: nic::NicTracker,
     fs: Box<dyn disk::FsStats>,
+    mount_table: disk::MountTable,
 }
 
 impl std::fmt::Debug for Checker {
@@ -88,6 +89,7 @@ impl Checker {
             kubelet,
             nic_tracker: nic::NicTracker::default(),
             fs,
+            mount_table: disk::MountTable::new(&cfg.root),
         }
     }
 
@@ -101,7 +103,7 @@ impl Checker {
             out.push(nic::check(&self.root, n, &mut self.nic_tracker));
         }
         if !self.mounts.is_empty() {
-            out.extend(disk::check(&self.root, &self.mounts, self.fs.as_ref()));
+            out.extend(self.mount_table.check(&self.mounts, self.fs.as_ref()));
         }
         if self.kdump {
             out.push(kdump::check(&self.root));
