@@ -120,9 +120,12 @@ fn header_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n")
 }
 
+/// A decoded chunked body and what follows its last chunk's size line.
+type Dechunked<'a> = (Vec<u8>, &'a [u8]);
+
 /// Decodes a chunked body; `Ok(None)` when more bytes are needed. With the body, the bytes
 /// after the last chunk's size line (the trailers and the final `\r\n`).
-fn dechunk(mut b: &[u8]) -> Result<Option<(Vec<u8>, &[u8])>, String> {
+fn dechunk(mut b: &[u8]) -> Result<Option<Dechunked<'_>>, String> {
     let mut out = Vec::new();
     loop {
         let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
