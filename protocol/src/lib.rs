@@ -24,7 +24,7 @@ pub mod messages;
 #[cfg(feature = "pki")]
 pub mod pki;
 pub mod process_metrics;
-#[cfg(feature = "telemetry")]
+#[cfg(feature = "telemetry-levels")]
 pub mod telemetry;
 #[cfg(feature = "transport")]
 pub mod transport;
