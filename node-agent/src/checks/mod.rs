@@ -25,7 +25,14 @@ pub fn under_root(root: &Path, node_path: &str) -> PathBuf {
 
 /// Reads a small sysfs/procfs file and trims it.
 pub(crate) fn read_trimmed(path: &Path) -> std::io::Result<String> {
-    Ok(std::fs::read_to_string(path)?.trim().to_string())
+    use std::io::Read;
+    // Not `fs::read_to_string`: its size probe (a `statx` per file) is wasted on sysfs and
+    // procfs, which report 4096 or 0, and these files are read every cycle.
+    let mut s = String::with_capacity(64);
+    std::fs::File::open(path)?
+        .take(u64::MAX)
+        .read_to_string(&mut s)?;
+    Ok(s.trim().to_string())
 }
 
 /// Builds a result.
