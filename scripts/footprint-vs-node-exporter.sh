@@ -100,6 +100,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
         self.wfile.write(b"ok")
     def log_message(self, *a): pass
+H.protocol_version = "HTTP/1.1"  # keep-alive, as the real kubelet (Go net/http) answers
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 EOF
 pids+=($!)

@@ -7,7 +7,8 @@
 //! - behind the `transport` feature, rustls and quinn configuration builders and async
 //!   helpers that move frames over QUIC streams ([`transport`]),
 //! - behind the `pki` feature, the fleet certificate authority ([`pki`]),
-//! - behind the `telemetry` feature, one tracing initialisation for all binaries ([`telemetry`]),
+//! - behind the `telemetry` feature (or `telemetry-levels`, its regex-free filter for the
+//!   agent), one tracing initialisation for all binaries ([`telemetry`]),
 //! - behind the `http` feature, plain-HTTP serving with a header-read timeout ([`http`]).
 //!
 //! The message and framing modules do no I/O: they are tested without sockets. The crate
@@ -24,7 +25,7 @@ pub mod messages;
 #[cfg(feature = "pki")]
 pub mod pki;
 pub mod process_metrics;
-#[cfg(feature = "telemetry")]
+#[cfg(feature = "telemetry-levels")]
 pub mod telemetry;
 #[cfg(feature = "transport")]
 pub mod transport;

@@ -1,7 +1,10 @@
 //! One tracing initialisation for every Fleetmend binary, and what every binary's `main`
 //! shares about the terminal.
 //!
-//! `FLEETMEND_LOG` takes an `EnvFilter` directive (default `info`);
+//! `FLEETMEND_LOG` takes an `EnvFilter` directive (default `info`) with the `telemetry`
+//! feature; with `telemetry-levels` alone (node-agent) a level or a `target=level` list such
+//! as `info,node_agent=debug` (tracing-subscriber's `Targets`: the documented forms, without
+//! span or field filters, and without regex in the binary);
 //! `FLEETMEND_LOG_FORMAT` is `plain` (default) or `json`. Logs go to stderr so that
 //! stdout stays free for command output. Plain logs are coloured only when stderr is a
 //! terminal and `NO_COLOR` is unset or empty (<https://no-color.org>): a journal or a
@@ -12,7 +15,10 @@
 use std::fmt;
 use std::io::IsTerminal;
 
+#[cfg(feature = "telemetry")]
 use tracing_subscriber::EnvFilter;
+#[cfg(not(feature = "telemetry"))]
+use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +49,7 @@ pub fn use_colour(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool
 /// Installs the global subscriber from the environment. `default` is used when
 /// `FLEETMEND_LOG` is unset.
 pub fn init(default: &str) -> Result<(), TelemetryError> {
-    let filter = match std::env::var("FLEETMEND_LOG") {
-        Ok(s) => EnvFilter::try_new(&s).map_err(|e| TelemetryError::BadFilter(e.to_string()))?,
-        Err(_) => EnvFilter::new(default),
-    };
+    let directive = std::env::var("FLEETMEND_LOG").ok();
     let format = match std::env::var("FLEETMEND_LOG_FORMAT").as_deref() {
         Err(_) | Ok("") | Ok("plain") => Format::Plain,
         Ok("json") => Format::Json,
@@ -56,6 +59,21 @@ pub fn init(default: &str) -> Result<(), TelemetryError> {
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),
     );
+    install(directive.as_deref(), default, format, colour)
+}
+
+/// Installs the subscriber with the full `EnvFilter`.
+#[cfg(feature = "telemetry")]
+fn install(
+    directive: Option<&str>,
+    default: &str,
+    format: Format,
+    colour: bool,
+) -> Result<(), TelemetryError> {
+    let filter = match directive {
+        Some(s) => EnvFilter::try_new(s).map_err(|e| TelemetryError::BadFilter(e.to_string()))?,
+        None => EnvFilter::new(default),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
@@ -64,6 +82,36 @@ pub fn init(default: &str) -> Result<(), TelemetryError> {
     let _ = match format {
         Format::Plain => builder.try_init(),
         Format::Json => builder.json().try_init(),
+    };
+    Ok(())
+}
+
+/// Parses a level or `target=level` list (the `telemetry-levels` filter).
+#[cfg(not(feature = "telemetry"))]
+fn targets(directive: &str) -> Result<Targets, TelemetryError> {
+    directive
+        .parse()
+        .map_err(|e: tracing_subscriber::filter::ParseError| {
+            TelemetryError::BadFilter(e.to_string())
+        })
+}
+
+/// Installs the subscriber with the level/target filter.
+#[cfg(not(feature = "telemetry"))]
+fn install(
+    directive: Option<&str>,
+    default: &str,
+    format: Format,
+    colour: bool,
+) -> Result<(), TelemetryError> {
+    let filter = targets(directive.unwrap_or(default))?;
+    let builder = tracing_subscriber::fmt()
+        .with_ansi(colour)
+        .with_writer(std::io::stderr);
+    // A second init (e.g. in tests) is not an error worth failing for.
+    let _ = match format {
+        Format::Plain => builder.finish().with(filter).try_init(),
+        Format::Json => builder.json().finish().with(filter).try_init(),
     };
     Ok(())
 }
@@ -131,6 +179,26 @@ mod tests {
             "failed printing to stdout: disk full"
         ));
         assert!(!is_broken_pipe_panic("index out of bounds"));
+    }
+
+    #[cfg(not(feature = "telemetry"))]
+    #[test]
+    fn level_filter_takes_the_documented_forms() {
+        use tracing::Level;
+        let f = targets("warn").unwrap();
+        assert!(f.would_enable("node_agent::agent", &Level::WARN));
+        assert!(!f.would_enable("node_agent::agent", &Level::INFO));
+        let f = targets("info,node_agent::checks=debug,quinn=off").unwrap();
+        assert!(f.would_enable("node_agent::checks::disk", &Level::DEBUG));
+        assert!(!f.would_enable("node_agent::agent", &Level::DEBUG));
+        assert!(f.would_enable("node_agent::agent", &Level::INFO));
+        assert!(!f.would_enable("quinn::connection", &Level::ERROR));
+        assert!(targets("node_agent=debug").is_ok());
+        assert!(matches!(
+            targets("info,=loud"),
+            Err(TelemetryError::BadFilter(_))
+        ));
+        assert!(targets("node_agent=loud").is_err());
     }
 
     #[test]

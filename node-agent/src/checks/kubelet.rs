@@ -1,10 +1,20 @@
 //! kubelet check: `GET` of kubelet's healthz URL with a short timeout; `ok` iff the answer
 //! is `200` with body `ok`.
 //!
-//! The HTTP/1.1 client here is deliberately minimal (plain `http://` only, one request per
-//! connection, `Content-Length`, chunked or read-to-close bodies, a hard size cap): the
-//! agent runs on every server and must stay small, so it does not pull in hyper or reqwest.
-//! It is not a general HTTP client and does not follow redirects.
+//! The HTTP/1.1 client here is deliberately minimal (plain `http://` only, `Content-Length`,
+//! chunked or read-to-close bodies, a hard size cap): the agent runs on every server and
+//! must stay small, so it does not pull in hyper or reqwest. It is not a general HTTP client
+//! and does not follow redirects.
+//!
+//! One keep-alive connection is kept open across cycles (kubelet's Go server keeps HTTP/1.1
+//! connections open): a TCP connect and close per cycle was the largest share of the agent's
+//! CPU per report. A probe that fails on a reused connection for any reason but a timeout
+//! (closed, reset, garbage: what a kubelet restart leaves behind) is retried once on a fresh
+//! connection before it counts, so a restarted kubelet is not reported unhealthy for a stale
+//! socket. A timeout is not retried: a kubelet that accepts but does not answer is the hang
+//! this check exists to see, and retrying would double the time the check may take. A
+//! server that answers `Connection: close`, HTTP/1.0 without keep-alive, or a body read to
+//! the close gets a fresh connection every cycle, as before.
 
 use std::time::Duration;
 
@@ -99,6 +109,10 @@ pub struct HttpResponse {
     pub status: u16,
     /// Body bytes (decoded from chunked if needed).
     pub body: Vec<u8>,
+    /// Whether the connection may carry the next request: HTTP/1.1 without
+    /// `Connection: close` (or HTTP/1.0 with `Connection: keep-alive`), a body of known
+    /// length, and nothing read past the response.
+    pub keep_alive: bool,
 }
 
 /// Finds `\r\n\r\n`.
@@ -106,8 +120,12 @@ fn header_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n")
 }
 
-/// Decodes a chunked body; `Ok(None)` when more bytes are needed.
-fn dechunk(mut b: &[u8]) -> Result<Option<Vec<u8>>, String> {
+/// A decoded chunked body and what follows its last chunk's size line.
+type Dechunked<'a> = (Vec<u8>, &'a [u8]);
+
+/// Decodes a chunked body; `Ok(None)` when more bytes are needed. With the body, the bytes
+/// after the last chunk's size line (the trailers and the final `\r\n`).
+fn dechunk(mut b: &[u8]) -> Result<Option<Dechunked<'_>>, String> {
     let mut out = Vec::new();
     loop {
         let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
@@ -120,7 +138,7 @@ fn dechunk(mut b: &[u8]) -> Result<Option<Vec<u8>>, String> {
         b = &b[eol + 2..];
         if size == 0 {
             // Trailers are ignored; the last chunk is enough to know the body.
-            return Ok(Some(out));
+            return Ok(Some((out, b)));
         }
         if b.len() < size + 2 {
             return Ok(None);
@@ -154,6 +172,8 @@ pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<HttpResponse>, Str
         .ok_or_else(|| format!("bad status line {status_line:?}"))?;
     let mut content_length = None;
     let mut chunked = false;
+    // HTTP/1.1 connections persist unless closed; HTTP/1.0 ones only when asked to.
+    let mut persistent = version == "HTTP/1.1";
     for l in lines {
         let Some((name, value)) = l.split_once(':') else {
             continue;
@@ -169,12 +189,26 @@ pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<HttpResponse>, Str
             && value.to_ascii_lowercase().contains("chunked")
         {
             chunked = true;
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in value.split(',').map(str::trim) {
+                if token.eq_ignore_ascii_case("close") {
+                    persistent = false;
+                } else if token.eq_ignore_ascii_case("keep-alive") && version != "HTTP/1.1" {
+                    persistent = true;
+                }
+            }
         }
     }
     let body = &buf[end + 4..];
     if chunked {
         return match dechunk(body)? {
-            Some(b) => Ok(Some(HttpResponse { status, body: b })),
+            // Trailers are not parsed: only a response that ends right after the last
+            // chunk leaves the connection at a known place.
+            Some((b, rest)) => Ok(Some(HttpResponse {
+                status,
+                body: b,
+                keep_alive: persistent && rest == b"\r\n",
+            })),
             None if eof => Err("connection closed inside a chunked body".into()),
             None => Ok(None),
         };
@@ -183,6 +217,7 @@ pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<HttpResponse>, Str
         Some(n) if body.len() >= n => Ok(Some(HttpResponse {
             status,
             body: body[..n].to_vec(),
+            keep_alive: persistent && body.len() == n,
         })),
         Some(n) if eof => Err(format!(
             "connection closed after {} of {n} body bytes",
@@ -192,45 +227,142 @@ pub fn parse_response(buf: &[u8], eof: bool) -> Result<Option<HttpResponse>, Str
         None if eof => Ok(Some(HttpResponse {
             status,
             body: body.to_vec(),
+            keep_alive: false,
         })),
         None => Ok(None),
     }
 }
 
-/// Performs one `GET`, all of it (connect, write, read) under `timeout`.
-pub async fn get(url: &HttpUrl, timeout: Duration) -> Result<HttpResponse, String> {
-    let work = async {
-        let mut s = TcpStream::connect((url.host.as_str(), url.port))
+/// Why one exchange failed: a timeout is told apart because it is not retried.
+#[derive(Debug)]
+enum ExchangeError {
+    /// No complete answer within the timeout.
+    Timeout,
+    /// Anything else (connect, write, read, parse), said for a person.
+    Other(String),
+}
+
+/// Writes `request` on `s` and reads one response into `buf` (cleared first).
+async fn exchange(
+    s: &mut TcpStream,
+    request: &[u8],
+    buf: &mut Vec<u8>,
+) -> Result<HttpResponse, String> {
+    s.write_all(request)
+        .await
+        .map_err(|e| format!("cannot send request: {e}"))?;
+    buf.clear();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = s
+            .read(&mut chunk)
             .await
-            .map_err(|e| format!("cannot connect to {}:{}: {e}", url.host, url.port))?;
-        let req = format!(
-            "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: fleetmend-node-agent/{}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
+            .map_err(|e| format!("reading response: {e}"))?;
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX_RESPONSE {
+            return Err(format!("response larger than {MAX_RESPONSE} bytes"));
+        }
+        if let Some(r) = parse_response(buf, n == 0)? {
+            return Ok(r);
+        }
+    }
+}
+
+/// The kubelet check's client: one healthz URL, and the connection kept between cycles.
+#[derive(Debug)]
+pub struct KubeletClient {
+    url: HttpUrl,
+    timeout: Duration,
+    /// The request, built once.
+    request: Vec<u8>,
+    /// The kept-alive connection, if the last answer allowed one.
+    conn: Option<TcpStream>,
+    /// Response buffer, reused across cycles.
+    buf: Vec<u8>,
+    /// TCP connections opened so far (tests and debugging).
+    connects: u64,
+}
+
+impl KubeletClient {
+    /// A client for `url` with `timeout` per request.
+    pub fn new(url: HttpUrl, timeout: Duration) -> Self {
+        let request = format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: fleetmend-node-agent/{}\r\nAccept: */*\r\n\r\n",
             url.path,
             url.host_header(),
             env!("CARGO_PKG_VERSION")
-        );
-        s.write_all(req.as_bytes())
-            .await
-            .map_err(|e| format!("cannot send request: {e}"))?;
-        let mut buf = Vec::with_capacity(512);
-        let mut chunk = [0u8; 1024];
-        loop {
-            let n = s
-                .read(&mut chunk)
-                .await
-                .map_err(|e| format!("reading response: {e}"))?;
-            buf.extend_from_slice(&chunk[..n]);
-            if buf.len() > MAX_RESPONSE {
-                return Err(format!("response larger than {MAX_RESPONSE} bytes"));
-            }
-            if let Some(r) = parse_response(&buf, n == 0)? {
-                return Ok(r);
+        )
+        .into_bytes();
+        Self {
+            url,
+            timeout,
+            request,
+            conn: None,
+            buf: Vec::with_capacity(512),
+            connects: 0,
+        }
+    }
+
+    /// TCP connections opened so far.
+    pub fn connects(&self) -> u64 {
+        self.connects
+    }
+
+    /// One exchange on `conn`, or on a fresh connection when `None`, under the timeout;
+    /// keeps the connection when the answer allows it.
+    async fn attempt(&mut self, conn: Option<TcpStream>) -> Result<HttpResponse, ExchangeError> {
+        let (host, port) = (self.url.host.as_str(), self.url.port);
+        let (request, buf) = (&self.request, &mut self.buf);
+        let connects = &mut self.connects;
+        let work = async {
+            let mut s = match conn {
+                Some(s) => s,
+                None => {
+                    *connects += 1;
+                    TcpStream::connect((host, port))
+                        .await
+                        .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?
+                }
+            };
+            let r = exchange(&mut s, request, buf).await?;
+            Ok::<_, String>((r, s))
+        };
+        match tokio::time::timeout(self.timeout, work).await {
+            Err(_) => Err(ExchangeError::Timeout),
+            Ok(Err(e)) => Err(ExchangeError::Other(e)),
+            Ok(Ok((r, s))) => {
+                if r.keep_alive {
+                    self.conn = Some(s);
+                }
+                Ok(r)
             }
         }
-    };
-    tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| format!("no answer within {timeout:?}"))?
+    }
+
+    /// Performs one `GET` (see the module docs for connection reuse and the one retry).
+    pub async fn get(&mut self) -> Result<HttpResponse, String> {
+        let reused = self.conn.take();
+        let r = match reused {
+            Some(s) => match self.attempt(Some(s)).await {
+                Err(ExchangeError::Other(e)) => {
+                    tracing::debug!(error = %e, "kubelet: kept-alive connection failed, retrying on a fresh one");
+                    self.attempt(None).await
+                }
+                r => r,
+            },
+            None => self.attempt(None).await,
+        };
+        r.map_err(|e| match e {
+            ExchangeError::Timeout => format!("no answer within {:?}", self.timeout),
+            ExchangeError::Other(e) => e,
+        })
+    }
+
+    /// Runs the check.
+    pub async fn check(&mut self) -> CheckResult {
+        let r = self.get().await;
+        evaluate(&self.url, &r)
+    }
 }
 
 /// Judges a response. Pure.
@@ -255,29 +387,12 @@ pub fn evaluate(url: &HttpUrl, r: &Result<HttpResponse, String>) -> CheckResult 
     }
 }
 
-/// The kubelet check's client.
-#[derive(Debug, Clone)]
-pub struct KubeletClient {
-    url: HttpUrl,
-    timeout: Duration,
-}
-
-impl KubeletClient {
-    /// A client for `url` with `timeout` per request.
-    pub fn new(url: HttpUrl, timeout: Duration) -> Self {
-        Self { url, timeout }
-    }
-
-    /// Runs the check.
-    pub async fn check(&self) -> CheckResult {
-        evaluate(&self.url, &get(&self.url, self.timeout).await)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testkit_fixture::FakeKubelet;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::net::TcpListener;
 
     #[test]
@@ -321,10 +436,165 @@ mod tests {
         assert!(parse_response(b"HTTP/1.1 200", true).is_err());
     }
 
+    #[test]
+    fn keep_alive_only_when_the_connection_is_left_at_a_known_place() {
+        let keep = |raw: &[u8], eof| parse_response(raw, eof).unwrap().unwrap().keep_alive;
+        assert!(keep(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            false
+        ));
+        assert!(!keep(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+            false
+        ));
+        assert!(!keep(
+            b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            false
+        ));
+        assert!(keep(
+            b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 2\r\n\r\nok",
+            false
+        ));
+        // Bytes past the response: the connection is out of step.
+        assert!(!keep(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP",
+            false
+        ));
+        // A body read to the close.
+        assert!(!keep(b"HTTP/1.1 200 OK\r\n\r\nok", true));
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n";
+        assert!(!keep(chunked, false), "final CRLF not read yet");
+        assert!(keep(&[&chunked[..], b"\r\n"].concat(), false));
+        assert!(!keep(&[&chunked[..], b"X-T: 1\r\n\r\n"].concat(), false));
+    }
+
+    /// What the scripted server does with one request on one connection.
+    #[derive(Clone, Copy)]
+    enum Step {
+        /// Answer `200 ok`, keeping the connection.
+        Ok,
+        /// Close the connection without answering.
+        Close,
+        /// Read the request and never answer.
+        Hold,
+    }
+
+    /// A kubelet stand-in that keeps connections alive and follows `script(conn, request)`
+    /// (both counted from 0); returns its URL and the count of accepted connections.
+    async fn scripted_kubelet(
+        script: fn(usize, usize) -> Step,
+    ) -> (HttpUrl, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = HttpUrl::parse(&format!("http://{}/healthz", l.local_addr().unwrap())).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let a = accepted.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let conn = a.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut b = [0u8; 1024];
+                    for req in 0.. {
+                        match s.read(&mut b).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        match script(conn, req) {
+                            Step::Ok => s
+                                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                                .await
+                                .unwrap(),
+                            Step::Close => return,
+                            Step::Hold => {
+                                tokio::time::sleep(Duration::from_secs(30)).await;
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted, task)
+    }
+
+    #[tokio::test]
+    async fn one_connection_serves_every_cycle() {
+        let (url, accepted, task) = scripted_kubelet(|_, _| Step::Ok).await;
+        let mut c = KubeletClient::new(url, Duration::from_secs(5));
+        for _ in 0..5 {
+            let r = c.check().await;
+            assert_eq!(r.status, CheckStatus::Ok, "{r:?}");
+        }
+        assert_eq!((c.connects(), accepted.load(Ordering::SeqCst)), (1, 1));
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_stale_connection_is_retried_once_on_a_fresh_one() {
+        // The first connection answers once, then the "restarted" kubelet has dropped it.
+        let (url, accepted, task) = scripted_kubelet(|conn, req| {
+            if conn == 0 && req > 0 {
+                Step::Close
+            } else {
+                Step::Ok
+            }
+        })
+        .await;
+        let mut c = KubeletClient::new(url, Duration::from_secs(5));
+        assert_eq!(c.check().await.status, CheckStatus::Ok);
+        let r = c.check().await;
+        assert_eq!(
+            r.status,
+            CheckStatus::Ok,
+            "a stale socket is not a failure: {r:?}"
+        );
+        assert_eq!((c.connects(), accepted.load(Ordering::SeqCst)), (2, 2));
+        // And the fresh connection is kept.
+        assert_eq!(c.check().await.status, CheckStatus::Ok);
+        assert_eq!(c.connects(), 2);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_failure_on_the_fresh_connection_counts() {
+        // Every connection after the first is closed unanswered: the retry fails too.
+        let (url, _, task) = scripted_kubelet(|conn, req| {
+            if conn == 0 && req == 0 {
+                Step::Ok
+            } else {
+                Step::Close
+            }
+        })
+        .await;
+        let mut c = KubeletClient::new(url, Duration::from_secs(5));
+        assert_eq!(c.check().await.status, CheckStatus::Ok);
+        let r = c.check().await;
+        assert_eq!(r.status, CheckStatus::Fail, "{r:?}");
+        assert!(r.detail.contains("closed before the response"), "{r:?}");
+        assert_eq!(c.connects(), 2, "exactly one retry");
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_hang_on_a_kept_connection_is_not_retried() {
+        let (url, _, task) =
+            scripted_kubelet(|_, req| if req == 0 { Step::Ok } else { Step::Hold }).await;
+        let mut c = KubeletClient::new(url, Duration::from_millis(300));
+        assert_eq!(c.check().await.status, CheckStatus::Ok);
+        let r = c.check().await;
+        assert_eq!(r.status, CheckStatus::Fail, "{r:?}");
+        assert!(r.detail.contains("no answer within"), "{r:?}");
+        assert_eq!(c.connects(), 1);
+        // The hung connection is dropped: the next cycle connects afresh.
+        let _ = c.check().await;
+        assert_eq!(c.connects(), 2);
+        task.abort();
+    }
+
     #[tokio::test]
     async fn healthy_and_unhealthy_fake_kubelet() {
         let k = FakeKubelet::start().unwrap();
-        let c = KubeletClient::new(HttpUrl::parse(&k.url()).unwrap(), Duration::from_secs(2));
+        let mut c = KubeletClient::new(HttpUrl::parse(&k.url()).unwrap(), Duration::from_secs(2));
         let r = tokio::time::timeout(Duration::from_secs(10), c.check())
             .await
             .unwrap();

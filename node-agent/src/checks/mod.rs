@@ -25,7 +25,14 @@ pub fn under_root(root: &Path, node_path: &str) -> PathBuf {
 
 /// Reads a small sysfs/procfs file and trims it.
 pub(crate) fn read_trimmed(path: &Path) -> std::io::Result<String> {
-    Ok(std::fs::read_to_string(path)?.trim().to_string())
+    use std::io::Read;
+    // Not `fs::read_to_string`: its size probe (a `statx` per file) is wasted on sysfs and
+    // procfs, which report 4096 or 0, and these files are read every cycle.
+    let mut s = String::with_capacity(64);
+    std::fs::File::open(path)?
+        .take(u64::MAX)
+        .read_to_string(&mut s)?;
+    Ok(s.trim().to_string())
 }
 
 /// Builds a result.
@@ -52,6 +59,7 @@ pub struct Checker {
     kubelet: Option<kubelet::KubeletClient>,
     nic_tracker: nic::NicTracker,
     fs: Box<dyn disk::FsStats>,
+    mount_table: disk::MountTable,
 }
 
 impl std::fmt::Debug for Checker {
@@ -88,20 +96,21 @@ impl Checker {
             kubelet,
             nic_tracker: nic::NicTracker::default(),
             fs,
+            mount_table: disk::MountTable::new(&cfg.root),
         }
     }
 
     /// Runs every check once: kubelet, NICs, mounts, kdump, in that order.
     pub async fn run(&mut self) -> Vec<CheckResult> {
         let mut out = Vec::with_capacity(2 + self.nics.len() + self.mounts.len());
-        if let Some(k) = &self.kubelet {
+        if let Some(k) = &mut self.kubelet {
             out.push(k.check().await);
         }
         for n in &self.nics {
             out.push(nic::check(&self.root, n, &mut self.nic_tracker));
         }
         if !self.mounts.is_empty() {
-            out.extend(disk::check(&self.root, &self.mounts, self.fs.as_ref()));
+            out.extend(self.mount_table.check(&self.mounts, self.fs.as_ref()));
         }
         if self.kdump {
             out.push(kdump::check(&self.root));
