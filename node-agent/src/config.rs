@@ -59,21 +59,75 @@ pub enum ConfigError {
         detail: String,
     },
     /// A value is missing or invalid after merging file, environment and flags.
-    #[error("invalid setting `{key}`{}: {detail}", source_note(.path))]
+    #[error("invalid setting `{key}` ({origin}): {detail}")]
     Invalid {
         /// The key (as in the file; flags and env use the same name).
         key: &'static str,
-        /// The file, if one was read.
-        path: Option<PathBuf>,
+        /// Where the value came from (`flag --ca`, `env FLEETMEND_AGENT_CA`, `file PATH`),
+        /// or where it could have been set when it is missing.
+        origin: String,
         /// What is wrong and how to fix it.
         detail: String,
     },
 }
 
-fn source_note(path: &Option<PathBuf>) -> String {
-    match path {
-        Some(p) => format!(" (file {}, env or flags)", p.display()),
-        None => " (env or flags; no config file)".to_string(),
+/// Where a setting given on the command line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A flag.
+    Flag,
+    /// Its environment variable.
+    Env,
+}
+
+/// The settings a flag (and an environment variable) can give: the key as in the file,
+/// and the flag's name.
+const FLAG_KEYS: [(&str, &str); 10] = [
+    ("coordinator", "coordinator"),
+    ("server_name", "server-name"),
+    ("ca", "ca"),
+    ("cert", "cert"),
+    ("key", "key"),
+    ("report_interval", "report-interval"),
+    ("root", "root"),
+    ("hostname", "hostname"),
+    ("nics", "nic"),
+    ("kubelet.url", "kubelet-url"),
+];
+
+/// The environment variable of a file key (`kubelet.url` → `FLEETMEND_AGENT_KUBELET_URL`).
+fn env_name(key: &str) -> String {
+    format!(
+        "{}{}",
+        protocol::env_var!(AGENT, ""),
+        key.replace('.', "_").to_uppercase()
+    )
+}
+
+/// Says where the value of `key` came from, for an error about it: the flag or the
+/// environment variable when one gave it, else the file; for a missing value, every place
+/// it could have been set.
+fn origin_of(key: &str, flags: &Settings, in_file: &[&str], file: Option<&Path>) -> String {
+    let flag = FLAG_KEYS.iter().find(|(k, _)| *k == key).map(|(_, f)| *f);
+    if let Some(flag) = flag
+        && flags.is_set(key)
+    {
+        return match flags.origins.get(key) {
+            Some(Origin::Env) => format!("env {}", env_name(key)),
+            Some(Origin::Flag) => format!("flag --{flag}"),
+            None => format!("flag --{flag} or env {}", env_name(key)),
+        };
+    }
+    let file_note = match file {
+        Some(p) => format!("file {}", p.display()),
+        None => "no config file".to_string(),
+    };
+    match flag {
+        Some(flag) if !in_file.contains(&key) => format!(
+            "not set: {file_note}, env {} or flag --{flag}",
+            env_name(key)
+        ),
+        _ => file_note,
     }
 }
 
@@ -163,6 +217,48 @@ pub struct Settings {
     /// kubelet healthz URL (plain http).
     #[arg(long, env = protocol::env_var!(AGENT, "KUBELET_URL"), global = true)]
     pub kubelet_url: Option<String>,
+    /// Which of the above came from a flag and which from the environment (keyed as in the
+    /// file), so an error names the one to fix. Filled by [`Settings::note_origins`].
+    #[arg(skip)]
+    pub origins: std::collections::BTreeMap<&'static str, Origin>,
+}
+
+impl Settings {
+    /// Records, from clap's matches, which settings a flag gave and which an environment
+    /// variable gave.
+    pub fn note_origins(&mut self, matches: &clap::ArgMatches) {
+        let sub = matches.subcommand().map(|(_, m)| m);
+        for (key, _) in FLAG_KEYS {
+            // clap's argument ids are the field names.
+            let id = key.replace('.', "_");
+            let source = sub
+                .and_then(|m| m.value_source(&id))
+                .or_else(|| matches.value_source(&id));
+            let origin = match source {
+                Some(clap::parser::ValueSource::CommandLine) => Origin::Flag,
+                Some(clap::parser::ValueSource::EnvVariable) => Origin::Env,
+                _ => continue,
+            };
+            self.origins.insert(key, origin);
+        }
+    }
+
+    /// Whether a flag or the environment gave `key`.
+    fn is_set(&self, key: &str) -> bool {
+        match key {
+            "coordinator" => self.coordinator.is_some(),
+            "server_name" => self.server_name.is_some(),
+            "ca" => self.ca.is_some(),
+            "cert" => self.cert.is_some(),
+            "key" => self.key.is_some(),
+            "report_interval" => self.report_interval.is_some(),
+            "root" => self.root.is_some(),
+            "hostname" => self.hostname.is_some(),
+            "nics" => !self.nics.is_empty(),
+            "kubelet.url" => self.kubelet_url.is_some(),
+            _ => false,
+        }
+    }
 }
 
 /// The file's layout. Every key is optional here; [`Config::resolve`] decides what is
@@ -415,9 +511,24 @@ impl Config {
         flags: &Settings,
         source: Option<PathBuf>,
     ) -> Result<Self, ConfigError> {
+        let in_file: Vec<&str> = [
+            ("coordinator", file.coordinator.is_some()),
+            ("server_name", file.server_name.is_some()),
+            ("ca", file.ca.is_some()),
+            ("cert", file.cert.is_some()),
+            ("key", file.key.is_some()),
+            ("report_interval", file.report_interval.is_some()),
+            ("root", file.root.is_some()),
+            ("hostname", file.hostname.is_some()),
+            ("nics", !file.nics.is_empty()),
+            ("kubelet.url", file.kubelet.url.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect();
         let invalid = |key, detail: String| ConfigError::Invalid {
             key,
-            path: source.clone(),
+            origin: origin_of(key, flags, &in_file, source.as_deref()),
             detail,
         };
         let address = flags.coordinator.clone().or(file.coordinator);
@@ -567,7 +678,7 @@ impl Config {
     pub fn require_coordinator(&self) -> Result<&CoordinatorConfig, ConfigError> {
         self.coordinator.as_ref().ok_or_else(|| ConfigError::Invalid {
             key: "coordinator",
-            path: self.source.clone(),
+            origin: origin_of("coordinator", &Settings::default(), &[], self.source.as_deref()),
             detail: format!(
                 "missing; `run` needs coordinator = \"host:port\" and ca/cert/key (in {DEFAULT_CONFIG_PATH} or --config)"
             ),
@@ -676,6 +787,69 @@ path = "//"
         }
         let e = parse("report_interval = 5").unwrap_err();
         assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    }
+
+    #[test]
+    fn an_invalid_setting_names_the_flag_env_or_file_it_came_from() {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        let file = path.display().to_string();
+        let err = |args: &[&str]| {
+            let m = Cli::command()
+                .try_get_matches_from(["node-agent", "--config", &file].iter().chain(args))
+                .unwrap();
+            let mut cli = Cli::from_arg_matches(&m).unwrap();
+            cli.settings.note_origins(&m);
+            Config::load(&cli.settings).unwrap_err().to_string()
+        };
+        std::fs::write(&path, "coordinator = \"c:1\"\nreport_interval = \"abc\"\n").unwrap();
+        let e = err(&["check"]);
+        assert!(
+            e.contains(&format!(
+                "`ca` (not set: file {file}, env FLEETMEND_AGENT_CA or flag --ca)"
+            )),
+            "{e}"
+        );
+        let e = err(&["--ca", "/a", "--cert", "/b", "--key", "/c", "check"]);
+        assert!(
+            e.contains(&format!("`report_interval` (file {file}): \"abc\"")),
+            "{e}"
+        );
+        // After the subcommand too: the flags are global.
+        let e = err(&[
+            "--ca",
+            "/a",
+            "--cert",
+            "/b",
+            "--key",
+            "/c",
+            "check",
+            "--report-interval",
+            "0s",
+        ]);
+        assert!(
+            e.contains("`report_interval` (flag --report-interval): 0ns is too short"),
+            "{e}"
+        );
+        // As the environment gives it (clap's env handling is tested by clap; the
+        // environment is process-wide, so the origin is set as note_origins would).
+        let (f, _) = FileConfig::load(Some(&path)).unwrap();
+        let mut flags = Settings {
+            ca: Some("/a".into()),
+            cert: Some("/b".into()),
+            key: Some("/c".into()),
+            report_interval: Some("xyz".into()),
+            ..Settings::default()
+        };
+        flags.origins.insert("report_interval", Origin::Env);
+        let e = Config::resolve(f, &flags, Some(path.clone()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("(env FLEETMEND_AGENT_REPORT_INTERVAL): \"xyz\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use node_agent::agent::{Agent, AgentOptions};
 use node_agent::checks::Checker;
 use node_agent::cli;
@@ -21,7 +22,12 @@ use node_agent::systemd::{SdNotifier, SystemdShutdownProbe};
 
 fn main() -> ExitCode {
     protocol::telemetry::quiet_broken_pipe();
-    let cli = match Cli::try_parse() {
+    let parsed = Cli::command().try_get_matches().and_then(|m| {
+        let mut cli = Cli::from_arg_matches(&m)?;
+        cli.settings.note_origins(&m);
+        Ok(cli)
+    });
+    let cli = match parsed {
         Ok(c) => c,
         // The kdump initramfs scripts tell bad input (64) from an unreachable coordinator
         // (69); clap's own code for a bad flag would be 2.

@@ -207,7 +207,7 @@ mod tests {
         let f: ActionsFile = toml::from_str(text).unwrap();
         ActionsConfig::resolve(f, |key, detail| ConfigError::Invalid {
             key,
-            path: None,
+            origin: "test".into(),
             detail,
         })
     }
