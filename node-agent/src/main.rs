@@ -10,7 +10,6 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
 use clap::{CommandFactory as _, FromArgMatches as _};
 use node_agent::agent::{Agent, AgentOptions};
 use node_agent::checks::Checker;
