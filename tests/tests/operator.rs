@@ -134,6 +134,30 @@ fn certificates_from_another_ca_are_explained_on_the_client_side() -> anyhow::Re
         "not a bare transport error: {err}"
     );
 
+    // The other way round: a good certificate, but the CA file of another fleet, so the
+    // coordinator's certificate does not verify here. The message says so and names the CA
+    // file, instead of blaming the coordinator.
+    let out = command("coordinatorctl")
+        .arg("--server")
+        .arg(coord.quic.to_string())
+        .arg("--ca")
+        .arg(&stranger.ca)
+        .arg("--cert")
+        .arg(&coord.admin.cert)
+        .arg("--key")
+        .arg(&coord.admin.key)
+        .args(["--timeout", "20s", "machines", "list"])
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("the coordinator's certificate was not accepted here")
+            && err.contains(&format!("the CA is {}", stranger.ca.display()))
+            && !err.contains("rejected this certificate"),
+        "client-side message: {err}"
+    );
+
     // The agent finds the same mistake at start, naming both files.
     let fixture = NodeFixture::builder("node-1").build()?;
     let node = foreign.issue("node", "node-1", &[])?;

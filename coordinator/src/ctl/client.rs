@@ -302,6 +302,11 @@ impl AdminClient {
                 r.cert.value.display(),
                 r.cert.from
             ),
+            TransportError::ServerCertificateRefused { .. } => anyhow!(
+                "{e}; the CA is {} (from {}), the server name {name:?}",
+                r.ca.value.display(),
+                r.ca.from
+            ),
             TransportError::NoAnswer { .. } => {
                 anyhow!("{e} (server from {}, --timeout {:?}); nothing was sent", r.server.from, args.timeout)
             }

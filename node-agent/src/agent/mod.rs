@@ -481,6 +481,17 @@ impl Agent {
                     "COORDINATOR REJECTED THIS NODE'S CERTIFICATE: reports are not being accepted; issue the certificate from the coordinator's CA"
                 );
             }
+            None if matches!(
+                e,
+                RoundError::Transport(TransportError::ServerCertificateRefused { .. })
+            ) =>
+            {
+                error!(
+                    error = %e,
+                    retry_in = ?retry_in,
+                    "CANNOT VERIFY THE COORDINATOR'S CERTIFICATE: reports are not being sent; check `ca` and `server_name`"
+                );
+            }
             None => warn!(error = %e, retry_in = ?retry_in, "coordinator connection failed"),
         }
     }

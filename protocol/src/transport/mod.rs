@@ -118,6 +118,17 @@ pub enum TransportError {
         /// The TLS alert and reason the server gave.
         detail: String,
     },
+    /// This side did not accept the server's certificate during the TLS handshake: it is not
+    /// issued by our CA, or it does not name the server name we asked for.
+    #[error(
+        "the {server}'s certificate was not accepted here ({detail}): check that the CA file is the fleet's CA and that the server name (default: the host part of the address) is one the {server}'s certificate names"
+    )]
+    ServerCertificateRefused {
+        /// Whose certificate it was.
+        server: Role,
+        /// The TLS alert and rustls' reason.
+        detail: String,
+    },
     /// Nothing completed a QUIC handshake at the address in time: no server there, a wrong
     /// port, or a firewall dropping UDP.
     #[error(
@@ -466,16 +477,19 @@ const CERTIFICATE_ALERTS: &[(u8, &str)] = &[
     (116, "certificate_required"),
 ];
 
-/// The explanation when a connection was closed by the peer with a TLS certificate alert
-/// (QUIC carries TLS alerts as transport error codes 0x100 + alert, RFC 9001 §4.8).
+/// The explanation when the handshake ended with a TLS certificate alert (QUIC carries TLS
+/// alerts as transport error codes 0x100 + alert, RFC 9001 §4.8): sent by the server
+/// ([`TransportError::CertificateRejected`]), or raised here because the server's
+/// certificate did not verify ([`TransportError::ServerCertificateRefused`]).
 fn certificate_rejected(e: &quinn::ConnectionError, server: Role) -> Option<TransportError> {
     // The peer's close arrives as `ConnectionClosed`; `TransportError` is one we detected.
-    let (code, reason) = match e {
+    let (code, reason, ours) = match e {
         quinn::ConnectionError::ConnectionClosed(c) => (
             u64::from(c.error_code),
             String::from_utf8_lossy(&c.reason).into_owned(),
+            false,
         ),
-        quinn::ConnectionError::TransportError(t) => (u64::from(t.code), t.reason.clone()),
+        quinn::ConnectionError::TransportError(t) => (u64::from(t.code), t.reason.clone(), true),
         _ => return None,
     };
     let alert = u8::try_from(code.checked_sub(0x100)?).ok()?;
@@ -485,7 +499,11 @@ fn certificate_rejected(e: &quinn::ConnectionError, server: Role) -> Option<Tran
     } else {
         format!("TLS alert {name}: {reason}")
     };
-    Some(TransportError::CertificateRejected { server, detail })
+    Some(if ours {
+        TransportError::ServerCertificateRefused { server, detail }
+    } else {
+        TransportError::CertificateRejected { server, detail }
+    })
 }
 
 /// A hello the server has read and version-checked but not yet accepted: the caller decides,

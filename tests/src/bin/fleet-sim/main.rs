@@ -350,8 +350,7 @@ async fn simulate(
     {
         loop {
             let list = tokio::task::block_in_place(|| coord.machines())?;
-            let unreachable =
-                |m: &&protocol::admin::machines::MachineSummary| m.state == "unreachable";
+            let unreachable = |m: &&testkit::ctl_json::MachineSummary| m.state == "unreachable";
             let hit = list
                 .iter()
                 .filter(unreachable)
