@@ -14,7 +14,8 @@
 # workspace's.
 #
 # Installs cargo-deb (pinned, packaging/lib.sh) and lintian when missing. Runs as root.
-# Usage: packaging/ci-debs.sh   Output: target/debian-ci/
+# Usage: packaging/ci-debs.sh [--tools-only]   Output: target/debian-ci/
+# --tools-only: install the tools and stop (.ci/run does that while the build runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . packaging/lib.sh
@@ -24,6 +25,10 @@ start=$SECONDS
 # xz-utils comes with lintian: cargo-deb (built without liblzma) compresses with `xz`.
 ensure_apt lintian:lintian xz:xz-utils systemd-analyze:systemd
 ensure_cargo_deb
+if [ "${1:-}" = --tools-only ]; then
+  say "tools ready in $((SECONDS - start)) s"
+  exit 0
+fi
 
 target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
 for b in coordinator coordinatorctl bmc-gateway; do
