@@ -10,6 +10,11 @@
 //!   `@fence` step with `need_drain` fences once,
 //! - a BMC that refuses power-off: nothing is released and the entry fails with the BMC's
 //!   words; a BMC busy for 20 s after the off: the power-on waits and the flow completes,
+//! - kdump: a machine whose agent reported its crash kernel loaded dies and its kdump
+//!   initramfs says "dumping" (`node-agent kdump-notify --phase start`): its StatefulSet pod
+//!   and VolumeAttachment are released with no power action at all; "dump done" then lets
+//!   the power cycle proceed (off, confirm, on), the machine comes back with a new boot id
+//!   and the taint goes,
 //! - the crash test (`#[ignore]`d, run by name): the coordinator killed with SIGKILL at each
 //!   of 11 kill points of the flow, each a separate run; after every restart the flow
 //!   completes, the simulator's log shows one off and one on, the machine ends on, and no
@@ -22,6 +27,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
+use protocol::messages::{CheckKind, CheckStatus};
 use serde_json::Value;
 use testkit::bmc_sim::{BusyBmc, GatewayProc, IpmiSim, TestPki};
 use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed, PodSeed};
@@ -596,6 +602,171 @@ async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words(
     assert_eq!(rig.k8s.volume_attachments_on(HOST).len(), 1);
     assert!(blocking(|| rig.sim_power_is_on())?);
     assert_eq!(rig.count_power("1"), 0, "{:?}", rig.sim.events());
+    Ok(())
+}
+
+/// `node-agent kdump-notify --phase PHASE` as the machine's kdump initramfs runs it: its
+/// own certificate, the coordinator's address, nothing else.
+fn kdump_notify(rig: &Rig, phase: &str) -> Result<()> {
+    let tls = rig.agent_tls.as_ref().context("agent TLS")?;
+    let out = testkit::procs::command("node-agent")
+        .args(["kdump-notify", "--phase", phase, "--coordinator"])
+        .arg(rig.coord.quic.to_string())
+        .arg("--ca")
+        .arg(&tls.ca)
+        .arg("--cert")
+        .arg(&tls.cert)
+        .arg("--key")
+        .arg(&tls.key)
+        .args(["--timeout", "30s"])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "kdump-notify --phase {phase}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kdump_dumping_releases_with_no_power_action_and_dump_done_lets_the_cycle_proceed()
+-> Result<()> {
+    // The agent reported its crash kernel loaded (the fixture loads one), so a silent
+    // machine is given kdump_wait to say "dumping"; a dump may take up to 120 s here, far
+    // longer than the test waits, so only "dump done" can start the power cycle in time.
+    let mut tuning = Tuning::quick(true);
+    tuning.remediation = tuning.remediation.replacen(
+        "[remediation]\n",
+        "[remediation]\nkdump_wait = \"30s\"\n",
+        1,
+    );
+    tuning.remediation.push_str("[kdump]\ntimeout = \"120s\"\n");
+    let mut rig = Rig::start_tuned(tuning, REPAIR_YML, None).await?;
+    let machine = blocking(|| rig.coord.machine(MACHINE))?;
+    let loaded = machine.last_report.as_ref().is_some_and(|r| {
+        r.checks
+            .iter()
+            .any(|c| c.kind == CheckKind::Kdump && c.status == CheckStatus::Ok)
+    });
+    assert!(
+        loaded,
+        "the agent did not report its crash kernel loaded: {:?}",
+        machine.last_report
+    );
+    // The kernel panics: the agent and the kubelet stop, the kdump kernel boots and says so.
+    rig.kill_machine();
+    let dumping_at = SystemTime::now();
+    blocking(|| kdump_notify(&rig, "start"))?;
+    let released = blocking(|| {
+        wait_for("the workload released on the dump", SETTLE, || {
+            (rig.k8s.pods_on(HOST).is_empty() && rig.k8s.volume_attachments_on(HOST).is_empty())
+                .then(SystemTime::now)
+                .ok_or_else(|| {
+                    format!(
+                        "pods {:?}; power log {:?}",
+                        rig.k8s.pods_on(HOST),
+                        rig.sim.events()
+                    )
+                })
+        })
+    })?;
+    assert!(
+        rig.has_out_of_service_taint(),
+        "released without the taint: {:?}",
+        rig.k8s.node(HOST)
+    );
+    // While the dump runs, no power action at all, however long we look.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        rig.sim.events().iter().all(|e| !e.starts_with("set power")),
+        "a power action while the machine was dumping: {:?}",
+        rig.sim.events()
+    );
+    blocking(|| {
+        wait_for("the flow to wait for \"dump done\"", SETTLE, || {
+            let flows = rig
+                .coord
+                .ctl_json::<Vec<Value>>(&["fence", "list", "--json"])
+                .map_err(|e| e.to_string())?;
+            (flows.len() == 1 && flows[0]["state"] == "kdump-wait")
+                .then_some(())
+                .ok_or_else(|| format!("{flows:#?}"))
+        })
+    })?;
+    for (at, what) in rig.node_writes() {
+        assert!(
+            at >= dumping_at,
+            "{what} came before the \"dumping\" notice"
+        );
+    }
+
+    // The dump is written: the power cycle goes ahead, off confirmed, then on.
+    let done_at = SystemTime::now();
+    blocking(|| kdump_notify(&rig, "done"))?;
+    blocking(|| {
+        wait_for("the simulator to power on again", SETTLE, || {
+            (rig.count_power("1") > 0)
+                .then_some(())
+                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
+        })
+    })?;
+    let off = rig.first_power("0").context("never powered off")?;
+    let on = rig.first_power("1").context("never powered on")?;
+    assert!(off > done_at, "powered off before \"dump done\"");
+    assert!(
+        off.duration_since(done_at)? < Duration::from_secs(30),
+        "the power cycle waited for the kdump timeout, not for \"dump done\": {:?}",
+        off.duration_since(done_at)?
+    );
+    assert!(on > off);
+    rig.boot_machine()?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
+    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
+    assert!(
+        !rig.has_out_of_service_taint(),
+        "the taint was not removed: {:?}",
+        rig.k8s.node(HOST)
+    );
+    let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
+    let id = flows[0]["id"].to_string();
+    let shown: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", &id, "--json"]))?;
+    assert_eq!(shown["state"], "done", "{shown:#}");
+    let states: Vec<&str> = shown["steps"]
+        .as_array()
+        .context("steps")?
+        .iter()
+        .filter_map(|s| s["state"].as_str())
+        .collect();
+    for want in [
+        "kdump-release",
+        "kdump-wait",
+        "power-off",
+        "confirm-off",
+        "power-on",
+        "wait-back",
+        "restore",
+        "done",
+    ] {
+        assert!(states.contains(&want), "{want} missing from {states:?}");
+    }
+    // The machine came back with a new boot id.
+    let back = blocking(|| rig.coord.machine(MACHINE))?;
+    assert_eq!(back.summary.state, "healthy", "{back:?}");
+    assert_ne!(
+        back.boot_id, machine.boot_id,
+        "the same boot id after the cycle"
+    );
+    eprintln!(
+        "kdump: released {:.1} s after \"dumping\"; off {:.1} s and on {:.1} s after \"dump done\"",
+        released.duration_since(dumping_at)?.as_secs_f64(),
+        off.duration_since(done_at)?.as_secs_f64(),
+        on.duration_since(done_at)?.as_secs_f64()
+    );
     Ok(())
 }
 
