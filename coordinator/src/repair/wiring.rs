@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::command::{AgentHealth, AgentHealthView};
 use super::engine::{RepairDeps, RepairQueue};
-use super::fencing::{FenceService, NodeLiveness};
+use super::fencing::{FenceService, KeepOffOf, NodeLiveness};
 use super::load::{RepairConfigError, load_file};
 use super::metrics::RepairMetrics;
 use crate::agent_link::AgentActions;
@@ -110,6 +110,51 @@ impl NodeLiveness for FleetLiveness {
     }
 }
 
+/// `[fence]` per machine: its machine type and the gateway its BMC is behind select the
+/// overrides ([`crate::config::FenceSection`]).
+#[derive(Clone)]
+pub struct FencePolicy {
+    /// The `[fence]` section.
+    pub section: crate::config::FenceSection,
+    /// The `[[gateways.targets]]`, to know which gateway serves a machine.
+    pub gateways: Vec<crate::gateway::GatewayTarget>,
+    /// Machine types and racks.
+    pub fleet: Arc<Fleet>,
+}
+
+impl FencePolicy {
+    /// The machine type and the gateway name of the machine at `address`: the gateway
+    /// listing the address, else the one serving its rack (as power requests are routed).
+    fn of(&self, address: &str) -> (Option<String>, Option<String>) {
+        let record = self.fleet.machine(address).map(|m| m.record);
+        let rack = record.as_ref().map(|r| r.rack.as_str());
+        let gateway = self
+            .gateways
+            .iter()
+            .find(|g| g.machines.iter().any(|m| m == address))
+            .or_else(|| {
+                let rack = rack.filter(|r| !r.is_empty())?;
+                self.gateways
+                    .iter()
+                    .find(|g| g.racks.iter().any(|r| r == rack))
+            })
+            .map(|g| g.name.clone());
+        (record.and_then(|r| r.machine_type), gateway)
+    }
+
+    /// The time limits of the machine at `address`.
+    pub fn timeouts(&self, address: &str) -> crate::fence::flow::FenceTimeouts {
+        let (t, g) = self.of(address);
+        self.section.timeouts_for(t.as_deref(), g.as_deref())
+    }
+
+    /// Whether the machine at `address` stays off after its fence.
+    pub fn keep_off(&self, address: &str) -> bool {
+        let (t, g) = self.of(address);
+        self.section.keep_off_for(t.as_deref(), g.as_deref())
+    }
+}
+
 /// What fencing needs from a cluster: releasing and restoring Nodes, and which are dead.
 pub struct FenceWiring {
     /// Releasing and restoring Nodes.
@@ -119,6 +164,8 @@ pub struct FenceWiring {
     /// What the machines' kdump initramfs said: a dumping machine's workload is released
     /// with no power action, and its power cycle waits for "dump done".
     pub kdump: Arc<dyn crate::fence::kdump::KdumpView>,
+    /// `[fence]`: time limits per BMC and `keep_off`.
+    pub policy: FencePolicy,
 }
 
 /// Loads the repair configuration at `path` and starts the engine. The engine stops when
@@ -151,12 +198,21 @@ pub async fn start_for_app(
                     clock: clock.clone(),
                 },
             )
-            .with_kdump(w.kdump);
+            .with_kdump(w.kdump)
+            .with_timeouts_of({
+                let p = w.policy.clone();
+                Arc::new(move |address: &str| p.timeouts(address))
+            });
+            let keep_off: KeepOffOf = {
+                let p = w.policy;
+                Arc::new(move |address: &str| p.keep_off(address))
+            };
             let service = FenceService::new(
                 Arc::new(runner),
                 store.clone(),
                 clock.clone(),
                 drainer.clone(),
+                keep_off,
                 shutdown.clone(),
             );
             match service.resume_unfinished().await {
