@@ -607,6 +607,24 @@ key = "c.key"
     }
 
     #[test]
+    fn the_packaged_config_with_every_setting_uncommented_loads() {
+        // Commented settings start with `#` and no space; prose comments with `# `.
+        let text: String = include_str!("../../packaging/coordinator/coordinator.toml")
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(rest) if !rest.starts_with(' ') && !rest.is_empty() => rest,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = Config::parse(&text, Path::new("coordinator.toml")).unwrap();
+        let t = c.fence.timeouts_for(Some("big-mem"), Some("rack-1"));
+        assert_eq!(t.on, Duration::from_secs(300));
+        assert_eq!(t.off, Duration::from_secs(90));
+        assert!(!c.fence.keep_off_for(Some("big-mem"), Some("rack-1")));
+    }
+
+    #[test]
     fn bad_fence_limits_are_refused_naming_the_key() {
         for (extra, want) in [
             ("[fence]\noff_timeout = \"0s\"\n", "fence.off_timeout"),

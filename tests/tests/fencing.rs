@@ -971,7 +971,7 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
     let admitted = journal
         .iter()
         .find(|l| l["outcome"] == "admitted")
-        .and_then(|l| json_ms(&l["first_unix_ms"]).or_else(|| json_ms(&l["first"])))
+        .and_then(|l| json_ms(&l["first_at"]).or_else(|| json_ms(&l["first"])))
         .with_context(|| format!("no admitted decision in {journal:#?}"))?;
     let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
     let id = flows.first().context("no flow")?["id"].to_string();
@@ -985,6 +985,18 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
     };
     let plan = step("plan")?;
     let release = step("release")?;
+    // When the (simulated) node lifecycle controller turned Ready Unknown: the second signal.
+    let unready = rig
+        .k8s
+        .node(HOST)
+        .and_then(|n| {
+            n["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Ready" && c["status"] != "True")
+                .and_then(|c| json_ms(&c["lastTransitionTime"]))
+        })
+        .context("Ready never left True")?;
     let off = ms_of(rig.first_power("0").context("never powered off")?);
     let (killed, released) = (ms_of(killed), ms_of(released));
     let s = |a: i64, b: i64| (b - a) as f64 / 1000.0;
@@ -992,6 +1004,8 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
         s(killed, released),
         vec![
             ("detect (kill → remediation admits)", s(killed, admitted)),
+            ("  of which: kill → Ready Unknown", s(killed, unready)),
+            ("  of which: Ready Unknown → admitted", s(unready, admitted)),
             ("decide (admitted → flow committed)", s(admitted, plan)),
             ("power off (flow → BMC applies off)", s(plan, off)),
             (
@@ -1014,7 +1028,9 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
 async fn bench_time_from_death_to_release() -> Result<()> {
     // One machine is the whole fleet here, so its death is also "most agents lost at once":
     // self-isolation settles in 1 s instead of 10 s, in both configurations.
-    let limits = "[remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
+    // The fixture's crash kernel is loaded, so a silent machine would first be given
+    // kdump_wait (60 s) to say "dumping"; this measures a machine that simply died.
+    let limits = "kdump_wait = \"0s\"\n[remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
                   self_isolation = { settle = \"1s\" }\n";
     let fast = Tuning {
         report: Duration::from_secs(1),
