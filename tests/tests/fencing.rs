@@ -72,12 +72,13 @@ struct Tuning {
 }
 
 impl Tuning {
-    /// Short everything, as the functional tests use.
+    /// Short everything, as the functional tests use. The fixture's crash kernel is loaded,
+    /// so `kdump_wait` is 0: these machines die without a dump (the kdump test sets it).
     fn quick(remediation: bool) -> Self {
         Self {
             report: REPORT,
             remediation: if remediation {
-                "[remediation]\ninterval = \"500ms\"\nlease_stale = \"3s\"\n\
+                "[remediation]\ninterval = \"500ms\"\nlease_stale = \"3s\"\nkdump_wait = \"0s\"\n\
                  [remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
                  self_isolation = { settle = \"1s\" }\n"
                     .into()
@@ -637,11 +638,9 @@ async fn kdump_dumping_releases_with_no_power_action_and_dump_done_lets_the_cycl
     // machine is given kdump_wait to say "dumping"; a dump may take up to 120 s here, far
     // longer than the test waits, so only "dump done" can start the power cycle in time.
     let mut tuning = Tuning::quick(true);
-    tuning.remediation = tuning.remediation.replacen(
-        "[remediation]\n",
-        "[remediation]\nkdump_wait = \"30s\"\n",
-        1,
-    );
+    tuning.remediation = tuning
+        .remediation
+        .replace("kdump_wait = \"0s\"", "kdump_wait = \"30s\"");
     tuning.remediation.push_str("[kdump]\ntimeout = \"120s\"\n");
     let mut rig = Rig::start_tuned(tuning, REPAIR_YML, None).await?;
     let machine = blocking(|| rig.coord.machine(MACHINE))?;
