@@ -19,6 +19,9 @@
 //!   of 11 kill points of the flow, each a separate run; after every restart the flow
 //!   completes, the simulator's log shows one off and one on, the machine ends on, and no
 //!   release came before the off. It prints a table of kill point → outcome,
+//! - a Node turning Ready Unknown wakes automatic remediation through the node view's
+//!   watch: with the view and remediation at 60 s, the machine is still admitted within
+//!   seconds of the change,
 //! - the benchmark (`#[ignore]`d): death → release with its breakdown.
 //!
 //! Needs `ipmi_sim` and `ipmitool` (scripts/setup-test-deps.sh installs them).
@@ -1017,6 +1020,39 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
             ),
         ],
     ))
+}
+
+/// The node view's watch wakes automatic remediation: with the node view refreshed and the
+/// remediation pass run only every 60 s, a dead machine is still admitted and released
+/// within seconds of its Node turning Ready Unknown, not at the next pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_turning_unready_wakes_remediation_long_before_its_next_pass() -> Result<()> {
+    let tuning = Tuning {
+        report: REPORT,
+        remediation:
+            "[remediation]\ninterval = \"60s\"\nlease_stale = \"3s\"\nkdump_wait = \"0s\"\n\
+                      [remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
+                      self_isolation = { settle = \"1s\" }\n"
+                .into(),
+        view_refresh: "60s",
+        kubelet: (Duration::from_millis(500), Duration::from_secs(3)),
+    };
+    let (total, phases) = time_to_release(tuning).await?;
+    let phase = |name: &str| {
+        phases
+            .iter()
+            .find(|(p, _)| p.contains(name))
+            .map(|(_, s)| *s)
+            .unwrap_or(f64::NAN)
+    };
+    let after_unready = phase("Ready Unknown → admitted");
+    eprintln!("kill → released {total:.1} s; Ready Unknown → admitted {after_unready:.2} s");
+    assert!(
+        after_unready < 10.0,
+        "admitted {after_unready:.1} s after Ready turned Unknown: remediation waited for its interval"
+    );
+    assert!(total < 20.0, "kill → released took {total:.1} s");
+    Ok(())
 }
 
 /// Issue 11's benchmark: time from killing a machine's agent and kubelet Lease to its
