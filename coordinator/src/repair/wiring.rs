@@ -232,3 +232,103 @@ pub async fn start_for_app(
     tracing::info!(file = %path.display(), "repair queue started");
     Ok((queue, join))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{FenceOverride, FenceSection};
+    use crate::gateway::GatewayTarget;
+    use crate::health::HealthConfig;
+    use crate::inventory::{MachineRecord, RecordSource};
+    use crate::testing::FakeClock;
+
+    fn gateway(name: &str, racks: &[&str], machines: &[&str]) -> GatewayTarget {
+        GatewayTarget {
+            name: name.into(),
+            address: "127.0.0.1:7444".parse().unwrap(),
+            server_name: "gw".into(),
+            racks: racks.iter().map(|r| r.to_string()).collect(),
+            machines: machines.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
+    fn secs(s: u64) -> Option<Duration> {
+        Some(Duration::from_secs(s))
+    }
+
+    #[tokio::test]
+    async fn a_machines_limits_come_from_its_type_then_the_gateway_that_serves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let clock = Arc::new(FakeClock::new("2026-01-01T00:00:00Z".parse().unwrap()));
+        let fleet = Arc::new(
+            Fleet::open(store, clock, HealthConfig::default())
+                .await
+                .unwrap(),
+        );
+        let rec = |address: &str, rack: &str, t: &str| MachineRecord {
+            address: address.into(),
+            hostname: format!("h-{address}"),
+            serial: "S".into(),
+            rack: rack.into(),
+            role: "cs".into(),
+            machine_type: Some(t.into()),
+            labels: BTreeMap::new(),
+            source: RecordSource::Admin,
+        };
+        fleet
+            .upsert(vec![
+                rec("10.0.0.1", "r1", "qemu"),
+                rec("10.0.0.2", "r1", "big-mem"),
+                rec("10.0.0.3", "r1", "qemu"),
+                rec("10.0.0.4", "r2", "qemu"),
+            ])
+            .await
+            .unwrap();
+        let mut section = FenceSection::default();
+        section.gateways.insert(
+            "gw-r1".into(),
+            FenceOverride {
+                off_timeout: secs(90),
+                ..Default::default()
+            },
+        );
+        section.gateways.insert(
+            "gw-special".into(),
+            FenceOverride {
+                off_timeout: secs(5),
+                ..Default::default()
+            },
+        );
+        section.machine_types.insert(
+            "big-mem".into(),
+            FenceOverride {
+                off_timeout: secs(30),
+                on_timeout: secs(300),
+                keep_off: Some(true),
+                ..Default::default()
+            },
+        );
+        let policy = FencePolicy {
+            section,
+            gateways: vec![
+                gateway("gw-r1", &["r1"], &[]),
+                gateway("gw-special", &[], &["10.0.0.3"]),
+            ],
+            fleet,
+        };
+        // By rack, by type over the rack's gateway, by address over the rack, no gateway.
+        assert_eq!(policy.timeouts("10.0.0.1").off, Duration::from_secs(90));
+        assert_eq!(policy.timeouts("10.0.0.1").on, Duration::from_secs(120));
+        assert_eq!(policy.timeouts("10.0.0.2").off, Duration::from_secs(30));
+        assert_eq!(policy.timeouts("10.0.0.2").on, Duration::from_secs(300));
+        assert_eq!(policy.timeouts("10.0.0.3").off, Duration::from_secs(5));
+        assert_eq!(policy.timeouts("10.0.0.4").off, Duration::from_secs(60));
+        assert_eq!(policy.timeouts("10.9.9.9").off, Duration::from_secs(60));
+        assert!(policy.keep_off("10.0.0.2"));
+        assert!(!policy.keep_off("10.0.0.1"));
+    }
+}
