@@ -1,9 +1,10 @@
 //! The remediation loop: every `interval`, and about a second after the node view saw a
-//! Node's Ready status change ([`LoopDeps::view_changed`]), gather the facts ([`super::gather`]), call
-//! [`super::decide`] with the injected clock, enqueue the admitted entries through the same
-//! door as `coordinatorctl repair-queue add` ([`RepairQueue::request`] with
-//! `RepairQueueRequest::Add`), write every decision to the journal ([`super::journal`]) and
-//! post a Kubernetes Event on the Node for each new admission or hold.
+//! Node's Ready status change ([`LoopDeps::view_changed`]), gather the facts
+//! ([`super::gather`]), call [`super::decide`] with the injected clock, enqueue the
+//! admitted entries through the same door as `coordinatorctl repair-queue add`
+//! ([`RepairQueue::request`] with `RepairQueueRequest::Add`), write every decision to the
+//! journal ([`super::journal`]) and post a Kubernetes Event on the Node for each new
+//! admission or hold.
 //!
 //! The order of a pass is socket → decision → store → action: the decision is pure, the
 //! enqueue goes through the repair queue's own transaction, and the journal records what
