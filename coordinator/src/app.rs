@@ -228,6 +228,15 @@ impl App {
                                 clock: clock.clone(),
                             }),
                             kdump: kdump.clone(),
+                            policy: crate::repair::wiring::FencePolicy {
+                                section: config.fence.clone(),
+                                gateways: config
+                                    .gateways
+                                    .as_ref()
+                                    .map(|g| g.targets.clone())
+                                    .unwrap_or_default(),
+                                fleet: fleet.clone(),
+                            },
                         }),
                     repair_stop.clone(),
                 )
@@ -258,6 +267,7 @@ impl App {
                     queue: repair.clone(),
                     events: drainer.clone(),
                     kdump: kdump.clone(),
+                    view_changed: kube.as_ref().map(|(k, _)| k.node_view().changes()),
                 };
                 Some((rem, deps))
             }
@@ -334,10 +344,12 @@ impl App {
             grace,
         ));
         let sweeper = tokio::spawn(sweep_loop(self.fleet.clone(), shutdown.clone()));
-        let node_view = self
-            .node_view
-            .as_ref()
-            .map(|(view, every)| view.spawn_poller(*every, shutdown.clone()));
+        let node_view = self.node_view.as_ref().map(|(view, every)| {
+            (
+                view.spawn_poller(*every, shutdown.clone()),
+                view.spawn_watcher(shutdown.clone()),
+            )
+        });
         let remediation = self
             .remediation
             .map(|(rem, deps)| rem.spawn(deps, shutdown.clone()));
@@ -359,8 +371,9 @@ impl App {
         if let Some(h) = remediation {
             let _ = h.await;
         }
-        if let Some(h) = node_view {
-            let _ = h.await;
+        if let Some((poller, watcher)) = node_view {
+            let _ = poller.await;
+            let _ = watcher.await;
         }
         if let Some(h) = self.repair_join
             && tokio::time::timeout(grace, h).await.is_err()

@@ -104,6 +104,9 @@ pub struct Config {
     /// Crash dumps (owned by the kdump area): how long a dump may take, per machine type.
     #[serde(default)]
     pub kdump: crate::kdump::KdumpConfig,
+    /// The fence flow's time limits (per BMC: by machine type or gateway) and `keep_off`.
+    #[serde(default)]
+    pub fence: FenceSection,
 }
 
 /// `[tls]`: the coordinator's certificate, key and the fleet CA.
@@ -195,6 +198,161 @@ pub struct GatewaysSection {
     /// The gateways.
     #[serde(default)]
     pub targets: Vec<crate::gateway::GatewayTarget>,
+}
+
+/// `[fence]`: the fence flow's time limits and whether a fenced machine stays off.
+///
+/// The limits are per BMC, since BMCs differ: a `[fence.machine_types.<type>]` table
+/// (a hardware model, so a BMC firmware) or a `[fence.gateways.<name>]` table (the
+/// `[[gateways.targets]]` of that name: a rack of one vendor) overrides any of them. For
+/// each key the machine type's value wins, then the gateway's, then the section's.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FenceSection {
+    /// From the power-off request until the BMC reads back off (default 60 s).
+    #[serde(with = "duration")]
+    pub off_timeout: Duration,
+    /// From the power-on request until the gateway says on, its retries of a busy BMC
+    /// included (default 120 s).
+    #[serde(with = "duration")]
+    pub on_timeout: Duration,
+    /// From the release until the node's pods and VolumeAttachments are gone (default 10 min).
+    #[serde(with = "duration")]
+    pub release_timeout: Duration,
+    /// From the power-on until the agent is back with a new boot id and the Node restored
+    /// (default 15 min: server firmware boots slowly).
+    #[serde(with = "duration")]
+    pub back_timeout: Duration,
+    /// Leave a fenced machine off: the flow ends after the release (the Node keeps its
+    /// out-of-service taint), and a flow failing after the release does not power it on.
+    /// For machines a person must look at before they run again. Default false.
+    pub keep_off: bool,
+    /// Overrides by machine type.
+    pub machine_types: std::collections::BTreeMap<String, FenceOverride>,
+    /// Overrides by gateway name (`[[gateways.targets]]` `name`).
+    pub gateways: std::collections::BTreeMap<String, FenceOverride>,
+}
+
+/// One `[fence.machine_types.<type>]` or `[fence.gateways.<name>]` table: any key left out
+/// comes from the next level.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceOverride {
+    /// `off_timeout` for these machines.
+    #[serde(default, with = "opt_duration")]
+    pub off_timeout: Option<Duration>,
+    /// `on_timeout` for these machines.
+    #[serde(default, with = "opt_duration")]
+    pub on_timeout: Option<Duration>,
+    /// `release_timeout` for these machines.
+    #[serde(default, with = "opt_duration")]
+    pub release_timeout: Option<Duration>,
+    /// `back_timeout` for these machines.
+    #[serde(default, with = "opt_duration")]
+    pub back_timeout: Option<Duration>,
+    /// `keep_off` for these machines.
+    #[serde(default)]
+    pub keep_off: Option<bool>,
+}
+
+impl Default for FenceSection {
+    fn default() -> Self {
+        let t = crate::fence::flow::FenceTimeouts::default();
+        Self {
+            off_timeout: t.off,
+            on_timeout: t.on,
+            release_timeout: t.release,
+            back_timeout: t.back,
+            keep_off: false,
+            machine_types: Default::default(),
+            gateways: Default::default(),
+        }
+    }
+}
+
+impl FenceSection {
+    /// The overrides that apply to a machine of `machine_type` behind `gateway`, most
+    /// specific first.
+    fn overrides(
+        &self,
+        machine_type: Option<&str>,
+        gateway: Option<&str>,
+    ) -> [Option<&FenceOverride>; 2] {
+        [
+            machine_type.and_then(|t| self.machine_types.get(t)),
+            gateway.and_then(|g| self.gateways.get(g)),
+        ]
+    }
+
+    /// The time limits of a machine of `machine_type` whose BMC is behind `gateway`.
+    pub fn timeouts_for(
+        &self,
+        machine_type: Option<&str>,
+        gateway: Option<&str>,
+    ) -> crate::fence::flow::FenceTimeouts {
+        let o = self.overrides(machine_type, gateway);
+        let pick = |f: fn(&FenceOverride) -> Option<Duration>, base: Duration| {
+            o.iter().flatten().find_map(|x| f(x)).unwrap_or(base)
+        };
+        crate::fence::flow::FenceTimeouts {
+            off: pick(|x| x.off_timeout, self.off_timeout),
+            on: pick(|x| x.on_timeout, self.on_timeout),
+            release: pick(|x| x.release_timeout, self.release_timeout),
+            back: pick(|x| x.back_timeout, self.back_timeout),
+        }
+    }
+
+    /// Whether a fenced machine of `machine_type` behind `gateway` stays off.
+    pub fn keep_off_for(&self, machine_type: Option<&str>, gateway: Option<&str>) -> bool {
+        self.overrides(machine_type, gateway)
+            .iter()
+            .flatten()
+            .find_map(|x| x.keep_off)
+            .unwrap_or(self.keep_off)
+    }
+
+    /// Every limit above zero; every gateway override names a configured gateway.
+    fn validate(&self, gateways: &[crate::gateway::GatewayTarget]) -> Result<(), String> {
+        let zero = |key: &str, d: Option<Duration>| match d {
+            Some(d) if d.is_zero() => Err(format!(
+                "key `{key}`: must be greater than 0 (a zero limit fails every fence at once)"
+            )),
+            _ => Ok(()),
+        };
+        zero("fence.off_timeout", Some(self.off_timeout))?;
+        zero("fence.on_timeout", Some(self.on_timeout))?;
+        zero("fence.release_timeout", Some(self.release_timeout))?;
+        zero("fence.back_timeout", Some(self.back_timeout))?;
+        for (table, map) in [
+            ("machine_types", &self.machine_types),
+            ("gateways", &self.gateways),
+        ] {
+            for (name, o) in map {
+                let key = |k: &str| format!("fence.{table}.{name}.{k}");
+                zero(&key("off_timeout"), o.off_timeout)?;
+                zero(&key("on_timeout"), o.on_timeout)?;
+                zero(&key("release_timeout"), o.release_timeout)?;
+                zero(&key("back_timeout"), o.back_timeout)?;
+            }
+        }
+        if let Some(name) = self
+            .gateways
+            .keys()
+            .find(|n| !gateways.iter().any(|g| &g.name == *n))
+        {
+            let known: Vec<&str> = gateways.iter().map(|g| g.name.as_str()).collect();
+            return Err(format!(
+                "key `fence.gateways.{name}`: no [[gateways.targets]] is named {name:?} \
+                 (configured: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn default_shutdown_grace() -> Duration {
@@ -307,6 +465,13 @@ impl Config {
                 message: e.to_string(),
             })?;
         }
+        let targets = self.gateways.as_ref().map_or(&[][..], |g| &g.targets[..]);
+        self.fence
+            .validate(targets)
+            .map_err(|message| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            })?;
         if let Some(name) = &self.name {
             protocol::identity::validate_name("name", name)
                 .map_err(|e| invalid("name", &e.to_string()))?;
@@ -400,6 +565,87 @@ key = "c.key"
             .unwrap_err()
             .to_string();
         assert!(e.contains("intervall"), "{e}");
+    }
+
+    const GATEWAY: &str = "\n[[gateways.targets]]\nname = \"rack-1\"\naddress = \"127.0.0.1:7444\"\nserver_name = \"gw\"\nracks = [\"rack-1\"]\n";
+
+    #[test]
+    fn fence_limits_default_to_the_issue_and_are_overridden_per_bmc() {
+        let c = Config::parse(MINIMAL, Path::new("c.toml")).unwrap();
+        let t = c.fence.timeouts_for(Some("qemu"), Some("rack-1"));
+        assert_eq!(t.off, Duration::from_secs(60));
+        assert_eq!(t.on, Duration::from_secs(120));
+        assert_eq!(t, crate::fence::flow::FenceTimeouts::default());
+        assert!(!c.fence.keep_off_for(None, None));
+
+        let text = format!(
+            "{MINIMAL}{GATEWAY}\n[fence]\noff_timeout = \"45s\"\non_timeout = \"3m\"\n\
+             [fence.gateways.rack-1]\noff_timeout = \"90s\"\non_timeout = \"4m\"\n\
+             [fence.machine_types.big-mem]\non_timeout = \"5m\"\nback_timeout = \"30m\"\nkeep_off = true\n"
+        );
+        let f = Config::parse(&text, Path::new("c.toml")).unwrap().fence;
+        // The section's own values.
+        let t = f.timeouts_for(Some("qemu"), Some("rack-2"));
+        assert_eq!(
+            (t.off, t.on),
+            (Duration::from_secs(45), Duration::from_secs(180))
+        );
+        // The gateway's.
+        let t = f.timeouts_for(Some("qemu"), Some("rack-1"));
+        assert_eq!(
+            (t.off, t.on),
+            (Duration::from_secs(90), Duration::from_secs(240))
+        );
+        // The machine type's beat the gateway's, key by key.
+        let t = f.timeouts_for(Some("big-mem"), Some("rack-1"));
+        assert_eq!(t.off, Duration::from_secs(90), "off from the gateway");
+        assert_eq!(t.on, Duration::from_secs(300), "on from the machine type");
+        assert_eq!(t.back, Duration::from_secs(1800));
+        assert_eq!(t.release, Duration::from_secs(600));
+        assert!(f.keep_off_for(Some("big-mem"), Some("rack-1")));
+        assert!(!f.keep_off_for(Some("qemu"), Some("rack-1")));
+    }
+
+    #[test]
+    fn the_packaged_config_with_every_setting_uncommented_loads() {
+        // Commented settings start with `#` and no space; prose comments with `# `.
+        let text: String = include_str!("../../packaging/coordinator/coordinator.toml")
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(rest) if !rest.starts_with(' ') && !rest.is_empty() => rest,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = Config::parse(&text, Path::new("coordinator.toml")).unwrap();
+        let t = c.fence.timeouts_for(Some("big-mem"), Some("rack-1"));
+        assert_eq!(t.on, Duration::from_secs(300));
+        assert_eq!(t.off, Duration::from_secs(90));
+        assert!(!c.fence.keep_off_for(Some("big-mem"), Some("rack-1")));
+    }
+
+    #[test]
+    fn bad_fence_limits_are_refused_naming_the_key() {
+        for (extra, want) in [
+            ("[fence]\noff_timeout = \"0s\"\n", "fence.off_timeout"),
+            ("[fence]\non_timeout = 120\n", "has no unit"),
+            (
+                "[fence.machine_types.x]\non_timeout = \"0s\"\n",
+                "fence.machine_types.x.on_timeout",
+            ),
+            (
+                "[fence.gateways.rack-9]\noff_timeout = \"1m\"\n",
+                "no [[gateways.targets]] is named \"rack-9\" (configured: rack-1)",
+            ),
+            ("[fence]\noff_timout = \"1m\"\n", "off_timout"),
+            ("[fence.machine_types.x]\nkeep_of = true\n", "keep_of"),
+        ] {
+            let text = format!("{MINIMAL}{GATEWAY}\n{extra}");
+            let e = Config::parse(&text, Path::new("c.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
     }
 
     #[test]

@@ -10,10 +10,18 @@
 //!   `@fence` step with `need_drain` fences once,
 //! - a BMC that refuses power-off: nothing is released and the entry fails with the BMC's
 //!   words; a BMC busy for 20 s after the off: the power-on waits and the flow completes,
+//! - kdump: a machine whose agent reported its crash kernel loaded dies and its kdump
+//!   initramfs says "dumping" (`node-agent kdump-notify --phase start`): its StatefulSet pod
+//!   and VolumeAttachment are released with no power action at all; "dump done" then lets
+//!   the power cycle proceed (off, confirm, on), the machine comes back with a new boot id
+//!   and the taint goes,
 //! - the crash test (`#[ignore]`d, run by name): the coordinator killed with SIGKILL at each
 //!   of 11 kill points of the flow, each a separate run; after every restart the flow
 //!   completes, the simulator's log shows one off and one on, the machine ends on, and no
 //!   release came before the off. It prints a table of kill point → outcome,
+//! - a Node turning Ready Unknown wakes automatic remediation through the node view's
+//!   watch: with the view and remediation at 60 s, the machine is still admitted within
+//!   seconds of the change,
 //! - the benchmark (`#[ignore]`d): death → release with its breakdown.
 //!
 //! Needs `ipmi_sim` and `ipmitool` (scripts/setup-test-deps.sh installs them).
@@ -22,6 +30,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
+use protocol::messages::{CheckKind, CheckStatus};
 use serde_json::Value;
 use testkit::bmc_sim::{BusyBmc, GatewayProc, IpmiSim, TestPki};
 use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed, PodSeed};
@@ -66,12 +75,13 @@ struct Tuning {
 }
 
 impl Tuning {
-    /// Short everything, as the functional tests use.
+    /// Short everything, as the functional tests use. The fixture's crash kernel is loaded,
+    /// so `kdump_wait` is 0: these machines die without a dump (the kdump test sets it).
     fn quick(remediation: bool) -> Self {
         Self {
             report: REPORT,
             remediation: if remediation {
-                "[remediation]\ninterval = \"500ms\"\nlease_stale = \"3s\"\n\
+                "[remediation]\ninterval = \"500ms\"\nlease_stale = \"3s\"\nkdump_wait = \"0s\"\n\
                  [remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
                  self_isolation = { settle = \"1s\" }\n"
                     .into()
@@ -599,6 +609,169 @@ async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words(
     Ok(())
 }
 
+/// `node-agent kdump-notify --phase PHASE` as the machine's kdump initramfs runs it: its
+/// own certificate, the coordinator's address, nothing else.
+fn kdump_notify(rig: &Rig, phase: &str) -> Result<()> {
+    let tls = rig.agent_tls.as_ref().context("agent TLS")?;
+    let out = testkit::procs::command("node-agent")
+        .args(["kdump-notify", "--phase", phase, "--coordinator"])
+        .arg(rig.coord.quic.to_string())
+        .arg("--ca")
+        .arg(&tls.ca)
+        .arg("--cert")
+        .arg(&tls.cert)
+        .arg("--key")
+        .arg(&tls.key)
+        .args(["--timeout", "30s"])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "kdump-notify --phase {phase}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kdump_dumping_releases_with_no_power_action_and_dump_done_lets_the_cycle_proceed()
+-> Result<()> {
+    // The agent reported its crash kernel loaded (the fixture loads one), so a silent
+    // machine is given kdump_wait to say "dumping"; a dump may take up to 120 s here, far
+    // longer than the test waits, so only "dump done" can start the power cycle in time.
+    let mut tuning = Tuning::quick(true);
+    tuning.remediation = tuning
+        .remediation
+        .replace("kdump_wait = \"0s\"", "kdump_wait = \"30s\"");
+    tuning.remediation.push_str("[kdump]\ntimeout = \"120s\"\n");
+    let mut rig = Rig::start_tuned(tuning, REPAIR_YML, None).await?;
+    let machine = blocking(|| rig.coord.machine(MACHINE))?;
+    let loaded = machine.last_report.as_ref().is_some_and(|r| {
+        r.checks
+            .iter()
+            .any(|c| c.kind == CheckKind::Kdump && c.status == CheckStatus::Ok)
+    });
+    assert!(
+        loaded,
+        "the agent did not report its crash kernel loaded: {:?}",
+        machine.last_report
+    );
+    // The kernel panics: the agent and the kubelet stop, the kdump kernel boots and says so.
+    rig.kill_machine();
+    let dumping_at = SystemTime::now();
+    blocking(|| kdump_notify(&rig, "start"))?;
+    let released = blocking(|| {
+        wait_for("the workload released on the dump", SETTLE, || {
+            (rig.k8s.pods_on(HOST).is_empty() && rig.k8s.volume_attachments_on(HOST).is_empty())
+                .then(SystemTime::now)
+                .ok_or_else(|| {
+                    format!(
+                        "pods {:?}; power log {:?}",
+                        rig.k8s.pods_on(HOST),
+                        rig.sim.events()
+                    )
+                })
+        })
+    })?;
+    assert!(
+        rig.has_out_of_service_taint(),
+        "released without the taint: {:?}",
+        rig.k8s.node(HOST)
+    );
+    // While the dump runs, no power action at all, however long we look.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        rig.sim.events().iter().all(|e| !e.starts_with("set power")),
+        "a power action while the machine was dumping: {:?}",
+        rig.sim.events()
+    );
+    blocking(|| {
+        wait_for("the flow to wait for \"dump done\"", SETTLE, || {
+            let flows = rig
+                .coord
+                .ctl_json::<Vec<Value>>(&["fence", "list", "--json"])
+                .map_err(|e| e.to_string())?;
+            (flows.len() == 1 && flows[0]["state"] == "kdump-wait")
+                .then_some(())
+                .ok_or_else(|| format!("{flows:#?}"))
+        })
+    })?;
+    for (at, what) in rig.node_writes() {
+        assert!(
+            at >= dumping_at,
+            "{what} came before the \"dumping\" notice"
+        );
+    }
+
+    // The dump is written: the power cycle goes ahead, off confirmed, then on.
+    let done_at = SystemTime::now();
+    blocking(|| kdump_notify(&rig, "done"))?;
+    blocking(|| {
+        wait_for("the simulator to power on again", SETTLE, || {
+            (rig.count_power("1") > 0)
+                .then_some(())
+                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
+        })
+    })?;
+    let off = rig.first_power("0").context("never powered off")?;
+    let on = rig.first_power("1").context("never powered on")?;
+    assert!(off > done_at, "powered off before \"dump done\"");
+    assert!(
+        off.duration_since(done_at)? < Duration::from_secs(30),
+        "the power cycle waited for the kdump timeout, not for \"dump done\": {:?}",
+        off.duration_since(done_at)?
+    );
+    assert!(on > off);
+    rig.boot_machine()?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
+    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
+    assert!(
+        !rig.has_out_of_service_taint(),
+        "the taint was not removed: {:?}",
+        rig.k8s.node(HOST)
+    );
+    let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
+    let id = flows[0]["id"].to_string();
+    let shown: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", &id, "--json"]))?;
+    assert_eq!(shown["state"], "done", "{shown:#}");
+    let states: Vec<&str> = shown["steps"]
+        .as_array()
+        .context("steps")?
+        .iter()
+        .filter_map(|s| s["state"].as_str())
+        .collect();
+    for want in [
+        "kdump-release",
+        "kdump-wait",
+        "power-off",
+        "confirm-off",
+        "power-on",
+        "wait-back",
+        "restore",
+        "done",
+    ] {
+        assert!(states.contains(&want), "{want} missing from {states:?}");
+    }
+    // The machine came back with a new boot id.
+    let back = blocking(|| rig.coord.machine(MACHINE))?;
+    assert_eq!(back.summary.state, "healthy", "{back:?}");
+    assert_ne!(
+        back.boot_id, machine.boot_id,
+        "the same boot id after the cycle"
+    );
+    eprintln!(
+        "kdump: released {:.1} s after \"dumping\"; off {:.1} s and on {:.1} s after \"dump done\"",
+        released.duration_since(dumping_at)?.as_secs_f64(),
+        off.duration_since(done_at)?.as_secs_f64(),
+        on.duration_since(done_at)?.as_secs_f64()
+    );
+    Ok(())
+}
+
 impl Rig {
     fn sim_power_is_on(&self) -> Result<bool> {
         match &self.sim {
@@ -800,7 +973,7 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
     let admitted = journal
         .iter()
         .find(|l| l["outcome"] == "admitted")
-        .and_then(|l| json_ms(&l["first_unix_ms"]).or_else(|| json_ms(&l["first"])))
+        .and_then(|l| json_ms(&l["first_at"]).or_else(|| json_ms(&l["first"])))
         .with_context(|| format!("no admitted decision in {journal:#?}"))?;
     let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
     let id = flows.first().context("no flow")?["id"].to_string();
@@ -814,6 +987,18 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
     };
     let plan = step("plan")?;
     let release = step("release")?;
+    // When the (simulated) node lifecycle controller turned Ready Unknown: the second signal.
+    let unready = rig
+        .k8s
+        .node(HOST)
+        .and_then(|n| {
+            n["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Ready" && c["status"] != "True")
+                .and_then(|c| json_ms(&c["lastTransitionTime"]))
+        })
+        .context("Ready never left True")?;
     let off = ms_of(rig.first_power("0").context("never powered off")?);
     let (killed, released) = (ms_of(killed), ms_of(released));
     let s = |a: i64, b: i64| (b - a) as f64 / 1000.0;
@@ -821,6 +1006,8 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
         s(killed, released),
         vec![
             ("detect (kill → remediation admits)", s(killed, admitted)),
+            ("  of which: kill → Ready Unknown", s(killed, unready)),
+            ("  of which: Ready Unknown → admitted", s(unready, admitted)),
             ("decide (admitted → flow committed)", s(admitted, plan)),
             ("power off (flow → BMC applies off)", s(plan, off)),
             (
@@ -835,6 +1022,39 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
     ))
 }
 
+/// The node view's watch wakes automatic remediation: with the node view refreshed and the
+/// remediation pass run only every 60 s, a dead machine is still admitted and released
+/// within seconds of its Node turning Ready Unknown, not at the next pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_turning_unready_wakes_remediation_long_before_its_next_pass() -> Result<()> {
+    let tuning = Tuning {
+        report: REPORT,
+        remediation:
+            "[remediation]\ninterval = \"60s\"\nlease_stale = \"3s\"\nkdump_wait = \"0s\"\n\
+                      [remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
+                      self_isolation = { settle = \"1s\" }\n"
+                .into(),
+        view_refresh: "60s",
+        kubelet: (Duration::from_millis(500), Duration::from_secs(3)),
+    };
+    let (total, phases) = time_to_release(tuning).await?;
+    let phase = |name: &str| {
+        phases
+            .iter()
+            .find(|(p, _)| p.contains(name))
+            .map(|(_, s)| *s)
+            .unwrap_or(f64::NAN)
+    };
+    let after_unready = phase("Ready Unknown → admitted");
+    eprintln!("kill → released {total:.1} s; Ready Unknown → admitted {after_unready:.2} s");
+    assert!(
+        after_unready < 10.0,
+        "admitted {after_unready:.1} s after Ready turned Unknown: remediation waited for its interval"
+    );
+    assert!(total < 20.0, "kill → released took {total:.1} s");
+    Ok(())
+}
+
 /// Issue 11's benchmark: time from killing a machine's agent and kubelet Lease to its
 /// workload released, with the breakdown. Run by name:
 /// `cargo test -p fleetmend-tests --test fencing -- --ignored --nocapture bench`
@@ -843,7 +1063,9 @@ async fn time_to_release(tuning: Tuning) -> Result<(f64, Vec<(&'static str, f64)
 async fn bench_time_from_death_to_release() -> Result<()> {
     // One machine is the whole fleet here, so its death is also "most agents lost at once":
     // self-isolation settles in 1 s instead of 10 s, in both configurations.
-    let limits = "[remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
+    // The fixture's crash kernel is loaded, so a silent machine would first be given
+    // kdump_wait (60 s) to say "dumping"; this measures a machine that simply died.
+    let limits = "kdump_wait = \"0s\"\n[remediation.limits]\nfleet_cap = { count = 10, percent = 100 }\n\
                   self_isolation = { settle = \"1s\" }\n";
     let fast = Tuning {
         report: Duration::from_secs(1),

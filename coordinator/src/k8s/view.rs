@@ -4,19 +4,30 @@
 //!
 //! Refreshed by polling (a full list of Nodes and node Leases every
 //! `node_view_refresh`), which is simple, survives API server restarts without
-//! watch bookkeeping, and costs two list calls per interval. Reads are cheap: a clone of an
-//! `Arc` to an immutable snapshot. [`NodeView::is_fresh`] says whether the view can be
-//! trusted; when it cannot (API down), detectors must hold rather than guess (invariant 7).
+//! watch bookkeeping, and costs two list calls per interval. On top of it a watch on Nodes
+//! ([`NodeView::spawn_watcher`]) refreshes at once (at most once per [`WATCH_REFRESH_GAP`])
+//! when a Node's Ready status changes or a Node comes or goes, so a death is seen within
+//! about a second of the node controller saying so instead of up to a refresh period
+//! later; a refresh that finds such a change wakes whoever waits on
+//! [`NodeView::changes`] (the remediation loop). The watch is an accelerator only: if it
+//! fails, polling alone keeps the view as before. Reads are cheap: a clone of an `Arc` to
+//! an immutable snapshot. [`NodeView::is_fresh`] says whether the view can be trusted;
+//! when it cannot (API down), detectors must hold rather than guess (invariant 7).
 //! This module deliberately makes no health judgement.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::client::map_err;
@@ -26,6 +37,11 @@ use crate::clock::Clock;
 
 /// The namespace holding the kubelets' heartbeat Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// Least time between two refreshes the Node watch triggers: a rack losing power flips
+/// dozens of Nodes within a second or two, and one refresh then sees them all for the cost
+/// of two list calls, where one per event would load the API server exactly when it is busy.
+pub const WATCH_REFRESH_GAP: Duration = Duration::from_secs(1);
 
 /// One condition of a Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +184,7 @@ pub struct NodeView {
     client: kube::Client,
     clock: Arc<dyn Clock>,
     current: Arc<RwLock<Arc<NodeViewSnapshot>>>,
+    changed: Arc<Notify>,
 }
 
 impl std::fmt::Debug for NodeView {
@@ -184,7 +201,14 @@ impl NodeView {
             client,
             clock,
             current: Arc::new(RwLock::new(Arc::new(NodeViewSnapshot::default()))),
+            changed: Arc::new(Notify::new()),
         }
+    }
+
+    /// Notified (one permit, so none is lost while its waiter is busy) after a refresh
+    /// that found a Node's Ready status changed or a Node added or gone.
+    pub fn changes(&self) -> Arc<Notify> {
+        self.changed.clone()
     }
 
     /// The current snapshot.
@@ -232,8 +256,61 @@ impl NodeView {
             snap.nodes.insert(s.name.clone(), s);
         }
         let snap = Arc::new(snap);
-        *self.current.write().expect("node view poisoned") = snap.clone();
+        let old = std::mem::replace(
+            &mut *self.current.write().expect("node view poisoned"),
+            snap.clone(),
+        );
+        if readiness_changed(&old, &snap) {
+            self.changed.notify_one();
+        }
         Ok(snap)
+    }
+
+    /// True when `node` is unknown to the snapshot or its Ready status differs from it.
+    fn ready_differs(&self, node: &Node) -> bool {
+        let seen = snapshot_of(node);
+        self.snapshot()
+            .nodes
+            .get(&seen.name)
+            .is_none_or(|s| s.ready != seen.ready)
+    }
+
+    /// Watches Nodes until `cancel` fires and refreshes the view (see the module doc) when
+    /// one's Ready status changed or a Node was deleted. Watch errors are retried with
+    /// kube's backoff; polling goes on regardless.
+    pub fn spawn_watcher(&self, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let view = self.clone();
+        tokio::spawn(async move {
+            let nodes: Api<Node> = Api::all(view.client.clone());
+            let mut events = watcher::watcher(nodes, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            let mut pending = false;
+            let mut last = tokio::time::Instant::now();
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    ev = events.next() => match ev {
+                        None => return,
+                        Some(Ok(Event::Apply(n) | Event::InitApply(n))) => {
+                            pending |= view.ready_differs(&n);
+                        }
+                        Some(Ok(Event::Delete(_))) => pending = true,
+                        Some(Ok(Event::Init | Event::InitDone)) => {}
+                        Some(Err(error)) => {
+                            tracing::debug!(%error, "node watch failed; retrying (polling goes on)");
+                        }
+                    },
+                    _ = tokio::time::sleep_until(last + WATCH_REFRESH_GAP), if pending => {
+                        pending = false;
+                        last = tokio::time::Instant::now();
+                        if let Err(error) = view.refresh().await {
+                            tracing::warn!(%error, "node view refresh after a Node change failed");
+                        }
+                    }
+                }
+            }
+        })
     }
 
     /// Folds a fresh Node list (from node mapping) into the view, keeping lease times.
@@ -276,6 +353,16 @@ impl NodeView {
     }
 }
 
+/// True when a Node's Ready status differs between `old` and `new`, or a Node is in one
+/// only: what can turn a machine's death (or life) decision.
+fn readiness_changed(old: &NodeViewSnapshot, new: &NodeViewSnapshot) -> bool {
+    old.nodes.len() != new.nodes.len()
+        || new
+            .nodes
+            .iter()
+            .any(|(name, n)| old.nodes.get(name).is_none_or(|o| o.ready != n.ready))
+}
+
 impl NodeViewSource for NodeView {
     fn snapshot(&self) -> Arc<NodeViewSnapshot> {
         NodeView::snapshot(self)
@@ -286,6 +373,46 @@ impl NodeViewSource for NodeView {
 mod tests {
     use super::*;
     use crate::k8s::cordon::{CORDON_ANNOTATION, CORDON_OWNER};
+
+    fn snap(nodes: &[(&str, Option<bool>, i64)]) -> NodeViewSnapshot {
+        NodeViewSnapshot {
+            nodes: nodes
+                .iter()
+                .map(|&(name, ready, lease)| {
+                    let node: Node =
+                        serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+                            .unwrap();
+                    let mut s = snapshot_of(&node);
+                    s.ready = ready;
+                    s.lease_renew_time = Some(Timestamp::from_second(lease).unwrap());
+                    (name.to_string(), s)
+                })
+                .collect(),
+            refreshed_at: None,
+        }
+    }
+
+    #[test]
+    fn a_ready_change_or_a_node_coming_or_going_is_a_change_a_lease_renewal_is_not() {
+        let a = snap(&[("n1", Some(true), 1), ("n2", Some(true), 1)]);
+        assert!(!readiness_changed(
+            &a,
+            &snap(&[("n1", Some(true), 9), ("n2", Some(true), 9)])
+        ));
+        assert!(readiness_changed(
+            &a,
+            &snap(&[("n1", Some(false), 1), ("n2", Some(true), 1)])
+        ));
+        assert!(readiness_changed(
+            &a,
+            &snap(&[("n1", Some(true), 1), ("n2", None, 1)])
+        ));
+        assert!(readiness_changed(&a, &snap(&[("n1", Some(true), 1)])));
+        assert!(readiness_changed(
+            &a,
+            &snap(&[("n1", Some(true), 1), ("n3", Some(true), 1)])
+        ));
+    }
 
     #[test]
     fn snapshot_extracts_what_detectors_need() {

@@ -1,8 +1,10 @@
-//! The remediation loop: every `interval`, gather the facts ([`super::gather`]), call
-//! [`super::decide`] with the injected clock, enqueue the admitted entries through the same
-//! door as `coordinatorctl repair-queue add` ([`RepairQueue::request`] with
-//! `RepairQueueRequest::Add`), write every decision to the journal ([`super::journal`]) and
-//! post a Kubernetes Event on the Node for each new admission or hold.
+//! The remediation loop: every `interval`, and about a second after the node view saw a
+//! Node's Ready status change ([`LoopDeps::view_changed`]), gather the facts
+//! ([`super::gather`]), call [`super::decide`] with the injected clock, enqueue the
+//! admitted entries through the same door as `coordinatorctl repair-queue add`
+//! ([`RepairQueue::request`] with `RepairQueueRequest::Add`), write every decision to the
+//! journal ([`super::journal`]) and post a Kubernetes Event on the Node for each new
+//! admission or hold.
 //!
 //! The order of a pass is socket → decision → store → action: the decision is pure, the
 //! enqueue goes through the repair queue's own transaction, and the journal records what
@@ -102,6 +104,22 @@ pub struct LoopDeps {
     pub events: Arc<dyn Drainer>,
     /// Crash dumps reported by kdump initramfs ([`crate::fence::kdump::NoKdump`]: none).
     pub kdump: Arc<dyn crate::fence::kdump::KdumpView>,
+    /// Notified when the node view saw a Node's Ready change ([`crate::k8s::NodeView::changes`]):
+    /// a pass then runs [`VIEW_CHANGE_DEBOUNCE`] later instead of at the next interval.
+    pub view_changed: Option<Arc<Notify>>,
+}
+
+/// Wait between a node view change and the pass it triggers: a rack losing power turns its
+/// Nodes NotReady over a second or so, and one pass that sees them together lets the storm
+/// limits (correlated failure, self-isolation) judge the whole event, not its first node.
+pub const VIEW_CHANGE_DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// Waits for `n`, or for ever without one.
+async fn notified(n: Option<&Notify>) {
+    match n {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Remediation {
@@ -174,6 +192,15 @@ impl Remediation {
                     _ = shutdown.cancelled() => break,
                     _ = tick.tick() => {}
                     _ = shared.wake.notified() => {}
+                    _ = notified(deps.view_changed.as_deref()) => {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = tokio::time::sleep(VIEW_CHANGE_DEBOUNCE) => {}
+                        }
+                        tracing::debug!("node view changed: remediation pass now");
+                        // The next periodic pass counts from this one.
+                        tick.reset();
+                    }
                 }
                 if let Err(error) = state.pass(&shared, &deps, sabakan.as_deref()).await {
                     shared.metrics.pass_failed();
@@ -623,6 +650,7 @@ mod tests {
                 queue: None,
                 events: Arc::new(NotANode),
                 kdump: Arc::new(crate::fence::kdump::NoKdump),
+                view_changed: None,
             };
             Self {
                 _dir: dir,

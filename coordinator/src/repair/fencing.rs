@@ -68,9 +68,13 @@ pub enum FenceEnd {
     Error(String),
 }
 
+/// Whether the machine at an address stays off after its fence (`[fence] keep_off`).
+pub type KeepOffOf = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Fence flows for the repair queue (see the module doc).
 pub struct FenceService {
     runner: Arc<FenceRunner>,
+    keep_off: KeepOffOf,
     store: Store,
     clock: Arc<dyn Clock>,
     drainer: Arc<dyn Drainer>,
@@ -85,17 +89,20 @@ impl std::fmt::Debug for FenceService {
 }
 
 impl FenceService {
-    /// A service over `runner`; node names come from `drainer`. Flow tasks stop when
-    /// `shutdown` is cancelled (the flows resume at the next start).
+    /// A service over `runner`; node names come from `drainer`; flows it starts leave the
+    /// machines `keep_off` names off (the flow's [`crate::fence::flow::Flow::keep_off`]).
+    /// Flow tasks stop when `shutdown` is cancelled (the flows resume at the next start).
     pub fn new(
         runner: Arc<FenceRunner>,
         store: Store,
         clock: Arc<dyn Clock>,
         drainer: Arc<dyn Drainer>,
+        keep_off: KeepOffOf,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
             runner,
+            keep_off,
             store,
             clock,
             drainer,
@@ -191,7 +198,7 @@ impl FenceService {
             address: address.to_string(),
             serial: serial.to_string(),
             node,
-            keep_off: false,
+            keep_off: (self.keep_off)(address),
         };
         let id = match self.runner.start(req).await {
             Ok(id) => id,
@@ -324,6 +331,7 @@ mod tests {
             store.clone(),
             clock,
             Arc::new(drainer),
+            Arc::new(|_: &str| false),
             stop.clone(),
         );
         Setup {

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::command::{AgentHealth, AgentHealthView};
 use super::engine::{RepairDeps, RepairQueue};
-use super::fencing::{FenceService, NodeLiveness};
+use super::fencing::{FenceService, KeepOffOf, NodeLiveness};
 use super::load::{RepairConfigError, load_file};
 use super::metrics::RepairMetrics;
 use crate::agent_link::AgentActions;
@@ -110,6 +110,51 @@ impl NodeLiveness for FleetLiveness {
     }
 }
 
+/// `[fence]` per machine: its machine type and the gateway its BMC is behind select the
+/// overrides ([`crate::config::FenceSection`]).
+#[derive(Clone)]
+pub struct FencePolicy {
+    /// The `[fence]` section.
+    pub section: crate::config::FenceSection,
+    /// The `[[gateways.targets]]`, to know which gateway serves a machine.
+    pub gateways: Vec<crate::gateway::GatewayTarget>,
+    /// Machine types and racks.
+    pub fleet: Arc<Fleet>,
+}
+
+impl FencePolicy {
+    /// The machine type and the gateway name of the machine at `address`: the gateway
+    /// listing the address, else the one serving its rack (as power requests are routed).
+    fn of(&self, address: &str) -> (Option<String>, Option<String>) {
+        let record = self.fleet.machine(address).map(|m| m.record);
+        let rack = record.as_ref().map(|r| r.rack.as_str());
+        let gateway = self
+            .gateways
+            .iter()
+            .find(|g| g.machines.iter().any(|m| m == address))
+            .or_else(|| {
+                let rack = rack.filter(|r| !r.is_empty())?;
+                self.gateways
+                    .iter()
+                    .find(|g| g.racks.iter().any(|r| r == rack))
+            })
+            .map(|g| g.name.clone());
+        (record.and_then(|r| r.machine_type), gateway)
+    }
+
+    /// The time limits of the machine at `address`.
+    pub fn timeouts(&self, address: &str) -> crate::fence::flow::FenceTimeouts {
+        let (t, g) = self.of(address);
+        self.section.timeouts_for(t.as_deref(), g.as_deref())
+    }
+
+    /// Whether the machine at `address` stays off after its fence.
+    pub fn keep_off(&self, address: &str) -> bool {
+        let (t, g) = self.of(address);
+        self.section.keep_off_for(t.as_deref(), g.as_deref())
+    }
+}
+
 /// What fencing needs from a cluster: releasing and restoring Nodes, and which are dead.
 pub struct FenceWiring {
     /// Releasing and restoring Nodes.
@@ -119,6 +164,8 @@ pub struct FenceWiring {
     /// What the machines' kdump initramfs said: a dumping machine's workload is released
     /// with no power action, and its power cycle waits for "dump done".
     pub kdump: Arc<dyn crate::fence::kdump::KdumpView>,
+    /// `[fence]`: time limits per BMC and `keep_off`.
+    pub policy: FencePolicy,
 }
 
 /// Loads the repair configuration at `path` and starts the engine. The engine stops when
@@ -151,12 +198,21 @@ pub async fn start_for_app(
                     clock: clock.clone(),
                 },
             )
-            .with_kdump(w.kdump);
+            .with_kdump(w.kdump)
+            .with_timeouts_of({
+                let p = w.policy.clone();
+                Arc::new(move |address: &str| p.timeouts(address))
+            });
+            let keep_off: KeepOffOf = {
+                let p = w.policy;
+                Arc::new(move |address: &str| p.keep_off(address))
+            };
             let service = FenceService::new(
                 Arc::new(runner),
                 store.clone(),
                 clock.clone(),
                 drainer.clone(),
+                keep_off,
                 shutdown.clone(),
             );
             match service.resume_unfinished().await {
@@ -175,4 +231,104 @@ pub async fn start_for_app(
     let (queue, join) = RepairQueue::start(deps, shutdown).await?;
     tracing::info!(file = %path.display(), "repair queue started");
     Ok((queue, join))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{FenceOverride, FenceSection};
+    use crate::gateway::GatewayTarget;
+    use crate::health::HealthConfig;
+    use crate::inventory::{MachineRecord, RecordSource};
+    use crate::testing::FakeClock;
+
+    fn gateway(name: &str, racks: &[&str], machines: &[&str]) -> GatewayTarget {
+        GatewayTarget {
+            name: name.into(),
+            address: "127.0.0.1:7444".parse().unwrap(),
+            server_name: "gw".into(),
+            racks: racks.iter().map(|r| r.to_string()).collect(),
+            machines: machines.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
+    fn secs(s: u64) -> Option<Duration> {
+        Some(Duration::from_secs(s))
+    }
+
+    #[tokio::test]
+    async fn a_machines_limits_come_from_its_type_then_the_gateway_that_serves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let clock = Arc::new(FakeClock::new("2026-01-01T00:00:00Z".parse().unwrap()));
+        let fleet = Arc::new(
+            Fleet::open(store, clock, HealthConfig::default())
+                .await
+                .unwrap(),
+        );
+        let rec = |address: &str, rack: &str, t: &str| MachineRecord {
+            address: address.into(),
+            hostname: format!("h-{address}"),
+            serial: "S".into(),
+            rack: rack.into(),
+            role: "cs".into(),
+            machine_type: Some(t.into()),
+            labels: BTreeMap::new(),
+            source: RecordSource::Admin,
+        };
+        fleet
+            .upsert(vec![
+                rec("10.0.0.1", "r1", "qemu"),
+                rec("10.0.0.2", "r1", "big-mem"),
+                rec("10.0.0.3", "r1", "qemu"),
+                rec("10.0.0.4", "r2", "qemu"),
+            ])
+            .await
+            .unwrap();
+        let mut section = FenceSection::default();
+        section.gateways.insert(
+            "gw-r1".into(),
+            FenceOverride {
+                off_timeout: secs(90),
+                ..Default::default()
+            },
+        );
+        section.gateways.insert(
+            "gw-special".into(),
+            FenceOverride {
+                off_timeout: secs(5),
+                ..Default::default()
+            },
+        );
+        section.machine_types.insert(
+            "big-mem".into(),
+            FenceOverride {
+                off_timeout: secs(30),
+                on_timeout: secs(300),
+                keep_off: Some(true),
+                ..Default::default()
+            },
+        );
+        let policy = FencePolicy {
+            section,
+            gateways: vec![
+                gateway("gw-r1", &["r1"], &[]),
+                gateway("gw-special", &[], &["10.0.0.3"]),
+            ],
+            fleet,
+        };
+        // By rack, by type over the rack's gateway, by address over the rack, no gateway.
+        assert_eq!(policy.timeouts("10.0.0.1").off, Duration::from_secs(90));
+        assert_eq!(policy.timeouts("10.0.0.1").on, Duration::from_secs(120));
+        assert_eq!(policy.timeouts("10.0.0.2").off, Duration::from_secs(30));
+        assert_eq!(policy.timeouts("10.0.0.2").on, Duration::from_secs(300));
+        assert_eq!(policy.timeouts("10.0.0.3").off, Duration::from_secs(5));
+        assert_eq!(policy.timeouts("10.0.0.4").off, Duration::from_secs(60));
+        assert_eq!(policy.timeouts("10.9.9.9").off, Duration::from_secs(60));
+        assert!(policy.keep_off("10.0.0.2"));
+        assert!(!policy.keep_off("10.0.0.1"));
+    }
 }
