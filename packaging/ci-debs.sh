@@ -8,10 +8,9 @@
 # packages' layout (same metadata, units, configs, maintainer scripts) around the debug
 # binaries, so what they check is the packaging, not the release build
 # (packaging/build-debs.sh makes those, and `check-debs.sh --release` checks them).
-# `cargo build -p fleetmend-node-agent` below compiles nothing after scripts/test.sh: it
-# puts the agent's own build (not the workspace's, whose feature unification pulls more
-# into the agent) back at target/debug/node-agent, where `cargo test --workspace` left the
-# workspace's.
+# The agent packaged is the agent's own build (not the workspace's, whose feature
+# unification pulls more into the agent), which scripts/test.sh made in target/agent-own:
+# it is copied to target/debug/node-agent, where cargo-deb looks for it.
 #
 # Installs cargo-deb (pinned, packaging/lib.sh) and lintian when missing. Runs as root.
 # Usage: packaging/ci-debs.sh [--tools-only]   Output: target/debian-ci/
@@ -34,7 +33,9 @@ target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
 for b in coordinator coordinatorctl bmc-gateway; do
   [ -x "$target_dir/debug/$b" ] || { echo "ci-debs: $target_dir/debug/$b missing: run scripts/test.sh first" >&2; exit 1; }
 done
-cargo build --quiet --locked -p fleetmend-node-agent --bins
+own="$target_dir/agent-own/debug/node-agent"
+[ -x "$own" ] || { echo "ci-debs: $own missing: run scripts/test.sh first" >&2; exit 1; }
+cp -f "$own" "$target_dir/debug/node-agent"
 
 out="$target_dir/debian-ci"
 rm -rf "$out"

@@ -33,13 +33,14 @@ for a in "$@"; do
 done
 step build cargo build --workspace --bins --tests "${build_args[@]}"
 # node-agent as it ships: on its own, without the features the other crates unify into it
-# in a workspace build. `cargo test --workspace` links the workspace's build back to
-# target/<profile>/node-agent, so the tests get a directory of their own (the other
-# binaries by symlink, the agent's own build by hard link).
-step agent cargo build -p fleetmend-node-agent --bins "${build_args[@]}"
+# in a workspace build. It builds in a target directory of its own (target/agent-own), so it
+# never overwrites the workspace's agent and can run beside the workspace build (.ci/run
+# does). The tests get a directory of binaries (target/<profile>-bin): the workspace's
+# by symlink, the agent's own build by hard link.
 target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
+CARGO_TARGET_DIR="$target_dir/agent-own" step agent cargo build -p fleetmend-node-agent --bins "${build_args[@]}"
 bin_dir="$target_dir/$profile-bin"
 rm -rf "$bin_dir" && mkdir -p "$bin_dir"
 find "$target_dir/$profile" -maxdepth 1 -type f -perm -u+x -exec ln -s {} "$bin_dir/" \;
-ln -f "$target_dir/$profile/node-agent" "$bin_dir/node-agent"
+ln -f "$target_dir/agent-own/$profile/node-agent" "$bin_dir/node-agent"
 FLEETMEND_BIN_DIR="$bin_dir" step test cargo test --workspace "$@"

@@ -33,8 +33,9 @@ const SWEEP_MAX: Duration = Duration::from_secs(1);
 /// Why the coordinator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    /// The TLS files are unusable.
-    #[error("TLS: {0}")]
+    /// The TLS files are unusable, or the QUIC port cannot be bound (the transport's own
+    /// message says which).
+    #[error(transparent)]
     Tls(#[from] TransportError),
     /// Our certificate is not a coordinator certificate.
     #[error(
