@@ -37,6 +37,43 @@ fn setup_hint(what: &str) -> anyhow::Error {
     )
 }
 
+/// Writes `dir/lan.conf` and `dir/emu.cmd` for one `ipmi_sim` BMC: LAN on 127.0.0.1:`port`
+/// with every authentication type, `chassis_control` run as `SCRIPT 0x20 …`, and one admin
+/// user (id 2) with `user`/`password`. `ipmi_sim -c dir/lan.conf -f dir/emu.cmd` starts it.
+pub fn write_ipmi_sim_config(
+    dir: &std::path::Path,
+    name: &str,
+    port: u16,
+    script: &std::path::Path,
+    user: &str,
+    password: &str,
+) -> std::io::Result<()> {
+    let lan = format!(
+        "name \"{name}\"\n\
+         set_working_mc 0x20\n\
+         startlan 1\n\
+         \x20 addr 127.0.0.1 {port}\n\
+         \x20 priv_limit admin\n\
+         \x20 allowed_auths_callback none md2 md5 straight\n\
+         \x20 allowed_auths_user none md2 md5 straight\n\
+         \x20 allowed_auths_operator none md2 md5 straight\n\
+         \x20 allowed_auths_admin none md2 md5 straight\n\
+         \x20 guid a123456789abcdefa123456789abcdef\n\
+         endlan\n\
+         chassis_control \"{} 0x20\"\n\
+         user 2 true \"{user}\" \"{password}\" admin 10 none md2 md5 straight\n",
+        script.display()
+    );
+    std::fs::write(dir.join("lan.conf"), lan)?;
+    // Without mc_setbmc first, ipmi_sim exits silently.
+    std::fs::write(
+        dir.join("emu.cmd"),
+        "mc_setbmc 0x20\n\
+         mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\n\
+         mc_enable 0x20\n",
+    )
+}
+
 /// Finds a program on PATH or in the usual sbin directories.
 pub fn find_program(name: &str) -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -165,30 +202,7 @@ impl IpmiSim {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
         let (username, password) = ("admin".to_string(), "bmc-secret-1".to_string());
-        let lan = format!(
-            "name \"fleetmend-sim\"\n\
-             set_working_mc 0x20\n\
-             startlan 1\n\
-             \x20 addr 127.0.0.1 {port}\n\
-             \x20 priv_limit admin\n\
-             \x20 allowed_auths_callback none md2 md5 straight\n\
-             \x20 allowed_auths_user none md2 md5 straight\n\
-             \x20 allowed_auths_operator none md2 md5 straight\n\
-             \x20 allowed_auths_admin none md2 md5 straight\n\
-             \x20 guid a123456789abcdefa123456789abcdef\n\
-             endlan\n\
-             chassis_control \"{} 0x20\"\n\
-             user 2 true \"{username}\" \"{password}\" admin 10 none md2 md5 straight\n",
-            script.display()
-        );
-        std::fs::write(d.join("lan.conf"), lan)?;
-        // Without mc_setbmc first, ipmi_sim exits silently.
-        std::fs::write(
-            d.join("emu.cmd"),
-            "mc_setbmc 0x20\n\
-             mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\n\
-             mc_enable 0x20\n",
-        )?;
+        write_ipmi_sim_config(d, "fleetmend-sim", port, &script, &username, &password)?;
         let log = std::fs::File::create(d.join("ipmi_sim.log"))?;
         let child = Command::new(&sim)
             .arg("-c")

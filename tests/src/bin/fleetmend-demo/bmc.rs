@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use testkit::bmc_sim::find_program;
+use testkit::bmc_sim::{find_program, write_ipmi_sim_config};
 use testkit::procs::{Pki, Proc, command, free_tcp_port, free_udp_port, http_get};
 
 use super::assets::CHASSIS_CONTROL;
@@ -250,30 +250,7 @@ fn start_sim(sim: &Path, dir: &Path, machine: &'static str, serial: &str) -> any
     std::fs::write(dir.join("events"), "")?;
     let script = write_script(dir, "chassis_control", CHASSIS_CONTROL)?;
     let port = free_udp_port();
-    let lan = format!(
-        "name \"{machine}\"\n\
-         set_working_mc 0x20\n\
-         startlan 1\n\
-         \x20 addr 127.0.0.1 {port}\n\
-         \x20 priv_limit admin\n\
-         \x20 allowed_auths_callback none md2 md5 straight\n\
-         \x20 allowed_auths_user none md2 md5 straight\n\
-         \x20 allowed_auths_operator none md2 md5 straight\n\
-         \x20 allowed_auths_admin none md2 md5 straight\n\
-         \x20 guid a123456789abcdefa123456789abcdef\n\
-         endlan\n\
-         chassis_control \"{} 0x20\"\n\
-         user 2 true \"{BMC_USER}\" \"{BMC_PASSWORD}\" admin 10 none md2 md5 straight\n",
-        script.display()
-    );
-    std::fs::write(dir.join("lan.conf"), lan)?;
-    // ipmi_sim exits silently unless the emulator's first command makes MC 0x20 the BMC.
-    std::fs::write(
-        dir.join("emu.cmd"),
-        "mc_setbmc 0x20\n\
-         mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\n\
-         mc_enable 0x20\n",
-    )?;
+    write_ipmi_sim_config(dir, machine, port, &script, BMC_USER, BMC_PASSWORD)?;
     let mut cmd = Command::new(sim);
     cmd.arg("-c")
         .arg(dir.join("lan.conf"))
