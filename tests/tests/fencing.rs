@@ -315,9 +315,16 @@ impl Rig {
             .map(|(t, _)| t)
     }
 
+    /// How many `set power V` the simulator logged. Read from the timed log, which the
+    /// chassis script writes after the plain one, so once this counts a line both logs hold
+    /// it (waiting on the plain log and then reading the timed one raced).
     fn count_power(&self, v: &str) -> usize {
         let want = format!("set power {v}");
-        self.sim.events().iter().filter(|e| **e == want).count()
+        self.sim
+            .timed_events()
+            .iter()
+            .filter(|(_, e)| *e == want)
+            .count()
     }
 
     /// Requests that change the Node (taint, delete, restore), with when they came.
