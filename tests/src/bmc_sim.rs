@@ -74,6 +74,29 @@ pub fn write_ipmi_sim_config(
     )
 }
 
+/// The `set …` lines a simulator's chassis control logged to `dir/events`.
+fn read_events(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("events"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The same lines from `dir/events.timed`, each with when it was received (wall clock,
+/// nanoseconds in the file). Written after `events`, so a line here is in both.
+fn read_timed_events(dir: &std::path::Path) -> Vec<(std::time::SystemTime, String)> {
+    std::fs::read_to_string(dir.join("events.timed"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (ns, what) = l.split_once(' ')?;
+            let at = std::time::UNIX_EPOCH + Duration::from_nanos(ns.parse().ok()?);
+            Some((at, what.to_string()))
+        })
+        .collect()
+}
+
 /// Finds a program on PATH or in the usual sbin directories.
 pub fn find_program(name: &str) -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -297,25 +320,13 @@ impl IpmiSim {
 
     /// Every `set` the simulator's chassis control received, e.g. `set power 0`, `set reset 1`.
     pub fn events(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("events"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
+        read_events(self.dir.path())
     }
 
     /// Every `set` with when the chassis control received it (wall clock), to order it
     /// against other processes' logs.
     pub fn timed_events(&self) -> Vec<(std::time::SystemTime, String)> {
-        std::fs::read_to_string(self.dir.path().join("events.timed"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let (ns, what) = l.split_once(' ')?;
-                let at = std::time::UNIX_EPOCH + Duration::from_nanos(ns.parse().ok()?);
-                Some((at, what.to_string()))
-            })
-            .collect()
+        read_timed_events(self.dir.path())
     }
 
     /// Makes the simulator refuse power off (`on = false`) or on (`on = true`) requests,
@@ -503,24 +514,12 @@ impl BusyBmc {
 
     /// Every power request it received, in order (`set power 0|1`, `busy power 1`).
     pub fn events(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("events"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
+        read_events(self.dir.path())
     }
 
     /// [`BusyBmc::events`] with when each was received (wall clock).
     pub fn timed_events(&self) -> Vec<(std::time::SystemTime, String)> {
-        std::fs::read_to_string(self.dir.path().join("events.timed"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let (ns, what) = l.split_once(' ')?;
-                let at = std::time::UNIX_EPOCH + Duration::from_nanos(ns.parse().ok()?);
-                Some((at, what.to_string()))
-            })
-            .collect()
+        read_timed_events(self.dir.path())
     }
 
     /// Whether the machine is on, as the BMC holds it.
