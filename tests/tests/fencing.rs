@@ -327,6 +327,18 @@ impl Rig {
             .count()
     }
 
+    /// The simulator saw exactly one power-off and one power-on: nothing repeated.
+    fn assert_one_off_one_on(&self) {
+        for v in ["0", "1"] {
+            assert_eq!(
+                self.count_power(v),
+                1,
+                "not exactly one `set power {v}`: {:?}",
+                self.sim.events()
+            );
+        }
+    }
+
     /// Requests that change the Node (taint, delete, restore), with when they came.
     fn node_writes(&self) -> Vec<(SystemTime, String)> {
         let path = format!("/api/v1/nodes/{HOST}");
@@ -418,8 +430,7 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     for (at, what) in &writes {
         assert!(*at > off, "{what} came before the simulator powered off");
     }
-    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
-    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    rig.assert_one_off_one_on();
     assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
     assert!(
         !rig.has_out_of_service_taint(),
@@ -555,8 +566,7 @@ async fn a_drain_of_a_dead_node_fences_first_and_releases_after() -> Result<()> 
         "the reason does not name the two signals: {why}"
     );
     assert_eq!(std::fs::read_to_string(&mark)?.trim(), MACHINE);
-    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
-    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    rig.assert_one_off_one_on();
     let off = rig.first_power("0").context("never powered off")?;
     for (at, what) in rig.node_writes() {
         assert!(at > off, "{what} came before the simulator powered off");
@@ -587,8 +597,7 @@ async fn a_fence_step_that_needs_a_drain_on_a_dead_node_fences_once() -> Result<
     assert!(!history.contains("fence-instead-of-drain"), "{history}");
     let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
     assert_eq!(flows.len(), 1, "fenced twice: {flows:#?}");
-    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
-    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    rig.assert_one_off_one_on();
     Ok(())
 }
 
@@ -733,8 +742,7 @@ async fn kdump_dumping_releases_with_no_power_action_and_dump_done_lets_the_cycl
     rig.boot_machine()?;
     let v = blocking(|| finished(&rig, SETTLE))?;
     assert_eq!(v["status"], "succeeded", "{v:#}");
-    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
-    assert_eq!(rig.count_power("1"), 1, "{:?}", rig.sim.events());
+    rig.assert_one_off_one_on();
     assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
     assert!(
         !rig.has_out_of_service_taint(),
