@@ -207,3 +207,15 @@ pub struct Constraints {
     /// CKE's `wait-seconds-to-repair-rebooting`.
     pub wait_seconds_to_repair_rebooting: u64,
 }
+
+/// `machines clear ADDRESS --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cleared {
+    /// The machine.
+    pub address: String,
+    /// When.
+    pub cleared_at: jiff::Timestamp,
+    /// Whether it was held as `needs-human`.
+    pub was_needs_human: bool,
+}

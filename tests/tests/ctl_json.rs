@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use testkit::ctl_json::{
-    Constraints, JournalLine, MachineDetail, MachineSummary, RemediationStatus,
+    Cleared, Constraints, JournalLine, MachineDetail, MachineSummary, RemediationStatus,
 };
 use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
 use testkit::procs::{Coordinator, CoordinatorOptions, Pki, start_agent, wait_for};
@@ -132,5 +132,20 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
     // The human output keeps its table.
     let out = coord.ctl(&["machines", "list"])?;
     assert!(String::from_utf8_lossy(&out.stdout).contains("10.0.3.1"));
+
+    // `machines clear` says whether the machine needed a human, and refuses an unknown one.
+    let cleared: Cleared = coord.ctl_json(&["machines", "clear", "10.0.3.1", "--json"])?;
+    assert_eq!(cleared.address, "10.0.3.1");
+    assert!(!cleared.was_needs_human, "paused, not needs-human: {cleared:?}");
+    let out = coord.ctl(&["machines", "clear", "10.0.3.1"])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("was not held as needs-human"), "{text}");
+    let e = coord
+        .ctl(&["machines", "clear", "10.9.9.9"])
+        .expect_err("an unknown address is refused");
+    assert!(
+        format!("{e:#}").contains("no machine has address 10.9.9.9"),
+        "{e:#}"
+    );
     Ok(())
 }

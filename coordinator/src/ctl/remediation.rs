@@ -416,13 +416,24 @@ pub async fn clear_machine(ctx: &Ctx, address: String, json: bool) -> anyhow::Re
         RemediationResponse::Cleared {
             address,
             at_unix_ms,
+            was_needs_human,
         } => {
             if json {
-                print_json(
-                    &serde_json::json!({ "address": address, "cleared_at": rfc3339_ms(at_unix_ms) }),
-                )?;
+                print_json(&serde_json::json!({
+                    "address": address,
+                    "cleared_at": rfc3339_ms(at_unix_ms),
+                    "was_needs_human": was_needs_human,
+                }))?;
+            } else if was_needs_human {
+                println!(
+                    "{address} cleared at {}: no longer needs a human; automatic remediation may repair it again",
+                    fmt_time(at_unix_ms)
+                );
             } else {
-                println!("{address} cleared at {}", fmt_time(at_unix_ms));
+                println!(
+                    "{address} was not held as needs-human; cleared at {} anyway: its remediations before then no longer count toward the limit",
+                    fmt_time(at_unix_ms)
+                );
             }
             Ok(())
         }

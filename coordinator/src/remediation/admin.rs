@@ -100,22 +100,31 @@ impl Remediation {
             },
             R::ClearMachine { address } => {
                 let a = address.clone();
-                if let Err(e) = sh
+                let was = match sh
                     .store
-                    .call(move |c| journal::set_cleared(c, &a, now_ms))
+                    .call(move |c| journal::clear_machine(c, &a, now_ms))
                     .await
                 {
-                    return AdminResponse::Error(Refusal::new(
-                        RefusalCode::Internal,
-                        e.to_string(),
-                    ));
-                }
+                    Ok(Some(was)) => was,
+                    Ok(None) => {
+                        return bad(format!(
+                            "no machine has address {address}; `coordinatorctl machines list` shows them"
+                        ));
+                    }
+                    Err(e) => {
+                        return AdminResponse::Error(Refusal::new(
+                            RefusalCode::Internal,
+                            e.to_string(),
+                        ));
+                    }
+                };
                 sh.switches().cleared.insert(address.clone(), now);
-                tracing::info!(machine = %address, "machine cleared of needs-human");
+                tracing::info!(machine = %address, was_needs_human = was, "machine cleared of needs-human");
                 sh.wake.notify_one();
                 return ok(RemediationResponse::Cleared {
                     address,
                     at_unix_ms: ms(now),
+                    was_needs_human: was,
                 });
             }
         };

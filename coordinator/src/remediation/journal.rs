@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 
 use protocol::admin::remediation::{EventsQuery, JournalLine};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
-use super::decision::{Decision, Outcome};
+use super::decision::{Decision, Outcome, Rule};
 use super::input::RepairOutcome;
 use crate::clock::{from_unix_ms, to_unix_ms};
 
@@ -238,6 +238,33 @@ pub fn set_cleared(c: &Connection, address: &str, at_ms: i64) -> rusqlite::Resul
     Ok(())
 }
 
+/// `machines clear`: forgets the machine's remediations before `at_ms` for `needs-human`.
+/// `None` when no machine has this address (nothing written); otherwise whether the
+/// machine's newest decision held it as `needs-human`.
+pub fn clear_machine(c: &mut Connection, address: &str, at_ms: i64) -> rusqlite::Result<Option<bool>> {
+    let tx = c.transaction()?;
+    let known: bool = tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM machines WHERE address = ?1)",
+        [address],
+        |r| r.get(0),
+    )?;
+    if !known {
+        return Ok(None);
+    }
+    let newest: Option<(String, String)> = tx
+        .query_row(
+            "SELECT outcome, rule FROM remediation_journal WHERE address = ?1 \
+             ORDER BY seq DESC LIMIT 1",
+            [address],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let was = newest.is_some_and(|(o, r)| o == Outcome::Held.as_str() && r == Rule::NeedsHuman.as_str());
+    set_cleared(&tx, address, at_ms)?;
+    tx.commit()?;
+    Ok(Some(was))
+}
+
 /// Repair outcomes finished at or after `since_ms`, with their entry index.
 pub fn outcomes(c: &Connection, since_ms: i64) -> rusqlite::Result<Vec<(u64, RepairOutcome)>> {
     let mut st = c.prepare(
@@ -300,4 +327,45 @@ pub fn latest(
         .into_iter()
         .rev()
         .find(|l| l.outcome == outcome.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    #[tokio::test]
+    async fn clearing_says_whether_the_machine_needed_a_human_and_refuses_unknown_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let r = store
+            .call(|c| {
+                c.execute(
+                    "INSERT INTO machines (address, hostname, source, state, state_since_ms, \
+                     created_ms, updated_ms) VALUES \
+                     ('10.0.0.1', 'n1', 'inventory', 'healthy', 0, 0, 0), \
+                     ('10.0.0.2', 'n2', 'inventory', 'healthy', 0, 0, 0)",
+                    [],
+                )?;
+                let line = "INSERT INTO remediation_journal (seq, first_ms, last_ms, count, \
+                            address, domain, outcome, rule, sentence, decision) \
+                            VALUES (?1, 0, 0, 1, ?2, 'rack-1', ?3, ?4, 's', '{}')";
+                c.execute(line, params![1, "10.0.0.1", "admitted", "unhealthy"])?;
+                c.execute(line, params![2, "10.0.0.1", "held", "needs-human"])?;
+                c.execute(line, params![3, "10.0.0.2", "held", "needs-human"])?;
+                c.execute(line, params![4, "10.0.0.2", "held", "paused"])?;
+                Ok((
+                    clear_machine(c, "10.0.0.1", 10)?,
+                    clear_machine(c, "10.0.0.2", 10)?,
+                    clear_machine(c, "10.0.0.9", 10)?,
+                    cleared(c)?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.0, Some(true), "newest decision held it as needs-human");
+        assert_eq!(r.1, Some(false), "its newest decision is another hold");
+        assert_eq!(r.2, None, "no such machine");
+        assert_eq!(r.3.len(), 2, "only known machines are written: {:?}", r.3);
+    }
 }

@@ -84,6 +84,9 @@ pub enum RemediationResponse {
         address: String,
         /// When, ms since the Unix epoch.
         at_unix_ms: u64,
+        /// Whether its newest decision held it as `needs-human` (otherwise the clear only
+        /// forgot remediations that had not reached the limit yet).
+        was_needs_human: bool,
     },
     /// Answer to `Events`.
     Events(Vec<JournalLine>),
