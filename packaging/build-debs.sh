@@ -7,7 +7,7 @@
 # packaging/<crate>/ the default config and maintainer scripts (docs/packaging.md).
 # Installs cargo-deb from crates.io when missing (pinned, packaging/lib.sh). Output:
 # target/debian/; check them with `packaging/check-debs.sh --release`.
-# Usage: packaging/build-debs.sh [--no-build]   (--no-build: reuse target/agent, target/release)
+# Usage: packaging/build-debs.sh [--no-build]   (--no-build: reuse target/<triple>/agent, target/release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . packaging/lib.sh
@@ -15,6 +15,9 @@ cd "$(dirname "$0")/.."
 say() { echo "build-debs: $*"; }
 
 build=1
+# The agent is built for an explicit target (static linking needs one), so its binary and
+# cargo-deb's view of it are under target/<triple>/agent/.
+triple=$(rustc -vV | sed -n 's/^host: //p')
 for a in "$@"; do
   case "$a" in
     --no-build) build=0 ;;
@@ -29,8 +32,8 @@ ensure_cargo_deb
 if [ "$build" = 1 ]; then
   # The agent on its own: built with the others, cargo would unify their dependencies'
   # features into it (a larger binary and more resident memory on every server).
-  say "cargo build --profile agent -p fleetmend-node-agent"
-  cargo build --profile agent --locked -p fleetmend-node-agent --bins
+  say "scripts/build-agent.sh agent (cargo build --profile agent --target $triple, crt-static)"
+  scripts/build-agent.sh agent >/dev/null
   # The coordinator and the gateway with one feature resolution; cargo-deb then only strips
   # and packs (--no-build).
   say "cargo build --release -p fleetmend-coordinator -p fleetmend-bmc-gateway"
@@ -40,8 +43,8 @@ fi
 out=${CARGO_TARGET_DIR:-target}/debian
 mkdir -p "$out"
 # cargo-deb reads `target/release/` in the assets as "the chosen profile's directory".
-say "cargo deb --profile agent -p fleetmend-node-agent"
-cargo deb --no-build --profile agent -p fleetmend-node-agent --output "$out" >/dev/null
+say "cargo deb --profile agent --target $triple -p fleetmend-node-agent"
+cargo deb --no-build --profile agent --target "$triple" -p fleetmend-node-agent --output "$out" >/dev/null
 for pkg in fleetmend-coordinator fleetmend-bmc-gateway; do
   say "cargo deb -p $pkg"
   cargo deb --no-build -p "$pkg" --output "$out" >/dev/null

@@ -9,7 +9,7 @@
 # binaries, so what they check is the packaging, not the release build
 # (packaging/build-debs.sh makes those, and `check-debs.sh --release` checks them).
 # The agent packaged is the agent's own build (not the workspace's, whose feature
-# unification pulls more into the agent), which scripts/test.sh made in target/agent-own:
+# unification pulls more into the agent), which scripts/test.sh made in target/agent-own (scripts/build-agent.sh):
 # it is copied to target/debug/node-agent, where cargo-deb looks for it.
 #
 # Installs cargo-deb (pinned, packaging/lib.sh) and lintian when missing. Runs as root.
@@ -33,8 +33,8 @@ target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
 for b in coordinator coordinatorctl bmc-gateway; do
   [ -x "$target_dir/debug/$b" ] || { echo "ci-debs: $target_dir/debug/$b missing: run scripts/test.sh first" >&2; exit 1; }
 done
-own="$target_dir/agent-own/debug/node-agent"
-[ -x "$own" ] || { echo "ci-debs: $own missing: run scripts/test.sh first" >&2; exit 1; }
+# (A no-op build when scripts/test.sh ran: it only prints where the binary is.)
+own=$(scripts/build-agent.sh dev "$target_dir/agent-own")
 cp -f "$own" "$target_dir/debug/node-agent"
 
 out="$target_dir/debian-ci"

@@ -17,8 +17,8 @@
 #
 # Installs prometheus-node-exporter with apt when missing (needs root for that; on a host
 # with systemd the package also starts its own service, which this script leaves alone: it
-# runs its own instance on a free port). Builds the agent with `cargo build --profile agent
-# -p fleetmend-node-agent` unless --agent-bin is given; takes coordinator and coordinatorctl
+# runs its own instance on a free port). Builds the agent as packaged
+# (`scripts/build-agent.sh agent`) unless --agent-bin is given; takes coordinator and coordinatorctl
 # from --bin-dir (default target/release if built there, else target/debug, else it builds
 # them in debug: the coordinator's speed does not change the agent's figures).
 #
@@ -51,9 +51,8 @@ if [ ! -x "$exporter" ]; then
 fi
 
 if [ -z "$agent_bin" ]; then
-    say "cargo build --profile agent -p fleetmend-node-agent"
-    (cd "$root" && cargo build --quiet --locked --profile agent -p fleetmend-node-agent --bins)
-    agent_bin=$target_dir/agent/node-agent
+    say "scripts/build-agent.sh agent (as packaged: own build, statically linked)"
+    agent_bin=$("$root/scripts/build-agent.sh" agent "$target_dir")
 fi
 agent_bin=$(realpath "$agent_bin")
 if [ -z "$bin_dir" ]; then

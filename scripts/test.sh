@@ -32,15 +32,17 @@ for a in "$@"; do
   fi
 done
 step build cargo build --workspace --bins --tests "${build_args[@]}"
-# node-agent as it ships: on its own, without the features the other crates unify into it
-# in a workspace build. It builds in a target directory of its own (target/agent-own), so it
-# never overwrites the workspace's agent and can run beside the workspace build (.ci/run
-# does). The tests get a directory of binaries (target/<profile>-bin): the workspace's
-# by symlink, the agent's own build by hard link.
+# node-agent as it ships (scripts/build-agent.sh: on its own, without the features the other
+# crates unify into it in a workspace build, and statically linked), in a target directory of
+# its own (target/agent-own), so it never overwrites the workspace's agent and can run beside
+# the workspace build (.ci/run does). The tests get a directory of binaries
+# (target/<profile>-bin): the workspace's by symlink, the agent's own build by hard link.
 target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
-CARGO_TARGET_DIR="$target_dir/agent-own" step agent cargo build -p fleetmend-node-agent --bins "${build_args[@]}"
+agent_profile=dev
+[ "$profile" = release ] && agent_profile=release
+agent_bin=$(step agent scripts/build-agent.sh "$agent_profile" "$target_dir/agent-own")
 bin_dir="$target_dir/$profile-bin"
 rm -rf "$bin_dir" && mkdir -p "$bin_dir"
 find "$target_dir/$profile" -maxdepth 1 -type f -perm -u+x -exec ln -s {} "$bin_dir/" \;
-ln -f "$target_dir/agent-own/$profile/node-agent" "$bin_dir/node-agent"
+ln -f "$agent_bin" "$bin_dir/node-agent"
 FLEETMEND_BIN_DIR="$bin_dir" step test cargo test --workspace "$@"

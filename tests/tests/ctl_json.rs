@@ -136,7 +136,10 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
     // `machines clear` says whether the machine needed a human, and refuses an unknown one.
     let cleared: Cleared = coord.ctl_json(&["machines", "clear", "10.0.3.1", "--json"])?;
     assert_eq!(cleared.address, "10.0.3.1");
-    assert!(!cleared.was_needs_human, "paused, not needs-human: {cleared:?}");
+    assert!(
+        !cleared.was_needs_human,
+        "paused, not needs-human: {cleared:?}"
+    );
     let out = coord.ctl(&["machines", "clear", "10.0.3.1"])?;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("was not held as needs-human"), "{text}");

@@ -221,6 +221,41 @@ fn goodbye_on_sigterm_is_stopped_not_unreachable() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The agent ships statically linked against glibc (scripts/build-agent.sh), where only the
+/// `files` and `dns` name sources are built in: a coordinator given by host name (here
+/// `localhost`, from /etc/hosts) must still be found.
+#[test]
+fn an_agent_finds_its_coordinator_by_host_name() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "fleet.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coordinator"),
+        &pki,
+        &CoordinatorOptions {
+            report_interval: INTERVAL,
+            unreachable_grace: GRACE,
+            inventory: Some(inventory_toml(&HOSTS[..1])),
+            ..Default::default()
+        },
+    )?;
+    assert!(coord.quic.ip().is_loopback(), "{}", coord.quic);
+    let (addr, host) = HOSTS[0];
+    let fixture = NodeFixture::builder(host)
+        .nic("eth0")
+        .address(addr.parse()?)
+        .build()?;
+    let tls = pki.issue("node", host, &[])?;
+    let by_name = format!("localhost:{}", coord.quic.port());
+    let cfg = fixture.write_agent_config(
+        &AgentConfig::new(&by_name, &tls.ca, &tls.cert, &tls.key)
+            .server_name(&coord.quic.ip().to_string())
+            .report_interval(INTERVAL),
+    )?;
+    let _agent = start_agent(host, &cfg, &tmp.path().join("agent.log"))?;
+    coord.wait_for_state(host, "healthy", SETTLE)?;
+    Ok(())
+}
+
 #[test]
 fn unknown_host_awaits_registration_until_added() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

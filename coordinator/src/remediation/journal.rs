@@ -241,7 +241,11 @@ pub fn set_cleared(c: &Connection, address: &str, at_ms: i64) -> rusqlite::Resul
 /// `machines clear`: forgets the machine's remediations before `at_ms` for `needs-human`.
 /// `None` when no machine has this address (nothing written); otherwise whether the
 /// machine's newest decision held it as `needs-human`.
-pub fn clear_machine(c: &mut Connection, address: &str, at_ms: i64) -> rusqlite::Result<Option<bool>> {
+pub fn clear_machine(
+    c: &mut Connection,
+    address: &str,
+    at_ms: i64,
+) -> rusqlite::Result<Option<bool>> {
     let tx = c.transaction()?;
     let known: bool = tx.query_row(
         "SELECT EXISTS (SELECT 1 FROM machines WHERE address = ?1)",
@@ -259,7 +263,8 @@ pub fn clear_machine(c: &mut Connection, address: &str, at_ms: i64) -> rusqlite:
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?;
-    let was = newest.is_some_and(|(o, r)| o == Outcome::Held.as_str() && r == Rule::NeedsHuman.as_str());
+    let was =
+        newest.is_some_and(|(o, r)| o == Outcome::Held.as_str() && r == Rule::NeedsHuman.as_str());
     set_cleared(&tx, address, at_ms)?;
     tx.commit()?;
     Ok(Some(was))
