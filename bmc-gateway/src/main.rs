@@ -44,7 +44,7 @@ enum Command {
     /// Read the power state of every configured BMC and print a table.
     Check {
         /// Time limit per BMC (`15s`, `500ms`, `1m`).
-        #[arg(long, default_value = "15s", value_parser = parse_duration)]
+        #[arg(long, default_value = "15s", value_parser = protocol::duration::parse)]
         timeout: Duration,
         /// Print JSON (one object per BMC) instead of a table.
         #[arg(long)]
@@ -141,23 +141,6 @@ fn main() -> ExitCode {
                 }
             }
         }),
-    }
-}
-
-/// Parses a duration with a unit: `15s`, `500ms`, `1m`. A bare number is refused.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like \"15s\" or \"500ms\""))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "" => Err(format!("{s:?} has no unit: write e.g. \"{s}s\"")),
-        other => Err(format!("unknown unit {other:?} in {s:?}: use ms, s or m")),
     }
 }
 

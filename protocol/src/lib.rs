@@ -16,6 +16,7 @@
 
 pub mod actions;
 pub mod admin;
+pub mod duration;
 pub mod frame;
 pub mod gateway;
 #[cfg(feature = "http")]

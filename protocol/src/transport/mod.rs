@@ -107,7 +107,7 @@ pub enum TransportError {
         peer: Identity,
     },
     /// The exchange took too long.
-    #[error("timed out after {0:?}")]
+    #[error("timed out after {}", crate::duration::display(*.0))]
     Timeout(Duration),
     /// The server closed the connection during or right after the TLS handshake with a
     /// certificate alert: it does not accept our certificate (another CA, expired, revoked).
@@ -132,7 +132,7 @@ pub enum TransportError {
     /// Nothing completed a QUIC handshake at the address in time: no server there, a wrong
     /// port, or a firewall dropping UDP.
     #[error(
-        "nothing answered at {addr} within {after:?}: check that the {server} runs and that this is its QUIC (UDP) port"
+        "nothing answered at {addr} within {}: check that the {server} runs and that this is its QUIC (UDP) port", crate::duration::display(*.after)
     )]
     NoAnswer {
         /// The address tried.

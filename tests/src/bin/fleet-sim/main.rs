@@ -70,23 +70,11 @@ impl Default for Args {
     }
 }
 
-/// `500ms`, `1s`, `2.5s`, `2m`.
+/// `500ms`, `1s`, `2.5s`, `2m`: a positive duration.
 fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let (num, unit) = s
-        .find(|c: char| c.is_ascii_alphabetic())
-        .map(|i| s.split_at(i))
-        .with_context(|| format!("{s:?}: a duration needs a unit (ms, s, m)"))?;
-    let n: f64 = num
-        .parse()
-        .with_context(|| format!("{s:?} is not a duration"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => bail!("{s:?}: unknown unit {unit:?} (ms, s, m)"),
-    };
-    anyhow::ensure!(secs > 0.0 && secs.is_finite(), "{s:?} must be positive");
-    Ok(Duration::from_secs_f64(secs))
+    let d = protocol::duration::parse(s).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(!d.is_zero(), "{s:?} must be positive");
+    Ok(d)
 }
 
 fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Args> {
