@@ -298,17 +298,77 @@ async fn graphql(State(s): State<Shared>, Json(body): Json<Value>) -> (StatusCod
     )
 }
 
+/// Serves `app` over TLS, one task per connection (HTTP/1.1), until `stop`. A handshake
+/// that fails (a client that does not trust the certificate) only ends that connection.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: Router,
+    stop: CancellationToken,
+) {
+    loop {
+        let tcp = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok((tcp, _)) => tcp,
+                Err(_) => continue,
+            },
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+        });
+    }
+}
+
 /// A running fake sabakan on its own runtime thread; stopped on drop.
 pub struct FakeSabakan {
     addr: SocketAddr,
+    https: bool,
     inner: Shared,
     stop: CancellationToken,
     rt: Option<tokio::runtime::Runtime>,
 }
 
 impl FakeSabakan {
-    /// Starts on an ephemeral loopback port with `machines`.
+    /// Starts on an ephemeral loopback port with `machines`, over plain HTTP.
     pub fn start(machines: Vec<SabakanMachine>) -> anyhow::Result<Self> {
+        Self::start_with(machines, None)
+    }
+
+    /// Starts over HTTPS with the certificate and key in `tls` (PEM; a certificate naming
+    /// 127.0.0.1), as sabakan runs behind its private CA. [`FakeSabakan::url`] then says
+    /// `https`.
+    pub fn start_https(
+        machines: Vec<SabakanMachine>,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
+        let key = PrivateKeyDer::from_pem_file(key)?;
+        let cfg = rustls::ServerConfig::builder_with_provider(protocol::transport::provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
+        Self::start_with(
+            machines,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg))),
+        )
+    }
+
+    fn start_with(
+        machines: Vec<SabakanMachine>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> anyhow::Result<Self> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("fake-sabakan")
@@ -325,22 +385,32 @@ impl FakeSabakan {
             .route("/graphql", post(graphql))
             .with_state(inner.clone());
         let s = stop.clone();
-        rt.spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { s.cancelled().await })
-                .await;
-        });
+        let https = tls.is_some();
+        match tls {
+            None => {
+                rt.spawn(async move {
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(async move { s.cancelled().await })
+                        .await;
+                });
+            }
+            Some(acceptor) => {
+                rt.spawn(serve_tls(listener, acceptor, app, s));
+            }
+        }
         Ok(Self {
             addr,
+            https,
             inner,
             stop,
             rt: Some(rt),
         })
     }
 
-    /// `http://127.0.0.1:PORT/graphql`.
+    /// `http://127.0.0.1:PORT/graphql` (`https` when started with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}/graphql", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}/graphql", self.addr)
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {

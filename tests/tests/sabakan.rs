@@ -43,6 +43,11 @@ struct Env {
 
 impl Env {
     fn start(sabakan_url: &str) -> anyhow::Result<Self> {
+        Self::start_with(sabakan_url, None)
+    }
+
+    /// With `ca_file`: the CA that sabakan's https certificate must chain to.
+    fn start_with(sabakan_url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path();
         let pki = Pki::create(&dir.join("pki"), "e2e.test")?;
@@ -51,8 +56,11 @@ impl Env {
         let extra = format!(
             "[repair]\nconfig = {:?}\n\n[remediation]\ninterval = \"500ms\"\n\n\
              [remediation.auto_repair]\nsource = \"sabakan\"\n\
-             sabakan = {{ url = {sabakan_url:?}, timeout = \"2s\" }}\n",
-            repair.display().to_string()
+             sabakan = {{ url = {sabakan_url:?}, timeout = \"2s\"{} }}\n",
+            repair.display().to_string(),
+            ca_file
+                .map(|p| format!(", ca_file = {:?}", p.display().to_string()))
+                .unwrap_or_default()
         );
         let coord = Coordinator::start(
             &dir.join("coord"),
@@ -241,5 +249,42 @@ fn sabakans_unhealthy_machine_is_enqueued_and_an_unreadable_sabakan_holds_auto_r
         ),
         "{metrics}"
     );
+    Ok(())
+}
+
+/// sabakan over https with a private CA (`ca_file`): read like the plain one; with a CA
+/// that did not sign sabakan's certificate, auto-repair holds and says the certificate is
+/// the problem, and enqueues nothing.
+#[test]
+fn an_https_sabakan_is_read_with_its_ca_file_and_an_untrusted_one_holds() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let sabakan_ca = Pki::create(&tmp.path().join("sabakan-ca"), "sabakan.test")?;
+    let tls = sabakan_ca.issue("coordinator", "sabakan", &["127.0.0.1".parse()?])?;
+    let machines = || {
+        vec![
+            SabakanMachine::new("SN-A", "10.0.2.1", 1),
+            SabakanMachine::new("SN-B", "10.0.2.2", 1).state("UNHEALTHY", Duration::from_secs(90)),
+        ]
+    };
+    let sabakan = FakeSabakan::start_https(machines(), &tls.cert, &tls.key)?;
+    assert!(sabakan.url().starts_with("https://"), "{}", sabakan.url());
+
+    let env = Env::start_with(&sabakan.url(), Some(&tls.ca))?;
+    let e = env.wait_one_entry()?;
+    assert_eq!(field(&e, "address"), "10.0.2.2");
+    assert_eq!(field(&e, "operation"), "unhealthy");
+    drop(env);
+
+    // Another CA: the handshake fails, auto-repair holds, nothing is enqueued.
+    let other_ca = Pki::create(&tmp.path().join("other-ca"), "other.test")?;
+    let wrong = other_ca.issue("admin", "x", &[])?;
+    let env = Env::start_with(&sabakan.url(), Some(&wrong.ca))?;
+    let l = env.wait_held("cannot reach sabakan at", 2)?;
+    assert!(
+        l.sentence.to_lowercase().contains("certificate"),
+        "the reason names the certificate: {}",
+        l.sentence
+    );
+    assert!(env.entries()?.is_empty(), "nothing enqueued");
     Ok(())
 }
