@@ -105,6 +105,15 @@ done
 if [ "$PKG" = fleetmend-coordinator ]; then
   in_root getent passwd fleetmend >/dev/null ||
     { echo "check-debs: FAIL: no fleetmend user after install" >&2; exit 1; }
+  # The store's directory exists before the first start, so `coordinator check` on an
+  # unprovisioned host (no certificate yet: its TLS line fails) finds it writable by the
+  # service user.
+  [ "$(in_root stat -c '%U:%G %a' /var/lib/fleetmend/coordinator)" = "fleetmend:fleetmend 750" ] ||
+    { echo "check-debs: FAIL: /var/lib/fleetmend/coordinator missing or not fleetmend's, 0750" >&2; exit 1; }
+  check_out=$(in_root runuser -u fleetmend -- coordinator check 2>&1 || true)
+  echo "$check_out"
+  echo "$check_out" | grep -q '^database *ok ' ||
+    { echo "check-debs: FAIL: coordinator check does not find the database directory writable" >&2; exit 1; }
 fi
 
 echo "check-debs: systemd-analyze verify $UNIT"
