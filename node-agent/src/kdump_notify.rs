@@ -38,7 +38,10 @@ const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// Longest pause between attempts: a dozen attempts fit the default timeout.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
-/// `kdump-notify`'s own flags; the coordinator and TLS files come from the global flags.
+/// `kdump-notify`'s flags. The connection flags (and their `FLEETMEND_AGENT_*` variables)
+/// are the agent's; the flags of `run` and `check` that do not apply here are declared
+/// hidden under the same names, so that `--help` lists only what kdump-notify takes and
+/// giving one is refused by name instead of silently ignored.
 #[derive(Debug, Clone, Args)]
 pub struct KdumpNotifyArgs {
     /// `start` when the dump begins, `done` when it is written.
@@ -50,6 +53,57 @@ pub struct KdumpNotifyArgs {
     /// The boot id of the kernel that crashed, if known (it is shown with the dump).
     #[arg(long)]
     pub boot_id: Option<String>,
+    /// Coordinator address, host:port.
+    #[arg(long, env = protocol::env_var!(AGENT, "COORDINATOR"))]
+    pub coordinator: Option<String>,
+    /// TLS server name of the coordinator [default: host part of --coordinator].
+    #[arg(long, env = protocol::env_var!(AGENT, "SERVER_NAME"))]
+    pub server_name: Option<String>,
+    /// Fleet CA certificate (PEM).
+    #[arg(long, env = protocol::env_var!(AGENT, "CA"))]
+    pub ca: Option<PathBuf>,
+    /// This node's certificate (PEM).
+    #[arg(long, env = protocol::env_var!(AGENT, "CERT"))]
+    pub cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long, env = protocol::env_var!(AGENT, "KEY"))]
+    pub key: Option<PathBuf>,
+    /// `run`'s and `check`'s flags, refused here (see [`Notify::new`]).
+    #[command(flatten)]
+    pub not_here: NotHere,
+}
+
+/// The agent's flags that kdump-notify does not take: hidden, parsed only to be refused.
+#[derive(Debug, Clone, Default, Args)]
+pub struct NotHere {
+    #[arg(long, hide = true)]
+    config: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    report_interval: Option<String>,
+    #[arg(long, hide = true)]
+    root: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    hostname: Option<String>,
+    #[arg(long = "nic", hide = true)]
+    nics: Vec<String>,
+    #[arg(long, hide = true)]
+    kubelet_url: Option<String>,
+}
+
+impl NotHere {
+    /// The first of these flags given, as written on the command line.
+    fn first_given(&self) -> Option<&'static str> {
+        [
+            (self.config.is_some(), "--config"),
+            (self.report_interval.is_some(), "--report-interval"),
+            (self.root.is_some(), "--root"),
+            (self.hostname.is_some(), "--hostname"),
+            (!self.nics.is_empty(), "--nic"),
+            (self.kubelet_url.is_some(), "--kubelet-url"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
 }
 
 /// Why a notice was not delivered.
@@ -59,7 +113,7 @@ pub enum NotifyError {
     #[error("{0}")]
     BadInput(String),
     /// No attempt reached the coordinator before the timeout.
-    #[error("coordinator {addr} not reached within {} s: {last}", after.as_secs())]
+    #[error("coordinator {addr} not reached within {}: {last}", protocol::duration::display(*after))]
     Unreachable {
         /// The coordinator, as given.
         addr: String,
@@ -109,20 +163,30 @@ impl Notify {
                 c.display()
             )));
         }
-        let need = |flag: &str, v: &Option<PathBuf>| {
-            v.clone()
+        if let Some(flag) = args.not_here.first_given() {
+            return Err(bad(format!(
+                "kdump-notify takes no {flag} (a flag of `run` and `check`): pass --coordinator, --ca, --cert and --key, and --phase"
+            )));
+        }
+        // Given after the subcommand (its own flags) or before it (the agent's).
+        let coordinator = args.coordinator.as_ref().or(settings.coordinator.as_ref());
+        let server_name = args.server_name.as_ref().or(settings.server_name.as_ref());
+        let ca = args.ca.as_ref().or(settings.ca.as_ref());
+        let cert = args.cert.as_ref().or(settings.cert.as_ref());
+        let key = args.key.as_ref().or(settings.key.as_ref());
+        let need = |flag: &str, v: Option<&PathBuf>| {
+            v.cloned()
                 .ok_or_else(|| bad(format!("--{flag} is required (a PEM file)")))
         };
-        let address = settings
-            .coordinator
-            .clone()
+        let address = coordinator
+            .cloned()
             .ok_or_else(|| bad("--coordinator HOST:PORT is required".into()))?;
         let (host, _) =
             split_host_port(&address).map_err(|e| bad(format!("--coordinator: {e}")))?;
         let files = TlsFiles {
-            ca: need("ca", &settings.ca)?,
-            cert: need("cert", &settings.cert)?,
-            key: need("key", &settings.key)?,
+            ca: need("ca", ca)?,
+            cert: need("cert", cert)?,
+            key: need("key", key)?,
         };
         let timeout = parse_duration(&args.timeout).map_err(|e| bad(format!("--timeout: {e}")))?;
         if timeout.is_zero() {
@@ -146,7 +210,7 @@ impl Notify {
                 boot_id: args.boot_id.clone().filter(|b| !b.is_empty()),
                 time_unix_ms: now_ms,
             },
-            server_name: settings.server_name.clone().unwrap_or(host),
+            server_name: server_name.cloned().unwrap_or(host),
             address,
             tls,
             timeout,
@@ -244,6 +308,12 @@ mod tests {
             phase: KdumpPhase::Start,
             timeout: timeout.into(),
             boot_id: None,
+            coordinator: None,
+            server_name: None,
+            ca: None,
+            cert: None,
+            key: None,
+            not_here: NotHere::default(),
         }
     }
 
@@ -274,6 +344,105 @@ mod tests {
                 .to_string()
                 .contains("port")
         );
+    }
+
+    /// Parsed as the binary parses its command line.
+    fn parse(argv: &[&str]) -> (Settings, KdumpNotifyArgs) {
+        use clap::Parser;
+        let cli = crate::config::Cli::try_parse_from(argv).expect("parses");
+        match cli.command {
+            Some(crate::config::Command::KdumpNotify(a)) => (cli.settings, a),
+            other => panic!("not kdump-notify: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn connection_flags_count_before_or_after_the_subcommand_and_run_flags_are_refused() {
+        let (s, a) = parse(&[
+            "node-agent",
+            "kdump-notify",
+            "--phase",
+            "start",
+            "--coordinator",
+            "no-port",
+        ]);
+        let e = Notify::new(&s, &a).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--coordinator: \"no-port\" has no port"),
+            "{e}"
+        );
+        let (s, a) = parse(&[
+            "node-agent",
+            "--coordinator",
+            "c:7443",
+            "kdump-notify",
+            "--phase",
+            "done",
+        ]);
+        let e = Notify::new(&s, &a).unwrap_err();
+        assert!(e.to_string().contains("--ca is required"), "{e}");
+        for flag in [
+            "--root",
+            "--report-interval",
+            "--hostname",
+            "--nic",
+            "--kubelet-url",
+        ] {
+            let (s, a) = parse(&["node-agent", "kdump-notify", "--phase", "start", flag, "x"]);
+            let e = Notify::new(&s, &a).unwrap_err();
+            assert!(e.to_string().contains(&format!("takes no {flag}")), "{e}");
+            assert_eq!(e.exit_code(), 64);
+        }
+        let (s, a) = parse(&[
+            "node-agent",
+            "kdump-notify",
+            "--phase",
+            "start",
+            "--config",
+            "/x",
+        ]);
+        assert!(
+            Notify::new(&s, &a)
+                .unwrap_err()
+                .to_string()
+                .contains("--config")
+        );
+    }
+
+    #[test]
+    fn help_lists_only_the_flags_kdump_notify_takes() {
+        use clap::CommandFactory;
+        let mut cmd = crate::config::Cli::command();
+        // Building propagates the agent's global flags into the subcommands, as at run time.
+        cmd.build();
+        let help = cmd
+            .find_subcommand_mut("kdump-notify")
+            .expect("the subcommand")
+            .render_long_help()
+            .to_string();
+        for taken in [
+            "--phase",
+            "--timeout",
+            "--boot-id",
+            "--coordinator",
+            "--server-name",
+            "--ca",
+            "--cert",
+            "--key",
+        ] {
+            assert!(help.contains(taken), "{taken} missing:\n{help}");
+        }
+        for not_taken in [
+            "--config",
+            "--report-interval",
+            "--root",
+            "--hostname",
+            "--nic",
+            "--kubelet-url",
+        ] {
+            assert!(!help.contains(not_taken), "{not_taken} listed:\n{help}");
+        }
     }
 
     #[test]

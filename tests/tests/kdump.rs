@@ -194,7 +194,7 @@ fn an_unreachable_coordinator_exits_69_after_the_timeout_and_bad_input_64() -> a
     let took = t.elapsed();
     assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("not reached within 3 s"),
+        stderr(&out).contains("not reached within 3s"),
         "{}",
         stderr(&out)
     );
