@@ -173,7 +173,7 @@ pub enum Command {
     /// From the kdump initramfs: tell the coordinator this machine's crash dump started or
     /// is written. Reads no config file: give --coordinator, --ca, --cert and --key. Exit
     /// codes: 0 recorded, 64 bad input, 69 coordinator unreachable or refusing.
-    KdumpNotify(crate::kdump_notify::KdumpNotifyArgs),
+    KdumpNotify(Box<crate::kdump_notify::KdumpNotifyArgs>),
 }
 
 /// Flags (and their environment variables) that override the file.

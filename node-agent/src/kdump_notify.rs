@@ -351,7 +351,7 @@ mod tests {
         use clap::Parser;
         let cli = crate::config::Cli::try_parse_from(argv).expect("parses");
         match cli.command {
-            Some(crate::config::Command::KdumpNotify(a)) => (cli.settings, a),
+            Some(crate::config::Command::KdumpNotify(a)) => (cli.settings, *a),
             other => panic!("not kdump-notify: {other:?}"),
         }
     }

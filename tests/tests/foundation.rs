@@ -256,6 +256,73 @@ fn an_agent_finds_its_coordinator_by_host_name() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `coordinator backup` while it runs, `coordinator restore` refused while it runs and done
+/// once it is stopped: the restored store has a new identity (so no gateway answers a new
+/// power request with a result from before the restore), the replaced one is kept, and the
+/// coordinator starts on it with its inventory.
+#[test]
+fn a_backup_taken_live_restores_under_a_new_identity() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "fleet.test")?;
+    let mut coord = Coordinator::start(
+        &tmp.path().join("coordinator"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&HOSTS[..2])),
+            ..Default::default()
+        },
+    )?;
+    let run = |args: &[&str]| -> anyhow::Result<std::process::Output> {
+        Ok(testkit::procs::command("coordinator")
+            .arg("--config")
+            .arg(&coord.config)
+            .args(args)
+            .output()?)
+    };
+    let backup = tmp.path().join("backup.db");
+    let out = run(&["backup", "--to", &backup.to_string_lossy(), "--json"])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let made: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let id_before = made["store"]["store_id"]
+        .as_str()
+        .context("store_id")?
+        .to_string();
+
+    let out = run(&["restore", "--from", &backup.to_string_lossy()])?;
+    assert_eq!(out.status.code(), Some(1), "refused while running");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use by another coordinator"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let code = coord
+        .proc
+        .take()
+        .context("running")?
+        .sigterm(Duration::from_secs(10))?;
+    assert_eq!(code, Some(0));
+    let out = run(&["restore", "--from", &backup.to_string_lossy(), "--json"])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let restored: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(restored["backup_store_id"], id_before.as_str());
+    assert_ne!(restored["store"]["store_id"], id_before.as_str());
+    let kept = restored["replaced_kept_at"].as_str().context("kept")?;
+    assert!(std::path::Path::new(kept).is_file(), "{kept}");
+
+    coord.restart()?;
+    assert_eq!(coord.machines()?.len(), 2);
+    Ok(())
+}
+
 #[test]
 fn unknown_host_awaits_registration_until_added() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

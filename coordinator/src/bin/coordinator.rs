@@ -42,6 +42,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Copy the database (`database` in the configuration) to a new file, consistently,
+    /// while the coordinator runs. Run as the database's owner (`runuser -u fleetmend --`).
+    Backup {
+        /// The copy to make; never overwritten.
+        #[arg(long)]
+        to: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a backup in place of the database, under a new store identity (so that no
+    /// gateway takes a new power request for one it executed before the restore). The
+    /// coordinator must be stopped; the database replaced is kept beside it as
+    /// `<database>.replaced-<unix seconds>`.
+    Restore {
+        /// The backup (made by `coordinator backup`).
+        #[arg(long)]
+        from: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -70,6 +92,25 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    match args.command {
+        Some(Command::Backup { to, json }) => {
+            return store_command(
+                json,
+                coordinator::store::backup::backup(&config.database, &to),
+            );
+        }
+        Some(Command::Restore { from, json }) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            return store_command(
+                json,
+                coordinator::store::backup::restore(&config.database, &from, now),
+            );
+        }
+        _ => {}
+    }
     if let Err(e) = protocol::telemetry::init("info") {
         eprintln!("coordinator: {e}");
         return ExitCode::from(EXIT_CONFIG);
@@ -107,6 +148,36 @@ fn main() -> ExitCode {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         ExitCode::SUCCESS
     })
+}
+
+/// Prints a backup's or a restore's report (or its error) and picks the exit code: 0, 64
+/// for bad input (a missing or unsound backup, an existing target, the wrong user), 1 for
+/// anything else (a running coordinator holding the store, a storage failure).
+fn store_command<R: serde::Serialize + std::fmt::Display>(
+    json: bool,
+    r: Result<R, coordinator::store::backup::BackupError>,
+) -> ExitCode {
+    match r {
+        Ok(report) => {
+            if json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => eprintln!("coordinator: {e}"),
+                }
+            } else {
+                println!("{report}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("coordinator: {e}");
+            if e.is_bad_input() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
 }
 
 /// Pings systemd's watchdog at half its period while the runtime runs and the fleet

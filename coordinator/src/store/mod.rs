@@ -14,6 +14,7 @@
 //! ([`lock`]) first, then proof that the files can be written, then the database.
 //! [`Store::open`] alone takes no lock (tests, tools reading a copy).
 
+pub mod backup;
 pub mod lock;
 
 pub mod identity;
