@@ -29,6 +29,25 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// A coordinator in `dir` with the test intervals and `hosts` as its inventory (none when
+/// empty: every agent is then an unknown host).
+fn coordinator(
+    dir: &std::path::Path,
+    pki: &Pki,
+    hosts: &[(&str, &str)],
+) -> anyhow::Result<Coordinator> {
+    Coordinator::start(
+        &dir.join("coordinator"),
+        pki,
+        &CoordinatorOptions {
+            report_interval: INTERVAL,
+            unreachable_grace: GRACE,
+            inventory: (!hosts.is_empty()).then(|| inventory_toml(hosts)),
+            ..Default::default()
+        },
+    )
+}
+
 struct Node {
     fixture: NodeFixture,
     agent: Proc,
@@ -59,16 +78,7 @@ fn start_node(
 fn agents_report_health_states_persist_across_restart() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let pki = Pki::create(tmp.path(), "fleet.test")?;
-    let mut coord = Coordinator::start(
-        &tmp.path().join("coordinator"),
-        &pki,
-        &CoordinatorOptions {
-            report_interval: INTERVAL,
-            unreachable_grace: GRACE,
-            inventory: Some(inventory_toml(&HOSTS)),
-            ..Default::default()
-        },
-    )?;
+    let mut coord = coordinator(tmp.path(), &pki, &HOSTS)?;
 
     // Registered from the inventory, never reported.
     let list = coord.machines()?;
@@ -199,16 +209,7 @@ fn agents_report_health_states_persist_across_restart() -> anyhow::Result<()> {
 fn goodbye_on_sigterm_is_stopped_not_unreachable() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let pki = Pki::create(tmp.path(), "fleet.test")?;
-    let coord = Coordinator::start(
-        &tmp.path().join("coordinator"),
-        &pki,
-        &CoordinatorOptions {
-            report_interval: INTERVAL,
-            unreachable_grace: GRACE,
-            inventory: Some(inventory_toml(&HOSTS[..1])),
-            ..Default::default()
-        },
-    )?;
+    let coord = coordinator(tmp.path(), &pki, &HOSTS[..1])?;
     let mut node = start_node(tmp.path(), &pki, &coord, HOSTS[0].0, HOSTS[0].1)?;
     coord.wait_for_state("node-1", "healthy", SETTLE)?;
     node.agent.sigterm(Duration::from_secs(10))?;
@@ -228,16 +229,7 @@ fn goodbye_on_sigterm_is_stopped_not_unreachable() -> anyhow::Result<()> {
 fn an_agent_finds_its_coordinator_by_host_name() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let pki = Pki::create(tmp.path(), "fleet.test")?;
-    let coord = Coordinator::start(
-        &tmp.path().join("coordinator"),
-        &pki,
-        &CoordinatorOptions {
-            report_interval: INTERVAL,
-            unreachable_grace: GRACE,
-            inventory: Some(inventory_toml(&HOSTS[..1])),
-            ..Default::default()
-        },
-    )?;
+    let coord = coordinator(tmp.path(), &pki, &HOSTS[..1])?;
     assert!(coord.quic.ip().is_loopback(), "{}", coord.quic);
     let (addr, host) = HOSTS[0];
     let fixture = NodeFixture::builder(host)
@@ -264,14 +256,7 @@ fn an_agent_finds_its_coordinator_by_host_name() -> anyhow::Result<()> {
 fn a_backup_taken_live_restores_under_a_new_identity() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let pki = Pki::create(tmp.path(), "fleet.test")?;
-    let mut coord = Coordinator::start(
-        &tmp.path().join("coordinator"),
-        &pki,
-        &CoordinatorOptions {
-            inventory: Some(inventory_toml(&HOSTS[..2])),
-            ..Default::default()
-        },
-    )?;
+    let mut coord = coordinator(tmp.path(), &pki, &HOSTS[..2])?;
     let run = |args: &[&str]| -> anyhow::Result<std::process::Output> {
         Ok(testkit::procs::command("coordinator")
             .arg("--config")
@@ -327,15 +312,7 @@ fn a_backup_taken_live_restores_under_a_new_identity() -> anyhow::Result<()> {
 fn unknown_host_awaits_registration_until_added() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let pki = Pki::create(tmp.path(), "fleet.test")?;
-    let coord = Coordinator::start(
-        &tmp.path().join("coordinator"),
-        &pki,
-        &CoordinatorOptions {
-            report_interval: INTERVAL,
-            unreachable_grace: GRACE,
-            ..Default::default()
-        },
-    )?;
+    let coord = coordinator(tmp.path(), &pki, &[])?;
     let _node = start_node(tmp.path(), &pki, &coord, "10.0.0.7", "stray")?;
     let m = coord.wait_for_state("stray", "awaiting-registration", SETTLE)?;
     assert_eq!(
