@@ -122,6 +122,10 @@ struct Link {
     session: Session,
     /// One span per connection, so every report's log lines name the coordinator.
     span: tracing::Span,
+    /// The boot id the hello gave, sent in every report on this connection: it cannot
+    /// change while this process runs (a reboot ends it), and the reboot action reconnects,
+    /// reading it again.
+    boot_id: String,
 }
 
 impl Link {
@@ -388,6 +392,7 @@ impl Agent {
                         endpoint,
                         session,
                         span,
+                        boot_id: hello.boot_id,
                     });
                 }
                 Err(TransportError::Refused(r)) => return Err(RoundError::Refused(r)),
@@ -404,7 +409,7 @@ impl Agent {
     async fn report(&mut self, link: &mut Link) -> Result<(), RoundError> {
         let checks = self.checker.run().await;
         self.actions.set_checks(&checks);
-        let boot_id = node::boot_id(&self.cfg.root)?;
+        let boot_id = link.boot_id.clone();
         self.seq += 1;
         let seq = self.seq;
         let time_unix_ms = SystemTime::now()
