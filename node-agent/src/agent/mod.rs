@@ -46,6 +46,7 @@ use crate::node::{self, NodeError};
 use crate::reload::{self, Reloads};
 use crate::systemd::{Notifier, ShutdownProbe};
 
+mod alarm;
 mod error;
 
 pub use error::AgentError;
@@ -164,6 +165,8 @@ pub struct Agent {
     reboot_orders: tokio::sync::mpsc::UnboundedReceiver<RebootOrder>,
     /// The reboot this round ends for.
     reboot: Option<RebootOrder>,
+    /// Times the waits between reports and before reconnects.
+    alarm: alarm::Alarm,
 }
 
 impl std::fmt::Debug for Agent {
@@ -239,6 +242,7 @@ impl Agent {
             actions,
             reboot_orders,
             reboot: None,
+            alarm: alarm::Alarm::default(),
             cfg,
             coordinator,
             tls,
@@ -317,7 +321,7 @@ impl Agent {
                     return false;
                 }
                 _ = next_reload(&mut self.reloads) => true,
-                _ = tokio::time::sleep(slice) => false,
+                _ = self.alarm.sleep(slice) => false,
             };
             if reload_requested {
                 self.reload();
