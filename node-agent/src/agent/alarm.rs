@@ -79,7 +79,12 @@ impl Alarm {
             };
             let mut count = [0u8; 8];
             match ready.try_io(|f| Ok(rustix::io::read(f.get_ref(), &mut count)?)) {
-                Ok(Ok(_)) => return,
+                Ok(Ok(_)) => {
+                    // The expiry is read: the next wait goes straight to epoll instead of
+                    // first reading the timer again to learn it has not fired.
+                    ready.clear_ready();
+                    return;
+                }
                 Ok(Err(e)) => {
                     debug!(error = %e, "reading the timerfd failed; waiting on tokio's timer wheel");
                     return tokio::time::sleep_until(until).await;
