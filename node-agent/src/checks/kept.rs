@@ -10,14 +10,14 @@
 //! read by path every time, as before. A kept descriptor whose read fails (the attributes
 //! of a removed network device answer `ENODEV`) is dropped and the path opened again once,
 //! so what is reported is what the path says now. A kept file that was renamed away (a
-//! network device renamed while the agent runs) still reads fine: [`KeptFile::moved`]
-//! tells the caller, at the cost of one `stat` of the path.
+//! network device renamed while the agent runs) still reads fine; the NIC check tells that
+//! case from the device's `uevent`.
 //!
 //! This module does not judge what it reads; the checks do.
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// `statfs.f_type` of sysfs (`SYSFS_MAGIC` in `linux/magic.h`).
@@ -72,8 +72,8 @@ pub(crate) fn read_path_trimmed(path: &Path) -> io::Result<String> {
 #[derive(Debug)]
 pub(crate) struct KeptFile {
     path: PathBuf,
-    /// The descriptor and the inode it was opened on.
-    kept: Option<(File, u64)>,
+    /// The descriptor, for a file the kernel generates on read.
+    kept: Option<File>,
 }
 
 impl KeptFile {
@@ -97,20 +97,11 @@ impl KeptFile {
         self.kept = None;
     }
 
-    /// Whether a kept descriptor no longer names what the path names (the file was renamed
-    /// away or removed, or another took its place). `false` when nothing is kept.
-    pub(crate) fn moved(&self) -> bool {
-        match &self.kept {
-            Some((_, ino)) => rustix::fs::stat(&self.path).map_or(true, |st| st.st_ino != *ino),
-            None => false,
-        }
-    }
-
     /// The file's current contents, trimmed. A kept descriptor is read with `pread`; when
     /// that fails, or nothing is kept, the path is opened (and kept if the kernel generates
     /// the file on read).
     pub(crate) fn read_trimmed(&mut self) -> io::Result<String> {
-        if let Some((f, _)) = &self.kept {
+        if let Some(f) = &self.kept {
             match read_from_start(f) {
                 Ok(s) => return Ok(s),
                 // Gone (ENODEV), or an attribute that cannot be read in the device's present
@@ -121,8 +112,7 @@ impl KeptFile {
         let f = File::open(&self.path)?;
         let text = read_from_start(&f)?;
         if generated_on_read(&f) {
-            let ino = f.metadata()?.ino();
-            self.kept = Some((f, ino));
+            self.kept = Some(f);
         }
         Ok(text)
     }
@@ -182,28 +172,8 @@ mod tests {
         }
         let after: u64 = k.read_trimmed().unwrap().parse().unwrap();
         assert!(after >= before + 5, "{before} -> {after}");
-        assert!(!k.moved());
         let mut op = KeptFile::new("/sys/class/net/lo/operstate".into());
         assert_eq!(op.read_trimmed().unwrap(), "unknown");
         assert!(op.is_kept());
-    }
-
-    #[test]
-    fn a_kept_file_whose_path_now_names_another_has_moved() {
-        // Two sysfs attributes stand in for a renamed device: the path is pointed at the
-        // other one's inode by keeping one and asking about the other's path.
-        let a = Path::new("/sys/class/net/lo/operstate");
-        if !a.exists() {
-            eprintln!("no sysfs here; skipped");
-            return;
-        }
-        let mut k = KeptFile::new(a.to_path_buf());
-        k.read_trimmed().unwrap();
-        k.path = "/sys/class/net/lo/carrier".into();
-        assert!(k.moved());
-        k.path = "/sys/class/net/no-such-device/operstate".into();
-        assert!(k.moved());
-        k.forget();
-        assert!(!k.moved(), "nothing kept, nothing moved");
     }
 }
