@@ -122,10 +122,6 @@ struct Link {
     session: Session,
     /// One span per connection, so every report's log lines name the coordinator.
     span: tracing::Span,
-    /// The boot id the hello gave, sent in every report on this connection: it cannot
-    /// change while this process runs (a reboot ends it), and the reboot action reconnects,
-    /// reading it again.
-    boot_id: String,
 }
 
 impl Link {
@@ -166,6 +162,8 @@ pub struct Agent {
     reboot: Option<RebootOrder>,
     /// Times the waits between reports and before reconnects.
     alarm: crate::timer::Alarm,
+    /// The boot id sent with every report.
+    boot_id: node::BootIdFile,
 }
 
 impl std::fmt::Debug for Agent {
@@ -242,6 +240,7 @@ impl Agent {
             reboot_orders,
             reboot: None,
             alarm: crate::timer::Alarm::default(),
+            boot_id: node::BootIdFile::new(&cfg.root),
             cfg,
             coordinator,
             tls,
@@ -285,6 +284,7 @@ impl Agent {
                     .cloned()
                     .unwrap_or_else(|_| self.coordinator.clone());
                 self.actions.set_config(r.cfg.actions.clone());
+                self.boot_id = node::BootIdFile::new(&r.cfg.root);
                 self.cfg = r.cfg;
                 self.tls = r.tls;
                 info!(changed = ?r.changed, "configuration and TLS files reloaded");
@@ -418,7 +418,6 @@ impl Agent {
                         endpoint,
                         session,
                         span,
-                        boot_id: hello.boot_id,
                     });
                 }
                 Err(TransportError::Refused(r)) => return Err(RoundError::Refused(r)),
@@ -435,7 +434,7 @@ impl Agent {
     async fn report(&mut self, link: &mut Link) -> Result<(), RoundError> {
         let checks = self.checker.run().await;
         self.actions.set_checks(&checks);
-        let boot_id = link.boot_id.clone();
+        let boot_id = self.boot_id.read()?;
         self.seq += 1;
         let seq = self.seq;
         let time_unix_ms = SystemTime::now()

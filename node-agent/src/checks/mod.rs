@@ -10,7 +10,7 @@
 
 pub mod disk;
 pub mod kdump;
-mod kept;
+pub(crate) mod kept;
 pub mod kubelet;
 pub mod nic;
 
