@@ -3,8 +3,9 @@
 //!
 //! Run with `cargo bench -p fleetmend-node-agent --bench footprint` (optionally
 //! `-- CYCLES INTERVAL_MS`, default 600 cycles at 20 ms). It builds a fleet PKI in memory,
-//! a fixture root with two NICs and two mounts, and a fake kubelet, so every cycle runs all
-//! four checks and one report round trip. It prints numbers; it is not a pass/fail test.
+//! a fixture root with two NICs and two mounts, and a fake kubelet (keep-alive, as the real
+//! one: the agent reuses one connection), so every cycle runs all four checks and one
+//! report round trip. It prints numbers; it is not a pass/fail test.
 //!
 //! CPU per cycle is measured over the steady state (after a warm-up of 10 % of the cycles)
 //! from `utime + stime` in `/proc/<pid>/stat`, and cross-checked with the scheduler's
@@ -274,6 +275,11 @@ async fn bench(cycles: u64, interval_ms: u64) {
     println!(
         "  CPU total         {:.1} ms (startup, warm-up and all measured cycles)",
         total_ticks as f64 * 1000.0 / tck
+    );
+    println!(
+        "  kubelet           {} requests on {} connections (kept alive, as the real kubelet allows)",
+        kubelet.requests(),
+        kubelet.connections()
     );
     println!(
         "  shutdown          exit {:?}, goodbyes received {}",

@@ -10,6 +10,7 @@
 //!   clean reboot, diagnostics), each only when `[actions]` enables it,
 //! - [`backoff`]: reconnect delays,
 //! - [`systemd`]: `sd_notify` and telling a system shutdown from an agent restart,
+//! - [`timer`]: timers on a timerfd, for the wait between reports and quinn's timers,
 //! - [`reload`]: what a SIGHUP may change in a running agent,
 //! - [`cli`]: the `check` subcommand's output,
 //! - [`kdump_notify`]: the `kdump-notify` subcommand, run from the kdump initramfs.
@@ -29,6 +30,7 @@ pub mod kdump_notify;
 pub mod node;
 pub mod reload;
 pub mod systemd;
+pub mod timer;
 
 #[cfg(test)]
 #[allow(unreachable_pub, dead_code, missing_docs)]

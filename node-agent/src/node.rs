@@ -55,6 +55,37 @@ pub fn boot_id(root: &Path) -> Result<String, NodeError> {
     read_trimmed(&path).map_err(|source| NodeError::BootId { path, source })
 }
 
+/// The boot id file, kept open for the reports (one `pread` each on procfs; see
+/// `checks::kept`). Read every report rather than once: it cannot change under a running
+/// agent on a real machine, but the tests' fixture machines "reboot" under a running agent by
+/// writing a new one.
+#[derive(Debug)]
+pub struct BootIdFile {
+    file: crate::checks::kept::KeptFile,
+}
+
+impl BootIdFile {
+    /// The boot id file under `root`, opened on the first read.
+    pub fn new(root: &Path) -> Self {
+        Self {
+            file: crate::checks::kept::KeptFile::new(under_root(
+                root,
+                "/proc/sys/kernel/random/boot_id",
+            )),
+        }
+    }
+
+    /// The current boot id.
+    pub fn read(&mut self) -> Result<String, NodeError> {
+        self.file
+            .read_trimmed()
+            .map_err(|source| NodeError::BootId {
+                path: self.file.path().to_path_buf(),
+                source,
+            })
+    }
+}
+
 /// The DMI product serial, empty when unreadable (VMs, no permission).
 pub fn serial(root: &Path) -> String {
     read_trimmed(&under_root(root, "/sys/class/dmi/id/product_serial")).unwrap_or_default()

@@ -557,15 +557,43 @@ impl NodeFixture {
 }
 
 /// A fake kubelet healthz endpoint on loopback: answers `GET` with `200 ok` while healthy
-/// and `500 unhealthy` otherwise. Runs on a plain thread so it works with or without an
-/// async runtime; stopped when dropped.
+/// and `500 unhealthy` otherwise. Like the real kubelet (Go `net/http`), it answers
+/// HTTP/1.1 with a `Content-Length` and keeps the connection open for the next request
+/// unless the client asks `Connection: close`, so an agent under test (and the footprint
+/// benchmark) reuses one connection as it does in production. Runs on plain threads (one
+/// per connection) so it works with or without an async runtime; stopped, with every open
+/// connection, when dropped.
 #[derive(Debug)]
 pub struct FakeKubelet {
     addr: SocketAddr,
     healthy: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     requests: Arc<AtomicU64>,
+    connections: Arc<AtomicU64>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long a kept connection may stay silent before the fake kubelet closes it: longer
+/// than any agent's report interval in the tests, as kubelet's own idle timeout is.
+const KUBELET_IDLE: Duration = Duration::from_secs(120);
+
+/// What the fake kubelet's connection threads share.
+#[derive(Debug, Clone)]
+struct KubeletShared {
+    healthy: Arc<AtomicBool>,
+    requests: Arc<AtomicU64>,
+    state: Option<PathBuf>,
+}
+
+impl KubeletShared {
+    fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::SeqCst)
+            && self
+                .state
+                .as_deref()
+                .is_none_or(|p| std::fs::read_to_string(p).is_ok_and(|t| t.trim() == "ok"))
+    }
 }
 
 impl FakeKubelet {
@@ -588,18 +616,28 @@ impl FakeKubelet {
         let healthy = Arc::new(AtomicBool::new(true));
         let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(AtomicU64::new(0));
-        let (h, s, r) = (healthy.clone(), stop.clone(), requests.clone());
+        let connections = Arc::new(AtomicU64::new(0));
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let shared = KubeletShared {
+            healthy: healthy.clone(),
+            requests: requests.clone(),
+            state,
+        };
+        let (s, c, o) = (stop.clone(), connections.clone(), open.clone());
         let thread = std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
                     break;
                 }
                 let Ok(conn) = conn else { continue };
-                r.fetch_add(1, Ordering::SeqCst);
-                let file_ok = state
-                    .as_deref()
-                    .is_none_or(|p| std::fs::read_to_string(p).is_ok_and(|t| t.trim() == "ok"));
-                let _ = serve_one(conn, h.load(Ordering::SeqCst) && file_ok);
+                c.fetch_add(1, Ordering::SeqCst);
+                if let Ok(kept) = conn.try_clone() {
+                    o.lock().expect("fake kubelet lock").push(kept);
+                }
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    let _ = serve_connection(conn, &shared);
+                });
             }
         });
         Ok(Self {
@@ -607,6 +645,8 @@ impl FakeKubelet {
             healthy,
             stop,
             requests,
+            connections,
+            open,
             thread: Some(thread),
         })
     }
@@ -621,42 +661,67 @@ impl FakeKubelet {
         self.healthy.store(healthy, Ordering::SeqCst);
     }
 
-    /// Connections accepted so far.
+    /// Requests answered so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::SeqCst)
     }
+
+    /// Connections accepted so far (fewer than requests while clients keep them open).
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
+    }
 }
 
-fn serve_one(conn: TcpStream, healthy: bool) -> io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+/// Answers requests on one connection until the client closes it, asks `Connection: close`,
+/// or stays silent for [`KUBELET_IDLE`].
+fn serve_connection(conn: TcpStream, shared: &KubeletShared) -> io::Result<()> {
+    conn.set_read_timeout(Some(KUBELET_IDLE))?;
     let mut reader = BufReader::new(conn.try_clone()?);
+    let mut conn = conn;
     let mut line = String::new();
-    // Request line and headers, up to the blank line.
     loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
-            break;
+        // Request line and headers, up to the blank line; the end of the stream before a
+        // request is the client closing a kept connection.
+        let mut close = false;
+        loop {
+            line.clear();
+            if reader.read_line(&mut line)? == 0 {
+                return Ok(());
+            }
+            if line == "\r\n" || line == "\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.trim().eq_ignore_ascii_case("connection")
+                && value.trim().eq_ignore_ascii_case("close")
+            {
+                close = true;
+            }
+        }
+        shared.requests.fetch_add(1, Ordering::SeqCst);
+        let (status, body) = if shared.healthy() {
+            ("200 OK", "ok")
+        } else {
+            (
+                "500 Internal Server Error",
+                "[-]ping failed\nhealthz check failed",
+            )
+        };
+        write!(
+            conn,
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n{}\r\n{body}",
+            body.len(),
+            if close { "Connection: close\r\n" } else { "" },
+        )?;
+        conn.flush()?;
+        if close {
+            let _ = conn.shutdown(std::net::Shutdown::Write);
+            // Drain so the client's close does not turn into a reset before it read the
+            // answer.
+            let _ = reader.read(&mut [0u8; 64]);
+            return Ok(());
         }
     }
-    let (status, body) = if healthy {
-        ("200 OK", "ok")
-    } else {
-        (
-            "500 Internal Server Error",
-            "[-]ping failed\nhealthz check failed",
-        )
-    };
-    let mut conn = conn;
-    write!(
-        conn,
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    conn.flush()?;
-    let _ = conn.shutdown(std::net::Shutdown::Write);
-    // Drain so the client's close does not turn into a reset before it read the answer.
-    let _ = reader.read(&mut [0u8; 64]);
-    Ok(())
 }
 
 impl Drop for FakeKubelet {
@@ -666,6 +731,11 @@ impl Drop for FakeKubelet {
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // A stopped kubelet's kept connections end too (their threads see the end of the
+        // stream).
+        for c in self.open.lock().expect("fake kubelet lock").drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
         }
     }
 }
@@ -714,7 +784,7 @@ mod tests {
         let get = |addr: &str| {
             let mut s = TcpStream::connect(addr).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 .unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).unwrap();
@@ -731,7 +801,31 @@ mod tests {
         );
         k.set_healthy(false);
         assert!(get(&addr).starts_with("HTTP/1.1 500"));
-        assert_eq!(k.requests(), 2);
+        assert_eq!((k.requests(), k.connections()), (2, 2));
+
+        // Without `Connection: close` the connection stays open for the next request.
+        k.set_healthy(true);
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        for _ in 0..3 {
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut head = String::new();
+            while !head.ends_with("\r\n\r\n") {
+                assert!(r.read_line(&mut head).unwrap() > 0, "closed: {head}");
+            }
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            assert!(!head.to_ascii_lowercase().contains("connection: close"));
+            let mut body = [0u8; 2];
+            r.read_exact(&mut body).unwrap();
+            assert_eq!(&body, b"ok");
+        }
+        assert_eq!((k.requests(), k.connections()), (5, 3));
+        // Stopping the kubelet ends the kept connection.
+        drop(k);
+        let mut rest = Vec::new();
+        assert_eq!(r.read_to_end(&mut rest).unwrap_or(0), 0);
 
         // Healthy only while its state file says `ok`, as another process writes it.
         let dir = tempfile::tempdir().unwrap();

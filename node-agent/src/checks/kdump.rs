@@ -8,30 +8,57 @@ use std::path::Path;
 
 use protocol::messages::{CheckKind, CheckResult, CheckStatus};
 
-use super::{read_trimmed, result, under_root};
+use super::kept::KeptFile;
+use super::{result, under_root};
 
 /// Subject of the kdump result.
 pub const SUBJECT: &str = "kdump";
 
-/// Reads both files and judges them.
-pub fn check(root: &Path) -> CheckResult {
-    let r = |s, d: String| result(CheckKind::Kdump, SUBJECT, s, d);
-    let loaded_path = under_root(root, "/sys/kernel/kexec_crash_loaded");
-    let size_path = under_root(root, "/sys/kernel/kexec_crash_size");
-    let loaded = match read_trimmed(&loaded_path) {
-        Ok(s) => s,
-        Err(e) => {
-            return r(
-                CheckStatus::Fail,
-                format!(
-                    "cannot read {}: {e} (kernel without kexec?)",
-                    loaded_path.display()
-                ),
-            );
+/// The two files, kept open between rounds (see `checks::kept`).
+#[derive(Debug)]
+pub struct KdumpFiles {
+    loaded: KeptFile,
+    size: KeptFile,
+}
+
+impl KdumpFiles {
+    /// The files under `root`, opened on the first check.
+    pub fn new(root: &Path) -> Self {
+        Self {
+            loaded: KeptFile::new(under_root(root, "/sys/kernel/kexec_crash_loaded")),
+            size: KeptFile::new(under_root(root, "/sys/kernel/kexec_crash_size")),
         }
-    };
-    let size: Option<u64> = read_trimmed(&size_path).ok().and_then(|s| s.parse().ok());
-    match (loaded.as_str(), size) {
+    }
+
+    /// Reads both files and judges them.
+    pub fn check(&mut self) -> CheckResult {
+        let r = |s, d: String| result(CheckKind::Kdump, SUBJECT, s, d);
+        let loaded = match self.loaded.read_trimmed() {
+            Ok(s) => s,
+            Err(e) => {
+                return r(
+                    CheckStatus::Fail,
+                    format!(
+                        "cannot read {}: {e} (kernel without kexec?)",
+                        self.loaded.path().display()
+                    ),
+                );
+            }
+        };
+        let size: Option<u64> = self.size.read_trimmed().ok().and_then(|s| s.parse().ok());
+        judge(&loaded, size)
+    }
+}
+
+/// Reads both files by path and judges them.
+pub fn check(root: &Path) -> CheckResult {
+    KdumpFiles::new(root).check()
+}
+
+/// Judges `kexec_crash_loaded` and `kexec_crash_size`. Pure.
+fn judge(loaded: &str, size: Option<u64>) -> CheckResult {
+    let r = |s, d: String| result(CheckKind::Kdump, SUBJECT, s, d);
+    match (loaded, size) {
         ("1", Some(n)) if n > 0 => r(
             CheckStatus::Ok,
             format!("crash kernel loaded, {} MiB reserved", n >> 20),
@@ -78,6 +105,19 @@ mod tests {
         assert!(r.detail.contains("no crash kernel loaded"), "{r:?}");
         f.set_kdump_loaded(true).unwrap();
         assert_eq!(check(f.root()).status, CheckStatus::Ok);
+    }
+
+    #[test]
+    fn kept_files_see_each_change() {
+        let f = NodeFixture::builder("n").build().unwrap();
+        let mut k = KdumpFiles::new(f.root());
+        assert_eq!(k.check().status, CheckStatus::Ok);
+        f.set_kdump_loaded(false).unwrap();
+        assert_eq!(k.check().status, CheckStatus::Fail);
+        std::fs::remove_file(f.path_of("sys/kernel/kexec_crash_loaded")).unwrap();
+        assert!(k.check().detail.contains("cannot read"));
+        f.set_kdump_loaded(true).unwrap();
+        assert_eq!(k.check().status, CheckStatus::Ok);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The health checks. Each check is a function over the node's root directory (and, for
 //! kubelet, an HTTP endpoint) that returns [`CheckResult`]s; [`Checker`] runs the configured
 //! set in a fixed order and keeps the little state checks need between rounds (the last
-//! carrier change counters, for flaps).
+//! carrier change counters, for flaps, and the sysfs files read every round, open: see
+//! `kept`).
 //!
 //! Checks never fail as a whole: an unreadable file is a `fail` or `unknown` result with the
 //! path in its detail, so one broken subsystem cannot hide the others. They deliberately do
@@ -9,6 +10,7 @@
 
 pub mod disk;
 pub mod kdump;
+pub(crate) mod kept;
 pub mod kubelet;
 pub mod nic;
 
@@ -25,14 +27,9 @@ pub fn under_root(root: &Path, node_path: &str) -> PathBuf {
 
 /// Reads a small sysfs/procfs file and trims it.
 pub(crate) fn read_trimmed(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
     // Not `fs::read_to_string`: its size probe (a `statx` per file) is wasted on sysfs and
-    // procfs, which report 4096 or 0, and these files are read every cycle.
-    let mut s = String::with_capacity(64);
-    std::fs::File::open(path)?
-        .take(u64::MAX)
-        .read_to_string(&mut s)?;
-    Ok(s.trim().to_string())
+    // procfs, which report 4096 or 0; one `pread` holds any of these files.
+    kept::read_path_trimmed(path)
 }
 
 /// Builds a result.
@@ -58,6 +55,7 @@ pub struct Checker {
     kdump: bool,
     kubelet: Option<kubelet::KubeletClient>,
     nic_tracker: nic::NicTracker,
+    kdump_files: kdump::KdumpFiles,
     fs: Box<dyn disk::FsStats>,
     mount_table: disk::MountTable,
 }
@@ -95,6 +93,7 @@ impl Checker {
             kdump: cfg.kdump,
             kubelet,
             nic_tracker: nic::NicTracker::default(),
+            kdump_files: kdump::KdumpFiles::new(&cfg.root),
             fs,
             mount_table: disk::MountTable::new(&cfg.root),
         }
@@ -113,7 +112,7 @@ impl Checker {
             out.extend(self.mount_table.check(&self.mounts, self.fs.as_ref()));
         }
         if self.kdump {
-            out.push(kdump::check(&self.root));
+            out.push(self.kdump_files.check());
         }
         out
     }
