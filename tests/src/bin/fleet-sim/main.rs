@@ -420,7 +420,8 @@ mod tests {
     fn refuses_bad_options() {
         assert!(args("--agents 0").is_err());
         assert!(args("--interval 5").is_err());
-        assert!(args("--interval 5h").is_err());
+        assert!(args("--interval 5d").is_err());
+        assert!(args("--interval 0s").is_err());
         assert!(args("--kill-percent 101").is_err());
         assert!(args("--agents").is_err());
         assert!(args("--bogus 1").is_err());
