@@ -9,7 +9,7 @@
 # binaries, so what they check is the packaging, not the release build
 # (packaging/build-debs.sh makes those, and `check-debs.sh --release` checks them).
 # The agent packaged is the agent's own build (not the workspace's, whose feature
-# unification pulls more into the agent), which scripts/test.sh made in target/agent-own (scripts/build-agent.sh):
+# unification pulls more into the agent), which scripts/test.sh made (scripts/build-agent.sh, in target/<triple>/debug/):
 # it is copied to target/debug/node-agent, where cargo-deb looks for it.
 #
 # Installs cargo-deb (pinned, packaging/lib.sh) and lintian when missing. Runs as root.
@@ -34,7 +34,7 @@ for b in coordinator coordinatorctl bmc-gateway; do
   [ -x "$target_dir/debug/$b" ] || { echo "ci-debs: $target_dir/debug/$b missing: run scripts/test.sh first" >&2; exit 1; }
 done
 # (A no-op build when scripts/test.sh ran: it only prints where the binary is.)
-own=$(scripts/build-agent.sh dev "$target_dir/agent-own")
+own=$(scripts/build-agent.sh dev "$target_dir")
 cp -f "$own" "$target_dir/debug/node-agent"
 
 out="$target_dir/debian-ci"

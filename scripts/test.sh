@@ -33,14 +33,14 @@ for a in "$@"; do
 done
 step build cargo build --workspace --bins --tests "${build_args[@]}"
 # node-agent as it ships (scripts/build-agent.sh: on its own, without the features the other
-# crates unify into it in a workspace build, and statically linked), in a target directory of
-# its own (target/agent-own), so it never overwrites the workspace's agent and can run beside
-# the workspace build (.ci/run does). The tests get a directory of binaries
+# crates unify into it in a workspace build, and statically linked). Its explicit --target
+# puts it in target/<host triple>/, so it never overwrites the workspace's agent, while it
+# shares target/debug's build scripts and proc-macros. The tests get a directory of binaries
 # (target/<profile>-bin): the workspace's by symlink, the agent's own build by hard link.
 target_dir=${CARGO_TARGET_DIR:-$(pwd)/target}
 agent_profile=dev
 [ "$profile" = release ] && agent_profile=release
-agent_bin=$(step agent scripts/build-agent.sh "$agent_profile" "$target_dir/agent-own")
+agent_bin=$(step agent scripts/build-agent.sh "$agent_profile" "$target_dir")
 bin_dir="$target_dir/$profile-bin"
 rm -rf "$bin_dir" && mkdir -p "$bin_dir"
 find "$target_dir/$profile" -maxdepth 1 -type f -perm -u+x -exec ln -s {} "$bin_dir/" \;
