@@ -302,6 +302,14 @@ mod tests {
     /// A real network device through the kept descriptors: up, down, removed, back, renamed
     /// away and replaced. Needs root and veth in the network namespace, so run by hand:
     /// `cargo test -p fleetmend-node-agent --lib nic::tests::real_veth -- --ignored`.
+    /// Creates the veth pair `a`–`b`, both up, and waits for the kernel to say so.
+    fn veth_up(a: &str, b: &str) {
+        ip(&format!("link add {a} type veth peer name {b}"));
+        ip(&format!("link set {a} up"));
+        ip(&format!("link set {b} up"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
     #[test]
     #[ignore = "needs root and creates network devices"]
     fn real_veth_lifecycle_is_seen_through_kept_files() {
@@ -315,10 +323,7 @@ mod tests {
         let _ = std::process::Command::new("ip")
             .args(["link", "del", c])
             .status();
-        ip(&format!("link add {a} type veth peer name {b}"));
-        ip(&format!("link set {a} up"));
-        ip(&format!("link set {b} up"));
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        veth_up(a, b);
         let r = st(&mut t);
         assert_eq!(r.status, CheckStatus::Ok, "{r:?}");
         assert!(t.files[a].operstate.is_kept());
@@ -341,10 +346,7 @@ mod tests {
         let r = st(&mut t);
         assert!(r.detail.contains("not found"), "{r:?}");
         // Back under the same name.
-        ip(&format!("link add {a} type veth peer name {b}"));
-        ip(&format!("link set {a} up"));
-        ip(&format!("link set {b} up"));
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        veth_up(a, b);
         let r = st(&mut t);
         assert_eq!(r.status, CheckStatus::Ok, "{r:?}");
         // Renamed away while up: the name no longer exists, though the kept descriptors
