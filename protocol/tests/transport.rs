@@ -252,3 +252,93 @@ async fn agents_get_few_stream_slots_and_admins_many() {
     let want = transport::MULTIPLEXED_STREAMS - 1;
     assert_eq!(streams_granted(&s.conn, want + 5).await, want);
 }
+
+/// A raw echo server on `ep`: reads one 8-byte request per stream and answers with the same
+/// 8 bytes in one write (one packet).
+fn spawn_raw_echo(ep: quinn::Endpoint) {
+    tokio::spawn(async move {
+        while let Some(inc) = ep.accept().await {
+            tokio::spawn(async move {
+                let Ok(conn) = inc.await else { return };
+                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                    let mut b = [0u8; 8];
+                    if recv.read_exact(&mut b).await.is_ok() {
+                        let _ = send.write_all(&b).await;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// How many datagrams the client had sent when the reply to one request was first readable,
+/// against how many it had sent before the request (the difference is the request, and the
+/// acknowledgement of the reply if it went at once), and how many ACK_FREQUENCY frames it
+/// received. The client runs on this test's single thread, so quinn's connection driver has
+/// handled the reply's packet (and sent whatever it sends at once) before this task reads it.
+async fn acks_sent_by_the_time_a_reply_is_read(
+    client: &TlsMaterial,
+    addr: SocketAddr,
+) -> (u64, u64, u64) {
+    let ep = client.client_endpoint(addr).unwrap();
+    let conn = tokio::time::timeout(LIMIT, ep.connect(addr, "127.0.0.1").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    // Let every acknowledgement the handshake left pending go out (quinn delays one by at
+    // most 25 ms).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = conn.stats().udp_tx.datagrams;
+    send.write_all(&7u64.to_be_bytes()).await.unwrap();
+    let mut b = [0u8; 8];
+    tokio::time::timeout(LIMIT, recv.read_exact(&mut b))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(u64::from_be_bytes(b), 7);
+    let stats = conn.stats();
+    (before, stats.udp_tx.datagrams, stats.frame_rx.ack_frequency)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_server_asks_its_clients_to_acknowledge_at_once() {
+    let ca = Ca::generate("fleet.test").unwrap();
+    let server = material(&ca, Role::Coordinator, "c1");
+    let client = material(&ca, Role::Node, "n1");
+
+    // Our server configuration: the client acknowledges the one-packet reply while handling
+    // it, not 25 ms later (one wakeup less per report for an agent).
+    let ep = server
+        .server_endpoint("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = ep.local_addr().unwrap();
+    spawn_raw_echo(ep);
+    let (before, after, requests) = acks_sent_by_the_time_a_reply_is_read(&client, addr).await;
+    assert!(requests >= 1, "the server sent no ACK_FREQUENCY frame");
+    assert_eq!(
+        after - before,
+        2,
+        "the request, then the reply's acknowledgement at once"
+    );
+
+    // Control: the same TLS with quinn's default transport settings, where the client
+    // delays that acknowledgement, so the check above can tell the two apart.
+    let crypto =
+        quinn::crypto::rustls::QuicServerConfig::try_from(server.rustls_server_config().unwrap())
+            .unwrap();
+    let plain = quinn::Endpoint::server(
+        quinn::ServerConfig::with_crypto(std::sync::Arc::new(crypto)),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    let addr = plain.local_addr().unwrap();
+    spawn_raw_echo(plain);
+    let (before, after, requests) = acks_sent_by_the_time_a_reply_is_read(&client, addr).await;
+    assert_eq!(requests, 0);
+    assert_eq!(
+        after - before,
+        1,
+        "the request only: without the request the acknowledgement waits"
+    );
+}

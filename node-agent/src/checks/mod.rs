@@ -99,21 +99,146 @@ impl Checker {
         }
     }
 
-    /// Runs every check once: kubelet, NICs, mounts, kdump, in that order.
+    /// Runs every check once; the results are in the order kubelet, NICs, mounts, kdump.
+    ///
+    /// The kubelet's request goes out first and the file checks run while the kubelet
+    /// answers: by the time they are done the answer has usually arrived, and the agent
+    /// reads it without going to sleep and being woken for it (one wakeup less per report).
     pub async fn run(&mut self) -> Vec<CheckResult> {
-        let mut out = Vec::with_capacity(2 + self.nics.len() + self.mounts.len());
-        if let Some(k) = &mut self.kubelet {
-            out.push(k.check().await);
-        }
-        for n in &self.nics {
-            out.push(nic::check(&self.root, n, &mut self.nic_tracker));
-        }
-        if !self.mounts.is_empty() {
-            out.extend(self.mount_table.check(&self.mounts, self.fs.as_ref()));
-        }
-        if self.kdump {
-            out.push(self.kdump_files.check());
-        }
+        let Self {
+            root,
+            nics,
+            mounts,
+            kdump,
+            kubelet,
+            nic_tracker,
+            kdump_files,
+            fs,
+            mount_table,
+        } = self;
+        let mut out = Vec::with_capacity(2 + nics.len() + mounts.len());
+        let kubelet = async {
+            match kubelet {
+                Some(k) => Some(k.check().await),
+                None => None,
+            }
+        };
+        let files = async {
+            let mut out = Vec::with_capacity(1 + nics.len() + mounts.len());
+            for n in nics.iter() {
+                out.push(nic::check(root, n, nic_tracker));
+            }
+            if !mounts.is_empty() {
+                out.extend(mount_table.check(mounts, fs.as_ref()));
+            }
+            if *kdump {
+                out.push(kdump_files.check());
+            }
+            out
+        };
+        // Biased: polled in this order, so the kubelet's request is sent (its future then
+        // waits for the answer) before the file checks run to the end in one poll.
+        let (kubelet, files) = tokio::join!(biased; kubelet, files);
+        out.extend(kubelet);
+        out.extend(files);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{self, BufRead, BufReader, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::config::{KubeletConfig, MountConfig};
+    use crate::testkit_fixture::NodeFixture;
+
+    /// Counts the rounds of file checks (one mount, so one call per round).
+    struct CountingFs(Arc<AtomicUsize>);
+
+    impl disk::FsStats for CountingFs {
+        fn usage(&self, _: &Path) -> io::Result<disk::FsUsage> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(disk::FsUsage {
+                blocks: 100,
+                blocks_avail: 90,
+                files: 100,
+                files_free: 90,
+                read_only: false,
+            })
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_kubelet_is_asked_before_the_file_checks_run() {
+        let fx = NodeFixture::builder("n").mount("/var").build().unwrap();
+        // A kubelet on one kept-alive connection that answers request n only once the file
+        // checks of round n have run. Were they run after the kubelet's answer (one after
+        // the other, as before), it would wait for them and the check would time out.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/healthz", listener.local_addr().unwrap());
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let seen = rounds.clone();
+        std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut w = s;
+            for n in 1.. {
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                let t = Instant::now();
+                while seen.load(Ordering::SeqCst) < n && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let cfg = Config {
+            coordinator: None,
+            report_interval: Duration::from_secs(5),
+            root: fx.root().to_path_buf(),
+            hostname: None,
+            nics: vec![],
+            mounts: vec![MountConfig::new("/var")],
+            kubelet: KubeletConfig {
+                url: Some(url),
+                timeout: Duration::from_secs(1),
+            },
+            kdump: true,
+            actions: Default::default(),
+            source: None,
+        };
+        let mut checker = Checker::with_fs(&cfg, Box::new(CountingFs(rounds.clone())));
+        for round in 1..=3 {
+            let results = checker.run().await;
+            let kinds: Vec<CheckKind> = results.iter().map(|r| r.kind).collect();
+            assert_eq!(
+                kinds,
+                [CheckKind::Kubelet, CheckKind::Disk, CheckKind::Kdump],
+                "results keep their order"
+            );
+            assert_eq!(
+                results[0].status,
+                CheckStatus::Ok,
+                "round {round}: {:?}",
+                results[0]
+            );
+            assert_eq!(rounds.load(Ordering::SeqCst), round);
+        }
     }
 }

@@ -184,7 +184,7 @@ impl TlsMaterial {
             quinn::crypto::rustls::QuicServerConfig::try_from(self.rustls_server_config()?)
                 .map_err(|e| TransportError::Verifier(e.to_string()))?;
         let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-        cfg.transport_config(Arc::new(transport_config()));
+        cfg.transport_config(Arc::new(transport_config(true)));
         Ok(cfg)
     }
 
@@ -194,7 +194,7 @@ impl TlsMaterial {
             quinn::crypto::rustls::QuicClientConfig::try_from(self.rustls_client_config()?)
                 .map_err(|e| TransportError::Verifier(e.to_string()))?;
         let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-        cfg.transport_config(Arc::new(transport_config()));
+        cfg.transport_config(Arc::new(transport_config(false)));
         Ok(cfg)
     }
 
