@@ -187,7 +187,6 @@ pub async fn serve_http(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{IpAddr, Ipv4Addr};
     use std::time::Duration;
 
     use protocol::gateway::{CoordinatorHello, PowerAction, PowerOutcome, PowerState};
@@ -233,22 +232,10 @@ mod tests {
     }
 
     fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
-        let c = ca
-            .issue(
-                role,
-                name,
-                &IssueOptions {
-                    ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        TlsMaterial::from_pem(
-            ca.cert_pem().as_bytes(),
-            c.cert_pem.as_bytes(),
-            c.key_pem.as_bytes(),
-        )
-        .unwrap()
+        ca.issue(role, name, &IssueOptions::loopback())
+            .unwrap()
+            .tls_material(ca.cert_pem().as_bytes())
+            .unwrap()
     }
 
     /// Over real QUIC on loopback with certificates of each role: node, admin and gateway

@@ -323,26 +323,13 @@ mod tests {
     use protocol::gateway::{PowerOutcome, PowerState};
     use protocol::messages::{Refusal, RefusalCode};
     use protocol::pki::{Ca, IssueOptions};
-    use std::net::{IpAddr, Ipv4Addr};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
-        let c = ca
-            .issue(
-                role,
-                name,
-                &IssueOptions {
-                    ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        TlsMaterial::from_pem(
-            ca.cert_pem().as_bytes(),
-            c.cert_pem.as_bytes(),
-            c.key_pem.as_bytes(),
-        )
-        .unwrap()
+        ca.issue(role, name, &IssueOptions::loopback())
+            .unwrap()
+            .tls_material(ca.cert_pem().as_bytes())
+            .unwrap()
     }
 
     /// A fake gateway: accepts coordinators, answers each request with Done, counts them.

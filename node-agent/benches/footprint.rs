@@ -29,7 +29,7 @@ use protocol::frame::MAX_FRAME_LEN;
 use protocol::identity::Role;
 use protocol::messages::{AgentMessage, CoordinatorReply};
 use protocol::pki::{Ca, IssueOptions};
-use protocol::transport::{TlsMaterial, accept_hello, read_msg, write_msg};
+use protocol::transport::{accept_hello, read_msg, write_msg};
 
 /// Target from issue 2: resident memory under 8 MiB.
 const RSS_TARGET_KIB: u64 = 8 * 1024;
@@ -140,12 +140,9 @@ async fn bench(cycles: u64, interval_ms: u64) {
     let kubelet = FakeKubelet::start().expect("fake kubelet");
 
     // Coordinator stand-in: acks every report, counts them.
-    let tls = TlsMaterial::from_pem(
-        ca.cert_pem().as_bytes(),
-        coord.cert_pem.as_bytes(),
-        coord.key_pem.as_bytes(),
-    )
-    .expect("server TLS");
+    let tls = coord
+        .tls_material(ca.cert_pem().as_bytes())
+        .expect("server TLS");
     let ep = tls
         .server_endpoint("127.0.0.1:0".parse().unwrap())
         .expect("server endpoint");

@@ -18,7 +18,7 @@ use protocol::frame::MAX_FRAME_LEN;
 use protocol::identity::Role;
 use protocol::messages::{AgentMessage, CoordinatorReply, GoodbyeReason};
 use protocol::pki::{Ca, IssueOptions};
-use protocol::transport::{TlsMaterial, accept_hello, read_msg, write_msg};
+use protocol::transport::{accept_hello, read_msg, write_msg};
 
 /// Upper bound for every wait here.
 const WAIT: Duration = Duration::from_secs(30);
@@ -48,12 +48,7 @@ async fn ready_after_first_report_watchdog_pings_and_goodbye_on_sigterm() {
         .build()
         .unwrap();
 
-    let tls = TlsMaterial::from_pem(
-        ca.cert_pem().as_bytes(),
-        coord.cert_pem.as_bytes(),
-        coord.key_pem.as_bytes(),
-    )
-    .unwrap();
+    let tls = coord.tls_material(ca.cert_pem().as_bytes()).unwrap();
     let ep = tls.server_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = ep.local_addr().unwrap();
     let reports = Arc::new(AtomicU64::new(0));

@@ -279,7 +279,30 @@ pub fn verify_signed_by(cert_pem: &str, ca_pem: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+impl IssueOptions {
+    /// A certificate for a peer on this machine: IP SAN 127.0.0.1 (tests, simulators, demos).
+    pub fn loopback() -> Self {
+        IssueOptions {
+            ips: vec![IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+            ..Default::default()
+        }
+    }
+}
+
 impl IssuedCert {
+    /// In-memory TLS material: this certificate and key, trusting the CA certificate(s)
+    /// `ca_pem` (usually [`Ca::cert_pem`] of the CA that issued it).
+    pub fn tls_material(
+        &self,
+        ca_pem: &[u8],
+    ) -> Result<crate::transport::TlsMaterial, crate::transport::TransportError> {
+        crate::transport::TlsMaterial::from_pem(
+            ca_pem,
+            self.cert_pem.as_bytes(),
+            self.key_pem.as_bytes(),
+        )
+    }
+
     /// Writes `<name>.crt` and `<name>.key` (0600) into `dir` (created if missing).
     pub fn write(&self, dir: &Path, force: bool) -> Result<(PathBuf, PathBuf), PkiError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
@@ -301,7 +324,7 @@ impl IssuedCert {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{TlsMaterial, identity_from_cert_der};
+    use crate::transport::identity_from_cert_der;
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
 
@@ -321,12 +344,7 @@ mod tests {
         let der = CertificateDer::from_pem_slice(c.cert_pem.as_bytes()).unwrap();
         let id = identity_from_cert_der(&der).unwrap();
         assert_eq!(id.uri(), "spiffe://fleet.test/node/web-1");
-        let m = TlsMaterial::from_pem(
-            ca.cert_pem().as_bytes(),
-            c.cert_pem.as_bytes(),
-            c.key_pem.as_bytes(),
-        )
-        .unwrap();
+        let m = c.tls_material(ca.cert_pem().as_bytes()).unwrap();
         m.rustls_server_config().unwrap();
         m.rustls_client_config().unwrap();
     }

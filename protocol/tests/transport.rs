@@ -12,17 +12,10 @@ use protocol::{Role, frame};
 const LIMIT: Duration = Duration::from_secs(10);
 
 fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
-    let opts = IssueOptions {
-        ips: vec!["127.0.0.1".parse().unwrap()],
-        ..Default::default()
-    };
-    let c = ca.issue(role, name, &opts).unwrap();
-    TlsMaterial::from_pem(
-        ca.cert_pem().as_bytes(),
-        c.cert_pem.as_bytes(),
-        c.key_pem.as_bytes(),
-    )
-    .unwrap()
+    ca.issue(role, name, &IssueOptions::loopback())
+        .unwrap()
+        .tls_material(ca.cert_pem().as_bytes())
+        .unwrap()
 }
 
 fn admin_hello() -> HelloBody {
@@ -113,12 +106,7 @@ async fn client_from_another_ca_is_rejected() {
     let foreign = other
         .issue(Role::Admin, "mallory", &IssueOptions::default())
         .unwrap();
-    let client = TlsMaterial::from_pem(
-        ca.cert_pem().as_bytes(),
-        foreign.cert_pem.as_bytes(),
-        foreign.key_pem.as_bytes(),
-    )
-    .unwrap();
+    let client = foreign.tls_material(ca.cert_pem().as_bytes()).unwrap();
     let ep = client.client_endpoint(addr).unwrap();
     let r = transport::connect(&ep, addr, "127.0.0.1", Role::Coordinator, admin_hello()).await;
     assert!(r.is_err(), "a foreign client certificate was accepted");

@@ -819,11 +819,7 @@ impl TestPki {
     /// In-memory TLS material for `role`/`name`.
     pub fn material(&self, role: Role, name: &str) -> Result<TlsMaterial> {
         let c = self.ca.issue(role, name, &IssueOptions::default())?;
-        Ok(TlsMaterial::from_pem(
-            self.ca.cert_pem().as_bytes(),
-            c.cert_pem.as_bytes(),
-            c.key_pem.as_bytes(),
-        )?)
+        Ok(c.tls_material(self.ca.cert_pem().as_bytes())?)
     }
 }
 

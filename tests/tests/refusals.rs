@@ -215,11 +215,7 @@ async fn every_refusal_is_logged_and_others_keep_being_served() -> anyhow::Resul
         let other = Ca::generate("fleet.test")?;
         let issued = other.issue(Role::Node, GOOD.1, &IssueOptions::default())?;
         let ca_pem = std::fs::read(pki.ca_cert())?;
-        let tls = TlsMaterial::from_pem(
-            &ca_pem,
-            issued.cert_pem.as_bytes(),
-            issued.key_pem.as_bytes(),
-        )?;
+        let tls = issued.tls_material(&ca_pem)?;
         let r = session(&tls, addr, agent_hello(GOOD.1)).await;
         assert!(r.is_err(), "a certificate from another CA was accepted");
         blocking(|| logged(&coord, &["connection failed before hello"], 2))?;

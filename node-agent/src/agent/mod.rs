@@ -786,12 +786,7 @@ mod tests {
         let (cert, key) = n.write(dir.path(), false).unwrap();
         let ca_path = dir.path().join("ca.crt");
         std::fs::write(&ca_path, ca.cert_pem()).unwrap();
-        let server = TlsMaterial::from_pem(
-            ca.cert_pem().as_bytes(),
-            coord.cert_pem.as_bytes(),
-            coord.key_pem.as_bytes(),
-        )
-        .unwrap();
+        let server = coord.tls_material(ca.cert_pem().as_bytes()).unwrap();
         Pki {
             authority: ca,
             dir,

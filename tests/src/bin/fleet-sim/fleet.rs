@@ -73,12 +73,7 @@ pub(crate) fn issue_certificates(ca_dir: &Path, agents: usize) -> anyhow::Result
                         .map(|i| {
                             let issued =
                                 ca.issue(Role::Node, &hostname(i), &IssueOptions::default())?;
-                            let tls = TlsMaterial::from_pem(
-                                ca_pem,
-                                issued.cert_pem.as_bytes(),
-                                issued.key_pem.as_bytes(),
-                            )?;
-                            anyhow::Ok(tls)
+                            anyhow::Ok(issued.tls_material(ca_pem)?)
                         })
                         .collect::<anyhow::Result<Vec<_>>>()
                 })
