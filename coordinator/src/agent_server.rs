@@ -19,7 +19,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use protocol::Role;
@@ -382,9 +382,10 @@ fn agent_reports<'a>(
                 }
                 r = read_payload(&mut agent.recv, MAX_FRAME_LEN) => r,
             };
+            let read_at = Instant::now();
             // Everything between a frame and its ack runs boxed, so that this future (held
             // between reports) has room only for the read and the write.
-            let Some(seq) = Box::pin(agent_frame(read, &mut agent, ctx)).await else {
+            let Some((seq, report)) = Box::pin(agent_frame(read, &mut agent, ctx)).await else {
                 break;
             };
             if let Err(e) = write_msg(
@@ -397,6 +398,9 @@ fn agent_reports<'a>(
                 tracing::info!(machine = %agent.address, error = %e, "agent connection lost");
                 break;
             }
+            if report {
+                ctx.metrics.report_answered(read_at.elapsed());
+            }
         }
         ctx.links.remove(&agent.address, agent.link);
         Box::pin(ctx.fleet.disconnected(&agent.hostname)).await;
@@ -404,13 +408,13 @@ fn agent_reports<'a>(
 }
 
 /// Handles what one read of an agent's stream gave: a message is handed to the registry
-/// and its sequence number returned for the ack; `None` ends the session (stream closed,
-/// connection lost, or a malformed frame, refused here).
+/// and its sequence number returned for the ack, with whether it was a report; `None` ends
+/// the session (stream closed, connection lost, or a malformed frame, refused here).
 async fn agent_frame(
     read: Result<Option<Vec<u8>>, TransportError>,
     agent: &mut AgentConn,
     ctx: &ServerCtx,
-) -> Option<u64> {
+) -> Option<(u64, bool)> {
     let decoded = match read {
         Ok(Some(payload)) => frame::decode_payload::<AgentMessage>(&payload),
         Ok(None) => {
@@ -434,21 +438,21 @@ async fn agent_frame(
     let address = &agent.address;
     match msg {
         AgentMessage::Report(report) => {
-            ctx.metrics.report_received();
+            ctx.metrics.report_received(agent.conn.rtt());
             let seq = report.seq;
             tracing::debug!(machine = %address, seq, ok = report.all_ok(), "report");
             if let Err(e) = ctx.fleet.report(&agent.hostname, report).await {
                 // The report is in memory; the sweep retries the transition.
                 tracing::error!(machine = %address, error = %e, "cannot record state transition");
             }
-            Some(seq)
+            Some((seq, true))
         }
         AgentMessage::Goodbye(g) => {
             tracing::info!(machine = %address, reason = ?g.reason, "agent said goodbye");
             if let Err(e) = ctx.fleet.goodbye(&agent.hostname, g.reason).await {
                 tracing::error!(machine = %address, error = %e, "cannot record goodbye");
             }
-            Some(0)
+            Some((0, false))
         }
     }
 }

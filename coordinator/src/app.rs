@@ -204,6 +204,7 @@ impl App {
             .with_events(drainer.clone()),
         );
         let links = crate::agent_link::AgentLinks::new();
+        let fence_metrics = Arc::new(crate::fence::metrics::FenceMetrics::default());
         // The engine starts now, so a bad `repair:` file fails the build, but stops with
         // the app: `run` cancels this token when its shutdown token fires.
         let repair_stop = CancellationToken::new();
@@ -238,6 +239,7 @@ impl App {
                                     .unwrap_or_default(),
                                 fleet: fleet.clone(),
                             },
+                            metrics: fence_metrics.clone(),
                         }),
                     repair_stop.clone(),
                 )
@@ -288,6 +290,7 @@ impl App {
         if let Some((r, _)) = &remediation {
             metrics_sources.push(r.metrics());
         }
+        metrics_sources.push(fence_metrics);
         Ok(Self {
             config,
             store,

@@ -42,10 +42,65 @@ pub fn refusal_label(code: RefusalCode) -> &'static str {
 /// certificate, another CA), or the peer vanished.
 pub const HANDSHAKE_FAILED: &str = "handshake-failed";
 
+/// Upper bounds (seconds) of the report-latency histograms: from a tenth of a millisecond
+/// (a report answered on a quiet coordinator, a round trip inside a rack) to a second (a
+/// coordinator or network in trouble; the agent's own timeout is longer).
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// A Prometheus histogram over [`LATENCY_BUCKETS`] that many tasks observe at once without
+/// a lock (one observation per report).
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Observations per bucket, not cumulative; the last one is above every bound.
+    counts: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl LatencyHistogram {
+    /// Counts one observation.
+    pub fn observe(&self, took: std::time::Duration) {
+        let secs = took.as_secs_f64();
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|le| secs <= *le)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Appends the series `name` (`_bucket`, `_sum`, `_count`) with its HELP and TYPE lines.
+    pub fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (le, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
+            cumulative += c.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        cumulative += self.counts[LATENCY_BUCKETS.len()].load(Ordering::Relaxed);
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {cumulative}\n{name}_sum {sum}\n{name}_count {cumulative}"
+        );
+    }
+}
+
 /// The coordinator's own counters. Cheap to share behind an `Arc`.
 #[derive(Debug, Default)]
 pub struct Metrics {
     reports: AtomicU64,
+    /// From a report read off its stream to its acknowledgement written.
+    report_handling: LatencyHistogram,
+    /// The connection's smoothed round-trip time (quinn's estimate) at each report.
+    agent_rtt: LatencyHistogram,
     open_agent: AtomicI64,
     open_admin: AtomicI64,
     accepted: AtomicU64,
@@ -96,9 +151,15 @@ impl Metrics {
         }
     }
 
-    /// Counts a received health report.
-    pub fn report_received(&self) {
+    /// Counts a received health report, with its connection's round-trip time.
+    pub fn report_received(&self, rtt: std::time::Duration) {
         self.reports.fetch_add(1, Ordering::Relaxed);
+        self.agent_rtt.observe(rtt);
+    }
+
+    /// Records how long a report took from being read to its acknowledgement being written.
+    pub fn report_answered(&self, took: std::time::Duration) {
+        self.report_handling.observe(took);
     }
 
     /// Counts an admin request.
@@ -141,6 +202,16 @@ impl Metrics {
              # TYPE fleetmend_reports_received_total counter\n\
              fleetmend_reports_received_total {}",
             self.reports()
+        );
+        self.report_handling.render(
+            "fleetmend_report_handling_seconds",
+            "Time from an agent's report read to its acknowledgement written (the coordinator's share of the report round trip).",
+            out,
+        );
+        self.agent_rtt.render(
+            "fleetmend_agent_rtt_seconds",
+            "Smoothed round-trip time of the agent's QUIC connection, sampled at each report.",
+            out,
         );
         let _ = writeln!(
             out,
@@ -309,7 +380,7 @@ mod tests {
             .await
             .unwrap();
         let m = Arc::new(Metrics::default());
-        m.report_received();
+        m.report_received(std::time::Duration::from_micros(300));
         m.refused(refusal_label(RefusalCode::IdentityMismatch));
         let g = m.session_opened(SessionKind::Agent);
         let mut out = String::new();
@@ -324,6 +395,34 @@ mod tests {
         out.clear();
         m.render(&fleet, &mut out);
         assert!(out.contains("fleetmend_connections_open{kind=\"agent\"} 0"));
+    }
+
+    #[test]
+    fn latency_histograms_are_cumulative_and_sum_in_seconds() {
+        use std::time::Duration;
+        let h = LatencyHistogram::default();
+        h.observe(Duration::from_micros(50)); // first bucket
+        h.observe(Duration::from_micros(100)); // on a bound: counted in it
+        h.observe(Duration::from_millis(3)); // 0.005
+        h.observe(Duration::from_secs(2)); // above every bound
+        let mut out = String::new();
+        h.render("x_seconds", "Help.", &mut out);
+        let value = |series: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+                .unwrap_or_else(|| panic!("{series} missing in\n{out}"))
+                .to_string()
+        };
+        assert_eq!(value("x_seconds_bucket{le=\"0.0001\"}"), "2");
+        assert_eq!(value("x_seconds_bucket{le=\"0.0025\"}"), "2");
+        assert_eq!(value("x_seconds_bucket{le=\"0.005\"}"), "3");
+        assert_eq!(value("x_seconds_bucket{le=\"1\"}"), "3");
+        assert_eq!(value("x_seconds_bucket{le=\"+Inf\"}"), "4");
+        assert_eq!(value("x_seconds_count"), "4");
+        let sum: f64 = value("x_seconds_sum").parse().unwrap();
+        assert!((sum - 2.00315).abs() < 1e-9, "{sum}");
+        assert!(out.starts_with("# HELP x_seconds Help.\n# TYPE x_seconds histogram\n"));
+        assert_eq!(h.count(), 4);
     }
 
     /// The real listener: a client that sends nothing is dropped after the header-read timeout,

@@ -546,6 +546,25 @@ impl Coordinator {
     pub fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         http_get(self.http, path)
     }
+
+    /// One scrape of `/metrics` (an error unless it answers 200).
+    pub fn scrape(&self) -> anyhow::Result<String> {
+        let (code, body) = self.http_get("/metrics")?;
+        anyhow::ensure!(code == 200, "/metrics answered {code}: {body}");
+        Ok(body)
+    }
+}
+
+/// The value of `series` (a name with its labels as rendered, e.g.
+/// `fleetmend_machines{state="healthy"}`) in a Prometheus text scrape.
+pub fn metric(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// A minimal HTTP/1.0 GET (the test kit needs no HTTP client for two endpoints).

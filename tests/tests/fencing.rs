@@ -36,7 +36,7 @@ use testkit::bmc_sim::{BusyBmc, GatewayProc, IpmiSim, TestPki};
 use testkit::fake_k8s::{BackgroundFake, FakeK8s, NodeSeed, PodSeed};
 use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
 use testkit::procs::{
-    CertFiles, Coordinator, CoordinatorOptions, Pki, Proc, start_agent, wait_for,
+    CertFiles, Coordinator, CoordinatorOptions, Pki, Proc, metric, start_agent, wait_for,
 };
 
 const MACHINE: &str = "10.0.7.1";
@@ -466,6 +466,9 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     let table = blocking(|| rig.coord.ctl(&["fence", "show", &id]))?;
     let table = String::from_utf8_lossy(&table.stdout).to_string();
     assert!(table.contains("EVENT") && table.contains("done"), "{table}");
+    // `/metrics` counted the flow once, as done, and holds none running.
+    let scrape = blocking(|| rig.coord.scrape())?;
+    assert_fence_metrics(&scrape, 1, "done");
     eprintln!(
         "fenced and powered on {:.1} s after the machine died; entry done {:.1} s after",
         on_after.as_secs_f64(),
@@ -622,7 +625,30 @@ async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words(
     assert_eq!(rig.k8s.volume_attachments_on(HOST).len(), 1);
     assert!(blocking(|| rig.sim_power_is_on())?);
     assert_eq!(rig.count_power("1"), 0, "{:?}", rig.sim.events());
+    // What the FleetmendFenceFailed alert reads.
+    let scrape = blocking(|| rig.coord.scrape())?;
+    assert_fence_metrics(&scrape, 1, "failed");
     Ok(())
+}
+
+/// `/metrics` shows `started` flows started, all of them finished with `outcome` (and none
+/// with the other), and no flow running in any state.
+fn assert_fence_metrics(scrape: &str, started: u64, outcome: &str) {
+    let value = |series: &str| {
+        metric(scrape, series).unwrap_or_else(|| panic!("no {series} in:\n{scrape}"))
+    };
+    assert_eq!(value("fleetmend_fence_flows_started_total"), started as f64);
+    for o in ["done", "failed"] {
+        let want = if o == outcome { started as f64 } else { 0.0 };
+        let series = format!("fleetmend_fence_flows_finished_total{{outcome=\"{o}\"}}");
+        assert_eq!(value(&series), want, "{series}");
+    }
+    let running: Vec<&str> = scrape
+        .lines()
+        .filter(|l| l.starts_with("fleetmend_fence_flows_running{"))
+        .collect();
+    assert_eq!(running.len(), 11, "{running:?}");
+    assert!(running.iter().all(|l| l.ends_with(" 0")), "{running:?}");
 }
 
 /// `node-agent kdump-notify --phase PHASE` as the machine's kdump initramfs runs it: its

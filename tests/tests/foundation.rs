@@ -152,6 +152,32 @@ fn agents_report_health_states_persist_across_restart() -> anyhow::Result<()> {
         !metrics.contains("fleetmend_reports_received_total 0\n"),
         "{metrics}"
     );
+    // Every report is in the latency histograms: its round-trip time when it arrived, and
+    // how long the coordinator took to acknowledge it (sub-second on loopback).
+    let value = |series: &str| {
+        testkit::procs::metric(&metrics, series).unwrap_or_else(|| panic!("no {series}"))
+    };
+    // (The series are read one after the other while agents report: each agent may have
+    // one report in one and not yet in another.)
+    let (reports, agents) = (
+        value("fleetmend_reports_received_total"),
+        HOSTS.len() as f64,
+    );
+    let rtts = value("fleetmend_agent_rtt_seconds_count");
+    assert!(
+        rtts > 0.0 && (rtts - reports).abs() <= agents,
+        "{rtts} of {reports}"
+    );
+    let handled = value("fleetmend_report_handling_seconds_count");
+    assert!(
+        handled > 0.0 && handled <= reports + agents,
+        "{handled} of {reports}"
+    );
+    assert_eq!(
+        value("fleetmend_report_handling_seconds_bucket{le=\"1\"}"),
+        handled,
+        "{metrics}"
+    );
 
     // Restart the coordinator: machines and their transition history are still there.
     let before: Vec<_> = HOSTS
@@ -439,7 +465,7 @@ fn coordinator_load() -> anyhow::Result<()> {
         AgentHello, AgentMessage, CheckResult, CoordinatorReply, HealthReport, HelloBody,
     };
     use protocol::pki::{Ca, IssueOptions};
-    use protocol::transport::{TlsMaterial, connect, expect_msg, write_msg};
+    use protocol::transport::{connect, expect_msg, write_msg};
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
@@ -501,11 +527,7 @@ fn coordinator_load() -> anyhow::Result<()> {
         .iter()
         .map(|(_, host)| {
             let issued = ca.issue(Role::Node, host, &IssueOptions::default())?;
-            let tls = TlsMaterial::from_pem(
-                &ca_pem,
-                issued.cert_pem.as_bytes(),
-                issued.key_pem.as_bytes(),
-            )?;
+            let tls = issued.tls_material(&ca_pem)?;
             anyhow::Ok((host.clone(), tls))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;

@@ -26,7 +26,7 @@ use testkit::bmc_sim::{GatewayClient, GatewayProc, TestPki};
 use testkit::fixture::{AgentConfig, NodeFixture};
 use testkit::procs::{
     Coordinator, CoordinatorOptions, Pki, Proc, bin, command, free_tcp_port, free_udp_port,
-    inventory_toml, start_agent, wait_for,
+    inventory_toml, metric, start_agent, wait_for,
 };
 
 /// Bound for anything the test causes (processes start in seconds on a loaded machine).
@@ -296,11 +296,6 @@ fn unwritable_database_refuses_to_start_naming_the_path() -> anyhow::Result<()> 
     // The same database, writable again, starts.
     coord.restart()?;
     Ok(())
-}
-
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 #[test]

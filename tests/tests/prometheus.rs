@@ -98,13 +98,21 @@ fn the_metrics_lint_fails_on_a_broken_scrape() -> Result<()> {
 fn a_live_coordinator_scrape_passes_promtool_and_has_process_metrics() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let pki = Pki::create(tmp.path(), "fleet.test")?;
+    let repair = tmp.path().join("cluster.yml");
+    std::fs::write(
+        &repair,
+        "repair:\n  repair_procedures:\n    - machine_types: [qemu]\n      repair_operations:\n        - operation: unhealthy\n          repair_steps:\n            - repair_command: [\"true\"]\n          health_check_command: [\"true\"]\n",
+    )?;
     let coord = Coordinator::start(
         &tmp.path().join("coordinator"),
         &pki,
         &CoordinatorOptions {
             inventory: Some(inventory_toml(&[("10.0.0.1", "n1"), ("10.0.0.2", "n2")])),
-            // Remediation on, so its series are part of the scrape.
-            extra: "[remediation]\ninterval = \"500ms\"\n".into(),
+            // Remediation and the repair queue on, so their series are part of the scrape.
+            extra: format!(
+                "[repair]\nconfig = {:?}\n\n[remediation]\ninterval = \"500ms\"\n",
+                repair.display().to_string()
+            ),
             ..Default::default()
         },
     )?;
@@ -116,6 +124,9 @@ fn a_live_coordinator_scrape_passes_promtool_and_has_process_metrics() -> Result
         "fleetmend_machines{",
         "fleetmend_store_failing ",
         "fleetmend_remediation_passes_total ",
+        "fleetmend_report_handling_seconds_bucket{le=\"+Inf\"} ",
+        "fleetmend_agent_rtt_seconds_count ",
+        "fleetmend_fence_flows_running{state=\"power-off\"} ",
         "process_resident_memory_bytes ",
         "process_cpu_seconds_total ",
         "process_open_fds ",
@@ -123,7 +134,52 @@ fn a_live_coordinator_scrape_passes_promtool_and_has_process_metrics() -> Result
     ] {
         ensure!(scrape.contains(series), "no {series} in:\n{scrape}");
     }
-    lint(&scrape)
+    lint(&scrape)?;
+    // Every coordinator series an alert or a dashboard panel reads is served.
+    served_by(&scrape, |name| !name.starts_with("fleetmend_gateway_"))
+}
+
+/// The `fleetmend_*` names the alerting rules and the dashboard query.
+fn queried_series() -> Result<std::collections::BTreeSet<String>> {
+    let mut names = std::collections::BTreeSet::new();
+    for file in ["fleetmend-rules.yml", "fleetmend-dashboard.json"] {
+        let text = std::fs::read_to_string(rules_dir().join(file))?;
+        for (i, _) in text.match_indices("fleetmend_") {
+            let name: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            // Job names (`fleetmend-coordinator`) use a hyphen, so every hit is a series.
+            names.insert(name);
+        }
+    }
+    ensure!(names.len() >= 10, "only {names:?}");
+    Ok(names)
+}
+
+/// Fails unless each queried series that `mine` selects is in `scrape`: with a sample, or
+/// declared by its `# TYPE` line (a counter with labels has samples only once something
+/// happened, such as a remediation decision).
+fn served_by(scrape: &str, mine: impl Fn(&str) -> bool) -> Result<()> {
+    let mut served: std::collections::BTreeSet<&str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    served.extend(
+        scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()),
+    );
+    let missing: Vec<String> = queried_series()?
+        .into_iter()
+        .filter(|n| mine(n) && !served.contains(n.as_str()))
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "queried by packaging/prometheus/ but not served: {missing:?}"
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,5 +215,6 @@ async fn a_live_gateway_scrape_passes_promtool_and_has_process_metrics() -> Resu
     ] {
         ensure!(scrape.contains(series), "no {series} in:\n{scrape}");
     }
-    lint(&scrape)
+    lint(&scrape)?;
+    served_by(&scrape, |name| name.starts_with("fleetmend_gateway_"))
 }

@@ -10,7 +10,8 @@
 //! - [`killpoint`]: crash-test kill points, compiled only into test builds,
 //! - [`kdump`]: what the flow reads of a machine's crash dump (the kdump leg is in
 //!   [`flow::kdump`]),
-//! - [`admin`]: the admin API's read-only view of flows (`coordinatorctl fence`).
+//! - [`admin`]: the admin API's read-only view of flows (`coordinatorctl fence`),
+//! - [`metrics`]: flows started, finished and running, for `/metrics`.
 //!
 //! The repair queue's `@fence` wiring lives in [`crate::repair::fencing`].
 
@@ -18,6 +19,7 @@ pub mod admin;
 pub mod flow;
 pub mod kdump;
 pub mod killpoint;
+pub mod metrics;
 pub mod proof;
 pub mod runner;
 pub mod store;

@@ -32,6 +32,7 @@ use tracing::{info, warn};
 use super::flow::{Action, FenceTimeouts, Flow, Observation, PowerAnswer, State, step};
 use super::kdump::{DumpSeen, KdumpView, NoKdump};
 use super::killpoint::{KillPoints, Killed};
+use super::metrics::FenceMetrics;
 use super::proof::{
     DownProof, KdumpProof, PowerOffProof, ProofError, confirm_power_off, reconfirm_power_off,
 };
@@ -114,6 +115,7 @@ pub struct FenceRunner {
     kill: KillPoints,
     proofs: Mutex<HashMap<u64, PowerOffProof>>,
     kdump: Arc<dyn KdumpView>,
+    metrics: Arc<FenceMetrics>,
 }
 
 /// Pause between passes of a state that did not change (waiting on pods, the agent, a
@@ -133,7 +135,14 @@ impl FenceRunner {
             kill: KillPoints::from_env(),
             proofs: Mutex::default(),
             kdump: Arc::new(NoKdump),
+            metrics: Arc::default(),
         }
+    }
+
+    /// Counts the flows this runner starts and moves in `metrics` (served on `/metrics`).
+    pub fn with_metrics(mut self, metrics: Arc<FenceMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Reads crash dumps from `kdump` (the coordinator's [`crate::kdump::Kdumps`]): a
@@ -201,6 +210,7 @@ impl FenceRunner {
             .ok_or(FenceError::InProgress {
                 address: req.address.clone(),
             })?;
+        self.metrics.started(id);
         self.kill.hit("after:plan")?;
         info!(flow = id, machine = %req.address, node = %req.node, "fence flow started");
         Ok(id)
@@ -218,6 +228,7 @@ impl FenceRunner {
     /// Returns the flow as now committed.
     pub async fn advance(&self, id: u64) -> Result<Flow, FenceError> {
         let flow = self.load(id).await?;
+        self.metrics.at(id, &flow.state);
         if flow.state.is_terminal() {
             self.forget(id);
             return Ok(flow);
@@ -239,6 +250,7 @@ impl FenceRunner {
         self.store
             .call(move |c| fence_store::update(c, &next, &ev, now))
             .await?;
+        self.metrics.moved(id, &s.flow.state);
         self.kill.hit(&format!("after:{kind}"))?;
         match &s.flow.state {
             State::Failed { detail } => {
@@ -272,6 +284,9 @@ impl FenceRunner {
     /// Ids of the flows a restarted coordinator must resume, oldest first.
     pub async fn unfinished(&self) -> Result<Vec<u64>, FenceError> {
         let flows = self.store.call(|c| fence_store::unfinished(c)).await?;
+        for f in &flows {
+            self.metrics.at(f.id, &f.state);
+        }
         Ok(flows.into_iter().map(|f| f.id).collect())
     }
 

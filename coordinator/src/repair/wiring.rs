@@ -166,6 +166,8 @@ pub struct FenceWiring {
     pub kdump: Arc<dyn crate::fence::kdump::KdumpView>,
     /// `[fence]`: time limits per BMC and `keep_off`.
     pub policy: FencePolicy,
+    /// Where the flows are counted for `/metrics`.
+    pub metrics: Arc<crate::fence::metrics::FenceMetrics>,
 }
 
 /// Loads the repair configuration at `path` and starts the engine. The engine stops when
@@ -199,6 +201,7 @@ pub async fn start_for_app(
                 },
             )
             .with_kdump(w.kdump)
+            .with_metrics(w.metrics)
             .with_timeouts_of({
                 let p = w.policy.clone();
                 Arc::new(move |address: &str| p.timeouts(address))

@@ -666,17 +666,14 @@ impl Demo {
         } else {
             "Look closer (these reach the demo coordinator while it runs: `scripts/demo.sh --keep` keeps it up):"
         });
-        let mut commands = vec![
+        let commands = [
             "repair-queue list",
             "repair-queue show 2",
             "events",
             "remediation status",
             "machines list",
+            "fence list",
         ];
-        // `fence list` once this coordinatorctl has it (the fence flow's table).
-        if self.coord().ctl(&["fence", "list", "--help"]).is_ok() {
-            commands.push("fence list");
-        }
         for args in commands {
             out(&format!("  {ctl} --profile {p} {args}"));
         }
