@@ -125,6 +125,24 @@ impl State {
         })
     }
 
+    /// Every state a flow can be in before it ends, in the order a flow meets them (the
+    /// kdump leg's between confirm-off's and power-on).
+    pub fn running() -> [State; 11] {
+        [
+            State::Plan,
+            State::PowerOff,
+            State::ConfirmOff,
+            State::Release,
+            State::WaitReleased,
+            State::KdumpWait,
+            State::KdumpRelease,
+            State::KdumpWaitReleased,
+            State::PowerOn,
+            State::WaitBack,
+            State::Restore,
+        ]
+    }
+
     /// True for `Done` and `Failed`.
     pub fn is_terminal(&self) -> bool {
         matches!(self, State::Done | State::Failed { .. })

@@ -12,22 +12,6 @@ use std::sync::Mutex;
 use super::flow::State;
 use crate::metrics::MetricsSource;
 
-/// The states a running flow can be in, in the order a flow goes through them (the
-/// gauge has one series for each, zero included, so that a dashboard sees every line).
-const RUNNING: [&str; 11] = [
-    "plan",
-    "power-off",
-    "confirm-off",
-    "release",
-    "wait-released",
-    "kdump-wait",
-    "kdump-release",
-    "kdump-wait-released",
-    "power-on",
-    "wait-back",
-    "restore",
-];
-
 /// Counters and gauges of the fence flows.
 #[derive(Debug, Default)]
 pub struct FenceMetrics(Mutex<Inner>);
@@ -102,7 +86,9 @@ impl FenceMetrics {
                  # TYPE fleetmend_fence_flows_running gauge",
                 m.started, m.done, m.failed
             );
-            for state in RUNNING {
+            // Every running state has its series, zero included, so that a dashboard sees
+            // every line.
+            for state in State::running().iter().map(State::kind) {
                 let n = m.running.values().filter(|s| **s == state).count();
                 let _ = writeln!(out, "fleetmend_fence_flows_running{{state=\"{state}\"}} {n}");
             }
@@ -131,22 +117,28 @@ mod tests {
 
     #[test]
     fn every_running_state_is_a_series_and_each_end_counts_once() {
-        // Every non-terminal state of the flow has its series.
-        for state in [
-            State::Plan,
-            State::PowerOff,
-            State::ConfirmOff,
-            State::Release,
-            State::WaitReleased,
-            State::PowerOn,
-            State::WaitBack,
-            State::Restore,
-            State::KdumpRelease,
-            State::KdumpWaitReleased,
-            State::KdumpWait,
-        ] {
-            assert!(RUNNING.contains(&state.kind()), "{}", state.kind());
-        }
+        // `running` lists every state but the two ends.
+        let running = State::running();
+        assert!(running.iter().all(|s| !s.is_terminal()));
+        let kinds: std::collections::BTreeSet<_> = running.iter().map(State::kind).collect();
+        assert_eq!(kinds.len(), running.len());
+        // Whoever adds a state to the flow meets this match, and `State::running` with it.
+        let listed = |s: &State| match s {
+            State::Plan
+            | State::PowerOff
+            | State::ConfirmOff
+            | State::Release
+            | State::WaitReleased
+            | State::KdumpWait
+            | State::KdumpRelease
+            | State::KdumpWaitReleased
+            | State::PowerOn
+            | State::WaitBack
+            | State::Restore => running.contains(s),
+            State::Done | State::Failed { .. } => !running.contains(s),
+        };
+        assert!(running.iter().all(listed));
+        assert!(listed(&State::Done));
         let m = FenceMetrics::default();
         m.started(1);
         m.started(2);
@@ -201,7 +193,7 @@ mod tests {
             ),
             1
         );
-        for state in RUNNING {
+        for state in running.iter().map(State::kind) {
             let series = format!("fleetmend_fence_flows_running{{state=\"{state}\"}}");
             assert_eq!(value(&out, &series), 0, "{state}");
         }
