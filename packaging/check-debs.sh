@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the packages made by packaging/build-debs.sh (target/debian/*.deb):
+# Checks the packages made by packaging/build-debs.sh (${CARGO_TARGET_DIR:-target}/debian/*.deb):
 #   1. dpkg-deb --info and --contents of each;
 #   2. lintian: no errors (warnings are printed);
 #   3. in a throwaway root, per package: install, reinstall (the upgrade path of the
@@ -20,7 +20,7 @@
 # offline paths: deb-systemd-helper enable/purge without start/stop.
 #
 # Writes the exposure scores to security.txt next to the (first) package.
-# Usage: packaging/check-debs.sh [--release] [DEB...]   (default: target/debian/fleetmend-*.deb)
+# Usage: packaging/check-debs.sh [--release] [DEB...]   (default: ${CARGO_TARGET_DIR:-target}/debian/fleetmend-*.deb)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . packaging/lib.sh
@@ -41,8 +41,10 @@ for a in "$@"; do
     *) debs+=("$a") ;;
   esac
 done
-[ ${#debs[@]} -gt 0 ] || debs=(target/debian/fleetmend-*.deb)
-[ -e "${debs[0]}" ] || fail "no packages: run packaging/build-debs.sh first"
+# Where packaging/build-debs.sh writes them (it honours CARGO_TARGET_DIR too).
+deb_dir=${CARGO_TARGET_DIR:-target}/debian
+[ ${#debs[@]} -gt 0 ] || debs=("$deb_dir"/fleetmend-*.deb)
+[ -e "${debs[0]}" ] || fail "no packages in $deb_dir: run packaging/build-debs.sh first (with the same CARGO_TARGET_DIR)"
 
 out_dir=$(dirname "$(realpath "${debs[0]}")")
 report="$out_dir/security.txt"
