@@ -477,6 +477,65 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     Ok(())
 }
 
+/// Holding back never blocks recovery (invariant 9): remediation paused once the dead
+/// machine's entry exists declines new work only. The fence flow already running releases,
+/// powers on, waits for the agent's healthy report and restores the Node, and the entry
+/// succeeds, all while the pause holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_during_a_fence_lets_the_running_flow_bring_the_machine_back() -> Result<()> {
+    let mut rig = Rig::start(true).await?;
+    rig.kill_machine();
+    blocking(|| {
+        wait_for(
+            "automatic remediation to enqueue the dead machine",
+            SETTLE,
+            || {
+                rig.entries()
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .next()
+                    .map(|_| ())
+                    .ok_or_else(|| "no entry yet".to_string())
+            },
+        )
+    })?;
+    blocking(|| {
+        rig.coord
+            .ctl(&["remediation", "pause", "--reason", "maintenance window"])
+    })?;
+    let paused_at = SystemTime::now();
+    blocking(|| {
+        wait_for("the flow to power the machine on", SETTLE, || {
+            (rig.count_power("1") > 0)
+                .then_some(())
+                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
+        })
+    })?;
+    rig.boot_machine()?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    rig.assert_one_off_one_on();
+    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
+    assert!(
+        !rig.has_out_of_service_taint(),
+        "the Node was not restored: {:?}",
+        rig.k8s.node(HOST)
+    );
+    // The restore (the last write to the Node) came while paused, and the pause still holds.
+    let writes = rig.node_writes();
+    let last = writes.last().context("no write to the Node")?;
+    assert!(last.0 > paused_at, "{writes:?}");
+    let status = blocking(|| rig.coord.ctl(&["remediation", "status"]))?;
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(
+        status.contains("paused:      yes") && status.contains("maintenance window"),
+        "{status}"
+    );
+    let scrape = blocking(|| rig.coord.scrape())?;
+    assert_fence_metrics(&scrape, 1, "done");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bmc_busy_for_20_s_after_the_off_delays_the_power_on_and_the_flow_completes() -> Result<()>
 {
