@@ -536,6 +536,60 @@ async fn a_pause_during_a_fence_lets_the_running_flow_bring_the_machine_back() -
     Ok(())
 }
 
+/// A `@fence` step that runs out of time ends its entry, not its flow: the flow goes on,
+/// powers the machine on, waits for it and restores its Node (never a machine left off or a
+/// Node left tainted because a step gave up waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_step_that_times_out_leaves_its_flow_to_finish() -> Result<()> {
+    let yml = REPAIR_YML.replace("command_timeout_seconds: 600", "command_timeout_seconds: 2");
+    let mut rig = Rig::start_with(false, &yml, None).await?;
+    rig.kill_machine();
+    blocking(|| {
+        rig.coord
+            .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
+    })?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "failed", "{v:#}");
+    let history = v["history"].to_string().to_lowercase();
+    // "@fence: fence flow 1 still in wait-back after 2 s (it goes on; a retry waits for it)"
+    assert!(
+        history.contains("still in") && history.contains("it goes on"),
+        "not the step's timeout: {history}"
+    );
+    // The machine is not booted yet: the flow powers it on and waits for it.
+    blocking(|| {
+        wait_for("the flow to power the machine on", SETTLE, || {
+            (rig.count_power("1") > 0)
+                .then_some(())
+                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
+        })
+    })?;
+    let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
+    assert_eq!(flows.len(), 1, "{flows:#?}");
+    assert_ne!(flows[0]["state"], "done", "{flows:#?}");
+    assert_ne!(flows[0]["state"], "failed", "{flows:#?}");
+    rig.boot_machine()?;
+    blocking(|| {
+        wait_for("the flow to finish", SETTLE, || {
+            let flows: Vec<Value> = rig
+                .coord
+                .ctl_json(&["fence", "list", "--json"])
+                .map_err(|e| e.to_string())?;
+            (flows.len() == 1 && flows[0]["state"] == "done")
+                .then_some(())
+                .ok_or_else(|| format!("{flows:?}"))
+        })
+    })?;
+    rig.assert_one_off_one_on();
+    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
+    assert!(
+        !rig.has_out_of_service_taint(),
+        "the Node was not restored: {:?}",
+        rig.k8s.node(HOST)
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bmc_busy_for_20_s_after_the_off_delays_the_power_on_and_the_flow_completes() -> Result<()>
 {
