@@ -340,6 +340,30 @@ impl Rig {
     }
 
     /// Requests that change the Node (taint, delete, restore), with when they came.
+    /// Waits until the simulator has applied a power-on.
+    fn wait_powered_on(&self) -> Result<()> {
+        blocking(|| {
+            wait_for("the simulator to power the machine on", SETTLE, || {
+                (self.count_power("1") > 0)
+                    .then_some(())
+                    .ok_or_else(|| format!("power log {:?}", self.sim.events()))
+            })
+        })
+    }
+
+    /// The machine as a finished flow leaves it: one off and one on, powered on, and its
+    /// Node without the out-of-service taint.
+    fn assert_back(&self) -> Result<()> {
+        self.assert_one_off_one_on();
+        assert!(blocking(|| self.sim_power_is_on())?, "machine left off");
+        assert!(
+            !self.has_out_of_service_taint(),
+            "the Node was not restored: {:?}",
+            self.k8s.node(HOST)
+        );
+        Ok(())
+    }
+
     fn node_writes(&self) -> Vec<(SystemTime, String)> {
         let path = format!("/api/v1/nodes/{HOST}");
         self.k8s
@@ -397,13 +421,7 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     let t0 = Instant::now();
     rig.kill_machine();
     // The flow powers off, confirms, releases, and powers on; the machine then boots.
-    blocking(|| {
-        wait_for("the simulator to power on again", SETTLE, || {
-            (rig.count_power("1") > 0)
-                .then_some(())
-                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
-        })
-    })?;
+    rig.wait_powered_on()?;
     let on_after = t0.elapsed();
     let pods_gone = rig.k8s.pods_on(HOST).is_empty();
     let vas_gone = rig.k8s.volume_attachments_on(HOST).is_empty();
@@ -430,13 +448,7 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     for (at, what) in &writes {
         assert!(*at > off, "{what} came before the simulator powered off");
     }
-    rig.assert_one_off_one_on();
-    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
-    assert!(
-        !rig.has_out_of_service_taint(),
-        "the Node was not restored: {:?}",
-        rig.k8s.node(HOST)
-    );
+    rig.assert_back()?;
     // `coordinatorctl fence list|show` tell the same story, with RFC 3339 times.
     let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
     assert_eq!(flows.len(), 1, "{flows:#?}");
@@ -504,23 +516,11 @@ async fn a_pause_during_a_fence_lets_the_running_flow_bring_the_machine_back() -
             .ctl(&["remediation", "pause", "--reason", "maintenance window"])
     })?;
     let paused_at = SystemTime::now();
-    blocking(|| {
-        wait_for("the flow to power the machine on", SETTLE, || {
-            (rig.count_power("1") > 0)
-                .then_some(())
-                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
-        })
-    })?;
+    rig.wait_powered_on()?;
     rig.boot_machine()?;
     let v = blocking(|| finished(&rig, SETTLE))?;
     assert_eq!(v["status"], "succeeded", "{v:#}");
-    rig.assert_one_off_one_on();
-    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
-    assert!(
-        !rig.has_out_of_service_taint(),
-        "the Node was not restored: {:?}",
-        rig.k8s.node(HOST)
-    );
+    rig.assert_back()?;
     // The restore (the last write to the Node) came while paused, and the pause still holds.
     let writes = rig.node_writes();
     let last = writes.last().context("no write to the Node")?;
@@ -557,13 +557,7 @@ async fn a_fence_step_that_times_out_leaves_its_flow_to_finish() -> Result<()> {
         "not the step's timeout: {history}"
     );
     // The machine is not booted yet: the flow powers it on and waits for it.
-    blocking(|| {
-        wait_for("the flow to power the machine on", SETTLE, || {
-            (rig.count_power("1") > 0)
-                .then_some(())
-                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
-        })
-    })?;
+    rig.wait_powered_on()?;
     let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
     assert_eq!(flows.len(), 1, "{flows:#?}");
     assert_ne!(flows[0]["state"], "done", "{flows:#?}");
@@ -580,13 +574,7 @@ async fn a_fence_step_that_times_out_leaves_its_flow_to_finish() -> Result<()> {
                 .ok_or_else(|| format!("{flows:?}"))
         })
     })?;
-    rig.assert_one_off_one_on();
-    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
-    assert!(
-        !rig.has_out_of_service_taint(),
-        "the Node was not restored: {:?}",
-        rig.k8s.node(HOST)
-    );
+    rig.assert_back()?;
     Ok(())
 }
 
@@ -657,13 +645,7 @@ async fn a_drain_of_a_dead_node_fences_first_and_releases_after() -> Result<()> 
     let yml = DRAIN_YML.replace("@MARK@", &mark.display().to_string());
     let mut rig = Rig::start_with(true, &yml, None).await?;
     rig.kill_machine();
-    blocking(|| {
-        wait_for("the simulator to power on again", SETTLE, || {
-            (rig.count_power("1") > 0)
-                .then_some(())
-                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
-        })
-    })?;
+    rig.wait_powered_on()?;
     assert!(
         !mark.exists(),
         "the repair command ran before the fence released the node"
@@ -698,13 +680,7 @@ async fn a_fence_step_that_needs_a_drain_on_a_dead_node_fences_once() -> Result<
     );
     let mut rig = Rig::start_with(true, &yml, None).await?;
     rig.kill_machine();
-    blocking(|| {
-        wait_for("the simulator to power on again", SETTLE, || {
-            (rig.count_power("1") > 0)
-                .then_some(())
-                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
-        })
-    })?;
+    rig.wait_powered_on()?;
     rig.boot_machine()?;
     let v = blocking(|| finished(&rig, SETTLE))?;
     assert_eq!(v["status"], "succeeded", "{v:#}");
@@ -862,13 +838,7 @@ async fn kdump_dumping_releases_with_no_power_action_and_dump_done_lets_the_cycl
     // The dump is written: the power cycle goes ahead, off confirmed, then on.
     let done_at = SystemTime::now();
     blocking(|| kdump_notify(&rig, "done"))?;
-    blocking(|| {
-        wait_for("the simulator to power on again", SETTLE, || {
-            (rig.count_power("1") > 0)
-                .then_some(())
-                .ok_or_else(|| format!("power log {:?}", rig.sim.events()))
-        })
-    })?;
+    rig.wait_powered_on()?;
     let off = rig.first_power("0").context("never powered off")?;
     let on = rig.first_power("1").context("never powered on")?;
     assert!(off > done_at, "powered off before \"dump done\"");
@@ -881,13 +851,7 @@ async fn kdump_dumping_releases_with_no_power_action_and_dump_done_lets_the_cycl
     rig.boot_machine()?;
     let v = blocking(|| finished(&rig, SETTLE))?;
     assert_eq!(v["status"], "succeeded", "{v:#}");
-    rig.assert_one_off_one_on();
-    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
-    assert!(
-        !rig.has_out_of_service_taint(),
-        "the taint was not removed: {:?}",
-        rig.k8s.node(HOST)
-    );
+    rig.assert_back()?;
     let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
     let id = flows[0]["id"].to_string();
     let shown: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", &id, "--json"]))?;
