@@ -340,6 +340,15 @@ impl Rig {
     }
 
     /// Requests that change the Node (taint, delete, restore), with when they came.
+    /// Queues the machine as `unreachable` by hand (`coordinatorctl repair-queue add`).
+    fn enqueue_unreachable(&self) -> Result<()> {
+        blocking(|| {
+            self.coord
+                .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
+        })?;
+        Ok(())
+    }
+
     /// Waits until the simulator has applied a power-on.
     fn wait_powered_on(&self) -> Result<()> {
         blocking(|| {
@@ -544,10 +553,7 @@ async fn a_fence_step_that_times_out_leaves_its_flow_to_finish() -> Result<()> {
     let yml = REPAIR_YML.replace("command_timeout_seconds: 600", "command_timeout_seconds: 2");
     let mut rig = Rig::start_with(false, &yml, None).await?;
     rig.kill_machine();
-    blocking(|| {
-        rig.coord
-            .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
-    })?;
+    rig.enqueue_unreachable()?;
     let v = blocking(|| finished(&rig, SETTLE))?;
     assert_eq!(v["status"], "failed", "{v:#}");
     let history = v["history"].to_string().to_lowercase();
@@ -584,10 +590,7 @@ async fn a_bmc_busy_for_20_s_after_the_off_delays_the_power_on_and_the_flow_comp
     let busy = Duration::from_secs(20);
     let mut rig = Rig::start_with(false, REPAIR_YML, Some(busy)).await?;
     rig.kill_machine();
-    blocking(|| {
-        rig.coord
-            .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
-    })?;
+    rig.enqueue_unreachable()?;
     blocking(|| {
         wait_for("the BMC to power on again", SETTLE, || {
             (rig.count_power("1") > 0).then_some(()).ok_or_else(|| {
@@ -697,10 +700,7 @@ async fn a_fence_step_that_needs_a_drain_on_a_dead_node_fences_once() -> Result<
 async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words() -> Result<()> {
     let rig = Rig::start(false).await?;
     rig.sim.ipmi().refuse_power(false, true)?;
-    blocking(|| {
-        rig.coord
-            .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
-    })?;
+    rig.enqueue_unreachable()?;
     let v = blocking(|| finished(&rig, SETTLE))?;
     assert_eq!(v["status"], "failed", "{v:#}");
     let history = v["history"].to_string();
@@ -925,10 +925,7 @@ async fn crash_at(point: &str) -> Result<String> {
     blocking(|| rig.coord.restart())?;
     rig.kill_machine();
     let t0 = Instant::now();
-    blocking(|| {
-        rig.coord
-            .ctl(&["repair-queue", "add", "unreachable", "qemu", MACHINE, "SN1"])
-    })?;
+    rig.enqueue_unreachable()?;
     // The machine boots once its BMC powers it on, whichever coordinator asked.
     let mut booted = false;
     let mut boot_if_on = |rig: &mut Rig| -> Result<()> {

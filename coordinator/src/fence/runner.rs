@@ -879,6 +879,68 @@ mod tests {
         );
     }
 
+    /// `/metrics` follows the runner: a started flow is running at `plan`; a runner of a
+    /// restarted coordinator counts what it resumes as running from `unfinished`, and the
+    /// flow's end once, as `done`.
+    #[tokio::test]
+    async fn metrics_count_running_flows_across_a_restart_and_each_end_once() {
+        let value = |m: &FenceMetrics, series: &str| -> u64 {
+            let out = m.render();
+            out.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("{series} missing in\n{out}"))
+        };
+        let r = rig();
+        let before = Arc::new(FenceMetrics::default());
+        let id = r
+            .runner()
+            .with_metrics(before.clone())
+            .start(request())
+            .await
+            .unwrap();
+        assert_eq!(value(&before, "fleetmend_fence_flows_started_total"), 1);
+        assert_eq!(
+            value(&before, "fleetmend_fence_flows_running{state=\"plan\"}"),
+            1
+        );
+
+        // The coordinator restarts: a new runner, new counters, the flow still in the store.
+        let after = Arc::new(FenceMetrics::default());
+        let run = r.runner().with_metrics(after.clone());
+        assert_eq!(run.unfinished().await.unwrap(), [id]);
+        assert_eq!(
+            value(&after, "fleetmend_fence_flows_running{state=\"plan\"}"),
+            1
+        );
+        assert_eq!(value(&after, "fleetmend_fence_flows_started_total"), 0);
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        run.advance(id).await.unwrap(); // a pass over the finished flow counts nothing
+        assert_eq!(
+            value(
+                &after,
+                "fleetmend_fence_flows_finished_total{outcome=\"done\"}"
+            ),
+            1
+        );
+        assert_eq!(
+            value(
+                &after,
+                "fleetmend_fence_flows_finished_total{outcome=\"failed\"}"
+            ),
+            0
+        );
+        assert!(
+            after
+                .render()
+                .lines()
+                .filter(|l| l.starts_with("fleetmend_fence_flows_running{"))
+                .all(|l| l.ends_with(" 0")),
+            "{}",
+            after.render()
+        );
+    }
+
     #[tokio::test]
     async fn per_machine_timeouts_bound_a_busy_power_on() {
         let r = rig();
