@@ -43,7 +43,8 @@ fn fleet_error(e: FleetError) -> AdminResponse {
 
 impl Admin {
     /// Answers one request from `who` (an admin identity).
-    pub async fn handle(&self, who: &Identity, req: AdminRequest) -> AdminResponse {
+    pub async fn handle(&self, who: &Identity, mut req: AdminRequest) -> AdminResponse {
+        self.resolve_names(&mut req);
         match req {
             AdminRequest::Machines(m) => self.machines(who, m).await,
             AdminRequest::RepairQueue(r) => match &self.repair {
@@ -67,6 +68,30 @@ impl Admin {
                 ),
             },
         }
+    }
+
+    /// Machine arguments may be an address or a hostname: turned into the address here, so
+    /// every handler below sees addresses. Repair-queue entries keep CKE's address (an entry
+    /// may name a machine no record holds, with `--force`), and fence flows are listed by
+    /// the address they were started for.
+    fn resolve_names(&self, req: &mut AdminRequest) {
+        use protocol::admin::diagnostics::DiagnosticsRequest as D;
+        use protocol::admin::remediation::RemediationRequest as R;
+        let name = match req {
+            AdminRequest::Machines(
+                MachinesRequest::Show { address }
+                | MachinesRequest::Delete { address, .. }
+                | MachinesRequest::SetState { address, .. },
+            )
+            | AdminRequest::Diagnostics(D::List { address } | D::Get { address, .. })
+            | AdminRequest::Remediation(R::ClearMachine { address }) => address,
+            AdminRequest::Remediation(R::Events(q)) => match &mut q.machine {
+                Some(m) => m,
+                None => return,
+            },
+            _ => return,
+        };
+        *name = self.fleet.resolve(name);
     }
 
     async fn diagnostics(

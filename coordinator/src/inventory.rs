@@ -137,12 +137,18 @@ pub enum InventoryError {
         message: String,
     },
     /// Two records in one batch share an address or hostname.
-    #[error("{what} {value:?} appears more than once")]
+    #[error(
+        "{what} {value:?} appears more than once (machines {first} and {second}, counted from 1)"
+    )]
     Duplicate {
         /// `address` or `hostname`.
         what: &'static str,
         /// The value.
         value: String,
+        /// Position of its first record in the batch, from 1.
+        first: usize,
+        /// Position of the record that repeats it, from 1.
+        second: usize,
     },
 }
 
@@ -265,11 +271,16 @@ pub fn parse_inventory(
             .map_err(|e| parse(e.to_string().trim_end().to_string()))?
             .machines
     };
+    // Name the file and the entry: an inventory of hundreds of machines is fixed by line.
     let records = entries
         .into_iter()
-        .map(|e| e.into_record(source))
+        .enumerate()
+        .map(|(i, e)| {
+            e.into_record(source)
+                .map_err(|err| parse(format!("machine {} (counted from 1): {err}", i + 1)))
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    check_unique(&records)?;
+    check_unique(&records).map_err(|err| parse(err.to_string()))?;
     Ok(records)
 }
 
@@ -287,21 +298,27 @@ pub fn load_inventory(
 
 /// Refuses a batch in which an address or hostname repeats.
 pub fn check_unique(records: &[MachineRecord]) -> Result<(), InventoryError> {
-    let mut addrs = std::collections::HashSet::new();
-    let mut hosts = std::collections::HashSet::new();
-    for r in records {
-        if !addrs.insert(r.address.as_str()) {
+    let mut addrs = std::collections::HashMap::new();
+    let mut hosts = std::collections::HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        if let Some(&first) = addrs.get(r.address.as_str()) {
             return Err(InventoryError::Duplicate {
                 what: "address",
                 value: r.address.clone(),
+                first: first + 1,
+                second: i + 1,
             });
         }
-        if !hosts.insert(r.hostname.as_str()) {
+        addrs.insert(r.address.as_str(), i);
+        if let Some(&first) = hosts.get(r.hostname.as_str()) {
             return Err(InventoryError::Duplicate {
                 what: "hostname",
                 value: r.hostname.clone(),
+                first: first + 1,
+                second: i + 1,
             });
         }
+        hosts.insert(r.hostname.as_str(), i);
     }
     Ok(())
 }
@@ -370,7 +387,23 @@ type = "qemu"
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("hostname \"a\" appears more than once"), "{e}");
+        assert!(
+            e.contains(
+                "inventory inv.toml: hostname \"a\" appears more than once (machines 1 and 2"
+            ),
+            "{e}"
+        );
+        let e = parse_inventory(
+            "[[machines]]\naddress = \"10.0.0.1\"\nhostname = \"a\"\nmachine_type = \"t\"\n[[machines]]\naddress = \"10.0.0.2\"\nhostname = \"b\"\nmachine_type = \" \"\n",
+            Path::new("inv.toml"),
+            RecordSource::Inventory,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("inventory inv.toml: machine 2 (counted from 1): machine \"10.0.0.2\": machine type is required"),
+            "{e}"
+        );
     }
 
     #[test]

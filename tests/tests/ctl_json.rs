@@ -147,7 +147,25 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
         .ctl(&["machines", "clear", "10.9.9.9"])
         .expect_err("an unknown address is refused");
     assert!(
-        format!("{e:#}").contains("no machine has address 10.9.9.9"),
+        format!("{e:#}").contains("no machine with address or hostname 10.9.9.9"),
+        "{e:#}"
+    );
+
+    // Machines are named by hostname as well as by address.
+    let by_name: MachineDetail = coord.ctl_json(&["machines", "show", "j1", "--json"])?;
+    assert_eq!(by_name.summary.spec.address, "10.0.3.1");
+    let events: Vec<JournalLine> = coord.ctl_json(&["events", "--machine", "j1", "--json"])?;
+    assert!(
+        events.iter().any(|l| l.address == "10.0.3.1"),
+        "events --machine j1: {events:?}"
+    );
+    let cleared: Cleared = coord.ctl_json(&["machines", "clear", "j1", "--json"])?;
+    assert_eq!(cleared.address, "10.0.3.1");
+    let e = coord
+        .ctl(&["machines", "show", "no-such-host"])
+        .expect_err("an unknown hostname is refused");
+    assert!(
+        format!("{e:#}").contains("no machine with address or hostname no-such-host"),
         "{e:#}"
     );
     Ok(())

@@ -14,7 +14,8 @@ use super::common::{CommandGroup, Ctx, fmt_time, print_table, rfc3339_ms};
 pub enum DiagnosticsCommand {
     /// List the bundles kept for a machine, newest first.
     List {
-        /// The machine's address.
+        /// The machine: its address or its hostname.
+        #[arg(value_name = "MACHINE")]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -22,7 +23,8 @@ pub enum DiagnosticsCommand {
     },
     /// Print a bundle of a machine (the newest unless --id is given).
     Get {
-        /// The machine's address.
+        /// The machine: its address or its hostname.
+        #[arg(value_name = "MACHINE")]
         address: String,
         /// The bundle's id (from `list`).
         #[arg(long)]

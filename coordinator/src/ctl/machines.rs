@@ -21,7 +21,8 @@ pub enum MachinesCommand {
     },
     /// One machine: state, since when, why, last report with each check, history.
     Show {
-        /// The machine's address.
+        /// The machine: its address or its hostname.
+        #[arg(value_name = "MACHINE")]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -56,7 +57,8 @@ pub enum MachinesCommand {
     /// Remove a machine's record (its history stays). Refused for a machine the inventory
     /// file lists (change the file instead) and while a repair of it is active.
     Delete {
-        /// The machine's address.
+        /// The machine: its address or its hostname.
+        #[arg(value_name = "MACHINE")]
         address: String,
         /// Cancel an active repair of the machine instead of refusing.
         #[arg(long)]
@@ -67,7 +69,8 @@ pub enum MachinesCommand {
     },
     /// Retire a machine: admin state `retired`, never repaired, reports ignored.
     Retire {
-        /// The machine's address.
+        /// The machine: its address or its hostname.
+        #[arg(value_name = "MACHINE")]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -75,7 +78,8 @@ pub enum MachinesCommand {
     },
     /// Hand a retired machine back to health checks.
     Unretire {
-        /// The machine's address.
+        /// The machine: its address or its hostname.
+        #[arg(value_name = "MACHINE")]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -84,7 +88,8 @@ pub enum MachinesCommand {
     /// Set an admin state: `updating` (maintenance: no detector touches it), `retiring`,
     /// `retired`, or `auto` to hand the machine back to health checks.
     SetState {
-        /// The machine's address.
+        /// The machine: its address or its hostname.
+        #[arg(value_name = "MACHINE")]
         address: String,
         /// updating, retiring, retired or auto.
         #[arg(value_parser = ["updating", "retiring", "retired", "auto"])]
@@ -104,7 +109,8 @@ pub enum MachinesCommand {
     },
     /// Clear a machine's `needs-human`: automatic remediation may repair it again.
     Clear {
-        /// The machine's address.
+        /// The machine: its address or its hostname.
+        #[arg(value_name = "MACHINE")]
         address: String,
         /// Print JSON.
         #[arg(long)]

@@ -303,7 +303,7 @@ fn events_table(lines: &[JournalLine]) {
 /// The decision journal: every remediation decision, admitted or held, with its reason.
 #[derive(Debug, Args)]
 pub struct EventsArgs {
-    /// Only this machine (address).
+    /// Only this machine (its address or its hostname).
     #[arg(long)]
     machine: Option<String>,
     /// Only decisions made since this time: RFC 3339 (`2026-11-23T04:00:00Z`) or a

@@ -61,7 +61,7 @@ pub enum FleetError {
         address: String,
     },
     /// No machine has that address.
-    #[error("no machine with address {0}")]
+    #[error("no machine with address or hostname {0}; `coordinatorctl machines list` lists them")]
     UnknownMachine(String),
     /// No machine has that hostname.
     #[error("no machine with hostname {0}")]
@@ -567,6 +567,26 @@ impl Fleet {
     /// A machine's record and state.
     pub fn machine(&self, address: &str) -> Option<MachineView> {
         self.lock().machines.get(address).map(Entry::view)
+    }
+
+    /// The key of the machine `name` names, for commands that take an address or a
+    /// hostname (operators know machines by hostname): `name` itself when a machine has
+    /// that address, the canonical form of an IP address, else the address of the machine
+    /// with that hostname. A name nothing matches comes back as given, so the caller's "no
+    /// machine" answer (or a lookup of a deleted machine's history) sees what was asked.
+    pub fn resolve(&self, name: &str) -> String {
+        let inner = self.lock();
+        if inner.machines.contains_key(name) {
+            return name.to_string();
+        }
+        if let Ok(ip) = name.parse::<IpAddr>() {
+            return ip.to_string();
+        }
+        inner
+            .by_hostname
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| name.to_string())
     }
 
     /// A machine's record and state, found by hostname.

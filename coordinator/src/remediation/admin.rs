@@ -108,7 +108,7 @@ impl Remediation {
                     Ok(Some(was)) => was,
                     Ok(None) => {
                         return bad(format!(
-                            "no machine has address {address}; `coordinatorctl machines list` shows them"
+                            "no machine with address or hostname {address}; `coordinatorctl machines list` lists them"
                         ));
                     }
                     Err(e) => {
