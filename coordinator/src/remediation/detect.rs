@@ -171,10 +171,21 @@ fn machine_limiter<'a>(m: &'a Machine, ctx: &Ctx<'a>, p: &Proposal) -> Option<No
         return Some(Note::new(m, Rule::NoMachineType, Some(p.clone()), s));
     }
     if let Some(e) = ctx.entry(&m.address) {
+        // A finished entry holds until someone deletes it (CKE's rule): say how.
+        let finished = if e.is_active() {
+            String::new()
+        } else {
+            format!(
+                "; a finished entry stays until deleted (`coordinatorctl repair-queue delete {}`, \
+                 or `delete-finished` for all)",
+                e.index
+            )
+        };
         let s = format!(
-            "held: {} already has a repair queue entry (operation {}, {}); one entry per \
-             machine while any exists",
+            "held: {} already has repair queue entry {} (operation {}, {}); one entry per \
+             machine while any exists{finished}",
             m.address,
+            e.index,
             e.operation,
             e.status.as_str()
         );
@@ -656,6 +667,14 @@ mod tests {
                 .held("a");
             assert_eq!(rule, Rule::QueueHasEntry, "{status:?}");
             assert!(s.contains(status.as_str()), "{s}");
+            assert!(s.contains("repair queue entry 1 "), "{s}");
+            // Only a finished entry needs deleting by hand, and the hold says how.
+            let finished = matches!(status, RepairStatus::Succeeded | RepairStatus::Failed);
+            assert_eq!(
+                s.contains("`coordinatorctl repair-queue delete 1`"),
+                finished,
+                "{s}"
+            );
         }
     }
 

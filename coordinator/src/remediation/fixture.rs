@@ -178,7 +178,9 @@ impl Case {
 
     /// Adds a queue entry for `address`.
     pub(super) fn entry(mut self, address: &str, status: RepairStatus) -> Self {
+        let index = self.input.queue.len() as u64 + 1;
         self.input.queue.push(QueueEntry {
+            index,
             address: address.to_string(),
             operation: "unhealthy".into(),
             status,

@@ -74,6 +74,7 @@ pub fn input(
             .iter()
             .filter(|e| !e.deleted)
             .map(|e| QueueEntry {
+                index: e.index,
                 address: e.address.clone(),
                 operation: e.operation.clone(),
                 status: e.status,

@@ -189,6 +189,8 @@ pub struct Condition {
 /// One repair queue entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueEntry {
+    /// The entry's index (`coordinatorctl repair-queue show INDEX`).
+    pub index: u64,
     /// The machine's address.
     pub address: String,
     /// Operation.
