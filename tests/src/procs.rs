@@ -485,8 +485,9 @@ impl Coordinator {
         pki.issue("node", hostname, &[])
     }
 
-    /// Runs `coordinatorctl --server … --ca … --cert … --key … <args>`.
-    pub fn ctl(&self, args: &[&str]) -> anyhow::Result<Output> {
+    /// `coordinatorctl --server … --ca … --cert … --key … <args>`, not started: for a test
+    /// that drives the process itself (a `--follow` read a line at a time, say).
+    pub fn ctl_command(&self, args: &[&str]) -> Command {
         let mut cmd = command("coordinatorctl");
         cmd.arg("--server")
             .arg(self.quic.to_string())
@@ -497,7 +498,12 @@ impl Coordinator {
             .arg("--key")
             .arg(&self.admin.key)
             .args(args);
-        run_ok(&mut cmd)
+        cmd
+    }
+
+    /// Runs `coordinatorctl --server … --ca … --cert … --key … <args>`.
+    pub fn ctl(&self, args: &[&str]) -> anyhow::Result<Output> {
+        run_ok(&mut self.ctl_command(args))
     }
 
     /// Runs `coordinatorctl <args>` (which must include `--json`) and parses stdout.

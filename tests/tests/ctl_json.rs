@@ -3,6 +3,8 @@
 //! must parse into the test kit's script-side types ([`testkit::ctl_json`], unknown fields
 //! denied, times as RFC 3339), and no output may carry a `*_unix_ms` integer or a label list.
 
+use std::io::{BufRead as _, BufReader};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -168,5 +170,60 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
         format!("{e:#}").contains("no machine with address or hostname no-such-host"),
         "{e:#}"
     );
+
+    // `events --follow --json` streams: one object per line, repeats included (the paused
+    // hold is made again every pass, its count growing).
+    let mut follow = coord
+        .ctl_command(&["events", "--follow", "--json", "--machine", "j1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut out = BufReader::new(follow.stdout.take().expect("stdout is piped"));
+    let mut held = Vec::new();
+    while held.len() < 2 {
+        let mut line = String::new();
+        anyhow::ensure!(out.read_line(&mut line)? > 0, "events --follow ended");
+        let l: JournalLine = serde_json::from_str(&line)?;
+        if l.rule == "paused" {
+            held.push(l.count);
+        }
+    }
+    assert!(
+        held[1] > held[0],
+        "the repeat arrives while following: {held:?}"
+    );
+    drop(out);
+    let status = wait_for("events --follow to end after its reader", SETTLE, || {
+        follow
+            .try_wait()
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "running".to_string())
+    })?;
+    assert!(status.success(), "{status}");
+
+    // And it ends when its reader goes (`| head`) even with nothing new to print, which it
+    // learns from the pipe, not from a write.
+    let mut quiet = coord
+        .ctl_command(&["events", "--follow", "--since", "2999-01-01T00:00:00Z"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(quiet.try_wait()?.is_none(), "a follow runs until stopped");
+    drop(quiet.stdout.take());
+    let status = wait_for(
+        "a silent events --follow to end after its reader",
+        Duration::from_secs(5),
+        || {
+            quiet
+                .try_wait()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "running".to_string())
+        },
+    );
+    if status.is_err() {
+        let _ = quiet.kill();
+    }
+    assert!(status?.success());
     Ok(())
 }

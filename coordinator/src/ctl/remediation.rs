@@ -403,10 +403,29 @@ impl CommandGroup for EventsArgs {
                 use std::io::Write as _;
                 let _ = std::io::stdout().flush();
                 tokio::time::sleep(FOLLOW_POLL).await;
+                if stdout_reader_gone() {
+                    return Ok(());
+                }
             }
         })
         .await
     }
+}
+
+/// True when stdout's reader has gone (`events --follow | head -3` once head has its
+/// lines): the kernel flags the write end of a pipe without readers with `POLLERR`, and a
+/// hung-up terminal or socket with `POLLHUP`. Without this check a follow that has nothing
+/// new to print would never write, so never see the broken pipe, and would run until
+/// killed; checked between polls it ends within a second, as `tail -f` does.
+fn stdout_reader_gone() -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd as _;
+    let out = std::io::stdout();
+    let mut fds = [PollFd::new(out.as_fd(), PollFlags::empty())];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP))
 }
 
 /// `machines clear ADDRESS`: clears `needs-human`.
