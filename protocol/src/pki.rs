@@ -350,6 +350,40 @@ mod tests {
     }
 
     #[test]
+    fn a_key_from_another_pair_is_refused_at_load_naming_the_key_file() {
+        let ca = Ca::generate("fleet.test").unwrap();
+        let web1 = ca
+            .issue(Role::Node, "web-1", &IssueOptions::default())
+            .unwrap();
+        let web2 = ca
+            .issue(Role::Node, "web-2", &IssueOptions::default())
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        web1.write(dir.path(), false).unwrap();
+        web2.write(dir.path(), false).unwrap();
+        std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
+        let files = |key: &str| crate::transport::TlsFiles {
+            ca: dir.path().join("ca.crt"),
+            cert: dir.path().join("web-1.crt"),
+            key: dir.path().join(key),
+        };
+        crate::transport::TlsMaterial::load(&files("web-1.key")).unwrap();
+        let Err(e) = crate::transport::TlsMaterial::load(&files("web-2.key")) else {
+            panic!("a mismatched key is refused");
+        };
+        let e = e.to_string();
+        let key = dir.path().join("web-2.key");
+        assert!(
+            e.starts_with(&format!("cannot load private key from {}:", key.display())),
+            "{e}"
+        );
+        assert!(
+            e.contains("not the key of the certificate (for spiffe://fleet.test/node/web-1)"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn init_refuses_overwrite_and_load_round_trips() {
         let dir = tempfile::tempdir().unwrap();
         Ca::init(dir.path(), "fleet.test", false).unwrap();

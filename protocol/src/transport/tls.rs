@@ -112,6 +112,20 @@ impl TlsMaterial {
         let identity = identity_from_cert_der(leaf).map_err(|e| pem_err("certificate", none, e))?;
         let key =
             PrivateKeyDer::from_pem_slice(key).map_err(|e| pem_err("private key", none, e))?;
+        // A key from another pair (a renewal copied in halves, say) loads fine and fails
+        // every handshake later; find it here, where the error can name the file.
+        rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider()).map_err(
+            |e| {
+                let detail = match e {
+                    rustls::Error::InconsistentKeys(_) => format!(
+                        "it is not the key of the certificate (for {identity}): install the key \
+                         issued with that certificate"
+                    ),
+                    other => other.to_string(),
+                };
+                pem_err("private key", none, detail)
+            },
+        )?;
         Ok(Self {
             roots: Arc::new(roots),
             chain,
