@@ -438,11 +438,25 @@ impl Config {
             if b.host.trim().is_empty() {
                 return Err(bad(key("host"), "must not be empty".into()));
             }
-            if let Err(e) = b.read_password() {
-                return Err(bad(
-                    key("password_file"),
-                    format!("cannot read {}: {e}", b.password_file.display()),
-                ));
+            match b.read_password() {
+                Err(e) => {
+                    return Err(bad(
+                        key("password_file"),
+                        format!("cannot read {}: {e}", b.password_file.display()),
+                    ));
+                }
+                // A file created but not yet written: every session would fail as a wrong
+                // password, far from the cause.
+                Ok(p) if p.is_empty() => {
+                    return Err(bad(
+                        key("password_file"),
+                        format!(
+                            "{} is empty: write the BMC user's password into it",
+                            b.password_file.display()
+                        ),
+                    ));
+                }
+                Ok(_) => {}
             }
             if let Some(mode) = loose_mode(&b.password_file) {
                 tracing::warn!(
@@ -621,6 +635,22 @@ ca_file = "CA"
         assert_eq!(cfg.limits.power_on_busy_retry, Duration::from_secs(90));
         assert_eq!(cfg.limits.min_command_interval, Duration::from_millis(300));
         assert_eq!(cfg.bmcs[0].min_command_interval, None);
+    }
+
+    #[test]
+    fn an_empty_password_file_is_refused_naming_it() {
+        let f = Fixture::new();
+        let bmc = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n";
+        for empty in ["", "\n"] {
+            std::fs::write(f.dir.path().join("pw"), empty).unwrap();
+            let e = f.parse(bmc).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                msg.contains("pw is empty: write the BMC user's password"),
+                "{msg}"
+            );
+            assert_eq!(key_of(e), "bmc[0].password_file");
+        }
     }
 
     #[test]
