@@ -107,9 +107,34 @@ impl Admin {
         &self,
         req: RepairQueueRequest,
     ) -> Result<RepairQueueRequest, Refusal> {
-        let RepairQueueRequest::AddChecked { entry, force } = req else {
+        let RepairQueueRequest::AddChecked { mut entry, force } = req else {
             return Ok(req);
         };
+        // CKE's entries name a machine by IP address; a hostname here (even with --force,
+        // which would queue an entry no machine ever matches) is refused, with the address
+        // when a machine has that hostname.
+        if let Ok(ip) = entry.address.parse::<std::net::IpAddr>() {
+            // The inventory's form (`::0001` is `::1`), so the entry finds its machine.
+            entry.address = ip.to_string();
+        } else {
+            let hint = self
+                .fleet
+                .machine_by_hostname(&entry.address)
+                .map(|m| {
+                    format!(
+                        "; {} is the hostname of {}: queue the entry for {}",
+                        entry.address, m.record.address, m.record.address
+                    )
+                })
+                .unwrap_or_default();
+            return Err(Refusal::new(
+                RefusalCode::BadRequest,
+                format!(
+                    "`{}` is not an IP address; the repair queue is keyed by machine address{hint}",
+                    entry.address
+                ),
+            ));
+        }
         let machine = self.fleet.machine(&entry.address);
         if machine.is_none() && force {
             tracing::warn!(machine = %entry.address, "repair queued with --force for an address the inventory does not know");

@@ -230,6 +230,22 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
         &["repair-queue", "add", "unreachable", "slow", "10.9.9.9"],
     )?;
     assert!(err.contains("no machine with address 10.9.9.9"), "{err}");
+    // A hostname is not an address, even with --force; the refusal gives the address.
+    for force in [false, true] {
+        let mut args = vec!["repair-queue", "add"];
+        if force {
+            args.push("--force");
+        }
+        args.extend(["unreachable", "slow", "node-1"]);
+        let err = ctl_fails(&coord, &args)?;
+        assert!(
+            err.contains(
+                "`node-1` is not an IP address; the repair queue is keyed by machine address; \
+                 node-1 is the hostname of 10.0.0.1: queue the entry for 10.0.0.1"
+            ),
+            "{err}"
+        );
+    }
     let err = ctl_fails(
         &coord,
         &[

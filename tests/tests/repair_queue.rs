@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
-use testkit::procs::{Coordinator, CoordinatorOptions, Pki, command, wait_for};
+use testkit::procs::{Coordinator, CoordinatorOptions, Pki, wait_for};
 
 /// Bound for anything the test causes (commands are instant; watches are a few seconds).
 const SETTLE: Duration = Duration::from_secs(40);
@@ -139,18 +139,9 @@ impl Env {
 
     /// `repair-queue` that is expected to fail; returns its stderr.
     fn rq_fails(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = command("coordinatorctl");
-        cmd.arg("--server")
-            .arg(self.coord.quic.to_string())
-            .arg("--ca")
-            .arg(&self.coord.admin.ca)
-            .arg("--cert")
-            .arg(&self.coord.admin.cert)
-            .arg("--key")
-            .arg(&self.coord.admin.key)
-            .arg("repair-queue")
-            .args(args);
-        let out = cmd.output()?;
+        let mut all = vec!["repair-queue"];
+        all.extend_from_slice(args);
+        let out = self.coord.ctl_command(&all).output()?;
         if out.status.success() {
             bail!("repair-queue {args:?} succeeded but should have failed");
         }
