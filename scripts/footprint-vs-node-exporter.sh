@@ -20,7 +20,9 @@
 # runs its own instance on a free port). Builds the agent as packaged
 # (`scripts/build-agent.sh agent`) unless --agent-bin is given; takes coordinator and coordinatorctl
 # from --bin-dir (default target/release if built there, else target/debug, else it builds
-# them in debug: the coordinator's speed does not change the agent's figures).
+# them in debug: the coordinator's speed does not change the agent's figures). When --bin-dir
+# also holds `cycle-floor` (`cargo build --release -p fleetmend-tests --bin cycle-floor`), it
+# runs beside them and its figure is printed last: the kernel's cost of the same cycle.
 #
 # Usage: scripts/footprint-vs-node-exporter.sh [--seconds N] [--agent-bin PATH] [--bin-dir DIR]
 # Everything runs under a temporary directory on 127.0.0.1; every process it starts is
@@ -197,6 +199,15 @@ done
 (while :; do curl -sf -o /dev/null "http://127.0.0.1:$exporter_port/metrics" && echo; sleep 1; done >scrapes) &
 pids+=($!)
 
+# The kernel's share of a report cycle, for scale: cycle-floor (tests/src/bin/cycle-floor.rs)
+# makes the same packets, file reads and waits as a 1 s agent with no QUIC, TLS or runtime.
+floor_bin=$bin_dir/cycle-floor
+if [ -x "$floor_bin" ]; then
+    "$floor_bin" --interval 1s --cycles "$seconds" >floor.txt 2>&1 &
+    floor_pid=$!
+    pids+=($floor_pid)
+fi
+
 say "warm-up 5 s, then measuring for $seconds s"
 sleep 5
 # One line per process: PID, on-CPU ns, clock ticks, events, all over the same window.
@@ -273,3 +284,11 @@ END {
     printf "\nnode_exporter / node-agent (1 s): RSS %.1fx, CPU per minute %.1fx, CPU per event %.1fx, binary %.1fx\n",
         nr / ar, nc / ac, ne / ae, ns / as
 }' figures.txt
+if [ -n "${floor_pid:-}" ]; then
+    wait "$floor_pid" || true
+    echo "kernel floor of a 1 s cycle (same packets, reads and waits; no QUIC, TLS or runtime):"
+    echo "  $(cat floor.txt)"
+else
+    echo "(no $floor_bin: build it with \`cargo build --release -p fleetmend-tests --bin cycle-floor\`"
+    echo " into --bin-dir to print the kernel floor of a cycle beside the agent's figures)"
+fi

@@ -3,6 +3,7 @@
 //! connect, have their reports acked at the offered rate, drop no connection, and see the
 //! two agents it kills counted unreachable by the coordinator, not before their grace ran
 //! out. The full-size runs are `scripts/fleet-sim.sh` (figures in `docs/benchmarks.md`).
+//! Also `cycle-floor`, the footprint benchmark's kernel floor of an agent's report cycle.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -112,5 +113,46 @@ fn fleet_sim_refuses_bad_options_and_a_missing_bin_dir() -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr).contains("FLEETMEND_BIN_DIR"),
         "{out:?}"
     );
+    Ok(())
+}
+
+/// `cycle-floor`, the footprint benchmark's kernel floor of a report cycle, does its cycles
+/// and prints a per-cycle CPU time it measured; bad options are refused by name.
+#[test]
+fn cycle_floor_measures_its_cycles_and_refuses_bad_options() -> anyhow::Result<()> {
+    let out = command("cycle-floor")
+        .args(["--interval", "20ms", "--cycles", "20", "--nic", "lo"])
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run cycle-floor")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ms: f64 = text
+        .strip_prefix("cycle-floor: ")
+        .and_then(|t| t.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no figure in {text:?}"))?;
+    // Real work was measured: more than nothing, less than the 20 ms interval itself.
+    assert!(ms > 0.0 && ms < 20.0, "{text}");
+    assert!(
+        text.contains("20 cycles at 20ms; nics lo; 7 files, 1 mounts"),
+        "{text}"
+    );
+    for (args, says) in [
+        (&["--cycles", "3"][..], "--cycles must be at least 10"),
+        (&["--interval", "soon"][..], "--interval \"soon\""),
+        (&["--bogus"][..], "unknown argument \"--bogus\""),
+    ] {
+        let out = command("cycle-floor").args(args).output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
     Ok(())
 }
