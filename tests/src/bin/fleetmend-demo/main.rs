@@ -666,12 +666,14 @@ impl Demo {
         } else {
             "Look closer (these reach the demo coordinator while it runs: `scripts/demo.sh --keep` keeps it up):"
         });
+        let dead = format!("machines show {DEAD_HOST}");
         let commands = [
             "repair-queue list",
             "repair-queue show 2",
             "events",
             "remediation status",
             "machines list",
+            dead.as_str(),
             "fence list",
         ];
         for args in commands {
