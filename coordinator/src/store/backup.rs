@@ -236,6 +236,18 @@ pub fn backup(database: &Path, to: &Path) -> Result<BackupReport, BackupError> {
             to.display()
         )));
     }
+    // SQLite would say only "unable to open database" for a missing directory.
+    let dir = match to.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(BackupError::BadInput(format!(
+            "cannot write the backup {}: no directory {}; create it first",
+            to.display(),
+            dir.display()
+        )));
+    }
     check_owner(database)?;
     let err = sqlite(database);
     let c =
@@ -357,6 +369,9 @@ mod tests {
         add_entry(&live, "10.0.0.2");
         let live_id = live.with(|c| identity::read(c)).unwrap();
         assert!(backup(&db, &copy).is_err(), "a backup never overwrites");
+        let e = backup(&db, &dir.path().join("no/such/dir/b.db")).unwrap_err();
+        assert!(e.is_bad_input(), "{e}");
+        assert!(e.to_string().contains("no directory"), "{e}");
 
         // A running coordinator's lock refuses the restore.
         let lock = StoreLock::acquire(&db).unwrap();
