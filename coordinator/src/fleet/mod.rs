@@ -775,6 +775,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_name_resolves_to_an_address_a_hostname_or_itself() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        f.upsert(vec![rec("10.0.0.1", "web-1"), rec("::1", "web-2")])
+            .await
+            .unwrap();
+        assert_eq!(f.resolve("10.0.0.1"), "10.0.0.1");
+        assert_eq!(f.resolve("web-1"), "10.0.0.1");
+        // An IP address in another spelling is the machine's canonical one.
+        assert_eq!(f.resolve("::0001"), "::1");
+        assert_eq!(f.resolve("web-2"), "::1");
+        // What matches nothing comes back as asked, for the caller to refuse or look up.
+        assert_eq!(f.resolve("10.9.9.9"), "10.9.9.9");
+        assert_eq!(f.resolve("nope"), "nope");
+        // A host awaiting registration is keyed by what it reported; that key still works.
+        f.agent_hello("stray", &hello("stray", "b1"), "192.0.2.7".parse().unwrap())
+            .await
+            .unwrap();
+        let stray = f.machine_by_hostname("stray").unwrap().record.address;
+        assert_eq!(f.resolve("stray"), stray);
+        assert_eq!(f.resolve(&stray), stray);
+    }
+
+    #[tokio::test]
     async fn lifecycle_is_derived_persisted_and_reloaded() {
         let fx = Fx::new();
         let f = fx.fleet().await;
