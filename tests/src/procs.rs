@@ -467,6 +467,16 @@ impl Coordinator {
         Ok(())
     }
 
+    /// A crash and a restart: SIGKILL (no connection closed, nothing flushed beyond what
+    /// the store had made durable), then the process again with the same config, waiting
+    /// until it serves.
+    pub fn crash_restart(&mut self) -> anyhow::Result<()> {
+        if let Some(mut p) = self.proc.take() {
+            p.sigkill();
+        }
+        self.restart()
+    }
+
     /// The current process's log.
     pub fn log_text(&self) -> String {
         self.proc.as_ref().map(Proc::log_text).unwrap_or_default()

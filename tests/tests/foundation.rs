@@ -231,6 +231,47 @@ fn agents_report_health_states_persist_across_restart() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A coordinator that crashes and comes back on its port answers the agents' packets for
+/// the old connections with a stateless reset it can prove (keys derived from its private
+/// key, the same in every run), so an agent reconnects on its next report, not after its
+/// 10 s wait for an answer that will never come. With that wait, the agents whose report
+/// fell just after a quick crash and restart came back after the 15 s the new coordinator
+/// gives a silent machine (at the default 5 s interval), and so were unreachable for a
+/// moment; at shorter intervals, every agent was.
+#[test]
+fn agents_reconnect_at_once_to_a_coordinator_restarted_after_a_crash() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "fleet.test")?;
+    let mut coord = coordinator(tmp.path(), &pki, &HOSTS[..1])?;
+    let (addr, host) = HOSTS[0];
+    let _node = start_node(tmp.path(), &pki, &coord, addr, host)?;
+    coord.wait_for_state(host, "healthy", SETTLE)?;
+
+    coord.crash_restart()?;
+    let serving = std::time::Instant::now();
+    let back = testkit::procs::wait_for(
+        "the agent's first report to the new coordinator",
+        SETTLE,
+        || {
+            let scrape = coord.scrape().map_err(|e| e.to_string())?;
+            let n =
+                testkit::procs::metric(&scrape, "fleetmend_reports_received_total").unwrap_or(0.0);
+            (n >= 1.0)
+                .then(|| serving.elapsed())
+                .ok_or_else(|| format!("{n} reports"))
+        },
+    )?;
+    // One interval to the next report, its reset, the first reconnect delay (1 s) and a
+    // handshake: about 1.5 s; the answer wait it replaces is 10 s.
+    assert!(
+        back < Duration::from_secs(6),
+        "the agent reported again {back:?} after the restart; it waited for its answer timeout"
+    );
+    let log = coord.log_text();
+    assert!(log.contains("agent connected"), "{log}");
+    Ok(())
+}
+
 #[test]
 fn goodbye_on_sigterm_is_stopped_not_unreachable() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

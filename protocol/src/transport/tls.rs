@@ -218,7 +218,7 @@ impl TlsMaterial {
         let socket = udp_socket(addr, SERVER_UDP_RECEIVE_BUFFER)?;
         let runtime = Arc::new(quinn::TokioRuntime);
         let mut ep = Endpoint::new(
-            quinn::EndpointConfig::default(),
+            self.restart_stable_endpoint_config(),
             Some(self.quinn_server_config()?),
             socket,
             runtime,
@@ -226,6 +226,35 @@ impl TlsMaterial {
         .map_err(|source| TransportError::Bind { addr, source })?;
         ep.set_default_client_config(self.quinn_client_config()?);
         Ok(ep)
+    }
+
+    /// Endpoint settings whose connection-id and stateless-reset keys are derived from this
+    /// endpoint's private key, so that they are the same after a restart (quinn's default
+    /// draws both at random per process).
+    ///
+    /// A server killed and started again on its port gets packets for connections its
+    /// previous run had. With the same keys it recognises their connection ids as its own and
+    /// answers each with a stateless reset (RFC 9000, section 10.3) that the peer can verify,
+    /// so the peer drops the connection and reconnects at once. With fresh keys it drops them
+    /// silently, and a peer waits for its own timeout: an agent for its report's answer
+    /// (10 s), which at the default 5 s interval is past the 15 s after which the restarted
+    /// coordinator calls a silent machine unreachable; the coordinator for a gateway's answer,
+    /// until its keep-alive is not acknowledged. The keys are HMACs of the private key, which
+    /// stays secret; a new key (certificate renewal) only means one restart without resets.
+    fn restart_stable_endpoint_config(&self) -> quinn::EndpointConfig {
+        use ring::hmac;
+        let secret = hmac::Key::new(hmac::HMAC_SHA256, self.key.secret_der());
+        let reset = hmac::sign(&secret, b"fleetmend QUIC stateless reset key v1");
+        let cid = hmac::sign(&secret, b"fleetmend QUIC connection id key v1");
+        let mut cfg =
+            quinn::EndpointConfig::new(Arc::new(hmac::Key::new(hmac::HMAC_SHA256, reset.as_ref())));
+        let mut cid_key = [0u8; 8];
+        cid_key.copy_from_slice(&cid.as_ref()[..8]);
+        let cid_key = u64::from_le_bytes(cid_key);
+        cfg.cid_generator(move || {
+            Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+        });
+        cfg
     }
 
     /// A client-only endpoint on an ephemeral port of the family of `peer`.
