@@ -249,8 +249,31 @@ impl Session {
 
     fn control(&mut self, op: ChassisOp) -> Result<String, BmcError> {
         let byte = chassis_control_byte(op);
-        let what = format!("chassis control {} (0x{byte:02x})", op.as_str());
-        let (cc, _) = self.command(&what, NetFn::Chassis, 0x02, &[byte])?;
+        let (cc, what) = if repeats_harm(op) {
+            // A BMC that is slow to answer (or whose answer is lost) may have done it already:
+            // each resend is a new request to it, and a power cycle or reset sent twice runs
+            // twice. So it goes once, on a fresh session (an expired one cannot swallow it),
+            // and an answer is awaited as long as all the attempts of another command.
+            let what = format!(
+                "chassis control {} (0x{byte:02x}), sent once (a repeated {} would run twice)",
+                op.as_str(),
+                op.as_str()
+            );
+            self.close();
+            self.ensure()?;
+            match self.exchange_once(NetFn::Chassis, 0x02, &[byte]) {
+                Exchange::Reply(cc, _) => (cc, what),
+                Exchange::Timeout => {
+                    self.rmcp = None;
+                    return Err(self.timeout_err(&what));
+                }
+                Exchange::Broken(detail) => return Err(self.broken(&what, detail)),
+            }
+        } else {
+            let what = format!("chassis control {} (0x{byte:02x})", op.as_str());
+            let (cc, _) = self.command(&what, NetFn::Chassis, 0x02, &[byte])?;
+            (cc, what)
+        };
         if is_busy_code(cc) {
             return Err(BmcError::Busy {
                 bmc: self.t.name.clone(),
@@ -317,10 +340,29 @@ impl Session {
     /// One request with retransmissions; replies to other commands (late answers to an earlier
     /// attempt) are skipped.
     fn exchange(&mut self, netfn: NetFn, cmd: u8, data: &[u8]) -> Exchange {
+        self.exchange_with(netfn, cmd, data, self.t.attempts, self.t.reply_timeout)
+    }
+
+    /// One request sent once, its answer awaited for `attempts` × `reply_timeout`: for
+    /// commands that must not run twice.
+    fn exchange_once(&mut self, netfn: NetFn, cmd: u8, data: &[u8]) -> Exchange {
+        let wait = self.t.reply_timeout * self.t.attempts;
+        self.exchange_with(netfn, cmd, data, 1, wait)
+    }
+
+    /// Sends the request up to `sends` times, waiting `wait` for its answer after each.
+    fn exchange_with(
+        &mut self,
+        netfn: NetFn,
+        cmd: u8,
+        data: &[u8],
+        sends: u32,
+        wait: Duration,
+    ) -> Exchange {
         let Some(rmcp) = self.rmcp.as_mut() else {
             return Exchange::Broken("no session".into());
         };
-        for attempt in 0..self.t.attempts {
+        for attempt in 0..sends {
             let mut req = Request::new(
                 Message::new_request(netfn, cmd, data.to_vec()),
                 RequestTargetAddress::Bmc(LogicalUnit::Zero),
@@ -337,15 +379,20 @@ impl Session {
                     }
                     Ok(other) => {
                         debug!(bmc = %self.t.name, netfn = ?other.netfn(), cmd = other.cmd(), "skipping a stale reply");
-                        if sent.elapsed() >= self.t.reply_timeout {
+                        if sent.elapsed() >= wait {
                             break;
                         }
                     }
                     Err(RmcpIpmiError::Receive(RmcpIpmiReceiveError::Io(e)))
                         if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
                     {
-                        debug!(bmc = %self.t.name, attempt, "reply lost; retrying");
-                        break;
+                        // The socket's read timeout is one reply_timeout: that is the
+                        // whole wait of a resent request; a longer wait (a request sent
+                        // once) goes on reading until it is nearly over.
+                        if sends > 1 || sent.elapsed() + READ_SLACK >= wait {
+                            debug!(bmc = %self.t.name, attempt, "no reply in time");
+                            break;
+                        }
                     }
                     Err(RmcpIpmiError::Receive(RmcpIpmiReceiveError::Io(e))) => {
                         return Exchange::Broken(format!("receive failed: {e}"));
@@ -353,7 +400,7 @@ impl Session {
                     Err(e) => {
                         // A datagram we cannot decode (another session's, garbage): skip it.
                         debug!(bmc = %self.t.name, error = ?e, "skipping an undecodable datagram");
-                        if sent.elapsed() >= self.t.reply_timeout {
+                        if sent.elapsed() >= wait {
                             break;
                         }
                     }
@@ -484,6 +531,17 @@ impl Session {
         self.t.attempts = attempts;
         self.rmcp = None;
     }
+}
+
+/// How close to the end of a long wait a socket read timeout ends it (a read may return
+/// a little before its timeout).
+const READ_SLACK: Duration = Duration::from_millis(20);
+
+/// Chassis controls that do something again each time they are received: a cycle or a
+/// reset sent twice power-cycles or resets the machine twice. On, off and soft-off sent twice
+/// leave it as once.
+pub fn repeats_harm(op: ChassisOp) -> bool {
+    matches!(op, ChassisOp::Cycle | ChassisOp::Reset)
 }
 
 /// Extracts `session_id: N` from ipmi-rs's `Debug` of an active RMCP+ connection.

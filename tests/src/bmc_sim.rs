@@ -160,7 +160,8 @@ const CHASSIS_SCRIPT: &str = r#"#!/bin/sh
 # changes the state file. Every call is logged to ./events. If ./ignore-off exists, power-off
 # requests are logged but not applied (a BMC that accepts off and never does it). If
 # ./refuse-<0|1> exists, power off (0) or on (1) is refused (ipmi_sim answers 0xFF).
-# ./events.timed has the same lines prefixed with the time in nanoseconds.
+# ./events.timed has the same lines prefixed with the time in nanoseconds. If ./slow-set
+# exists, a set first sleeps that many seconds (a BMC slow to carry out and answer).
 dir=$(dirname "$0")
 state="$dir/power"
 [ -f "$state" ] || echo 1 > "$state"
@@ -177,6 +178,7 @@ get)
   done
   ;;
 set)
+  [ -f "$dir/slow-set" ] && sleep "$(cat "$dir/slow-set")"
   while [ $# -gt 0 ]; do
     p=$1; v=$2; shift 2
     echo "set $p $v" >> "$dir/events"
@@ -351,6 +353,19 @@ impl IpmiSim {
             std::fs::write(f, "")?;
         } else if f.exists() {
             std::fs::remove_file(f)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every chassis control take `secs` seconds before it is carried out and answered
+    /// (`None`: at once again). ipmi_sim runs the control script inline, so meanwhile it
+    /// answers nothing.
+    pub fn slow_set(&self, secs: Option<u32>) -> Result<()> {
+        let f = self.dir.path().join("slow-set");
+        match secs {
+            Some(n) => std::fs::write(f, format!("{n}\n"))?,
+            None if f.exists() => std::fs::remove_file(f)?,
+            None => {}
         }
         Ok(())
     }

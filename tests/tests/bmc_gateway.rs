@@ -188,9 +188,11 @@ async fn ipmi_every_action_confirmed_by_ipmitool() -> Result<()> {
         "a repeated fence id powered the machine off"
     );
 
-    // Every action above shared one RMCP+ session.
+    // Every action above shared one RMCP+ session, but for the cycle and the reset: each is
+    // sent once only (a resend would run it twice), so each gets a fresh session that cannot
+    // have expired under it.
     let opened = gw.log().matches("IPMI session opened").count();
-    assert_eq!(opened, 1, "sessions opened: {opened}\n{}", gw.log());
+    assert_eq!(opened, 3, "sessions opened: {opened}\n{}", gw.log());
 
     let metrics = gw.metrics().await?;
     assert!(
@@ -862,6 +864,58 @@ async fn a_gateway_killed_after_executing_answers_the_resend_from_its_record() -
         .request(req("kill-3", m, PowerAction::Status), ANSWER)
         .await?;
     assert_eq!(done(&r.outcome)?.0, PowerState::Off);
+    Ok(())
+}
+
+/// A reset (or cycle) that the BMC is slow to answer is not sent again: a resend is a new
+/// request to the BMC, and a second reset would reset the machine twice. An off, which does
+/// no harm twice, is still resent. ipmi_sim runs its control script inline and answers
+/// nothing while the script sleeps, so every resend waits in its socket and is carried out
+/// after the first; the script logs each one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_the_bmc_is_slow_to_answer_is_sent_once() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let m = "10.0.0.1";
+    // reply_timeout 500 ms × 3 attempts: 1.5 s of waiting in all.
+    let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password);
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let c = coordinator(&pki, &gw).await?;
+    let r = c.request(req("st", m, PowerAction::Status), ANSWER).await?;
+    done(&r.outcome)?;
+
+    sim.slow_set(Some(3))?;
+    let r = c.request(req("rst", m, PowerAction::Reset), ANSWER).await?;
+    // Let the simulator work through its socket: the one reset, and nothing after it.
+    wait_until(
+        "ipmi_sim to carry out the reset",
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || async { Ok(sim.events().iter().any(|e| e.starts_with("set reset"))) },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let resets = sim
+        .events()
+        .iter()
+        .filter(|e| e.starts_with("set reset"))
+        .count();
+    assert_eq!(resets, 1, "events: {:?}", sim.events());
+    let (detail, retriable) = failed(&r.outcome)?;
+    assert!(detail.contains("sent once"), "{detail}");
+    assert!(retriable, "{detail}");
+
+    // An off is resent while the BMC is slow, and is carried out more than once: harmless.
+    let r = c.request(req("off", m, PowerAction::Off), ANSWER).await?;
+    let _ = r.outcome;
+    sim.slow_set(None)?;
+    wait_until(
+        "ipmi_sim to carry out the resent offs",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async { Ok(sim.events().iter().filter(|e| *e == "set power 0").count() >= 2) },
+    )
+    .await?;
     Ok(())
 }
 
