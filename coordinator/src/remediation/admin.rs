@@ -107,9 +107,7 @@ impl Remediation {
                 {
                     Ok(Some(was)) => was,
                     Ok(None) => {
-                        return bad(format!(
-                            "no machine with address or hostname {address}; `coordinatorctl machines list` lists them"
-                        ));
+                        return bad(crate::fleet::FleetError::UnknownMachine(address).to_string());
                     }
                     Err(e) => {
                         return AdminResponse::Error(Refusal::new(
