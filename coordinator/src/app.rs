@@ -162,10 +162,18 @@ impl App {
         if let Some(path) = &config.inventory {
             let records = load_inventory(path, RecordSource::Inventory)?;
             let n = records.len();
-            let listed: Vec<String> = records.iter().map(|r| r.address.clone()).collect();
+            // The file is the source of truth for its machines: one it dropped is retired
+            // and released to the operator, and gives up its hostname to the address the
+            // file now gives it to, unless a repair of it is under way.
+            let busy = store
+                .call(|c| crate::repair::store::active_addresses(c))
+                .await?;
+            let released = fleet.release_unlisted(&records, path, &busy).await?;
+            let records: Vec<_> = records
+                .into_iter()
+                .filter(|r| !released.deferred.contains(&r.address))
+                .collect();
             fleet.upsert(records).await?;
-            // The file is the source of truth for its machines: one it dropped is retired.
-            fleet.retire_unlisted(&listed, path).await?;
             tracing::info!(path = %path.display(), machines = n, "inventory loaded");
         }
         let endpoint = tls.server_endpoint(config.listen)?;

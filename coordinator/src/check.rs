@@ -71,11 +71,9 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
             "repair",
             crate::repair::load::load_file(path)
                 .map(|l| {
-                    format!(
-                        "{}: {} procedures",
-                        path.display(),
-                        l.config.repair_procedures.len()
-                    )
+                    let n = l.config.repair_procedures.len();
+                    let s = if n == 1 { "" } else { "s" };
+                    format!("{}: {n} procedure{s}", path.display())
                 })
                 .map_err(|e| e.to_string()),
         ));

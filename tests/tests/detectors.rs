@@ -17,7 +17,9 @@
 //! - (g) slow start: one repair in flight per rack, two after a success;
 //! - (h) a pause that is lifted replays nothing that healed meanwhile;
 //! - (i) a planned reboot (goodbye) waits `wait_seconds_to_repair_rebooting`; a crash
-//!   next to it does not.
+//!   next to it does not;
+//! - (j) a repaired machine that fails again is repaired again once its succeeded entry is
+//!   deleted (`delete_succeeded_after`), until escalation calls for a human.
 //!
 //! Intervals are short (reports 300 ms, passes 500 ms, Leases 500 ms); every wait is
 //! bounded by [`SETTLE`] so a missing decision fails instead of hanging.
@@ -288,6 +290,99 @@ impl Env {
 
 fn field<'a>(e: &'a Value, k: &str) -> &'a str {
     e[k].as_str().unwrap_or_default()
+}
+
+/// An entry's index (a string in CKE's JSON).
+fn index(e: &Value) -> Option<u64> {
+    field(e, "index").parse().ok()
+}
+
+/// The machine fails, is repaired (the script leaves its mark, the test makes it healthy),
+/// and its entry succeeds; returns that entry's index.
+fn fail_and_repair(env: &mut Env, host: &str) -> anyhow::Result<u64> {
+    let a = env.addr(host);
+    let (mark, healthy) = (
+        env.dir.join(format!("repaired-{a}")),
+        env.dir.join(format!("healthy-{a}")),
+    );
+    let _ = std::fs::remove_file(&mark);
+    let _ = std::fs::remove_file(&healthy);
+    env.node(host).kubelet.set_healthy(false);
+    wait_for("the repair command", SETTLE, || {
+        mark.exists()
+            .then_some(())
+            .ok_or_else(|| "not yet".to_string())
+    })?;
+    env.node(host).kubelet.set_healthy(true);
+    std::fs::write(&healthy, "")?;
+    wait_for("the entry to succeed", SETTLE, || {
+        let l = env.entries().map_err(|e| e.to_string())?;
+        l.iter()
+            .find(|e| field(e, "address") == a && field(e, "status") == "succeeded")
+            .and_then(index)
+            .ok_or_else(|| format!("{l:#?}"))
+    })
+}
+
+#[test]
+fn a_machine_that_fails_again_is_repaired_again_until_it_needs_a_human() -> anyhow::Result<()> {
+    let mut s = Setup::new(&["r1", "r2"]);
+    s.kubernetes = false;
+    s.root = "delete_succeeded_after = \"1s\"\n".into();
+    s.tables = "escalation = { max_remediations = 2, window = \"1h\" }\n".into();
+    let mut env = Env::start(s)?;
+    let a = env.addr("n1");
+    // An entry added by hand (for n2) is a person's: it stays, succeeded, whatever the setting.
+    let by_hand = index(&env.coord.ctl_json::<Value>(&[
+        "repair-queue",
+        "add",
+        "unhealthy",
+        "qemu",
+        &env.addr("n2"),
+        "--json",
+    ])?)
+    .context("index of the entry added by hand")?;
+    std::fs::write(env.dir.join(format!("healthy-{}", env.addr("n2"))), "")?;
+    let first = fail_and_repair(&mut env, "n1")?;
+    let l = env.wait_event("n1", "finding", "succeeded-entry-deleted")?;
+    assert!(
+        l.sentence.contains(&format!(
+            "repair queue entry {first} (operation unhealthy) succeeded"
+        )),
+        "{}",
+        l.sentence
+    );
+    wait_for("the deleted entry to leave the queue", SETTLE, || {
+        let l = env.entries().map_err(|e| e.to_string())?;
+        (!l.iter().any(|e| index(e) == Some(first)))
+            .then_some(())
+            .ok_or_else(|| format!("{l:#?}"))
+    })?;
+    // It fails again: repaired again, no person involved.
+    let second = fail_and_repair(&mut env, "n1")?;
+    assert_ne!(first, second);
+    let admitted = |env: &Env| -> anyhow::Result<usize> {
+        Ok(env
+            .events("n1")?
+            .iter()
+            .filter(|l| l.outcome == "admitted")
+            .count())
+    };
+    assert_eq!(admitted(&env)?, 2);
+    // A third failure within the hour: two remediations already, so a human is needed.
+    env.wait_event("n1", "finding", "succeeded-entry-deleted")?;
+    env.node("n1").kubelet.set_healthy(false);
+    let l = env.wait_event("n1", "held", "needs-human")?;
+    assert!(l.sentence.contains(&a), "{}", l.sentence);
+    assert_eq!(admitted(&env)?, 2);
+    let entries = env.entries()?;
+    assert!(
+        entries
+            .iter()
+            .any(|e| index(e) == Some(by_hand) && field(e, "status") == "succeeded"),
+        "{entries:#?}"
+    );
+    Ok(())
 }
 
 #[test]

@@ -373,6 +373,28 @@ fn a_machine_dropped_from_the_inventory_file_is_retired() -> anyhow::Result<()> 
         .find(|m| m.spec.address == "10.0.0.1")
         .context("listed")?;
     assert_ne!(one.state, "retired", "{one:?}");
+    // The file no longer speaks for it: its record is the operator's to delete.
+    coord.ctl(&["machines", "delete", "10.0.0.2"])?;
+    assert!(
+        coord
+            .machines()?
+            .iter()
+            .all(|m| m.spec.address != "10.0.0.2"),
+        "deleted"
+    );
+    // A hostname moved to a new address with one edit of the file: the start used to stop
+    // on "hostname node-1 is already registered at 10.0.0.1".
+    std::fs::write(
+        coord.dir.join("inventory.toml"),
+        inventory_toml(&[("10.0.0.9", "node-1")]),
+    )?;
+    coord.restart()?;
+    let list = coord.machines()?;
+    let addrs: Vec<(&str, &str)> = list
+        .iter()
+        .map(|m| (m.spec.address.as_str(), m.spec.hostname.as_str()))
+        .collect();
+    assert_eq!(addrs, [("10.0.0.9", "node-1")], "{list:#?}");
     Ok(())
 }
 

@@ -25,6 +25,18 @@ pub const SETTABLE: &[MachineState] = &[
     MachineState::Retired,
 ];
 
+/// What [`Fleet::release_unlisted`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    /// Machines the file no longer lists: retired, and now the operator's records.
+    pub released: Vec<String>,
+    /// Retired records deleted because the file gives their hostname to another address.
+    pub moved: Vec<String>,
+    /// Addresses of file records to leave out of this start: their hostname is held by a
+    /// machine with an active repair.
+    pub deferred: Vec<String>,
+}
+
 impl Fleet {
     /// Refuses an admin change to the record of a machine the inventory file lists.
     pub(super) fn refuse_inventory_edit(e: &Entry, what: &str) -> Result<(), FleetError> {
@@ -104,30 +116,102 @@ impl Fleet {
         Ok(summary)
     }
 
-    /// Retires every machine that came from the inventory file but is not in `listed` any
-    /// more (called after loading the file at start). Returns their addresses.
-    pub async fn retire_unlisted(
+    /// Releases every machine that came from the inventory file but is not in `listed` any
+    /// more (called after loading the file at start, before [`Fleet::upsert`] of its
+    /// records): it is retired, and its record becomes an ordinary one that `machines
+    /// delete` and `machines add` may change, since the file no longer speaks for it. A
+    /// released machine (or one retired by hand) whose hostname the file now gives to
+    /// another address is deleted, its history kept, so a hostname moves to a new address
+    /// with one edit of the file. Unless the old machine has an active repair (`busy`): its
+    /// record stays until the repair ends, and the file's record for the new address is
+    /// left out of this start (`deferred`, logged as an error) rather than stopping the
+    /// coordinator, which would stop that repair too.
+    pub async fn release_unlisted(
         &self,
-        listed: &[String],
+        listed: &[crate::inventory::MachineRecord],
         file: &std::path::Path,
-    ) -> Result<Vec<String>, FleetError> {
-        let unlisted: Vec<String> = self
-            .lock()
-            .machines
-            .values()
-            .filter(|e| {
-                e.record.source == RecordSource::Inventory
-                    && e.state != MachineState::Retired
-                    && !listed.contains(&e.record.address)
-            })
-            .map(|e| e.record.address.clone())
-            .collect();
-        for a in &unlisted {
-            let reason = format!("no longer listed in the inventory file {}", file.display());
-            self.set_admin_state(a, Some(MachineState::Retired), &reason)
-                .await?;
-            tracing::warn!(machine = %a, file = %file.display(), "machine removed from the inventory file: retired");
+        busy: &std::collections::HashSet<String>,
+    ) -> Result<Released, FleetError> {
+        let _gate = self.gate.lock().await;
+        let now = self.clock.now();
+        let mut writes = Vec::new();
+        let mut changed = Vec::new();
+        let mut released = Vec::new();
+        let mut moved = Vec::new();
+        let mut deferred = Vec::new();
+        {
+            let inner = self.lock();
+            let in_file = |a: &str| listed.iter().any(|r| r.address == a);
+            for e in inner.machines.values() {
+                if e.record.source != RecordSource::Inventory || in_file(&e.record.address) {
+                    continue;
+                }
+                let mut e = e.clone();
+                e.record.source = RecordSource::Admin;
+                if e.state == MachineState::Retired {
+                    writes.push(Write::Row(super::index::row(&e, now)));
+                } else {
+                    let reason =
+                        format!("no longer listed in the inventory file {}", file.display());
+                    Self::transition(
+                        &mut e,
+                        crate::health::Derived {
+                            state: MachineState::Retired,
+                            reason,
+                        },
+                        now,
+                        &mut writes,
+                    );
+                }
+                tracing::warn!(
+                    machine = %e.record.address,
+                    file = %file.display(),
+                    "machine removed from the inventory file: retired; `coordinatorctl machines delete` removes its record"
+                );
+                released.push(e.record.address.clone());
+                changed.push(e);
+            }
+            for rec in listed {
+                let Some(holder) = inner.by_hostname.get(&rec.hostname) else {
+                    continue;
+                };
+                if *holder == rec.address || in_file(holder) {
+                    continue;
+                }
+                let retired = changed
+                    .iter()
+                    .find(|e| e.record.address == *holder)
+                    .or_else(|| inner.machines.get(holder))
+                    .is_some_and(|e| e.state == MachineState::Retired);
+                if !retired {
+                    continue;
+                }
+                if busy.contains(holder) {
+                    tracing::error!(
+                        hostname = %rec.hostname,
+                        from = %holder,
+                        to = %rec.address,
+                        "hostname moved to another address in the inventory file, but the old address has an active repair: the new address is not registered until a start after that repair ends (`coordinatorctl repair-queue list`)"
+                    );
+                    deferred.push(rec.address.clone());
+                    continue;
+                }
+                tracing::warn!(
+                    hostname = %rec.hostname,
+                    from = %holder,
+                    to = %rec.address,
+                    "hostname moved to another address in the inventory file: the retired record at the old address is deleted (its history stays)"
+                );
+                changed.retain(|e| e.record.address != *holder);
+                writes.push(Write::Delete(holder.clone()));
+                moved.push(holder.clone());
+            }
         }
-        Ok(unlisted)
+        self.commit(writes, changed, moved.clone()).await?;
+        Ok(Released {
+            released,
+            moved,
+            deferred,
+        })
     }
 }

@@ -36,6 +36,7 @@ pub mod snapshot;
 mod sql;
 
 use index::{Entry, Inner, Live, row};
+pub use lifecycle::Released;
 pub use snapshot::{FleetSnapshot, LiveHealth, MachineSnapshot, MachineView};
 use sql::Write;
 
@@ -932,6 +933,72 @@ mod tests {
         // Unchanged re-import writes nothing new.
         f.upsert(vec![rec("10.0.0.1", "a")]).await.unwrap();
         assert_eq!(f.transitions("10.0.0.1", 10).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_hostname_moves_in_the_file_unless_its_old_machine_is_being_repaired() {
+        let file = std::path::Path::new("/etc/fleetmend/machines.toml");
+        let inv = |addr: &str, host: &str| MachineRecord {
+            source: RecordSource::Inventory,
+            ..rec(addr, host)
+        };
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        f.upsert(vec![inv("10.0.0.1", "a"), inv("10.0.0.2", "b")])
+            .await
+            .unwrap();
+        // `a` moves to 10.0.0.3 while 10.0.0.1 is being repaired: its record stays, and the
+        // new address waits (the start goes on without it; the upsert alone would refuse).
+        let file_now = vec![inv("10.0.0.3", "a"), inv("10.0.0.2", "b")];
+        let busy = ["10.0.0.1".to_string()].into_iter().collect();
+        let r = f.release_unlisted(&file_now, file, &busy).await.unwrap();
+        assert_eq!(
+            r,
+            Released {
+                released: vec!["10.0.0.1".into()],
+                moved: vec![],
+                deferred: vec!["10.0.0.3".into()],
+            }
+        );
+        let e = f.upsert(file_now.clone()).await.unwrap_err();
+        assert!(matches!(e, FleetError::HostnameTaken { .. }), "{e}");
+        let old = f.machine("10.0.0.1").unwrap();
+        assert_eq!(old.state, MachineState::Retired);
+        assert_eq!(
+            old.record.source,
+            RecordSource::Admin,
+            "released to the operator"
+        );
+        // Once the repair is over, the next start hands the hostname over.
+        let r = f
+            .release_unlisted(&file_now, file, &Default::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.released, r.moved),
+            (vec![], vec!["10.0.0.1".to_string()])
+        );
+        f.upsert(file_now).await.unwrap();
+        assert!(f.machine("10.0.0.1").is_none());
+        assert_eq!(
+            f.machine_by_hostname("a").unwrap().record.address,
+            "10.0.0.3"
+        );
+        // A machine the file lists is never touched, nor one added by hand.
+        f.upsert(vec![rec("10.0.0.7", "h")]).await.unwrap();
+        let r = f
+            .release_unlisted(&[inv("10.0.0.3", "a")], file, &Default::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.released, r.moved),
+            (vec!["10.0.0.2".to_string()], vec![])
+        );
+        assert_eq!(
+            f.machine("10.0.0.7").unwrap().record.source,
+            RecordSource::Admin
+        );
+        assert_ne!(f.machine("10.0.0.3").unwrap().state, MachineState::Retired);
     }
 
     #[tokio::test]

@@ -41,6 +41,12 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_JOURNAL_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Bounds the journal however noisy a week was (identical decisions are already one line).
 pub const DEFAULT_JOURNAL_MAX_ROWS: u64 = 100_000;
+/// A succeeded entry the loop enqueued keeps its machine out of automatic remediation (CKE's
+/// one-entry-per-machine limiter) for an hour, then the loop deletes it: a machine that
+/// fails again within the hour waits, one that fails again later is repaired again without
+/// a person, and the escalation bound (`needs-human` after `max_remediations` within its
+/// window) is what stops a machine that keeps failing.
+pub const DEFAULT_DELETE_SUCCEEDED_AFTER: Duration = Duration::from_secs(3600);
 
 /// Why a `[remediation]` section cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,6 +84,12 @@ pub struct RemediationConfig {
     pub journal_retention: Duration,
     /// At most this many journal lines are kept (the oldest go first).
     pub journal_max_rows: u64,
+    /// How long after it succeeded an entry this loop enqueued is deleted from the repair
+    /// queue, so that its machine may be remediated again; `None` (`"never"`) keeps it until
+    /// a person deletes it, as CKE does. Failed entries and entries added by hand always
+    /// stay for a person.
+    #[serde(with = "duration_or_never")]
+    pub delete_succeeded_after: Option<Duration>,
     /// Observe mode (dry run): every decision recorded as "would enqueue", nothing enqueued.
     /// Off by default so a configured remediation acts; turn it on for a first week.
     pub observe: bool,
@@ -111,6 +123,7 @@ impl Default for RemediationConfig {
             interval: DEFAULT_INTERVAL,
             journal_retention: DEFAULT_JOURNAL_RETENTION,
             journal_max_rows: DEFAULT_JOURNAL_MAX_ROWS,
+            delete_succeeded_after: Some(DEFAULT_DELETE_SUCCEEDED_AFTER),
             observe: false,
             failure_domain: FailureDomain::Rack,
             lease_stale: DEFAULT_LEASE_STALE,
@@ -120,6 +133,35 @@ impl Default for RemediationConfig {
             kdump_wait: DEFAULT_KDUMP_WAIT,
             health_checks: Vec::new(),
             limits: Limits::default(),
+        }
+    }
+}
+
+/// A duration string, or `"never"` for none.
+mod duration_or_never {
+    use std::time::Duration;
+
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Text(String),
+        Int(i64),
+        Float(f64),
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        use crate::config::duration::{bare_number, parse};
+        match Written::deserialize(d)? {
+            Written::Text(s) if s.trim() == "never" => Ok(None),
+            Written::Text(s) => parse(&s)
+                .map(Some)
+                .map_err(|e| serde::de::Error::custom(format!("{e}, or \"never\""))),
+            Written::Int(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
+            Written::Float(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
         }
     }
 }
@@ -714,6 +756,26 @@ mod tests {
         assert_eq!(c.auto_repair.not_having.roles, ["boot"]);
         assert!(c.maximum_repair_queue_entries > 0, "CKE's 0 never enqueues");
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn succeeded_entries_are_deleted_after_an_hour_unless_never() {
+        let c = RemediationConfig::from_toml("").unwrap();
+        assert_eq!(c.delete_succeeded_after, Some(Duration::from_secs(3600)));
+        let c = RemediationConfig::from_toml("delete_succeeded_after = \"10m\"").unwrap();
+        assert_eq!(c.delete_succeeded_after, Some(Duration::from_secs(600)));
+        let c = RemediationConfig::from_toml("delete_succeeded_after = \"never\"").unwrap();
+        assert_eq!(c.delete_succeeded_after, None);
+        for bad in ["60", "\"soon\""] {
+            let e = RemediationConfig::from_toml(&format!("delete_succeeded_after = {bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("delete_succeeded_after"), "{e}");
+        }
+        let e = RemediationConfig::from_toml("delete_succeeded_after = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("or \"never\""), "{e}");
     }
 
     #[test]

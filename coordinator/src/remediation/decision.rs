@@ -51,6 +51,9 @@ pub enum Rule {
     /// A silent machine whose crash kernel was loaded waits `kdump_wait` for its kdump
     /// initramfs to say "dumping" before it counts as dead.
     KdumpWait,
+    /// A repair queue entry the loop enqueued succeeded `delete_succeeded_after` ago and was
+    /// deleted, so its machine may be remediated again. Set by the remediation loop.
+    SucceededEntryDeleted,
 }
 
 impl Rule {
@@ -77,6 +80,7 @@ impl Rule {
             Rule::SabakanUnavailable => "sabakan-unavailable",
             Rule::EnqueueRefused => "enqueue-refused",
             Rule::KdumpWait => "kdump-wait",
+            Rule::SucceededEntryDeleted => "succeeded-entry-deleted",
         }
     }
 }

@@ -172,8 +172,17 @@ fn machine_limiter<'a>(m: &'a Machine, ctx: &Ctx<'a>, p: &Proposal) -> Option<No
     }
     if let Some(e) = ctx.entry(&m.address) {
         // A finished entry holds until someone deletes it (CKE's rule): say how.
+        let succeeded = e.status == protocol::admin::repair::RepairStatus::Succeeded;
         let finished = if e.is_active() {
             String::new()
+        } else if let (true, Some(after)) = (succeeded, ctx.cfg.delete_succeeded_after) {
+            format!(
+                "; a succeeded entry that remediation enqueued is deleted {} after it \
+                 succeeded (delete_succeeded_after), one added by hand stays until deleted \
+                 (`coordinatorctl repair-queue delete {}`)",
+                super::human(after),
+                e.index
+            )
         } else {
             format!(
                 "; a finished entry stays until deleted (`coordinatorctl repair-queue delete {}`, \
@@ -668,14 +677,27 @@ mod tests {
             assert_eq!(rule, Rule::QueueHasEntry, "{status:?}");
             assert!(s.contains(status.as_str()), "{s}");
             assert!(s.contains("repair queue entry 1 "), "{s}");
-            // Only a finished entry needs deleting by hand, and the hold says how.
+            // Only a finished entry needs deleting by hand, and the hold says how; a
+            // succeeded one also when remediation will delete it.
             let finished = matches!(status, RepairStatus::Succeeded | RepairStatus::Failed);
             assert_eq!(
                 s.contains("`coordinatorctl repair-queue delete 1`"),
                 finished,
                 "{s}"
             );
+            assert_eq!(
+                s.contains("is deleted 1h after it succeeded (delete_succeeded_after)"),
+                status == RepairStatus::Succeeded,
+                "{s}"
+            );
         }
+        let (_, s) = case()
+            .cfg(|c| c.delete_succeeded_after = None)
+            .machine("a")
+            .failing("kubelet", 60)
+            .entry("a", RepairStatus::Succeeded)
+            .held("a");
+        assert!(s.contains("a finished entry stays until deleted"), "{s}");
     }
 
     #[test]

@@ -318,6 +318,38 @@ pub fn add_outcomes(
     tx.commit()
 }
 
+/// Indexes of the repair queue entries the loop enqueued itself and still knows of.
+pub fn own_entries(c: &Connection) -> rusqlite::Result<Vec<u64>> {
+    let mut st = c.prepare("SELECT entry_idx FROM remediation_entries ORDER BY entry_idx")?;
+    let rows = st.query_map([], |r| Ok(r.get::<_, i64>(0)? as u64))?;
+    rows.collect()
+}
+
+/// Records entries the loop just enqueued (`(index, address)`, at `at_ms`), and forgets
+/// `gone`: entries that have left the queue.
+pub fn update_own_entries(
+    c: &mut Connection,
+    added: &[(u64, String)],
+    gone: &[u64],
+    at_ms: i64,
+) -> rusqlite::Result<()> {
+    let tx = c.transaction()?;
+    {
+        let mut ins = tx.prepare_cached(
+            "INSERT OR IGNORE INTO remediation_entries (entry_idx, address, admitted_ms) \
+             VALUES (?1, ?2, ?3)",
+        )?;
+        for (idx, address) in added {
+            ins.execute(params![*idx as i64, address, at_ms])?;
+        }
+        let mut del = tx.prepare_cached("DELETE FROM remediation_entries WHERE entry_idx = ?1")?;
+        for idx in gone {
+            del.execute([*idx as i64])?;
+        }
+    }
+    tx.commit()
+}
+
 /// The latest line about `address` with this outcome, if any (for tests and `status`).
 pub fn latest(
     c: &Connection,
@@ -372,5 +404,32 @@ mod tests {
         assert_eq!(r.1, Some(false), "its newest decision is another hold");
         assert_eq!(r.2, None, "no such machine");
         assert_eq!(r.3.len(), 2, "only known machines are written: {:?}", r.3);
+    }
+
+    #[tokio::test]
+    async fn entries_admitted_before_the_table_existed_are_the_loops_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let own = store
+            .call(|c| {
+                // As a store of the previous version: no table yet, admissions journalled.
+                c.execute_batch("DROP TABLE remediation_entries")?;
+                let line = "INSERT INTO remediation_journal (seq, first_ms, last_ms, count, \
+                            address, domain, outcome, rule, sentence, decision) \
+                            VALUES (?1, 5, 5, 1, ?2, 'rack-1', ?3, 'auto-repair', ?4, '{}')";
+                let admitted = "admitted: 10.0.0.1 operation unhealthy (auto-repair): \
+                                unhealthy for 17s (failing: kubelet:kubelet) (repair queue entry 12)";
+                c.execute(line, params![1, "10.0.0.1", "admitted", admitted])?;
+                let held = "held: 10.0.0.2 already has repair queue entry 3 (operation x, failed)";
+                c.execute(line, params![2, "10.0.0.2", "held", held])?;
+                c.execute(line, params![3, "10.0.0.3", "admitted", "no entry named"])?;
+                c.execute_batch(include_str!(
+                    "../store/migrations/0010_remediation_entries.sql"
+                ))?;
+                own_entries(c)
+            })
+            .await
+            .unwrap();
+        assert_eq!(own, [12]);
     }
 }

@@ -219,6 +219,8 @@ struct LoopState {
     admissions: Vec<Decision>,
     outcomes: Vec<(u64, RepairOutcome)>,
     known_outcomes: HashSet<u64>,
+    /// Entries this loop enqueued (not by hand), still in the queue as far as it knows.
+    own: HashSet<u64>,
     last_prune: Option<Timestamp>,
 }
 
@@ -246,7 +248,7 @@ impl LoopState {
         let out = ago(now, shared.base.limits.slow_start.lookback);
         // A pass journalled within a few intervals before a restart is "the previous pass".
         let recent = ago(now, shared.base.interval * RESUME_INTERVALS);
-        let (seq, admissions, outcomes, last) = shared
+        let (seq, admissions, outcomes, last, own) = shared
             .store
             .call(move |c| {
                 Ok((
@@ -254,6 +256,7 @@ impl LoopState {
                     journal::admissions(c, hist)?,
                     journal::outcomes(c, out)?,
                     journal::last_pass(c, recent)?,
+                    journal::own_entries(c)?,
                 ))
             })
             .await?;
@@ -271,6 +274,7 @@ impl LoopState {
             admissions,
             known_outcomes: outcomes.iter().map(|(i, _)| *i).collect(),
             outcomes,
+            own: own.into_iter().collect(),
             last_prune: None,
         })
     }
@@ -292,13 +296,15 @@ impl LoopState {
         deps: &LoopDeps,
         sabakan: Option<&SabakanSource>,
     ) -> Result<(), PassError> {
-        let queue = Self::queue(deps).await?;
+        let mut queue = Self::queue(deps).await?;
         let now = shared.clock.now();
         let (cfg, control) = {
             let s = shared.switches();
             (s.effective(&shared.base), s.control())
         };
         self.remember_outcomes(shared, &queue, &cfg, now).await?;
+        self.forget_gone(shared, &queue).await?;
+        let deleted = self.delete_succeeded(deps, &mut queue, &cfg, now).await;
         let fleet = deps.fleet.snapshot();
         let view = deps.view.as_ref().map(|(v, max)| (v.snapshot(), *max));
         let keep = ago(now, history_window(&cfg));
@@ -318,7 +324,39 @@ impl LoopState {
         gather::add_dumps(&mut input, deps.kdump.as_ref());
         input.sabakan = sabakan.map(|s| s.facts(&cfg.auto_repair, &input.machines, view));
         let mut pass = super::decide(&input, &cfg, now);
-        enqueue(&mut pass, deps).await;
+        for (e, after) in deleted {
+            pass.findings.push(Decision {
+                at: now,
+                domain: input
+                    .machines
+                    .iter()
+                    .find(|m| m.address == e.address)
+                    .map(|m| cfg.failure_domain.of(m).to_string())
+                    .unwrap_or_default(),
+                sentence: format!(
+                    "repair queue entry {} (operation {}) succeeded {} ago: deleted, so {} may \
+                     be remediated again (delete_succeeded_after {})",
+                    e.index,
+                    e.operation,
+                    super::human(since_ms(now, e.last_transition_time_unix_ms)),
+                    e.address,
+                    super::human(after),
+                ),
+                address: e.address,
+                outcome: Outcome::Finding,
+                rule: Rule::SucceededEntryDeleted,
+                proposal: None,
+            });
+        }
+        let added = enqueue(&mut pass, deps).await;
+        if !added.is_empty() {
+            let at = to_unix_ms(now);
+            self.own.extend(added.iter().map(|(i, _)| *i));
+            shared
+                .store
+                .call(move |c| journal::update_own_entries(c, &added, &[], at))
+                .await?;
+        }
         let nodes: HashMap<&str, &str> = input
             .machines
             .iter()
@@ -387,6 +425,79 @@ impl LoopState {
         self.outcomes
             .retain(|(_, o)| to_unix_ms(o.finished_at) >= before);
         Ok(())
+    }
+
+    /// Forgets the entries this loop enqueued that have left the queue or are marked for
+    /// deletion (by anyone).
+    async fn forget_gone(
+        &mut self,
+        shared: &Shared,
+        queue: &[RepairEntry],
+    ) -> Result<(), StoreError> {
+        let listed: HashSet<u64> = queue
+            .iter()
+            .filter(|e| !e.deleted)
+            .map(|e| e.index)
+            .collect();
+        let gone: Vec<u64> = self
+            .own
+            .iter()
+            .copied()
+            .filter(|i| !listed.contains(i))
+            .collect();
+        if !gone.is_empty() {
+            self.own.retain(|i| listed.contains(i));
+            shared
+                .store
+                .call(move |c| journal::update_own_entries(c, &[], &gone, 0))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the succeeded entries this loop enqueued that finished at least
+    /// `delete_succeeded_after` ago (never in observe mode, which changes nothing), and
+    /// marks them deleted in `queue` so this pass already sees their machines free.
+    /// Returns each deleted entry with the setting, for the journal. A failed deletion is
+    /// logged and tried again next pass.
+    async fn delete_succeeded(
+        &self,
+        deps: &LoopDeps,
+        queue: &mut [RepairEntry],
+        cfg: &RemediationConfig,
+        now: Timestamp,
+    ) -> Vec<(RepairEntry, Duration)> {
+        let (Some(after), false, Some(q)) = (cfg.delete_succeeded_after, cfg.observe, &deps.queue)
+        else {
+            return Vec::new();
+        };
+        let mut deleted = Vec::new();
+        for e in queue.iter_mut() {
+            if !succeeded_long_enough(e, &self.own, after, now) {
+                continue;
+            }
+            match q
+                .request(RepairQueueRequest::Delete { index: e.index })
+                .await
+            {
+                Ok(RepairQueueResponse::Deleted { .. }) => {
+                    e.deleted = true;
+                    tracing::info!(
+                        entry = e.index,
+                        machine = %e.address,
+                        "succeeded repair queue entry deleted (delete_succeeded_after)"
+                    );
+                    deleted.push((e.clone(), after));
+                }
+                other => tracing::warn!(
+                    entry = e.index,
+                    machine = %e.address,
+                    answer = ?other,
+                    "cannot delete a succeeded repair queue entry; trying again next pass"
+                ),
+            }
+        }
+        deleted
     }
 
     /// Writes the pass's decisions: a decision the previous pass also made is a repeat of
@@ -469,9 +580,31 @@ impl LoopState {
     }
 }
 
+/// Whether `e` is a succeeded entry of this loop's (`own`), not yet deleted, that finished at
+/// least `after` before `now`.
+fn succeeded_long_enough(
+    e: &RepairEntry,
+    own: &HashSet<u64>,
+    after: Duration,
+    now: Timestamp,
+) -> bool {
+    e.status == protocol::admin::repair::RepairStatus::Succeeded
+        && !e.deleted
+        && own.contains(&e.index)
+        && since_ms(now, e.last_transition_time_unix_ms) >= after
+}
+
+/// Time from `ms` (since the Unix epoch) to `now`; zero for a time in the future.
+fn since_ms(now: Timestamp, ms: u64) -> Duration {
+    let now = u64::try_from(to_unix_ms(now)).unwrap_or(0);
+    Duration::from_millis(now.saturating_sub(ms))
+}
+
 /// Enqueues every admitted decision through the repair queue's `add`; one the queue refuses
-/// becomes held `enqueue-refused` with the queue's reason.
-async fn enqueue(pass: &mut Pass, deps: &LoopDeps) {
+/// becomes held `enqueue-refused` with the queue's reason. Returns the entries added
+/// (index, address).
+async fn enqueue(pass: &mut Pass, deps: &LoopDeps) -> Vec<(u64, String)> {
+    let mut added = Vec::new();
     let mut kept = Vec::with_capacity(pass.admitted.len());
     for mut d in std::mem::take(&mut pass.admitted) {
         let (Outcome::Admitted, Some(p)) = (d.outcome, d.proposal.as_ref()) else {
@@ -489,6 +622,7 @@ async fn enqueue(pass: &mut Pass, deps: &LoopDeps) {
             Some(q) => match q.request(RepairQueueRequest::Add(add)).await {
                 Ok(RepairQueueResponse::Added(e)) => {
                     d.sentence = format!("{} (repair queue entry {})", d.sentence, e.index);
+                    added.push((e.index, d.address.clone()));
                     None
                 }
                 Ok(other) => Some(format!("unexpected answer {other:?}")),
@@ -509,6 +643,7 @@ async fn enqueue(pass: &mut Pass, deps: &LoopDeps) {
         }
     }
     pass.admitted = kept;
+    added
 }
 
 fn log(d: &Decision) {
@@ -567,6 +702,7 @@ mod tests {
     use protocol::admin::remediation::EventsQuery;
     use protocol::admin::remediation::RemediationRequest as R;
     use protocol::admin::remediation::RemediationResponse;
+    use protocol::admin::repair::RepairStatus;
     use protocol::messages::{AgentHello, CheckKind, CheckResult, CheckStatus, HealthReport};
 
     use super::*;
@@ -582,10 +718,17 @@ mod tests {
         rem: Remediation,
         deps: LoopDeps,
         state: LoopState,
+        _queue_stop: Option<tokio_util::sync::DropGuard>,
     }
 
     impl Fx {
         async fn new() -> Self {
+            Self::with(RemediationConfig::default(), None).await
+        }
+
+        /// With `repair`, a real repair queue (on the same store and clock) runs this
+        /// `repair:` YAML.
+        async fn with(rcfg: RemediationConfig, repair: Option<&str>) -> Self {
             let dir = tempfile::tempdir().unwrap();
             let store = Store::open(&dir.path().join("c.db")).unwrap();
             let clock = Arc::new(FakeClock::new("2026-01-01T00:00:00Z".parse().unwrap()));
@@ -635,19 +778,33 @@ mod tests {
                 }],
             };
             fleet.report("n1", report).await.unwrap();
-            let rem = Remediation::open(
-                store.clone(),
-                clock.clone(),
-                RemediationConfig::default(),
-                false,
-            )
-            .await
-            .unwrap();
+            let rem = Remediation::open(store.clone(), clock.clone(), rcfg, false)
+                .await
+                .unwrap();
             let state = LoopState::load(&rem.shared).await.unwrap();
+            let (queue, queue_stop) = match repair {
+                None => (None, None),
+                Some(yaml) => {
+                    let config = crate::repair::load::load_str(yaml, std::path::Path::new("r.yml"))
+                        .unwrap()
+                        .config;
+                    let deps = crate::repair::RepairDeps::new(
+                        store.clone(),
+                        Arc::new(config),
+                        clock.clone(),
+                        Arc::new(NotANode),
+                        Arc::new(crate::gateway::NoGateway),
+                        Arc::new(crate::repair::NoAgents),
+                    );
+                    let stop = CancellationToken::new();
+                    let (q, _join) = RepairQueue::start(deps, stop.clone()).await.unwrap();
+                    (Some(q), Some(stop.drop_guard()))
+                }
+            };
             let deps = LoopDeps {
                 fleet,
                 view: None,
-                queue: None,
+                queue,
                 events: Arc::new(NotANode),
                 kdump: Arc::new(crate::fence::kdump::NoKdump),
                 view_changed: None,
@@ -659,6 +816,7 @@ mod tests {
                 rem,
                 deps,
                 state,
+                _queue_stop: queue_stop,
             }
         }
 
@@ -810,5 +968,161 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(gone, 2);
+    }
+
+    const REPAIR: &str = r#"
+repair:
+  repair_procedures:
+    - machine_types: ["qemu"]
+      repair_operations:
+        - operation: "unhealthy"
+          repair_steps:
+            - repair_command: ["true"]
+              watch_seconds: 30
+          health_check_command: ["sh", "-c", "echo true"]
+"#;
+
+    impl Fx {
+        async fn queue(&self) -> Vec<RepairEntry> {
+            LoopState::queue(&self.deps).await.unwrap()
+        }
+
+        /// Waits (real time: the engine runs `true` as a process) until every entry of the
+        /// queue has finished.
+        async fn until_finished(&self) -> Vec<RepairEntry> {
+            for _ in 0..500 {
+                let q = self.queue().await;
+                if q.iter().all(|e| e.status.is_finished()) {
+                    return q;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("entries did not finish: {:#?}", self.queue().await);
+        }
+
+        async fn pass_after(&mut self, secs: i64) {
+            self.clock.advance(SignedDuration::from_secs(secs));
+            self.state
+                .pass(&self.rem.shared, &self.deps, None)
+                .await
+                .unwrap();
+        }
+    }
+
+    fn deleting_after(after: Option<Duration>, observe: bool) -> RemediationConfig {
+        RemediationConfig {
+            delete_succeeded_after: after,
+            observe,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_succeeded_entry_of_the_loop_is_deleted_after_the_setting_and_the_machine_repaired_again()
+     {
+        let mut fx = Fx::with(
+            deleting_after(Some(Duration::from_secs(60)), false),
+            Some(REPAIR),
+        )
+        .await;
+        // An entry added by hand for a machine of its own: a person's to delete, always.
+        let by_hand = match fx
+            .deps
+            .queue
+            .as_ref()
+            .unwrap()
+            .request(RepairQueueRequest::Add(AddRepairEntry {
+                operation: "unhealthy".into(),
+                machine_type: "qemu".into(),
+                address: "10.0.0.9".into(),
+                serial: String::new(),
+            }))
+            .await
+            .unwrap()
+        {
+            RepairQueueResponse::Added(e) => e.index,
+            r => panic!("{r:?}"),
+        };
+        // Finished first: in flight, it would use up this one-machine fleet's cap.
+        fx.until_finished().await;
+        fx.pass_after(10).await;
+        let lines = fx.lines().await;
+        assert_eq!(lines.last().unwrap().outcome, "admitted", "{lines:#?}");
+        let q = fx.until_finished().await;
+        assert_eq!(q.len(), 2, "{q:#?}");
+        assert!(
+            q.iter().all(|e| e.status == RepairStatus::Succeeded),
+            "{q:#?}"
+        );
+        let own = q.iter().find(|e| e.index != by_hand).unwrap().index;
+        // n1 still reports its kubelet failing: held by its entry until the setting passes.
+        fx.pass_after(30).await;
+        let held = fx.lines().await;
+        let last = held.last().unwrap();
+        assert_eq!(last.rule, "queue-has-entry", "{held:#?}");
+        assert!(last.sentence.contains("succeeded"), "{}", last.sentence);
+        assert_eq!(fx.queue().await.len(), 2);
+        fx.pass_after(40).await;
+        let lines = fx.lines().await;
+        let deleted = lines
+            .iter()
+            .find(|l| l.rule == "succeeded-entry-deleted")
+            .unwrap_or_else(|| panic!("{lines:#?}"));
+        assert_eq!(deleted.outcome, "finding");
+        assert_eq!(deleted.address, "10.0.0.1");
+        assert!(
+            deleted.sentence.contains(&format!(
+                "repair queue entry {own} (operation unhealthy) succeeded"
+            )),
+            "{}",
+            deleted.sentence
+        );
+        assert!(
+            deleted.sentence.contains("delete_succeeded_after 1m"),
+            "{}",
+            deleted.sentence
+        );
+        // In the same pass the machine, failing still, is admitted again: a second entry.
+        let admitted: Vec<_> = lines.iter().filter(|l| l.outcome == "admitted").collect();
+        assert_eq!(admitted.len(), 2, "{lines:#?}");
+        let q = fx.queue().await;
+        assert!(q.iter().any(|e| e.index == by_hand && !e.deleted), "{q:#?}");
+        assert!(q.iter().all(|e| e.index != own || e.deleted), "{q:#?}");
+        // Its successor is the loop's own, remembered across a restart of the loop.
+        let q = fx.until_finished().await;
+        let second = q
+            .iter()
+            .find(|e| e.index != by_hand && e.index != own)
+            .unwrap()
+            .index;
+        fx.state = LoopState::load(&fx.rem.shared).await.unwrap();
+        assert!(fx.state.own.contains(&second), "{:?}", fx.state.own);
+        fx.pass_after(61).await;
+        assert!(!fx.state.own.contains(&own), "{:?}", fx.state.own);
+        let q = fx.queue().await;
+        assert!(q.iter().all(|e| e.index != second || e.deleted), "{q:#?}");
+        assert!(q.iter().any(|e| e.index == by_hand && !e.deleted), "{q:#?}");
+    }
+
+    #[tokio::test]
+    async fn never_and_observe_mode_keep_succeeded_entries() {
+        for (after, observe) in [(None, false), (Some(Duration::from_secs(60)), true)] {
+            let mut fx = Fx::with(deleting_after(after, false), Some(REPAIR)).await;
+            fx.pass_after(10).await;
+            let q = fx.until_finished().await;
+            assert_eq!(q.len(), 1, "{q:#?}");
+            if observe {
+                fx.admin(R::Observe(true)).await;
+            }
+            fx.pass_after(3600).await;
+            fx.pass_after(10).await;
+            let q = fx.queue().await;
+            assert!(!q[0].deleted, "{after:?} {observe}: {q:#?}");
+            let lines = fx.lines().await;
+            assert!(
+                lines.iter().all(|l| l.rule != "succeeded-entry-deleted"),
+                "{lines:#?}"
+            );
+        }
     }
 }

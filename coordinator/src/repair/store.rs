@@ -67,6 +67,16 @@ fn bad(what: &str, value: &str) -> rusqlite::Error {
     )
 }
 
+/// Addresses with a queued or processing entry not marked for deletion.
+pub fn active_addresses(conn: &Connection) -> rusqlite::Result<std::collections::HashSet<String>> {
+    let mut st = conn.prepare(
+        "SELECT DISTINCT address FROM repair_queue_entries \
+         WHERE deleted = 0 AND status IN ('queued', 'processing')",
+    )?;
+    let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
 /// Loads the enabled flag and every entry, by index.
 pub fn load(conn: &Connection) -> rusqlite::Result<(bool, Vec<Entry>)> {
     let enabled: Option<String> = conn

@@ -71,6 +71,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("migrations/0008_repair_fence_flows.sql"),
     ),
     (9, "kdump", include_str!("migrations/0009_kdump.sql")),
+    (
+        10,
+        "remediation_entries",
+        include_str!("migrations/0010_remediation_entries.sql"),
+    ),
 ];
 
 /// Errors from the store.
