@@ -157,9 +157,9 @@ mod duration_or_never {
         use crate::config::duration::{bare_number, parse};
         match Written::deserialize(d)? {
             Written::Text(s) if s.trim() == "never" => Ok(None),
-            Written::Text(s) => parse(&s)
-                .map(Some)
-                .map_err(|e| serde::de::Error::custom(format!("{e}, or \"never\""))),
+            Written::Text(s) => parse(&s).map(Some).map_err(|e| {
+                serde::de::Error::custom(format!("expected a duration or \"never\": {e}"))
+            }),
             Written::Int(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
             Written::Float(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
         }
@@ -775,7 +775,7 @@ mod tests {
         let e = RemediationConfig::from_toml("delete_succeeded_after = \"soon\"")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("or \"never\""), "{e}");
+        assert!(e.contains("expected a duration or \"never\""), "{e}");
     }
 
     #[test]
