@@ -720,6 +720,28 @@ mod tests {
             assert_eq!(d.rule, Rule::MaximumRepairQueueEntries);
             assert!(d.sentence.contains("1 entries in the repair queue + 3 candidates exceed maximum_repair_queue_entries 3"), "{}", d.sentence);
         }
+        // Shown as a limit (status, the holding gauge and its alert), naming failed entries.
+        let l = p
+            .limits
+            .iter()
+            .find(|l| l.rule == Rule::MaximumRepairQueueEntries)
+            .unwrap();
+        assert!(l.holding);
+        assert!(
+            l.sentence
+                .starts_with("1 of 3 entries in the repair queue (1 failed: each stays until"),
+            "{}",
+            l.sentence
+        );
+        let l = case()
+            .machine("a")
+            .failing("kubelet", 60)
+            .run()
+            .limits
+            .into_iter()
+            .find(|l| l.rule == Rule::MaximumRepairQueueEntries)
+            .unwrap();
+        assert!(!l.holding, "{l:?}");
     }
 
     #[test]

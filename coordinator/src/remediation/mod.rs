@@ -333,9 +333,35 @@ pub fn decide(input: &Input, cfg: &RemediationConfig, now: Timestamp) -> Pass {
         }
     }
     pass.limits = limiter.status();
+    pass.limits.push(queue_status(input, cfg, &pass));
     pass.limits
         .extend(sabakan::status(input, cfg.auto_repair.enabled, now));
     pass
+}
+
+/// `maximum_repair_queue_entries` as a limit: it holds all of auto-repair, and failed
+/// entries count towards it until a person deletes them, so a fleet can stop being repaired
+/// by failures piling up; `remediation status` and `fleetmend_remediation_limit_holding`
+/// must show it like the storm limits.
+fn queue_status(input: &Input, cfg: &RemediationConfig, pass: &Pass) -> LimitStatus {
+    let failed = input
+        .queue
+        .iter()
+        .filter(|e| e.status == protocol::admin::repair::RepairStatus::Failed)
+        .count();
+    LimitStatus {
+        rule: Rule::MaximumRepairQueueEntries,
+        holding: pass
+            .held
+            .iter()
+            .any(|d| d.rule == Rule::MaximumRepairQueueEntries),
+        sentence: format!(
+            "{} of {} entries in the repair queue ({failed} failed: each stays until a person \
+             deletes it, `coordinatorctl repair-queue delete INDEX`)",
+            input.queue.len(),
+            cfg.maximum_repair_queue_entries
+        ),
+    }
 }
 
 #[cfg(test)]
