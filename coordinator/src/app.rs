@@ -51,6 +51,21 @@ pub enum AppError {
     /// The inventory file is unusable.
     #[error(transparent)]
     Inventory(#[from] InventoryError),
+    /// The inventory file gives a hostname that a machine in service holds at another
+    /// address (one added with `coordinatorctl`, or retired by hand with a repair active).
+    #[error(
+        "inventory file {file}: hostname {hostname:?} is registered at {holder}, which the file does not list; the file cannot give it to {address} while that record holds it. Start with the file as it was, free the hostname (`coordinatorctl machines delete {holder}`, or `coordinatorctl machines add {holder} --hostname OTHER`), then restart with this file"
+    )]
+    InventoryHostnameTaken {
+        /// The inventory file.
+        file: std::path::PathBuf,
+        /// The hostname.
+        hostname: String,
+        /// The address holding it.
+        holder: String,
+        /// The address the file gives it to.
+        address: String,
+    },
     /// The repair queue could not start.
     #[error(transparent)]
     Repair(#[from] crate::repair::RepairStartError),
@@ -75,6 +90,7 @@ impl AppError {
             AppError::Tls(_)
                 | AppError::WrongRole(_)
                 | AppError::Inventory(_)
+                | AppError::InventoryHostnameTaken { .. }
                 | AppError::Kubernetes(_)
         ) || matches!(self, AppError::Fleet(FleetError::Invalid(_)))
             || matches!(self, AppError::Repair(e) if e.is_config())
@@ -173,7 +189,21 @@ impl App {
                 .into_iter()
                 .filter(|r| !released.deferred.contains(&r.address))
                 .collect();
-            fleet.upsert(records).await?;
+            let by_hostname: std::collections::HashMap<String, String> = records
+                .iter()
+                .map(|r| (r.hostname.clone(), r.address.clone()))
+                .collect();
+            fleet.upsert(records).await.map_err(|e| match e {
+                FleetError::HostnameTaken { hostname, address } => {
+                    AppError::InventoryHostnameTaken {
+                        file: path.clone(),
+                        address: by_hostname.get(&hostname).cloned().unwrap_or_default(),
+                        hostname,
+                        holder: address,
+                    }
+                }
+                e => AppError::Fleet(e),
+            })?;
             tracing::info!(path = %path.display(), machines = n, "inventory loaded");
         }
         let endpoint = tls.server_endpoint(config.listen)?;

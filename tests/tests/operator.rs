@@ -395,6 +395,36 @@ fn a_machine_dropped_from_the_inventory_file_is_retired() -> anyhow::Result<()> 
         .map(|m| (m.spec.address.as_str(), m.spec.hostname.as_str()))
         .collect();
     assert_eq!(addrs, [("10.0.0.9", "node-1")], "{list:#?}");
+    // A hostname a machine added by hand holds cannot be taken by the file: the start stops
+    // (exit 64) and says how to free it, since coordinatorctl needs a running coordinator.
+    coord.ctl(&[
+        "machines",
+        "add",
+        "10.0.0.5",
+        "--hostname",
+        "node-5",
+        "--type",
+        "qemu",
+    ])?;
+    std::fs::write(
+        coord.dir.join("inventory.toml"),
+        inventory_toml(&[("10.0.0.9", "node-1"), ("10.0.0.6", "node-5")]),
+    )?;
+    if let Some(mut p) = coord.proc.take() {
+        p.sigterm(std::time::Duration::from_secs(10))?;
+    }
+    let out = testkit::procs::command("coordinator")
+        .arg("--config")
+        .arg(&coord.config)
+        .output()?;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("hostname \"node-5\" is registered at 10.0.0.5")
+            && err.contains("cannot give it to 10.0.0.6")
+            && err.contains("coordinatorctl machines delete 10.0.0.5"),
+        "{err}"
+    );
     Ok(())
 }
 
