@@ -246,6 +246,15 @@ impl App {
         // The engine starts now, so a bad `repair:` file fails the build, but stops with
         // the app: `run` cancels this token when its shutdown token fires.
         let repair_stop = CancellationToken::new();
+        let fence_policy = crate::repair::wiring::FencePolicy {
+            section: config.fence.clone(),
+            gateways: config
+                .gateways
+                .as_ref()
+                .map(|g| g.targets.clone())
+                .unwrap_or_default(),
+            fleet: fleet.clone(),
+        };
         let (repair, repair_join) = match config.repair.as_ref().and_then(|r| r.config.as_deref()) {
             Some(path) => {
                 let (q, join) = crate::repair::start_for_app(
@@ -268,17 +277,13 @@ impl App {
                                 clock: clock.clone(),
                             }),
                             kdump: kdump.clone(),
-                            policy: crate::repair::wiring::FencePolicy {
-                                section: config.fence.clone(),
-                                gateways: config
-                                    .gateways
-                                    .as_ref()
-                                    .map(|g| g.targets.clone())
-                                    .unwrap_or_default(),
-                                fleet: fleet.clone(),
-                            },
+                            policy: fence_policy.clone(),
                             metrics: fence_metrics.clone(),
                         }),
+                    {
+                        let p = fence_policy.clone();
+                        Arc::new(move |address: &str| p.keep_off(address))
+                    },
                     repair_stop.clone(),
                 )
                 .await?;

@@ -208,13 +208,23 @@ impl Rig {
         name: &str,
         gw: std::net::SocketAddr,
     ) -> Result<std::sync::Arc<Coordinator>> {
+        self.coordinator_with(name, gw, "@power-cycle").await
+    }
+
+    /// As [`Rig::coordinator`], with `builtin` as the repair's one step.
+    async fn coordinator_with(
+        &self,
+        name: &str,
+        gw: std::net::SocketAddr,
+        builtin: &str,
+    ) -> Result<std::sync::Arc<Coordinator>> {
         let dir = self.dir.path().join(name);
         std::fs::create_dir_all(&dir)?;
         let repair_yaml = dir.join("repair.yaml");
         std::fs::write(
             &repair_yaml,
             format!(
-                "repair:\n  repair_procedures:\n    - machine_types: [\"qemu\"]\n      repair_operations:\n        - operation: \"unreachable\"\n          repair_steps:\n            - repair_command: [\"@power-cycle\"]\n              command_timeout_seconds: 150\n              watch_seconds: 60\n          health_check_command: [{:?}]\n          command_timeout_seconds: 20\n",
+                "repair:\n  repair_procedures:\n    - machine_types: [\"qemu\"]\n      repair_operations:\n        - operation: \"unreachable\"\n          repair_steps:\n            - repair_command: [\"{builtin}\"]\n              command_timeout_seconds: 150\n              watch_seconds: 60\n          health_check_command: [{:?}]\n          command_timeout_seconds: 20\n",
                 self.check.to_string_lossy()
             ),
         )?;
@@ -332,6 +342,33 @@ async fn a_second_database_with_the_same_entry_number_really_power_cycles() -> R
         "the gateway took the second database's request for a repeat:\n{}",
         gw.log()
     );
+    Ok(())
+}
+
+/// `@fence` of a machine with nothing to release (no `[kubernetes]` here): powered off and
+/// confirmed off, then powered on again as a fence flow would (`[fence] keep_off` is off by
+/// default). It used to leave the machine off, and the entry failed when its watch ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_with_nothing_to_release_powers_the_machine_on_again() -> Result<()> {
+    let rig = Rig::new().await?;
+    let gw = rig.gateway(GatewayOptions::default()).await?;
+    let coord = rig.coordinator_with("fence", gw.quic, "@fence").await?;
+    let (e, h) = repair(coord.clone(), Duration::from_secs(150)).await?;
+    assert_eq!(e["status"], "succeeded", "{e}\n{h}\n{}", gw.log());
+    assert!(h.contains("nothing to release"), "{h}");
+    wait_until(
+        "ipmi_sim to see the off, then the on",
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || async {
+            let ev = rig.sim.events();
+            let off = ev.iter().position(|e| e == "set power 0");
+            let on = ev.iter().rposition(|e| e == "set power 1");
+            Ok(matches!((off, on), (Some(a), Some(b)) if a < b))
+        },
+    )
+    .await
+    .with_context(|| format!("events {:?}\nhistory:\n{h}", rig.sim.events()))?;
     Ok(())
 }
 

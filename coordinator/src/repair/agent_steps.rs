@@ -357,6 +357,7 @@ mod tests {
             diagnostics: None,
             entry_index: 0,
             fence: None,
+            keep_off: None,
         }
     }
 

@@ -144,9 +144,11 @@ pub struct RunContext {
     pub diagnostics: Option<DiagnosticsShelf>,
     /// The entry's index (the key of the fence flow a step starts).
     pub entry_index: u64,
-    /// Fence flows for `@fence`; `None` = `@fence` only powers off and confirms (no
-    /// cluster to release from).
+    /// Fence flows for `@fence`; `None` = no cluster to release from (see
+    /// [`fence_without_release`]).
     pub fence: Option<Arc<FenceService>>,
+    /// `[fence] keep_off` for an `@fence` with nothing to release; `None` = keep off.
+    pub keep_off: Option<super::fencing::KeepOffOf>,
 }
 
 /// Runs a command of `kind` and says how it ended.
@@ -174,6 +176,7 @@ pub fn run(
             }
             CommandSpec::Builtin(Builtin::AgentHealthy) => agent_healthy(&ctx),
             CommandSpec::Builtin(Builtin::Fence) if ctx.fence.is_some() => fence(&ctx).await,
+            CommandSpec::Builtin(Builtin::Fence) => fence_without_release(&ctx).await,
             CommandSpec::Agent(step) => super::agent_steps::run(step, &ctx).await,
             CommandSpec::Builtin(b) => power(b, &ctx).await,
         }
@@ -260,7 +263,7 @@ impl Held {
 /// release and is only powered off and confirmed off.
 async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
     let Some(svc) = &ctx.fence else {
-        return power(Builtin::Fence, ctx).await;
+        return fence_without_release(ctx).await;
     };
     // The flow is committed (and recorded for this step) before anything acts; the agent's
     // diagnostics are taken next, before the flow's first power action.
@@ -269,7 +272,7 @@ async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
         .await
     {
         Ok(Some(_)) => {}
-        Ok(None) => return power(Builtin::Fence, ctx).await,
+        Ok(None) => return fence_without_release(ctx).await,
         Err(e) => {
             let end = CommandEnd {
                 ok: false,
@@ -296,7 +299,7 @@ async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
         )
         .await;
     let (ok, summary, output, outcome) = match end {
-        FenceEnd::NotANode => return power(Builtin::Fence, ctx).await,
+        FenceEnd::NotANode => return fence_without_release(ctx).await,
         FenceEnd::Done(f) => (true, describe(&f), String::new(), Outcome::Ok),
         FenceEnd::Failed(f) => (
             false,
@@ -314,6 +317,49 @@ async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
         },
         outcome,
     )
+}
+
+/// `@fence` of a machine with nothing to release (not a Kubernetes node, or no cluster):
+/// powered off and confirmed off, then powered on again, as a fence flow does, unless
+/// `[fence] keep_off` keeps it off. The power-on is its own request (`<id>-on`), so a step
+/// run again after a restart fetches both answers instead of acting twice; it gets what is
+/// left of the step's time limit.
+async fn fence_without_release(ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let started = tokio::time::Instant::now();
+    let (off, outcome) = power(Builtin::Fence, ctx).await;
+    if !off.ok {
+        return (off, outcome);
+    }
+    let keep_off = ctx.keep_off.as_ref().is_none_or(|k| k(&ctx.address));
+    if keep_off {
+        let end = CommandEnd {
+            summary: format!(
+                "{}; nothing to release (not a Kubernetes node) and kept off ([fence] keep_off)",
+                off.summary
+            ),
+            ..off
+        };
+        return (end, outcome);
+    }
+    let on_ctx = RunContext {
+        request_id: format!("{}-on", ctx.request_id),
+        timeout: ctx.timeout.map(|t| t.saturating_sub(started.elapsed())),
+        ..ctx.clone()
+    };
+    let (on, outcome) = power(Builtin::PowerOn, &on_ctx).await;
+    let end = CommandEnd {
+        ok: on.ok,
+        summary: format!(
+            "{}; nothing to release (not a Kubernetes node); then {}",
+            off.summary, on.summary
+        ),
+        output: [off.output, on.output]
+            .into_iter()
+            .filter(|o| !o.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    (end, outcome)
 }
 
 /// Sends a power built-in. A gateway that cannot be reached (nothing sent) or whose answer
@@ -684,6 +730,7 @@ mod tests {
             diagnostics: None,
             entry_index: 0,
             fence: None,
+            keep_off: None,
         }
     }
 
@@ -837,6 +884,65 @@ mod tests {
             "{}",
             end.summary
         );
+    }
+
+    #[tokio::test]
+    async fn a_fence_with_nothing_to_release_powers_on_again_unless_kept_off() {
+        let off = Timestamp::from_second(1_800_000_100).unwrap();
+        for (keep_off, expect) in [
+            (
+                Some(false),
+                vec![("r1", PowerAction::Fence), ("r1-on", PowerAction::On)],
+            ),
+            (Some(true), vec![("r1", PowerAction::Fence)]),
+            (None, vec![("r1", PowerAction::Fence)]),
+        ] {
+            let gw = Arc::new(FakePower::confirming_off(off));
+            let mut c = ctx(Some(Duration::from_secs(30)));
+            c.power = gw.clone();
+            c.keep_off = keep_off
+                .map(|k| -> super::super::fencing::KeepOffOf { Arc::new(move |_: &str| k) });
+            let (end, o) = within(run(
+                CommandSpec::Builtin(Builtin::Fence),
+                CommandKind::Repair,
+                c,
+            ))
+            .await;
+            assert!(end.ok, "{keep_off:?}: {end:?}");
+            assert_eq!(o, Outcome::Ok);
+            let sent: Vec<(String, PowerAction)> = gw
+                .requests()
+                .into_iter()
+                .map(|r| (r.id, r.action))
+                .collect();
+            let expect: Vec<(String, PowerAction)> = expect
+                .into_iter()
+                .map(|(i, a)| (i.to_string(), a))
+                .collect();
+            assert_eq!(sent, expect, "{keep_off:?}");
+            assert!(
+                end.summary.contains("nothing to release"),
+                "{}",
+                end.summary
+            );
+        }
+        // An off that fails is not followed by an on.
+        let gw = Arc::new(FakePower::default());
+        gw.then(Ok(PowerOutcome::Failed {
+            detail: "BMC refused".into(),
+            retriable: false,
+        }));
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw.clone();
+        c.keep_off = Some(Arc::new(|_: &str| false));
+        let (end, _) = within(run(
+            CommandSpec::Builtin(Builtin::Fence),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(!end.ok, "{end:?}");
+        assert_eq!(gw.requests().len(), 1);
     }
 
     #[tokio::test]

@@ -54,6 +54,8 @@ pub(super) struct Effects {
     store_id: String,
     /// Fence flows (`@fence`, and drains of dead nodes), with a cluster.
     fence: Option<Fencing>,
+    /// `[fence] keep_off` for an `@fence` with nothing to release.
+    keep_off: Option<super::fencing::KeepOffOf>,
 }
 
 /// What effects need for fencing: the flows, and whether a node is dead.
@@ -76,6 +78,7 @@ impl Effects {
         clock: Arc<dyn Clock>,
         store_id: String,
         fence: Option<Fencing>,
+        keep_off: Option<super::fencing::KeepOffOf>,
     ) -> Self {
         Self {
             drainer,
@@ -87,6 +90,7 @@ impl Effects {
             clock,
             store_id,
             fence,
+            keep_off,
         }
     }
 
@@ -242,6 +246,7 @@ impl Effects {
             )),
             entry_index: e.index,
             fence: self.fence.as_ref().map(|f| f.service.clone()),
+            keep_off: self.keep_off.clone(),
         }
     }
 

@@ -78,6 +78,10 @@ pub struct RepairDeps {
         Arc<super::fencing::FenceService>,
         Arc<dyn super::fencing::NodeLiveness>,
     )>,
+    /// `[fence] keep_off` per machine, for an `@fence` with nothing to release (a machine
+    /// that is not a node, or no cluster): powered on after its confirmed off unless this
+    /// says to keep it off. `None` = keep every such machine off.
+    pub keep_off: Option<super::fencing::KeepOffOf>,
 }
 
 impl RepairDeps {
@@ -100,6 +104,7 @@ impl RepairDeps {
             actions: Arc::new(crate::agent_link::NoAgentLinks),
             rand: Box::new(|n| if n == 0 { 0 } else { rand::random_range(0..n) }),
             fence: None,
+            keep_off: None,
         }
     }
 }
@@ -148,6 +153,7 @@ impl RepairQueue {
                     service: service.clone(),
                     liveness: liveness.clone(),
                 }),
+            deps.keep_off.clone(),
         );
         let engine = Engine {
             deps,

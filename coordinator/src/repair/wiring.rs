@@ -184,6 +184,7 @@ pub async fn start_for_app(
     power: Arc<dyn PowerControl>,
     actions: Arc<dyn AgentActions>,
     fencing: Option<FenceWiring>,
+    keep_off: KeepOffOf,
     shutdown: CancellationToken,
 ) -> Result<(RepairQueue, JoinHandle<()>), RepairStartError> {
     let loaded = load_file(path)?;
@@ -231,6 +232,7 @@ pub async fn start_for_app(
     let mut deps = RepairDeps::new(store, Arc::new(loaded.config), clock, drainer, power, fleet);
     deps.actions = actions;
     deps.fence = fence;
+    deps.keep_off = Some(keep_off);
     let (queue, join) = RepairQueue::start(deps, shutdown).await?;
     tracing::info!(file = %path.display(), "repair queue started");
     Ok((queue, join))
