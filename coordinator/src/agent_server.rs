@@ -487,6 +487,10 @@ async fn admin_session(pending: PendingHello, ctx: &ServerCtx, shutdown: Cancell
     }
     // Requests already being answered finish (the caller's grace bounds this).
     while requests.join_next().await.is_some() {}
+    if shutdown.is_cancelled() {
+        // Said, not just dropped: coordinatorctl tells its user why the connection ended.
+        conn.close(CLOSE_OK.into(), b"coordinator shutting down");
+    }
 }
 
 async fn admin_request(

@@ -47,7 +47,7 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
     let inventory = "[[machines]]\naddress = \"10.0.3.1\"\nhostname = \"j1\"\nserial = \"SN-J1\"\n\
                      rack = \"r1\"\nrole = \"cs\"\nmachine_type = \"qemu\"\n\
                      labels = { zone = \"a\", pool = \"gpu\" }\n";
-    let coord = Coordinator::start(
+    let mut coord = Coordinator::start(
         &dir.join("coord"),
         &pki,
         &CoordinatorOptions {
@@ -200,6 +200,44 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
             .ok_or_else(|| "running".to_string())
     })?;
     assert!(status.success(), "{status}");
+
+    // A follow goes on through a coordinator restart (an upgrade, a config change): it says
+    // on stderr that it lost the coordinator, and why, connects again, and streams on.
+    let err_path = coord.dir.join("follow.stderr");
+    let mut follow = coord
+        .ctl_command(&["events", "--follow", "--json", "--machine", "j1"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&err_path)?)
+        .spawn()?;
+    let mut out = BufReader::new(follow.stdout.take().expect("stdout is piped"));
+    let next_paused = |out: &mut BufReader<std::process::ChildStdout>| -> anyhow::Result<u64> {
+        loop {
+            let mut line = String::new();
+            anyhow::ensure!(out.read_line(&mut line)? > 0, "events --follow ended");
+            let l: JournalLine = serde_json::from_str(&line)?;
+            if l.rule == "paused" {
+                return Ok(l.count);
+            }
+        }
+    };
+    let before = next_paused(&mut out)?;
+    coord.restart()?;
+    let after = loop {
+        let n = next_paused(&mut out)?;
+        if n > before {
+            break n;
+        }
+    };
+    assert!(after > before);
+    assert!(follow.try_wait()?.is_none(), "still following");
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let err = std::fs::read_to_string(&err_path)?;
+    assert!(
+        err.contains("lost the coordinator (the coordinator said: coordinator shutting down)")
+            && err.contains("connected to the coordinator again"),
+        "{err}"
+    );
 
     // And it ends when its reader goes (`| head`) even with nothing new to print, which it
     // learns from the pipe, not from a write.

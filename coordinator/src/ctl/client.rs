@@ -334,9 +334,34 @@ impl AdminClient {
                 expect_msg::<AdminResponse>(&mut recv, MAX_ADMIN_FRAME_LEN).await?,
             )
         };
-        tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| anyhow!("{}", timed_out(req, self.timeout)))?
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Err(_) => Err(anyhow!("{}", timed_out(req, self.timeout))),
+            Ok(Err(e)) => match self.lost() {
+                Some(why) => Err(anyhow!(
+                    "the connection to the coordinator ended ({why}); the request may or may not \
+                     have been carried out: look before running it again"
+                )),
+                None => Err(e),
+            },
+            Ok(Ok(r)) => Ok(r),
+        }
+    }
+
+    /// Why the connection ended, for a person; `None` while it is open.
+    pub fn lost(&self) -> Option<String> {
+        self.conn.close_reason().map(|e| match e {
+            quinn::ConnectionError::ApplicationClosed(c) if !c.reason.is_empty() => {
+                format!(
+                    "the coordinator said: {}",
+                    String::from_utf8_lossy(&c.reason)
+                )
+            }
+            quinn::ConnectionError::ApplicationClosed(c) => {
+                format!("closed by the coordinator, code {}", c.error_code)
+            }
+            quinn::ConnectionError::Reset => "reset: the coordinator restarted".to_string(),
+            e => e.to_string(),
+        })
     }
 
     /// Sends one request; an `Error` answer becomes an error carrying its reason.

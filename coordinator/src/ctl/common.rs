@@ -22,6 +22,96 @@ impl Ctx {
     }
 }
 
+/// A connection for commands that poll for long (`repair-queue wait`, `events --follow`):
+/// when the coordinator goes away (a restart, an upgrade) it says so on stderr and connects
+/// again, once a second, instead of ending the command; the requests it is used for only
+/// read, so asking again is harmless. The first connection is made as for any command, so
+/// a wrong address still fails at once.
+pub struct Polling<'a> {
+    ctx: &'a Ctx,
+    client: Option<AdminClient>,
+}
+
+impl<'a> Polling<'a> {
+    /// Connects.
+    pub async fn connect(ctx: &'a Ctx) -> anyhow::Result<Self> {
+        Ok(Self {
+            ctx,
+            client: Some(ctx.client().await?),
+        })
+    }
+
+    /// Sends `req`, reconnecting while the connection is lost, until `until` (if any) has
+    /// passed: then the last error.
+    pub async fn request(
+        &mut self,
+        req: &protocol::admin::AdminRequest,
+        until: Option<tokio::time::Instant>,
+    ) -> anyhow::Result<protocol::admin::AdminResponse> {
+        let past = || until.is_some_and(|u| tokio::time::Instant::now() >= u);
+        loop {
+            let client = match self.client.take() {
+                Some(c) => c,
+                None => match bounded(until, self.ctx.client()).await {
+                    Ok(c) => {
+                        eprintln!("coordinatorctl: connected to the coordinator again");
+                        c
+                    }
+                    Err(e) if past() => return Err(e),
+                    Err(_) => {
+                        tokio::time::sleep(RECONNECT_PAUSE).await;
+                        continue;
+                    }
+                },
+            };
+            match client.request_raw(req).await {
+                Ok(protocol::admin::AdminResponse::Error(r)) => {
+                    self.client = Some(client);
+                    anyhow::bail!("coordinator refused the request: {}", r.reason)
+                }
+                Ok(r) => {
+                    self.client = Some(client);
+                    return Ok(r);
+                }
+                Err(e) => {
+                    let Some(why) = client.lost() else {
+                        self.client = Some(client);
+                        return Err(e);
+                    };
+                    if past() {
+                        return Err(e);
+                    }
+                    eprintln!("coordinatorctl: lost the coordinator ({why}); connecting again");
+                    tokio::time::sleep(RECONNECT_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    /// Closes the connection politely.
+    pub async fn close(self) {
+        if let Some(c) = self.client {
+            c.close().await;
+        }
+    }
+}
+
+/// `f`, cut off at `until`.
+async fn bounded<T>(
+    until: Option<tokio::time::Instant>,
+    f: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match until {
+        None => f.await,
+        Some(u) => tokio::time::timeout_at(u, f)
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the coordinator did not answer in time"))),
+    }
+}
+
+/// Pause between attempts to reach a coordinator that went away.
+const RECONNECT_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A group of subcommands.
 pub trait CommandGroup {
     /// Runs the chosen command.

@@ -14,7 +14,7 @@ use protocol::admin::{AdminRequest, AdminResponse};
 
 use super::client::AdminClient;
 use super::common::{
-    CommandGroup, Ctx, fmt_time, print_json, print_table, rfc3339_ms, script_value,
+    CommandGroup, Ctx, Polling, fmt_time, print_json, print_table, rfc3339_ms, script_value,
 };
 
 async fn call(
@@ -370,11 +370,20 @@ impl CommandGroup for EventsArgs {
             after_seq: None,
             limit: self.limit,
         };
-        with_client(ctx, async |c| {
+        let mut poll = Polling::connect(ctx).await?;
+        let result = async {
             let mut header = false;
             loop {
-                let lines = match call(c, RemediationRequest::Events(q.clone())).await? {
-                    RemediationResponse::Events(l) => l,
+                let req = AdminRequest::Remediation(RemediationRequest::Events(q.clone()));
+                // A follow goes on through a coordinator restart, as `tail -F` would.
+                let answer = if self.follow {
+                    poll.request(&req, None).await?
+                } else {
+                    poll.request(&req, Some(tokio::time::Instant::now()))
+                        .await?
+                };
+                let lines = match answer {
+                    AdminResponse::Remediation(RemediationResponse::Events(l)) => l,
                     other => bail!("unexpected answer: {other:?}"),
                 };
                 if self.json && self.follow {
@@ -407,8 +416,10 @@ impl CommandGroup for EventsArgs {
                     return Ok(());
                 }
             }
-        })
-        .await
+        }
+        .await;
+        poll.close().await;
+        result
     }
 }
 

@@ -16,7 +16,7 @@ use protocol::admin::{AdminRequest, AdminResponse};
 use serde_json::json;
 
 use super::client::AdminClient;
-use super::common::{CommandGroup, Ctx, fmt_time, print_table};
+use super::common::{CommandGroup, Ctx, Polling, fmt_time, print_table};
 
 /// Repair queue commands (as `ckecli repair-queue`).
 #[derive(Debug, Subcommand)]
@@ -125,6 +125,13 @@ async fn call(
 
 impl CommandGroup for RepairQueueCommand {
     async fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        if let RepairQueueCommand::Wait {
+            timeout_seconds,
+            interval_seconds,
+        } = self
+        {
+            return wait(ctx, timeout_seconds, interval_seconds).await;
+        }
         let client = ctx.client().await?;
         let result = run(self, &client).await;
         client.close().await;
@@ -226,37 +233,42 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
             }
             other => bail!("unexpected answer: {other:?}"),
         },
-        C::Wait {
-            timeout_seconds,
-            interval_seconds,
-        } => {
-            let interval = Duration::from_secs(interval_seconds.max(1));
-            let deadline = (timeout_seconds > 0)
-                .then(|| tokio::time::Instant::now() + Duration::from_secs(timeout_seconds));
-            // Waits the full timeout: the last sleep is cut to what is left, then one
-            // last look.
-            loop {
-                let counts = match call(client, RepairQueueRequest::Counts).await? {
-                    RepairQueueResponse::Counts(c) => c,
-                    other => bail!("unexpected answer: {other:?}"),
-                };
-                if counts.all_finished() {
-                    return Ok(());
-                }
-                let now = tokio::time::Instant::now();
-                if deadline.is_some_and(|d| now >= d) {
-                    bail!(
-                        "timed out after {timeout_seconds} s: {} queued, {} processing",
-                        counts.queued,
-                        counts.processing
-                    );
-                }
-                let nap = deadline.map_or(interval, |d| interval.min(d - now));
-                tokio::time::sleep(nap).await;
-            }
-        }
+        C::Wait { .. } => unreachable!("run by `wait`, which reconnects"),
     }
     Ok(())
+}
+
+/// `repair-queue wait`: polls the counts until nothing is queued or processing, through a
+/// coordinator restart (it connects again).
+async fn wait(ctx: &Ctx, timeout_seconds: u64, interval_seconds: u64) -> anyhow::Result<()> {
+    let interval = Duration::from_secs(interval_seconds.max(1));
+    let deadline = (timeout_seconds > 0)
+        .then(|| tokio::time::Instant::now() + Duration::from_secs(timeout_seconds));
+    let mut poll = Polling::connect(ctx).await?;
+    let req = AdminRequest::RepairQueue(RepairQueueRequest::Counts);
+    // Waits the full timeout: the last sleep is cut to what is left, then one last look.
+    let result = loop {
+        let counts = match poll.request(&req, deadline).await {
+            Ok(AdminResponse::RepairQueue(RepairQueueResponse::Counts(c))) => c,
+            Ok(other) => break Err(anyhow::anyhow!("unexpected answer: {other:?}")),
+            Err(e) => break Err(e),
+        };
+        if counts.all_finished() {
+            break Ok(());
+        }
+        let now = tokio::time::Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            break Err(anyhow::anyhow!(
+                "timed out after {timeout_seconds} s: {} queued, {} processing",
+                counts.queued,
+                counts.processing
+            ));
+        }
+        let nap = deadline.map_or(interval, |d| interval.min(d - now));
+        tokio::time::sleep(nap).await;
+    };
+    poll.close().await;
+    result
 }
 
 /// The step status for a person: a finished entry's last step status (`watching` when it
