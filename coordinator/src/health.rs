@@ -152,6 +152,8 @@ pub struct Observation<'a> {
     pub goodbye: Option<(GoodbyeReason, Timestamp)>,
     /// When this coordinator process started watching (reports before it are unknown).
     pub watching_since: Timestamp,
+    /// Whether the agent's connection is open now.
+    pub connected: bool,
 }
 
 /// The state a machine is in now.
@@ -246,10 +248,22 @@ pub fn derive(
     } else if let Some((at, report)) = obs.last_report {
         let silent = elapsed(now, at);
         if silent > cfg.unreachable_grace {
+            // Silent on an open connection: the agent is alive enough to keep it, so either
+            // it reports less often than this coordinator expects (a report_interval that
+            // differs between the two configs makes every machine flap) or it is stuck.
+            let open = if obs.connected {
+                format!(
+                    "; its connection is still open: is the agent's report_interval longer \
+                     than this coordinator's ({})? Otherwise the agent is stuck",
+                    secs(cfg.report_interval)
+                )
+            } else {
+                String::new()
+            };
             (
                 S::Unreachable,
                 format!(
-                    "no report for {} (grace {})",
+                    "no report for {} (grace {}){open}",
                     secs(silent),
                     secs(cfg.unreachable_grace)
                 ),
@@ -378,6 +392,7 @@ mod tests {
                 last_report: last,
                 goodbye: None,
                 watching_since: self.start,
+                connected: false,
             }
         }
     }
@@ -454,6 +469,21 @@ mod tests {
         .unwrap();
         assert_eq!(d.state, MachineState::Unreachable);
         assert!(d.reason.contains("no report for 16.0s"), "{}", d.reason);
+        assert!(!d.reason.contains("connection"), "{}", d.reason);
+        // Silent on an open connection: the reason points at a report_interval mismatch.
+        let open = Observation {
+            connected: true,
+            ..c.obs(Some((at, &r)))
+        };
+        let d = derive(cur(MachineState::Healthy, at), &open, c.now(), &cfg()).unwrap();
+        assert!(
+            d.reason.contains(
+                "its connection is still open: is the agent's report_interval longer than \
+                 this coordinator's (5.0s)?"
+            ),
+            "{}",
+            d.reason
+        );
     }
 
     #[test]

@@ -158,6 +158,7 @@ impl Fleet {
             last_report: e.live.last_report_at.zip(e.live.last_report.as_ref()),
             goodbye: e.live.goodbye,
             watching_since: self.started_at,
+            connected: e.live.connections > 0,
         };
         derive(
             Current {
