@@ -178,20 +178,42 @@ fn certificates_from_another_ca_are_explained_on_the_client_side() -> anyhow::Re
         agent.log_text()
     );
 
-    // A wrong port: nothing answers, and the message says so within the time limit.
-    let out = command("coordinatorctl")
-        .arg("--server")
-        .arg(format!("127.0.0.1:{}", testkit::procs::free_udp_port()))
-        .arg("--ca")
-        .arg(&coord.admin.ca)
-        .arg("--cert")
-        .arg(&coord.admin.cert)
-        .arg("--key")
-        .arg(&coord.admin.key)
-        .args(["--timeout", "2s", "machines", "list"])
-        .stdin(Stdio::null())
-        .output()?;
-    let err = String::from_utf8_lossy(&out.stderr);
+    let ctl = |server: String, timeout: &str| -> anyhow::Result<(String, Duration)> {
+        let started = std::time::Instant::now();
+        let out = command("coordinatorctl")
+            .arg("--server")
+            .arg(server)
+            .arg("--ca")
+            .arg(&coord.admin.ca)
+            .arg("--cert")
+            .arg(&coord.admin.cert)
+            .arg("--key")
+            .arg(&coord.admin.key)
+            .args(["--timeout", timeout, "machines", "list"])
+            .stdin(Stdio::null())
+            .output()?;
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        Ok((
+            String::from_utf8_lossy(&out.stderr).to_string(),
+            started.elapsed(),
+        ))
+    };
+    // A port nothing listens on (a stopped coordinator, a wrong port): the host says so
+    // with ICMP, and coordinatorctl says so at once instead of after its whole --timeout.
+    let closed = format!("127.0.0.1:{}", testkit::procs::free_udp_port());
+    let (err, took) = ctl(closed.clone(), "30s")?;
+    assert!(
+        err.contains(&format!("nothing listens on {closed} (UDP)")),
+        "{err}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?}, not the 30 s timeout"
+    );
+    // A port where something holds the socket but never answers (or a filter that drops
+    // silently): nothing answers, and the message says so within the time limit.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let (err, _) = ctl(silent.local_addr()?.to_string(), "2s")?;
     assert!(err.contains("nothing answered at 127.0.0.1:"), "{err}");
     Ok(())
 }
