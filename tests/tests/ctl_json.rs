@@ -54,7 +54,8 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
             report_interval: REPORT,
             unreachable_grace: REPORT * 3,
             inventory: Some(inventory.into()),
-            extra: "[remediation]\ninterval = \"500ms\"\n".into(),
+            extra: "[remediation]\ninterval = \"500ms\"\n[remediation.auto_repair]\nunhealthy_for = \"0s\"\n"
+                .into(),
             health_extra: String::new(),
         },
     )?;

@@ -162,6 +162,11 @@ impl Env {
              [remediation.limits]\nfleet_cap = {{ count = 10, percent = 100 }}\n{settle}{}\n",
             s.root, s.tables
         ));
+        // A failing machine is proposed at once here: these tests are about what comes after
+        // (the debounce has its own unit test).
+        if !s.tables.contains("[remediation.auto_repair]") {
+            extra.push_str("\n[remediation.auto_repair]\nunhealthy_for = \"0s\"\n");
+        }
         let coord = Coordinator::start(
             &dir.join("coord"),
             &pki,

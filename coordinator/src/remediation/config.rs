@@ -221,7 +221,17 @@ pub struct AutoRepair {
     pub source: Source,
     /// The sabakan to read with `source = "sabakan"`.
     pub sabakan: Option<SabakanConfig>,
+    /// With the inventory source, how long a machine must have been `unhealthy` before it
+    /// is proposed: one failed check (a kubelet slow to answer its healthz once, a NIC
+    /// flapping during a switch reload) is not a broken machine. sabakan judges its own
+    /// states, so its machines are taken as they are.
+    #[serde(with = "duration")]
+    pub unhealthy_for: Duration,
 }
+
+/// Six reports at the default 5 s interval: a failure that outlasts that is not a blip, and
+/// a hung kubelet is still restarted within a minute.
+pub const DEFAULT_UNHEALTHY_FOR: Duration = Duration::from_secs(30);
 
 impl Default for AutoRepair {
     fn default() -> Self {
@@ -239,6 +249,7 @@ impl Default for AutoRepair {
             },
             source: Source::Inventory,
             sabakan: None,
+            unhealthy_for: DEFAULT_UNHEALTHY_FOR,
         }
     }
 }

@@ -51,6 +51,8 @@ pub enum Rule {
     /// A silent machine whose crash kernel was loaded waits `kdump_wait` for its kdump
     /// initramfs to say "dumping" before it counts as dead.
     KdumpWait,
+    /// An unhealthy machine waits `auto_repair.unhealthy_for` before auto-repair proposes it.
+    UnhealthyFor,
     /// A repair queue entry the loop enqueued succeeded `delete_succeeded_after` ago and was
     /// deleted, so its machine may be remediated again. Set by the remediation loop.
     SucceededEntryDeleted,
@@ -81,6 +83,7 @@ impl Rule {
             Rule::EnqueueRefused => "enqueue-refused",
             Rule::KdumpWait => "kdump-wait",
             Rule::SucceededEntryDeleted => "succeeded-entry-deleted",
+            Rule::UnhealthyFor => "unhealthy-for",
         }
     }
 }

@@ -256,8 +256,19 @@ pub(super) fn auto_repair<'a>(ctx: &Ctx<'a>, out: &mut Detected<'a>) {
             } else {
                 format!(" (failing: {})", failing.join(", "))
             };
-            let held = human(elapsed(ctx.now, m.since));
-            (format!("{} for {held}{what}", m.state), false)
+            let for_ = elapsed(ctx.now, m.since);
+            if !filtered && m.state == MachineState::Unhealthy && for_ < ar.unhealthy_for {
+                let s = format!(
+                    "held: {} unhealthy for {}{what}; auto-repair waits until it has been for {} \
+                     (auto_repair.unhealthy_for), so a passing failure is not repaired",
+                    m.address,
+                    human(for_),
+                    human(ar.unhealthy_for)
+                );
+                out.hold(Note::new(m, Rule::UnhealthyFor, None, s));
+                continue;
+            }
+            (format!("{} for {}{what}", m.state, human(for_)), false)
         };
         let p = proposal(m, m.state.as_str(), "auto-repair".into(), reason);
         match machine_limiter(m, ctx, &p) {
@@ -698,6 +709,26 @@ mod tests {
             .entry("a", RepairStatus::Succeeded)
             .held("a");
         assert!(s.contains("a finished entry stays until deleted"), "{s}");
+    }
+
+    #[test]
+    fn an_unhealthy_machine_waits_unhealthy_for_before_auto_repair_proposes_it() {
+        // Failing for 10 s of the default 30 s: held, saying why and for how long more.
+        let (rule, s) = case().machine("a").failing("kubelet", 10).held("a");
+        assert_eq!(rule, Rule::UnhealthyFor);
+        assert!(
+            s.contains("unhealthy for 10s (failing: kubelet); auto-repair waits until it has been for 30s (auto_repair.unhealthy_for)"),
+            "{s}"
+        );
+        // At 30 s it is proposed, and with the setting at zero at once.
+        assert_eq!(case().machine("a").failing("kubelet", 30).admitted(), ["a"]);
+        let c = case()
+            .cfg(|c| c.auto_repair.unhealthy_for = std::time::Duration::ZERO)
+            .machine("a")
+            .failing("kubelet", 0);
+        assert_eq!(c.admitted(), ["a"]);
+        // Unreachable machines have their own waits (grace, two signals): not this one.
+        assert_eq!(case().machine("b").dead(60).admitted(), ["b"]);
     }
 
     #[test]

@@ -726,6 +726,12 @@ mod tests {
             Self::with(RemediationConfig::default(), None).await
         }
 
+        /// The loop's tests admit a failing machine at the first pass.
+        fn at_once(mut cfg: RemediationConfig) -> RemediationConfig {
+            cfg.auto_repair.unhealthy_for = Duration::ZERO;
+            cfg
+        }
+
         /// With `repair`, a real repair queue (on the same store and clock) runs this
         /// `repair:` YAML.
         async fn with(rcfg: RemediationConfig, repair: Option<&str>) -> Self {
@@ -778,7 +784,7 @@ mod tests {
                 }],
             };
             fleet.report("n1", report).await.unwrap();
-            let rem = Remediation::open(store.clone(), clock.clone(), rcfg, false)
+            let rem = Remediation::open(store.clone(), clock.clone(), Self::at_once(rcfg), false)
                 .await
                 .unwrap();
             let state = LoopState::load(&rem.shared).await.unwrap();

@@ -58,6 +58,11 @@ lease_stale = "3s"
 # long for its kdump initramfs to say "dumping" before it counts as dead (production: 1 min).
 kdump_wait = "2s"
 
+[remediation.auto_repair]
+# A failing kubelet is repaired once it has failed for 2 s (production: 30 s, so that one
+# slow healthz answer is not taken for a hung kubelet).
+unhealthy_for = "2s"
+
 [remediation.limits]
 # One rack is half of this 8-machine fleet, and the machine that died a moment before still
 # counts in a burst of silences for `window`: with the default 30 % a rack's power loss would
