@@ -482,16 +482,42 @@ fn power_control(
 async fn sweep_loop(fleet: Arc<Fleet>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(sweep_period(fleet.config().report_interval));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A store that keeps failing (a full disk) fails every sweep: said when it starts, when
+    // its error changes, once a minute while it lasts, and when it ends, not every tick.
+    let mut failing: Option<(String, tokio::time::Instant, u64)> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        if let Err(e) = fleet.sweep().await {
-            tracing::error!(error = %e, "health sweep failed; retrying next tick");
+        match fleet.sweep().await {
+            Ok(_) => {
+                if let Some((_, _, n)) = failing.take() {
+                    tracing::info!(failed_sweeps = n, "health sweep works again");
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                let now = tokio::time::Instant::now();
+                match &mut failing {
+                    Some((last, at, n))
+                        if *last == e && now.duration_since(*at) < SWEEP_LOG_EVERY =>
+                    {
+                        *n += 1;
+                    }
+                    _ => {
+                        let n = failing.as_ref().map_or(1, |f| f.2 + 1);
+                        tracing::error!(error = %e, failed_sweeps = n, "health sweep failed; retrying every tick");
+                        failing = Some((e, now, n));
+                    }
+                }
+            }
         }
     }
 }
+
+/// How often a sweep that keeps failing the same way is logged again.
+const SWEEP_LOG_EVERY: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests {

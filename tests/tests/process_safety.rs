@@ -391,6 +391,59 @@ fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result
     Ok(())
 }
 
+/// A store that keeps refusing writes (a full disk) fails every health sweep, several a
+/// second: the coordinator says so once (and once a minute), not at every sweep, and a state
+/// change it cannot store is not logged as made; both are logged once the store works.
+#[test]
+fn a_store_that_keeps_failing_is_logged_once_not_at_every_sweep() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            report_interval: Duration::from_millis(300),
+            unreachable_grace: Duration::from_millis(900),
+            inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+            ..Default::default()
+        },
+    )?;
+    let fixture = NodeFixture::builder("node-1")
+        .address("10.0.0.1".parse()?)
+        .build()?;
+    let tls = pki.issue("node", "node-1", &[])?;
+    let cfg = fixture.write_agent_config(
+        &AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+            .report_interval(Duration::from_millis(300)),
+    )?;
+    let mut agent = start_agent("node-1", &cfg, &tmp.path().join("agent.log"))?;
+    coord.wait_for_state("node-1", "healthy", SETTLE)?;
+    let db = rusqlite::Connection::open(coord.dir.join("coordinator.db"))?;
+    db.busy_timeout(Duration::from_secs(10))?;
+    db.execute_batch(
+        "CREATE TRIGGER freeze BEFORE UPDATE ON machines BEGIN SELECT RAISE(ABORT, 'disk full, says the test'); END;",
+    )?;
+    agent.sigkill();
+    // The grace passes: every sweep (several a second) now decides `unreachable` and fails
+    // to store it.
+    coord.wait_for_log(&["health sweep failed", "disk full, says the test"], SETTLE)?;
+    std::thread::sleep(Duration::from_secs(3));
+    let log = coord.log_text();
+    let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("health sweep failed"), 1, "{log}");
+    assert_eq!(count("to=unreachable"), 0, "not stored, not logged:\n{log}");
+    db.execute_batch("DROP TRIGGER freeze;")?;
+    coord.wait_for_state("node-1", "unreachable", SETTLE)?;
+    coord.wait_for_log(&["health sweep works again"], SETTLE)?;
+    let log = coord.log_text();
+    let changed = log
+        .lines()
+        .filter(|l| l.contains("machine state changed") && l.contains("to=unreachable"))
+        .count();
+    assert_eq!(changed, 1, "{log}");
+    Ok(())
+}
+
 #[test]
 fn sighup_keeps_coordinator_and_agent_running() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

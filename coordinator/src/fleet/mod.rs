@@ -185,15 +185,10 @@ impl Fleet {
     }
 
     /// Applies `d` to `e` and queues the writes recording it.
+    /// Records a state change in `e` and `writes`; it is logged once [`Fleet::commit`] has
+    /// stored it (a change that cannot be stored is decided again at the next sweep, and
+    /// would otherwise be logged at every one while the disk is full).
     fn transition(e: &mut Entry, d: Derived, now: Timestamp, writes: &mut Vec<Write>) {
-        tracing::info!(
-            machine = %e.record.address,
-            hostname = %e.record.hostname,
-            from = %e.state,
-            to = %d.state,
-            reason = %d.reason,
-            "machine state changed"
-        );
         writes.push(Write::Transition {
             address: e.record.address.clone(),
             from: e.state.as_str().to_string(),
@@ -215,7 +210,37 @@ impl Fleet {
         removed: Vec<String>,
     ) -> Result<(), FleetError> {
         if !writes.is_empty() {
+            let logged: Vec<(String, String, MachineState, String)> = writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::Transition {
+                        address,
+                        from,
+                        to,
+                        reason,
+                        ..
+                    } if !from.is_empty() => {
+                        Some((address.clone(), from.clone(), *to, reason.clone()))
+                    }
+                    _ => None,
+                })
+                .collect();
             self.store.call(move |c| sql::persist(c, &writes)).await?;
+            for (address, from, to, reason) in logged {
+                let hostname = changed
+                    .iter()
+                    .find(|e| e.record.address == address)
+                    .map(|e| e.record.hostname.as_str())
+                    .unwrap_or_default();
+                tracing::info!(
+                    machine = %address,
+                    hostname = %hostname,
+                    from = %from,
+                    to = %to,
+                    reason = %reason,
+                    "machine state changed"
+                );
+            }
         }
         let mut inner = self.lock();
         for a in removed {
