@@ -391,13 +391,19 @@ fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result
     Ok(())
 }
 
-/// A store that keeps refusing writes (a full disk) fails every health sweep, several a
-/// second: the coordinator says so once (and once a minute), not at every sweep, and a state
-/// change it cannot store is not logged as made; both are logged once the store works.
+/// A store that keeps refusing writes (a full disk) fails every health sweep and every
+/// repair queue tick, several a second: the coordinator says so once (and once a minute),
+/// not at every one, and a change it cannot store is not logged as made; the store working
+/// again is logged, and so are the changes then.
 #[test]
 fn a_store_that_keeps_failing_is_logged_once_not_at_every_sweep() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let repair = tmp.path().join("repair.yml");
+    std::fs::write(
+        &repair,
+        "repair:\n  repair_procedures:\n    - machine_types: [qemu]\n      repair_operations:\n        - operation: unhealthy\n          repair_steps:\n            - repair_command: [sh, -c, 'sleep 1']\n              watch_seconds: 1\n          health_check_command: [sh, -c, 'echo true']\n",
+    )?;
     let coord = Coordinator::start(
         &tmp.path().join("coord"),
         &pki,
@@ -405,6 +411,7 @@ fn a_store_that_keeps_failing_is_logged_once_not_at_every_sweep() -> anyhow::Res
             report_interval: Duration::from_millis(300),
             unreachable_grace: Duration::from_millis(900),
             inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+            extra: format!("[repair]\nconfig = {:?}\n", repair.display().to_string()),
             ..Default::default()
         },
     )?;
@@ -418,23 +425,34 @@ fn a_store_that_keeps_failing_is_logged_once_not_at_every_sweep() -> anyhow::Res
     )?;
     let mut agent = start_agent("node-1", &cfg, &tmp.path().join("agent.log"))?;
     coord.wait_for_state("node-1", "healthy", SETTLE)?;
+    // A repair whose command is running when the disk fills: its end cannot be stored.
+    coord.ctl(&["repair-queue", "add", "unhealthy", "10.0.0.1"])?;
     let db = rusqlite::Connection::open(coord.dir.join("coordinator.db"))?;
     db.busy_timeout(Duration::from_secs(10))?;
     db.execute_batch(
-        "CREATE TRIGGER freeze BEFORE UPDATE ON machines BEGIN SELECT RAISE(ABORT, 'disk full, says the test'); END;",
+        "CREATE TRIGGER freeze BEFORE UPDATE ON machines BEGIN SELECT RAISE(ABORT, 'disk full, says the test'); END;
+         CREATE TRIGGER freeze_queue BEFORE UPDATE ON repair_queue_entries BEGIN SELECT RAISE(ABORT, 'disk full, says the test'); END;",
     )?;
     agent.sigkill();
     // The grace passes: every sweep (several a second) now decides `unreachable` and fails
     // to store it.
     coord.wait_for_log(&["health sweep failed", "disk full, says the test"], SETTLE)?;
+    coord.wait_for_log(
+        &["cannot commit transitions", "disk full, says the test"],
+        SETTLE,
+    )?;
     std::thread::sleep(Duration::from_secs(3));
     let log = coord.log_text();
     let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
     assert_eq!(count("health sweep failed"), 1, "{log}");
+    assert_eq!(count("cannot commit transitions"), 1, "{log}");
     assert_eq!(count("to=unreachable"), 0, "not stored, not logged:\n{log}");
-    db.execute_batch("DROP TRIGGER freeze;")?;
+    let finished = |l: &&str| l.contains("event=\"command-succeeded\"");
+    assert_eq!(log.lines().filter(finished).count(), 0, "{log}");
+    db.execute_batch("DROP TRIGGER freeze; DROP TRIGGER freeze_queue;")?;
     coord.wait_for_state("node-1", "unreachable", SETTLE)?;
     coord.wait_for_log(&["health sweep works again"], SETTLE)?;
+    coord.wait_for_log(&["repair queue: commits work again"], SETTLE)?;
     let log = coord.log_text();
     let changed = log
         .lines()

@@ -162,6 +162,7 @@ impl RepairQueue {
             tasks: Tasks::new(ev_tx),
             effects,
             metrics: metrics.clone(),
+            commit_failing: None,
         };
         let resumed = engine.entries.values().filter(|e| e.is_active()).count();
         tracing::info!(
@@ -215,7 +216,14 @@ struct Engine {
     tasks: Tasks,
     effects: Effects,
     metrics: Arc<RepairMetrics>,
+    /// While commits fail (a full disk): the error, when it was last logged, and how many
+    /// commits failed since; a failure is logged when it starts, when its error changes and
+    /// once a minute, not at every tick.
+    commit_failing: Option<(String, tokio::time::Instant, u64)>,
 }
+
+/// How often a commit that keeps failing the same way is logged again.
+const COMMIT_FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The span an entry's work runs in.
 fn entry_span(e: &Entry) -> tracing::Span {
@@ -370,6 +378,7 @@ impl Engine {
                 }
             }
             let mut effects = Vec::new();
+            let mut logged = Vec::new();
             for (index, action) in actions {
                 if matches!(action, Action::Hold(_)) {
                     continue;
@@ -387,9 +396,9 @@ impl Engine {
                 else {
                     continue;
                 };
-                entry_span(e).in_scope(|| {
-                    tracing::info!(event = ev.event, detail = %ev.detail, "repair queue");
-                });
+                // Logged once committed: a transition that cannot be stored is decided again
+                // next tick, and would be logged at every one.
+                logged.push((entry_span(e), ev.event, ev.detail.clone()));
                 if matches!(action, Action::Dequeue) {
                     writes.push(Write::Delete(index));
                 } else {
@@ -398,12 +407,31 @@ impl Engine {
                 effects.push((index, op, action, Some(new)));
             }
             let transitions = effects.iter().any(|(.., n)| n.is_some());
-            if !writes.is_empty()
-                && let Err(e) = self.commit(writes).await
-            {
-                // Nothing was acted on: the same decisions are made again next tick.
-                tracing::error!(error = %e, "repair queue: cannot commit transitions; holding");
-                return;
+            if !writes.is_empty() {
+                if let Err(e) = self.commit(writes).await {
+                    // Nothing was acted on: the same decisions are made again next tick.
+                    let e = e.to_string();
+                    let now = tokio::time::Instant::now();
+                    match &mut self.commit_failing {
+                        Some((last, at, n))
+                            if *last == e && now.duration_since(*at) < COMMIT_FAILURE_LOG_EVERY =>
+                        {
+                            *n += 1;
+                        }
+                        _ => {
+                            let n = self.commit_failing.as_ref().map_or(1, |f| f.2 + 1);
+                            tracing::error!(error = %e, failed_commits = n, "repair queue: cannot commit transitions; holding, and retrying every tick");
+                            self.commit_failing = Some((e, now, n));
+                        }
+                    }
+                    return;
+                }
+                if let Some((_, _, n)) = self.commit_failing.take() {
+                    tracing::info!(failed_commits = n, "repair queue: commits work again");
+                }
+            }
+            for (span, event, detail) in logged {
+                span.in_scope(|| tracing::info!(event, detail = %detail, "repair queue"));
             }
             for (index, op, action, new) in effects {
                 if let Some(n) = new {
