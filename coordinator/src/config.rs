@@ -395,19 +395,31 @@ pub mod duration {
     /// number.
     #[derive(Deserialize)]
     #[serde(untagged)]
-    enum Written {
+    pub(crate) enum Written {
+        /// A string: parsed.
         Text(String),
+        /// A number: refused, its unit would be a guess.
         Int(i64),
+        /// A number: refused, its unit would be a guess.
         Float(f64),
+    }
+
+    impl Written {
+        /// The duration, or what is wrong with it.
+        pub(crate) fn duration(self) -> Result<Duration, String> {
+            match self {
+                Written::Text(s) => parse(&s),
+                Written::Int(n) => Err(bare_number(&n.to_string())),
+                Written::Float(n) => Err(bare_number(&n.to_string())),
+            }
+        }
     }
 
     /// Deserializes a duration string; a bare number is an error saying to add a unit.
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        match Written::deserialize(d)? {
-            Written::Text(s) => parse(&s).map_err(serde::de::Error::custom),
-            Written::Int(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
-            Written::Float(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
-        }
+        Written::deserialize(d)?
+            .duration()
+            .map_err(serde::de::Error::custom)
     }
 }
 

@@ -143,25 +143,16 @@ mod duration_or_never {
 
     use serde::Deserialize;
 
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Written {
-        Text(String),
-        Int(i64),
-        Float(f64),
-    }
+    use crate::config::duration::Written;
 
     pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Duration>, D::Error> {
-        use crate::config::duration::{bare_number, parse};
         match Written::deserialize(d)? {
             Written::Text(s) if s.trim() == "never" => Ok(None),
-            Written::Text(s) => parse(&s).map(Some).map_err(|e| {
+            w => w.duration().map(Some).map_err(|e| {
                 serde::de::Error::custom(format!("expected a duration or \"never\": {e}"))
             }),
-            Written::Int(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
-            Written::Float(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
         }
     }
 }
