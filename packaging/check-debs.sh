@@ -54,6 +54,14 @@ for deb in "${debs[@]}"; do
   deb=$(realpath "$deb")
   pkg=$(dpkg-deb --field "$deb" Package)
   say "== $pkg ($(basename "$deb"))"
+  # The throwaway root is the host's root under an overlay: with the package on the host
+  # too, its install would be an upgrade and its purge would remove the host's files (and
+  # the check would fail naming them). Say so plainly instead.
+  host_status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  case "$host_status" in
+    "" | *not-installed) ;;
+    *) fail "$pkg is on this host ($host_status): the check installs and purges it in a copy of this host's root, so it needs a host without it; dpkg --purge $pkg first, or run the check elsewhere" ;;
+  esac
   dpkg-deb --info "$deb"
   dpkg-deb --contents "$deb"
 
@@ -163,4 +171,5 @@ INNER
   cp "$work/security.txt" "$out_dir/security-$unit.txt"
   rm -rf "$work"
 done
-say "ok: ${#debs[@]} packages; exposure in $report"
+n=${#debs[@]}
+say "ok: $n package$([ "$n" = 1 ] || echo s); exposure in $report"
