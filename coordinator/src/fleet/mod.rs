@@ -210,37 +210,9 @@ impl Fleet {
         removed: Vec<String>,
     ) -> Result<(), FleetError> {
         if !writes.is_empty() {
-            let logged: Vec<(String, String, MachineState, String)> = writes
-                .iter()
-                .filter_map(|w| match w {
-                    Write::Transition {
-                        address,
-                        from,
-                        to,
-                        reason,
-                        ..
-                    } if !from.is_empty() => {
-                        Some((address.clone(), from.clone(), *to, reason.clone()))
-                    }
-                    _ => None,
-                })
-                .collect();
+            let changes = sql::StateChanges::of(&writes);
             self.store.call(move |c| sql::persist(c, &writes)).await?;
-            for (address, from, to, reason) in logged {
-                let hostname = changed
-                    .iter()
-                    .find(|e| e.record.address == address)
-                    .map(|e| e.record.hostname.as_str())
-                    .unwrap_or_default();
-                tracing::info!(
-                    machine = %address,
-                    hostname = %hostname,
-                    from = %from,
-                    to = %to,
-                    reason = %reason,
-                    "machine state changed"
-                );
-            }
+            changes.log(&changed);
         }
         let mut inner = self.lock();
         for a in removed {

@@ -36,6 +36,7 @@ pub mod gather;
 pub mod input;
 pub mod journal;
 mod limits;
+mod limits_config;
 pub mod metrics;
 pub mod runner;
 pub mod sabakan;

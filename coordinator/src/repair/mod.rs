@@ -37,6 +37,7 @@ pub mod fencing;
 pub mod load;
 pub mod metrics;
 pub mod orphans;
+mod power_steps;
 pub mod store;
 mod tasks;
 pub mod wiring;

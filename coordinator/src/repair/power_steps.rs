@@ -1,0 +1,275 @@
+//! The power built-ins of the repair queue: `@power-cycle`, `@power-off`, `@power-on` and
+//! `@fence` (through a fence flow when there is a cluster to release from, else a power-off
+//! confirmed off and, unless kept off, a power-on), sent to the rack's gateway with the
+//! step's request id. A gateway that cannot be reached holds the step instead of failing
+//! it (see [`power`]).
+
+use std::time::Duration;
+
+use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest};
+
+use super::command::{Outcome, RunContext};
+use super::config::Builtin;
+use super::decide::CommandEnd;
+use super::fencing::{FenceEnd, describe};
+use crate::fence::proof::fence_confirmed;
+
+/// First pause before resending a power request whose gateway could not be reached.
+///
+/// 1 s: a gateway restarting (upgrade, crash with systemd's `RestartSec=5s`) is back within
+/// seconds; sooner only spins on a dead address.
+pub(super) const HOLD_FIRST_PAUSE: Duration = Duration::from_secs(1);
+
+/// Longest pause between resends while holding: the backoff doubles up to this. 10 s keeps
+/// the step punctual when the gateway returns (at most 10 s late) at one handshake per 10 s
+/// against a dead address.
+pub(super) const HOLD_MAX_PAUSE: Duration = Duration::from_secs(10);
+
+/// How a power built-in waited for an unreachable gateway, for the summary.
+struct Held {
+    since: tokio::time::Instant,
+    attempts: u32,
+    last: String,
+}
+
+impl Held {
+    fn describe(&self) -> String {
+        format!(
+            "held {} s for an unreachable gateway over {} attempts (last: {})",
+            self.since.elapsed().as_secs(),
+            self.attempts,
+            self.last
+        )
+    }
+}
+
+/// `@fence` with a cluster: runs the fence flow (power off, confirm, release, power on,
+/// restore) and succeeds when it is done; a machine that is not a node has nothing to
+/// release and is only powered off and confirmed off.
+pub(super) async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let Some(svc) = &ctx.fence else {
+        return fence_without_release(ctx).await;
+    };
+    // The flow is committed (and recorded for this step) before anything acts; the agent's
+    // diagnostics are taken next, before the flow's first power action.
+    match svc
+        .flow_for_step(&ctx.request_id, ctx.entry_index, &ctx.address, &ctx.serial)
+        .await
+    {
+        Ok(Some(_)) => {}
+        Ok(None) => return fence_without_release(ctx).await,
+        Err(e) => {
+            let end = CommandEnd {
+                ok: false,
+                summary: format!("@fence: {e}"),
+                output: String::new(),
+            };
+            return (end, Outcome::Error);
+        }
+    }
+    // A silent agent's connection may not be known dead yet (QUIC idle timeout): asking it
+    // would only spend the diagnostics bound before the power-off of a dead machine.
+    let diagnostics = if ctx.agents.is_unreachable(&ctx.address) {
+        String::new()
+    } else {
+        super::agent_steps::diagnostics_before_power(ctx).await
+    };
+    let end = svc
+        .fence_step(
+            &ctx.request_id,
+            ctx.entry_index,
+            &ctx.address,
+            &ctx.serial,
+            ctx.timeout,
+        )
+        .await;
+    let (ok, summary, output, outcome) = match end {
+        FenceEnd::NotANode => return fence_without_release(ctx).await,
+        FenceEnd::Done(f) => (true, describe(&f), String::new(), Outcome::Ok),
+        FenceEnd::Failed(f) => (
+            false,
+            describe(&f),
+            f.failure.clone().unwrap_or_default(),
+            Outcome::Failed,
+        ),
+        FenceEnd::Error(e) => (false, format!("@fence: {e}"), String::new(), Outcome::Error),
+    };
+    (
+        CommandEnd {
+            ok,
+            summary: format!("{summary}{diagnostics}"),
+            output,
+        },
+        outcome,
+    )
+}
+
+/// `@fence` of a machine with nothing to release (not a Kubernetes node, or no cluster):
+/// powered off and confirmed off, then powered on again, as a fence flow does, unless
+/// `[fence] keep_off` keeps it off. The power-on is its own request (`<id>-on`), so a step
+/// run again after a restart fetches both answers instead of acting twice; it gets what is
+/// left of the step's time limit.
+pub(super) async fn fence_without_release(ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let started = tokio::time::Instant::now();
+    let (off, outcome) = power(Builtin::Fence, ctx).await;
+    if !off.ok {
+        return (off, outcome);
+    }
+    let keep_off = ctx.keep_off.as_ref().is_none_or(|k| k(&ctx.address));
+    if keep_off {
+        let end = CommandEnd {
+            summary: format!(
+                "{}; nothing to release (not a Kubernetes node) and kept off ([fence] keep_off)",
+                off.summary
+            ),
+            ..off
+        };
+        return (end, outcome);
+    }
+    let on_ctx = RunContext {
+        request_id: format!("{}-on", ctx.request_id),
+        timeout: ctx.timeout.map(|t| t.saturating_sub(started.elapsed())),
+        ..ctx.clone()
+    };
+    let (on, outcome) = power(Builtin::PowerOn, &on_ctx).await;
+    let end = CommandEnd {
+        ok: on.ok,
+        summary: format!(
+            "{}; nothing to release (not a Kubernetes node); then {}",
+            off.summary, on.summary
+        ),
+        output: [off.output, on.output]
+            .into_iter()
+            .filter(|o| !o.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    (end, outcome)
+}
+
+/// Sends a power built-in. A gateway that cannot be reached (nothing sent) or whose answer
+/// was lost (maybe sent) does not fail the step: the request is resent with the same id, with
+/// backoff, until the step's time limit, like a drain holds while the Kubernetes API is down.
+/// The gateway executes an id at most once, so a resend can only fetch the first result.
+pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let action = match b {
+        Builtin::PowerCycle => PowerAction::Cycle,
+        Builtin::PowerOff => PowerAction::Off,
+        Builtin::PowerOn => PowerAction::On,
+        Builtin::Fence => PowerAction::Fence,
+        Builtin::AgentHealthy => unreachable!("not a power action"),
+    };
+    // Evidence before force: the agent's diagnostics, if it is there to give them, within a
+    // short bound that never delays the action much (and counts against the step's limit).
+    let started = tokio::time::Instant::now();
+    let diagnostics = if matches!(b, Builtin::PowerCycle | Builtin::PowerOff | Builtin::Fence) {
+        super::agent_steps::diagnostics_before_power(ctx).await
+    } else {
+        String::new()
+    };
+    let deadline = ctx.timeout.map(|t| started + t);
+    let mut held: Option<Held> = None;
+    let mut pause = HOLD_FIRST_PAUSE;
+    let note = |held: &Option<Held>| {
+        held.as_ref()
+            .map(|h| format!(" ({})", h.describe()))
+            .unwrap_or_default()
+    };
+    let answer = loop {
+        let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+        let req = PowerRequest {
+            id: ctx.request_id.clone(),
+            address: ctx.address.clone(),
+            serial: ctx.serial.clone(),
+            action,
+            // What is left of the step's limit, so a resend does not run past it.
+            timeout_ms: left.map(|d| d.as_millis().max(1) as u64).unwrap_or(0),
+        };
+        let call = ctx.power.power(req.clone());
+        let answer = match left {
+            Some(t) => match tokio::time::timeout(t, call).await {
+                Ok(a) if !t.is_zero() => a,
+                _ => {
+                    let t = ctx.timeout.unwrap_or_default();
+                    return (
+                        CommandEnd {
+                            ok: false,
+                            summary: format!(
+                                "{} timed out after {} s{}",
+                                b.name(),
+                                t.as_secs(),
+                                note(&held)
+                            ),
+                            output: String::new(),
+                        },
+                        Outcome::Timeout,
+                    );
+                }
+            },
+            None => call.await,
+        };
+        match answer {
+            Err(e) if e.is_retriable() => {
+                let h = held.get_or_insert_with(|| {
+                    tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "power: gateway unreachable; holding the step and retrying with the same id");
+                    Held {
+                        since: tokio::time::Instant::now(),
+                        attempts: 0,
+                        last: String::new(),
+                    }
+                });
+                h.attempts += 1;
+                h.last = e.to_string();
+                let wait = match deadline {
+                    Some(d) => pause.min(d.saturating_duration_since(tokio::time::Instant::now())),
+                    None => pause,
+                };
+                tokio::time::sleep(wait).await;
+                pause = (pause * 2).min(HOLD_MAX_PAUSE);
+            }
+            other => break (req, other),
+        }
+    };
+    let held = format!("{}{diagnostics}", note(&held));
+    let (req, answer) = answer;
+    match answer {
+        Err(e) => (
+            CommandEnd {
+                ok: false,
+                summary: format!("{}: {e}{held}", b.name()),
+                output: String::new(),
+            },
+            Outcome::Error,
+        ),
+        Ok(resp) => match (
+            // `@fence` needs power-off confirmed as `crate::fence::proof` defines it.
+            (b == Builtin::Fence).then(|| fence_confirmed(&req, &resp)),
+            resp.outcome,
+        ) {
+            (Some(Err(e)), PowerOutcome::Done { detail, .. }) => (
+                CommandEnd {
+                    ok: false,
+                    summary: format!("@fence: {e}{held}"),
+                    output: detail,
+                },
+                Outcome::Failed,
+            ),
+            (_, PowerOutcome::Done { detail, state, .. }) => (
+                CommandEnd {
+                    ok: true,
+                    summary: format!("{}: done, power {state:?}{held}", b.name()),
+                    output: detail,
+                },
+                Outcome::Ok,
+            ),
+            (_, PowerOutcome::Failed { detail, .. }) => (
+                CommandEnd {
+                    ok: false,
+                    summary: format!("{} failed{held}", b.name()),
+                    output: detail,
+                },
+                Outcome::Failed,
+            ),
+        },
+    }
+}
