@@ -484,7 +484,7 @@ async fn sweep_loop(fleet: Arc<Fleet>, shutdown: CancellationToken) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A store that keeps failing (a full disk) fails every sweep: said when it starts, when
     // its error changes, once a minute while it lasts, and when it ends, not every tick.
-    let mut failing: Option<(String, tokio::time::Instant, u64)> = None;
+    let mut failing = crate::store::repeated::RepeatedFailure::new(Duration::from_secs(60));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -492,32 +492,19 @@ async fn sweep_loop(fleet: Arc<Fleet>, shutdown: CancellationToken) {
         }
         match fleet.sweep().await {
             Ok(_) => {
-                if let Some((_, _, n)) = failing.take() {
+                if let Some(n) = failing.succeeded() {
                     tracing::info!(failed_sweeps = n, "health sweep works again");
                 }
             }
             Err(e) => {
                 let e = e.to_string();
-                let now = tokio::time::Instant::now();
-                match &mut failing {
-                    Some((last, at, n))
-                        if *last == e && now.duration_since(*at) < SWEEP_LOG_EVERY =>
-                    {
-                        *n += 1;
-                    }
-                    _ => {
-                        let n = failing.as_ref().map_or(1, |f| f.2 + 1);
-                        tracing::error!(error = %e, failed_sweeps = n, "health sweep failed; retrying every tick");
-                        failing = Some((e, now, n));
-                    }
+                if let Some(n) = failing.failed(&e, tokio::time::Instant::now()) {
+                    tracing::error!(error = %e, failed_sweeps = n, "health sweep failed; retrying every tick");
                 }
             }
         }
     }
 }
-
-/// How often a sweep that keeps failing the same way is logged again.
-const SWEEP_LOG_EVERY: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests {

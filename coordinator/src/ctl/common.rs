@@ -64,27 +64,18 @@ impl<'a> Polling<'a> {
                     }
                 },
             };
-            match client.request_raw(req).await {
-                Ok(protocol::admin::AdminResponse::Error(r)) => {
+            let answer = client.request(req).await;
+            let why = match (&answer, client.lost()) {
+                // An answer, or a refusal on a connection that is still open.
+                (Ok(_), _) | (Err(_), None) => {
                     self.client = Some(client);
-                    anyhow::bail!("coordinator refused the request: {}", r.reason)
+                    return answer;
                 }
-                Ok(r) => {
-                    self.client = Some(client);
-                    return Ok(r);
-                }
-                Err(e) => {
-                    let Some(why) = client.lost() else {
-                        self.client = Some(client);
-                        return Err(e);
-                    };
-                    if past() {
-                        return Err(e);
-                    }
-                    eprintln!("coordinatorctl: lost the coordinator ({why}); connecting again");
-                    tokio::time::sleep(RECONNECT_PAUSE).await;
-                }
-            }
+                (Err(_), Some(_)) if past() => return answer,
+                (Err(_), Some(why)) => why,
+            };
+            eprintln!("coordinatorctl: lost the coordinator ({why}); connecting again");
+            tokio::time::sleep(RECONNECT_PAUSE).await;
         }
     }
 

@@ -141,7 +141,10 @@ impl Fleet {
         let mut deferred = Vec::new();
         {
             let inner = self.lock();
-            let in_file = |a: &str| listed.iter().any(|r| r.address == a);
+            // A set: a fleet's file lists thousands, and this runs at every start.
+            let addresses: std::collections::HashSet<&str> =
+                listed.iter().map(|r| r.address.as_str()).collect();
+            let in_file = |a: &str| addresses.contains(a);
             for e in inner.machines.values() {
                 if e.record.source != RecordSource::Inventory || in_file(&e.record.address) {
                     continue;

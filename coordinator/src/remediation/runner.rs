@@ -324,7 +324,7 @@ impl LoopState {
         gather::add_dumps(&mut input, deps.kdump.as_ref());
         input.sabakan = sabakan.map(|s| s.facts(&cfg.auto_repair, &input.machines, view));
         let mut pass = super::decide(&input, &cfg, now);
-        for (e, after) in deleted {
+        for e in deleted {
             pass.findings.push(Decision {
                 at: now,
                 domain: input
@@ -338,9 +338,9 @@ impl LoopState {
                      be remediated again (delete_succeeded_after {})",
                     e.index,
                     e.operation,
-                    super::human(since_ms(now, e.last_transition_time_unix_ms)),
+                    super::human(finished_ago(now, &e)),
                     e.address,
-                    super::human(after),
+                    super::human(cfg.delete_succeeded_after.unwrap_or_default()),
                 ),
                 address: e.address,
                 outcome: Outcome::Finding,
@@ -458,15 +458,15 @@ impl LoopState {
     /// Deletes the succeeded entries this loop enqueued that finished at least
     /// `delete_succeeded_after` ago (never in observe mode, which changes nothing), and
     /// marks them deleted in `queue` so this pass already sees their machines free.
-    /// Returns each deleted entry with the setting, for the journal. A failed deletion is
-    /// logged and tried again next pass.
+    /// Returns the deleted entries, for the journal. A failed deletion is logged and tried
+    /// again next pass.
     async fn delete_succeeded(
         &self,
         deps: &LoopDeps,
         queue: &mut [RepairEntry],
         cfg: &RemediationConfig,
         now: Timestamp,
-    ) -> Vec<(RepairEntry, Duration)> {
+    ) -> Vec<RepairEntry> {
         let (Some(after), false, Some(q)) = (cfg.delete_succeeded_after, cfg.observe, &deps.queue)
         else {
             return Vec::new();
@@ -487,7 +487,7 @@ impl LoopState {
                         machine = %e.address,
                         "succeeded repair queue entry deleted (delete_succeeded_after)"
                     );
-                    deleted.push((e.clone(), after));
+                    deleted.push(e.clone());
                 }
                 other => tracing::warn!(
                     entry = e.index,
@@ -591,13 +591,13 @@ fn succeeded_long_enough(
     e.status == protocol::admin::repair::RepairStatus::Succeeded
         && !e.deleted
         && own.contains(&e.index)
-        && since_ms(now, e.last_transition_time_unix_ms) >= after
+        && finished_ago(now, e) >= after
 }
 
-/// Time from `ms` (since the Unix epoch) to `now`; zero for a time in the future.
-fn since_ms(now: Timestamp, ms: u64) -> Duration {
-    let now = u64::try_from(to_unix_ms(now)).unwrap_or(0);
-    Duration::from_millis(now.saturating_sub(ms))
+/// How long ago entry `e` last changed (for a finished one: finished).
+fn finished_ago(now: Timestamp, e: &RepairEntry) -> Duration {
+    let at = i64::try_from(e.last_transition_time_unix_ms).unwrap_or(0);
+    super::elapsed(now, crate::clock::from_unix_ms(at))
 }
 
 /// Enqueues every admitted decision through the repair queue's `add`; one the queue refuses

@@ -35,6 +35,7 @@ use super::tasks::{Event, Tasks};
 use crate::clock::Clock;
 use crate::gateway::PowerControl;
 use crate::k8s::Drainer;
+use crate::store::repeated::RepeatedFailure;
 use crate::store::{Store, StoreError};
 
 pub use super::admin::RepairQueueError;
@@ -162,7 +163,7 @@ impl RepairQueue {
             tasks: Tasks::new(ev_tx),
             effects,
             metrics: metrics.clone(),
-            commit_failing: None,
+            commit_failing: RepeatedFailure::new(Duration::from_secs(60)),
         };
         let resumed = engine.entries.values().filter(|e| e.is_active()).count();
         tracing::info!(
@@ -216,14 +217,10 @@ struct Engine {
     tasks: Tasks,
     effects: Effects,
     metrics: Arc<RepairMetrics>,
-    /// While commits fail (a full disk): the error, when it was last logged, and how many
-    /// commits failed since; a failure is logged when it starts, when its error changes and
-    /// once a minute, not at every tick.
-    commit_failing: Option<(String, tokio::time::Instant, u64)>,
+    /// Commits that keep failing (a full disk), logged when it starts, when its error
+    /// changes and once a minute, not at every tick.
+    commit_failing: RepeatedFailure,
 }
-
-/// How often a commit that keeps failing the same way is logged again.
-const COMMIT_FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The span an entry's work runs in.
 fn entry_span(e: &Entry) -> tracing::Span {
@@ -411,22 +408,12 @@ impl Engine {
                 if let Err(e) = self.commit(writes).await {
                     // Nothing was acted on: the same decisions are made again next tick.
                     let e = e.to_string();
-                    let now = tokio::time::Instant::now();
-                    match &mut self.commit_failing {
-                        Some((last, at, n))
-                            if *last == e && now.duration_since(*at) < COMMIT_FAILURE_LOG_EVERY =>
-                        {
-                            *n += 1;
-                        }
-                        _ => {
-                            let n = self.commit_failing.as_ref().map_or(1, |f| f.2 + 1);
-                            tracing::error!(error = %e, failed_commits = n, "repair queue: cannot commit transitions; holding, and retrying every tick");
-                            self.commit_failing = Some((e, now, n));
-                        }
+                    if let Some(n) = self.commit_failing.failed(&e, tokio::time::Instant::now()) {
+                        tracing::error!(error = %e, failed_commits = n, "repair queue: cannot commit transitions; holding, and retrying every tick");
                     }
                     return;
                 }
-                if let Some((_, _, n)) = self.commit_failing.take() {
+                if let Some(n) = self.commit_failing.succeeded() {
                     tracing::info!(failed_commits = n, "repair queue: commits work again");
                 }
             }

@@ -16,6 +16,7 @@
 
 pub mod backup;
 pub mod lock;
+pub mod repeated;
 
 pub mod identity;
 
