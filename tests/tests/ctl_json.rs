@@ -202,11 +202,20 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
     })?;
     assert!(status.success(), "{status}");
 
-    // A follow goes on through a coordinator restart (an upgrade, a config change): it says
-    // on stderr that it lost the coordinator, and why, connects again, and streams on.
+    // A follow goes on through a coordinator restart (an upgrade, a config change) and a
+    // crash (kill -9, restarted by systemd): it says on stderr that it lost the coordinator,
+    // and why, connects again, and streams on.
     let err_path = coord.dir.join("follow.stderr");
     let mut follow = coord
-        .ctl_command(&["events", "--follow", "--json", "--machine", "j1"])
+        .ctl_command(&[
+            "--timeout",
+            "3s",
+            "events",
+            "--follow",
+            "--json",
+            "--machine",
+            "j1",
+        ])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&err_path)?)
         .spawn()?;
@@ -230,13 +239,25 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
         }
     };
     assert!(after > before);
+    // Killed, and down for longer than the follow's --timeout: its poll gets no answer.
+    if let Some(mut p) = coord.proc.take() {
+        p.sigkill();
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    coord.restart()?;
+    loop {
+        if next_paused(&mut out)? > after {
+            break;
+        }
+    }
     assert!(follow.try_wait()?.is_none(), "still following");
     let _ = follow.kill();
     let _ = follow.wait();
     let err = std::fs::read_to_string(&err_path)?;
     assert!(
         err.contains("lost the coordinator (the coordinator said: coordinator shutting down)")
-            && err.contains("connected to the coordinator again"),
+            && err.matches("lost the coordinator").count() == 2
+            && err.matches("connected to the coordinator again").count() == 2,
         "{err}"
     );
 

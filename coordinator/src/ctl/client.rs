@@ -342,7 +342,7 @@ impl AdminClient {
             )
         };
         match tokio::time::timeout(self.timeout, exchange).await {
-            Err(_) => Err(anyhow!("{}", timed_out(req, self.timeout))),
+            Err(_) => Err(NoAnswer(timed_out(req, self.timeout)).into()),
             Ok(Err(e)) => match self.lost() {
                 Some(why) => Err(anyhow!(
                     "the connection to the coordinator ended ({why}); the request may or may not \
@@ -417,6 +417,12 @@ async fn port_refused(addr: SocketAddr) {
         std::future::pending::<()>().await;
     }
 }
+
+/// A request that got no answer within `--timeout` (the message says what that means for
+/// it). Commands that only read and poll ([`super::common::Polling`]) ask again instead.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NoAnswer(String);
 
 /// The error for a request that got no answer in time: what may have happened and how to
 /// find out before retrying.

@@ -23,7 +23,8 @@ impl Ctx {
 }
 
 /// A connection for commands that poll for long (`repair-queue wait`, `events --follow`):
-/// when the coordinator goes away (a restart, an upgrade) it says so on stderr and connects
+/// when the coordinator goes away (a restart, an upgrade, a crash: the connection closed, or
+/// no answer within `--timeout`) it says so on stderr and connects
 /// again, once a second, instead of ending the command; the requests it is used for only
 /// read, so asking again is harmless. The first connection is made as for any command, so
 /// a wrong address still fails at once.
@@ -65,7 +66,14 @@ impl<'a> Polling<'a> {
                 },
             };
             let answer = client.request(req).await;
-            let why = match (&answer, client.lost()) {
+            // A coordinator killed outright (kill -9, a crash) closes nothing: its connection
+            // just goes silent, so no answer counts as losing it too.
+            let silent = answer
+                .as_ref()
+                .err()
+                .and_then(|e| e.downcast_ref::<super::client::NoAnswer>())
+                .map(|_| "no answer within --timeout".to_string());
+            let why = match (&answer, client.lost().or(silent)) {
                 // An answer, or a refusal on a connection that is still open.
                 (Ok(_), _) | (Err(_), None) => {
                     self.client = Some(client);
