@@ -587,8 +587,11 @@ mod tests {
         fn parse(&self, bmcs: &str) -> Result<Config, ConfigError> {
             let text = format!(
                 "listen = \"127.0.0.1:7443\"\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n{}",
-                bmcs.replace("PW", &self.dir.path().join("pw").display().to_string())
-                    .replace("CA", &self.dir.path().join("ca.pem").display().to_string())
+                bmcs.replace("@PW@", &self.dir.path().join("pw").display().to_string())
+                    .replace(
+                        "@CA@",
+                        &self.dir.path().join("ca.pem").display().to_string()
+                    )
             );
             Config::parse(Path::new("gw.toml"), &text)
         }
@@ -613,16 +616,16 @@ serial = "S1"
 protocol = "ipmi"
 host = "10.1.0.1"
 username = "admin"
-password_file = "PW"
+password_file = "@PW@"
 
 [[bmc]]
 machine = "10.0.0.2"
 protocol = "redfish"
 host = "10.1.0.2"
 username = "admin"
-password_file = "PW"
+password_file = "@PW@"
 [bmc.redfish]
-ca_file = "CA"
+ca_file = "@CA@"
 "#,
             )
             .unwrap();
@@ -640,7 +643,7 @@ ca_file = "CA"
     #[test]
     fn an_empty_password_file_is_refused_naming_it() {
         let f = Fixture::new();
-        let bmc = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n";
+        let bmc = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\n";
         for empty in ["", "\n"] {
             std::fs::write(f.dir.path().join("pw"), empty).unwrap();
             let e = f.parse(bmc).unwrap_err();
@@ -656,7 +659,7 @@ ca_file = "CA"
     #[test]
     fn durations_are_strings_with_units_and_bare_numbers_are_refused() {
         let f = Fixture::new();
-        let bmc = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n";
+        let bmc = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\n";
         let cfg = f
             .parse(&format!(
                 "[limits]\naction_timeout = \"45s\"\nfence_timeout = \"2m\"\npower_on_busy_retry = \"0s\"\nmin_command_interval = \"250ms\"\n{bmc}min_command_interval = \"2s\"\n[bmc.ipmi]\nreply_timeout = \"500ms\"\n"
@@ -698,7 +701,7 @@ ca_file = "CA"
     fn refuses_unknown_key_naming_it() {
         let f = Fixture::new();
         let e = f
-            .parse("[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\npassword = \"inline\"\n")
+            .parse("[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\npassword = \"inline\"\n")
             .unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("password"), "{msg}");
@@ -709,7 +712,7 @@ ca_file = "CA"
     fn refuses_other_cipher_suites() {
         let f = Fixture::new();
         let e = f
-            .parse("[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n[bmc.ipmi]\ncipher_suite = 17\n")
+            .parse("[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\n[bmc.ipmi]\ncipher_suite = 17\n")
             .unwrap_err();
         assert!(e.to_string().contains("only cipher suite 3"), "{e}");
         assert_eq!(key_of(e), "bmc[0].ipmi.cipher_suite");
@@ -718,7 +721,7 @@ ca_file = "CA"
     #[test]
     fn redfish_needs_explicit_trust() {
         let f = Fixture::new();
-        let base = "[[bmc]]\nmachine = \"m\"\nprotocol = \"redfish\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n";
+        let base = "[[bmc]]\nmachine = \"m\"\nprotocol = \"redfish\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\n";
         assert_eq!(
             key_of(f.parse(&format!("{base}[bmc.redfish]\n")).unwrap_err()),
             "bmc[0].redfish.ca_file"
@@ -731,7 +734,7 @@ ca_file = "CA"
         assert_eq!(
             key_of(
                 f.parse(&format!(
-                    "{base}[bmc.redfish]\ninsecure = true\nca_file = \"CA\"\n"
+                    "{base}[bmc.redfish]\ninsecure = true\nca_file = \"@CA@\"\n"
                 ))
                 .unwrap_err()
             ),
@@ -768,7 +771,7 @@ ca_file = "CA"
             .parse("[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"/nonexistent/pw\"\n")
             .unwrap_err();
         assert_eq!(key_of(e), "bmc[0].password_file");
-        let one = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"PW\"\n";
+        let one = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\n";
         let e = f.parse(&format!("{one}{one}")).unwrap_err();
         assert_eq!(key_of(e), "bmc[1].machine");
     }
