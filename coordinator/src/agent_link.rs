@@ -143,6 +143,13 @@ impl AgentLinks {
         }
     }
 
+    /// Datagrams received so far on the connection of the agent of `address`, if connected
+    /// (what the health sweep reads to tell a live, silent agent from a dead machine).
+    pub fn received(&self, address: &str) -> Option<u64> {
+        let conn = self.get(address)?;
+        Some(conn.stats().udp_rx.datagrams)
+    }
+
     fn get(&self, address: &str) -> Option<Connection> {
         self.links
             .lock()

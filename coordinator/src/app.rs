@@ -390,7 +390,11 @@ impl App {
             shutdown.clone(),
             grace,
         ));
-        let sweeper = tokio::spawn(sweep_loop(self.fleet.clone(), shutdown.clone()));
+        let sweeper = tokio::spawn(sweep_loop(
+            self.fleet.clone(),
+            self.links.clone(),
+            shutdown.clone(),
+        ));
         let node_view = self.node_view.as_ref().map(|(view, every)| {
             (
                 view.spawn_poller(*every, shutdown.clone()),
@@ -479,7 +483,11 @@ fn power_control(
     ))
 }
 
-async fn sweep_loop(fleet: Arc<Fleet>, shutdown: CancellationToken) {
+async fn sweep_loop(
+    fleet: Arc<Fleet>,
+    links: Arc<crate::agent_link::AgentLinks>,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(sweep_period(fleet.config().report_interval));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A store that keeps failing (a full disk) fails every sweep: said when it starts, when
@@ -490,7 +498,7 @@ async fn sweep_loop(fleet: Arc<Fleet>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        match fleet.sweep().await {
+        match fleet.sweep_heard(|address| links.received(address)).await {
             Ok(_) => {
                 if let Some(n) = failing.succeeded() {
                     tracing::info!(failed_sweeps = n, "health sweep works again");

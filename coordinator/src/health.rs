@@ -152,8 +152,9 @@ pub struct Observation<'a> {
     pub goodbye: Option<(GoodbyeReason, Timestamp)>,
     /// When this coordinator process started watching (reports before it are unknown).
     pub watching_since: Timestamp,
-    /// Whether the agent's connection is open now.
-    pub connected: bool,
+    /// Whether the agent's connection is open and QUIC heard from it well after its last
+    /// report (keep-alives answered): the agent lives but does not report.
+    pub heard_since_report: bool,
 }
 
 /// The state a machine is in now.
@@ -248,13 +249,17 @@ pub fn derive(
     } else if let Some((at, report)) = obs.last_report {
         let silent = elapsed(now, at);
         if silent > cfg.unreachable_grace {
-            // Silent on an open connection: the agent is alive enough to keep it, so either
-            // it reports less often than this coordinator expects (a report_interval that
-            // differs between the two configs makes every machine flap) or it is stuck.
-            let open = if obs.connected {
+            // Heard from after its last report, yet silent: the agent is alive (its QUIC
+            // stack answers keep-alives), so either it reports less often than this
+            // coordinator expects (a report_interval that differs between the two configs
+            // makes every machine flap) or it is stuck. An open connection alone says
+            // nothing: a machine that lost power closes nothing, and its connection stays
+            // until QUIC's idle timeout.
+            let open = if obs.heard_since_report {
                 format!(
-                    "; its connection is still open: is the agent's report_interval longer \
-                     than this coordinator's ({})? Otherwise the agent is stuck",
+                    "; its connection is alive (QUIC heard from it after that report), so the \
+                     agent runs but does not report: is its report_interval longer than this \
+                     coordinator's ({})? Otherwise the agent is stuck",
                     secs(cfg.report_interval)
                 )
             } else {
@@ -392,7 +397,7 @@ mod tests {
                 last_report: last,
                 goodbye: None,
                 watching_since: self.start,
-                connected: false,
+                heard_since_report: false,
             }
         }
     }
@@ -470,15 +475,15 @@ mod tests {
         assert_eq!(d.state, MachineState::Unreachable);
         assert!(d.reason.contains("no report for 16.0s"), "{}", d.reason);
         assert!(!d.reason.contains("connection"), "{}", d.reason);
-        // Silent on an open connection: the reason points at a report_interval mismatch.
+        // Heard from after its last report: the reason points at a report_interval mismatch.
         let open = Observation {
-            connected: true,
+            heard_since_report: true,
             ..c.obs(Some((at, &r)))
         };
         let d = derive(cur(MachineState::Healthy, at), &open, c.now(), &cfg()).unwrap();
         assert!(
             d.reason.contains(
-                "its connection is still open: is the agent's report_interval longer than \
+                "so the agent runs but does not report: is its report_interval longer than \
                  this coordinator's (5.0s)?"
             ),
             "{}",

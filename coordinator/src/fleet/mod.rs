@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use jiff::Timestamp;
 use protocol::admin::machines::{MachineDetail, MachineSummary, StateTransition};
@@ -158,7 +159,7 @@ impl Fleet {
             last_report: e.live.last_report_at.zip(e.live.last_report.as_ref()),
             goodbye: e.live.goodbye,
             watching_since: self.started_at,
-            connected: e.live.connections > 0,
+            heard_since_report: e.live.heard_since_report(self.heard_settle()),
         };
         derive(
             Current {
@@ -475,15 +476,36 @@ impl Fleet {
         }
     }
 
+    /// How long after a report QUIC must still hear from an agent's connection for the
+    /// agent to count as alive but not reporting: more than two sweep periods (the
+    /// acknowledgement of the last reply, received within a round trip, is seen by the sweep
+    /// after it), and well under the keep-alive period (10 s) for the default interval.
+    fn heard_settle(&self) -> Duration {
+        (self.cfg.report_interval / 2).max(Duration::from_secs(1))
+    }
+
     /// Re-derives every machine's state at the current time: this is how silent machines
     /// become unreachable. Returns the transitions made.
     pub async fn sweep(&self) -> Result<Vec<(String, Derived)>, FleetError> {
+        self.sweep_heard(|_| None).await
+    }
+
+    /// [`Fleet::sweep`], noting first for each machine how many datagrams its agent's
+    /// connection has received (`received(address)`, `None` without a connection), so that
+    /// a silent machine whose agent still answers QUIC is told apart from a dead one.
+    pub async fn sweep_heard(
+        &self,
+        received: impl Fn(&str) -> Option<u64>,
+    ) -> Result<Vec<(String, Derived)>, FleetError> {
         let _gate = self.gate.lock().await;
         let now = self.clock.now();
         let mut writes = Vec::new();
         let mut made = Vec::new();
         let changed: Vec<Entry> = {
-            let inner = self.lock();
+            let mut inner = self.lock();
+            for e in inner.machines.values_mut() {
+                e.live.note_received(received(&e.record.address), now);
+            }
             inner
                 .machines
                 .values()
@@ -840,6 +862,53 @@ mod tests {
             hist,
             ["uninitialized", "healthy", "unhealthy", "unreachable"]
         );
+    }
+
+    #[tokio::test]
+    async fn a_silent_agent_that_quic_still_hears_is_told_apart_from_a_dead_machine() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        f.upsert(vec![
+            rec("10.0.0.1", "dead"),
+            rec("10.0.0.2", "slow"),
+            rec("10.0.0.3", "gone"),
+        ])
+        .await
+        .unwrap();
+        for h in ["dead", "slow", "gone"] {
+            f.agent_hello(h, &hello(h, "b1"), "127.0.0.1".parse().unwrap())
+                .await
+                .unwrap();
+            f.report(h, report("b1", true)).await.unwrap();
+        }
+        f.disconnected("gone").await;
+        // Received datagrams as quinn counts them: every machine's acknowledgement of the
+        // last reply arrives right after its report; then only `slow` (and `gone`, on a
+        // connection already closed) is heard from again, by keep-alives.
+        let counts = std::sync::Mutex::new(std::collections::HashMap::from([
+            ("10.0.0.1", 10u64),
+            ("10.0.0.2", 20),
+            ("10.0.0.3", 30),
+        ]));
+        let received = |a: &str| {
+            let c = counts.lock().unwrap();
+            (a != "10.0.0.3").then(|| c[a])
+        };
+        assert!(f.sweep_heard(received).await.unwrap().is_empty());
+        fx.tick(2);
+        for a in ["10.0.0.2", "10.0.0.3"] {
+            *counts.lock().unwrap().get_mut(a).unwrap() += 2;
+        }
+        assert!(f.sweep_heard(received).await.unwrap().is_empty());
+        fx.tick(2);
+        let made: BTreeMap<_, _> = f.sweep_heard(received).await.unwrap().into_iter().collect();
+        assert_eq!(made.len(), 3, "{made:?}");
+        let alive = "the agent runs but does not report";
+        for (a, expect) in [("10.0.0.1", false), ("10.0.0.2", true), ("10.0.0.3", false)] {
+            let d = &made[a];
+            assert_eq!(d.state, MachineState::Unreachable);
+            assert_eq!(d.reason.contains(alive), expect, "{a}: {}", d.reason);
+        }
     }
 
     #[tokio::test]
