@@ -49,7 +49,10 @@ impl Admin {
             AdminRequest::Machines(m) => self.machines(who, m).await,
             AdminRequest::RepairQueue(r) => match &self.repair {
                 Some(q) => match self.check_repair_request(r) {
-                    Ok(r) => q.handle_admin(r).await,
+                    Ok(r) => {
+                        q.handle_admin(r, crate::repair::Requester::admin(&who.name))
+                            .await
+                    }
                     Err(refusal) => AdminResponse::Error(refusal),
                 },
                 None => error(

@@ -149,7 +149,13 @@ impl Admin {
         let Some(q) = &self.repair else {
             return Ok(Vec::new());
         };
-        match q.handle_admin(RepairQueueRequest::List).await {
+        match q
+            .handle_admin(
+                RepairQueueRequest::List,
+                crate::repair::Requester::coordinator(),
+            )
+            .await
+        {
             AdminResponse::RepairQueue(RepairQueueResponse::List(list)) => Ok(list
                 .iter()
                 .filter(|e| {
@@ -191,7 +197,10 @@ impl Admin {
         if let Some(q) = &self.repair {
             for index in &active {
                 if let AdminResponse::Error(r) = q
-                    .handle_admin(RepairQueueRequest::Delete { index: *index })
+                    .handle_admin(
+                        RepairQueueRequest::Delete { index: *index },
+                        crate::repair::Requester::admin(&format!("{who}, machines delete --force")),
+                    )
                     .await
                 {
                     return AdminResponse::Error(r);

@@ -414,6 +414,20 @@ fn a_failed_kubelet_is_enqueued_as_unhealthy_and_repaired() -> anyhow::Result<()
         ),
         (a.as_str(), "unhealthy", "qemu", "SN1")
     );
+    // Its history says remediation added it, and by which rule.
+    let shown: Value = env.coord.ctl_json(&[
+        "repair-queue",
+        "show",
+        &index(e).context("the entry's index")?.to_string(),
+        "--json",
+    ])?;
+    let added = &shown["history"][0];
+    assert_eq!(added["event"], "added", "{shown:#}");
+    assert_eq!(
+        added["detail"],
+        format!("unhealthy qemu {a}, by remediation (auto-repair)"),
+        "{shown:#}"
+    );
     // The script ran; the machine comes back, the health check sees it, the entry succeeds.
     let mark = env.dir.join(format!("repaired-{a}"));
     wait_for("the repair command", SETTLE, || {

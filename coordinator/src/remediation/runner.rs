@@ -39,6 +39,7 @@ use crate::clock::{Clock, to_unix_ms};
 use crate::fleet::Fleet;
 use crate::k8s::{Drainer, NodeEvent, NodeViewSource};
 use crate::repair::RepairQueue;
+use crate::repair::Requester;
 use crate::store::{Store, StoreError};
 
 /// How often the journal is pruned: retention is counted in days, so once a minute is
@@ -477,7 +478,13 @@ impl LoopState {
                 continue;
             }
             match q
-                .request(RepairQueueRequest::Delete { index: e.index })
+                .request_by(
+                    RepairQueueRequest::Delete { index: e.index },
+                    Requester::remediation(&format!(
+                        "succeeded-entry-deleted: delete_succeeded_after {}",
+                        super::human(after)
+                    )),
+                )
                 .await
             {
                 Ok(RepairQueueResponse::Deleted { .. }) => {
@@ -617,9 +624,10 @@ async fn enqueue(pass: &mut Pass, deps: &LoopDeps) -> Vec<(u64, String)> {
             address: d.address.clone(),
             serial: p.serial.clone(),
         };
+        let by = Requester::remediation(d.rule.as_str());
         let refused = match &deps.queue {
             None => Some("no repair queue is configured ([repair] config)".to_string()),
-            Some(q) => match q.request(RepairQueueRequest::Add(add)).await {
+            Some(q) => match q.request_by(RepairQueueRequest::Add(add), by).await {
                 Ok(RepairQueueResponse::Added(e)) => {
                     d.sentence = format!("{} (repair queue entry {})", d.sentence, e.index);
                     added.push((e.index, d.address.clone()));

@@ -137,13 +137,42 @@ pub fn validate_add(config: &RepairConfig, add: &AddRepairEntry) -> Result<(), R
     Ok(())
 }
 
-/// What `requests` do to `entries` (every entry the engine holds, by index) and the
-/// `enabled` flag at `now`.
+/// Who asked the repair queue for something: named in the history of the entries the
+/// request added or deleted, so that `repair-queue show` says whether a person or the
+/// coordinator's own remediation did it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requester(String);
+
+impl Requester {
+    /// An operator, by the name in their admin certificate.
+    pub fn admin(name: &str) -> Self {
+        Self(format!("admin {name}"))
+    }
+
+    /// Automatic remediation, with the rule or setting it acted on.
+    pub fn remediation(why: &str) -> Self {
+        Self(format!("remediation ({why})"))
+    }
+
+    /// The coordinator itself, for the rare internal request.
+    pub fn coordinator() -> Self {
+        Self("the coordinator".to_string())
+    }
+}
+
+impl std::fmt::Display for Requester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What `requests` (each with who asked) do to `entries` (every entry the engine holds, by
+/// index) and the `enabled` flag at `now`.
 pub fn plan(
     entries: &BTreeMap<u64, Entry>,
     enabled: bool,
     config: &RepairConfig,
-    requests: impl IntoIterator<Item = RepairQueueRequest>,
+    requests: impl IntoIterator<Item = (RepairQueueRequest, Requester)>,
     now: Timestamp,
 ) -> AdminPlan {
     let mut p = AdminPlan {
@@ -153,8 +182,8 @@ pub fn plan(
         enabled,
         replies: Vec::new(),
     };
-    for req in requests {
-        let reply = p.apply(entries, config, req, now);
+    for (req, by) in requests {
+        let reply = p.apply(entries, config, req, &by, now);
         p.replies.push(reply);
     }
     p
@@ -182,6 +211,7 @@ impl AdminPlan {
         entries: &BTreeMap<u64, Entry>,
         config: &RepairConfig,
         req: RepairQueueRequest,
+        by: &Requester,
         now: Timestamp,
     ) -> Reply {
         match req {
@@ -201,7 +231,10 @@ impl AdminPlan {
                             e.clone(),
                             HistoryEvent::new(
                                 "added",
-                                format!("{} {} {}", add.operation, add.machine_type, add.address),
+                                format!(
+                                    "{} {} {}, by {by}",
+                                    add.operation, add.machine_type, add.address
+                                ),
                             ),
                         ));
                         self.inserts.push(e);
@@ -233,7 +266,10 @@ impl AdminPlan {
                     e.deleted = true;
                     self.stage(
                         e,
-                        HistoryEvent::new("delete-requested", "repair-queue delete"),
+                        HistoryEvent::new(
+                            "delete-requested",
+                            format!("repair-queue delete, by {by}"),
+                        ),
                     );
                 }
                 Reply::Now(Ok(RepairQueueResponse::Deleted { count }))
@@ -251,7 +287,10 @@ impl AdminPlan {
                     if !e.deleted && e.status.is_finished() == finished {
                         let mut e = e.clone();
                         e.deleted = true;
-                        self.stage(e, HistoryEvent::new("delete-requested", why));
+                        self.stage(
+                            e,
+                            HistoryEvent::new("delete-requested", format!("{why}, by {by}")),
+                        );
                         count += 1;
                     }
                 }
@@ -275,7 +314,10 @@ impl AdminPlan {
                         e.drain_backoff_expire = None;
                         self.stage(
                             e,
-                            HistoryEvent::new("backoff-reset", "repair-queue reset-backoff"),
+                            HistoryEvent::new(
+                                "backoff-reset",
+                                format!("repair-queue reset-backoff, by {by}"),
+                            ),
                         );
                         count += 1;
                     }
@@ -345,6 +387,8 @@ mod tests {
             self
         }
         fn plan(&self, reqs: Vec<RepairQueueRequest>) -> AdminPlan {
+            let by = Requester::admin("test");
+            let reqs = reqs.into_iter().map(|r| (r, by.clone()));
             plan(&self.entries, self.enabled, &config(), reqs, t0())
         }
     }
@@ -386,6 +430,39 @@ mod tests {
         assert_eq!(p.inserts[1].address, "10.0.0.8");
         assert_eq!(p.inserts[1].status, RepairStatus::Queued);
         assert_eq!(p.inserts[1].last_transition, t0());
+    }
+
+    #[test]
+    fn history_names_who_added_and_who_deleted() {
+        let q = queue().entry(RepairStatus::Succeeded);
+        let p = plan(
+            &q.entries,
+            q.enabled,
+            &config(),
+            [
+                (add("op", "10.0.0.7"), Requester::remediation("unhealthy")),
+                (
+                    RepairQueueRequest::Delete { index: 1 },
+                    Requester::admin("alice"),
+                ),
+            ],
+            t0(),
+        );
+        let details: Vec<&str> = p
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Insert(_, ev) | Write::Update(_, Some(ev)) => Some(ev.detail.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            details,
+            [
+                "op t 10.0.0.7, by remediation (unhealthy)",
+                "repair-queue delete, by admin alice"
+            ]
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use protocol::admin::repair::{RepairEntryDetail, RepairQueueRequest, RepairQueue
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::admin::{self, Reply};
+use super::admin::{self, Reply, Requester};
 use super::command::AgentHealthView;
 use super::config::RepairConfig;
 use super::decide::{self, Action, Observations, Observed};
@@ -115,7 +115,7 @@ type ReplyTx = oneshot::Sender<Result<RepairQueueResponse, RepairQueueError>>;
 /// Handle to the running engine. Cheap to clone.
 #[derive(Clone)]
 pub struct RepairQueue {
-    tx: mpsc::Sender<(RepairQueueRequest, ReplyTx)>,
+    tx: mpsc::Sender<(RepairQueueRequest, Requester, ReplyTx)>,
     metrics: Arc<RepairMetrics>,
 }
 
@@ -177,22 +177,32 @@ impl RepairQueue {
         Ok((Self { tx, metrics }, handle))
     }
 
-    /// Carries out one request.
+    /// Carries out one request of the coordinator's own (entries' history names "the
+    /// coordinator" as its requester).
     pub async fn request(
         &self,
         req: RepairQueueRequest,
     ) -> Result<RepairQueueResponse, RepairQueueError> {
+        self.request_by(req, Requester::coordinator()).await
+    }
+
+    /// Carries out one request of `by`.
+    pub async fn request_by(
+        &self,
+        req: RepairQueueRequest,
+        by: Requester,
+    ) -> Result<RepairQueueResponse, RepairQueueError> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send((req, reply))
+            .send((req, by, reply))
             .await
             .map_err(|_| RepairQueueError::Stopped)?;
         rx.await.map_err(|_| RepairQueueError::Stopped)?
     }
 
-    /// Carries out one admin request and wraps the answer for the admin API.
-    pub async fn handle_admin(&self, req: RepairQueueRequest) -> AdminResponse {
-        match self.request(req).await {
+    /// Carries out one admin request of `by` and wraps the answer for the admin API.
+    pub async fn handle_admin(&self, req: RepairQueueRequest, by: Requester) -> AdminResponse {
+        match self.request_by(req, by).await {
             Ok(r) => AdminResponse::RepairQueue(r),
             Err(e) => AdminResponse::Error(e.to_refusal()),
         }
@@ -230,7 +240,7 @@ fn entry_span(e: &Entry) -> tracing::Span {
 impl Engine {
     async fn run(
         mut self,
-        mut rx: mpsc::Receiver<(RepairQueueRequest, ReplyTx)>,
+        mut rx: mpsc::Receiver<(RepairQueueRequest, Requester, ReplyTx)>,
         mut ev_rx: mpsc::UnboundedReceiver<Event>,
         shutdown: CancellationToken,
     ) {
@@ -285,8 +295,9 @@ impl Engine {
             .await
     }
 
-    async fn admin_batch(&mut self, batch: Vec<(RepairQueueRequest, ReplyTx)>) {
-        let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+    async fn admin_batch(&mut self, batch: Vec<(RepairQueueRequest, Requester, ReplyTx)>) {
+        let (requests, replies): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|(q, by, tx)| ((q, by), tx)).unzip();
         let plan = admin::plan(
             &self.entries,
             self.enabled,

@@ -42,7 +42,7 @@ pub mod store;
 mod tasks;
 pub mod wiring;
 
-pub use admin::RepairQueueError;
+pub use admin::{RepairQueueError, Requester};
 pub use command::{AgentHealth, AgentHealthView, NoAgents};
 pub use config::RepairConfig;
 pub use engine::{RepairDeps, RepairQueue};
