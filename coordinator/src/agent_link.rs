@@ -143,11 +143,24 @@ impl AgentLinks {
         }
     }
 
-    /// Datagrams received so far on the connection of the agent of `address`, if connected
-    /// (what the health sweep reads to tell a live, silent agent from a dead machine).
-    pub fn received(&self, address: &str) -> Option<u64> {
-        let conn = self.get(address)?;
-        Some(conn.stats().udp_rx.datagrams)
+    /// Datagrams received so far on each connected agent's connection, by machine address
+    /// (what the health sweep reads to tell a live, silent agent from a dead machine). The
+    /// connections are read after the registry's lock is released.
+    pub fn received(&self) -> HashMap<String, u64> {
+        let conns: Vec<(String, Connection)> = self
+            .links
+            .lock()
+            .expect("links lock")
+            .iter()
+            .map(|(a, (_, c))| (a.clone(), c.clone()))
+            .collect();
+        conns
+            .into_iter()
+            .map(|(a, c)| {
+                let n = c.stats().udp_rx.datagrams;
+                (a, n)
+            })
+            .collect()
     }
 
     fn get(&self, address: &str) -> Option<Connection> {

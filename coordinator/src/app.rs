@@ -498,7 +498,11 @@ async fn sweep_loop(
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        match fleet.sweep_heard(|address| links.received(address)).await {
+        let received = links.received();
+        match fleet
+            .sweep_heard(|address| received.get(address).copied())
+            .await
+        {
             Ok(_) => {
                 if let Some(n) = failing.succeeded() {
                     tracing::info!(failed_sweeps = n, "health sweep works again");
