@@ -176,35 +176,8 @@ impl App {
         let fleet =
             Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
         if let Some(path) = &config.inventory {
-            let records = load_inventory(path, RecordSource::Inventory)?;
-            let n = records.len();
-            // The file is the source of truth for its machines: one it dropped is retired
-            // and released to the operator, and gives up its hostname to the address the
-            // file now gives it to, unless a repair of it is under way.
-            let busy = store
-                .call(|c| crate::repair::store::active_addresses(c))
-                .await?;
-            let released = fleet.release_unlisted(&records, path, &busy).await?;
-            let records: Vec<_> = records
-                .into_iter()
-                .filter(|r| !released.deferred.contains(&r.address))
-                .collect();
-            let by_hostname: std::collections::HashMap<String, String> = records
-                .iter()
-                .map(|r| (r.hostname.clone(), r.address.clone()))
-                .collect();
-            fleet.upsert(records).await.map_err(|e| match e {
-                FleetError::HostnameTaken { hostname, address } => {
-                    AppError::InventoryHostnameTaken {
-                        file: path.clone(),
-                        address: by_hostname.get(&hostname).cloned().unwrap_or_default(),
-                        hostname,
-                        holder: address,
-                    }
-                }
-                e => AppError::Fleet(e),
-            })?;
-            tracing::info!(path = %path.display(), machines = n, "inventory loaded");
+            let import = import_inventory(&fleet, &store, path).await?;
+            tracing::info!(path = %path.display(), machines = import.machines, "inventory loaded");
         }
         let endpoint = tls.server_endpoint(config.listen)?;
         let http = match config.http.listen {
@@ -481,6 +454,87 @@ fn power_control(
         targets,
         rack_of,
     ))
+}
+
+/// What importing the inventory file at a start did (or, on a copy of the store, would do:
+/// `coordinator check`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InventoryImport {
+    /// Machines the file lists.
+    pub machines: usize,
+    /// Listed machines the store did not know.
+    pub new: Vec<String>,
+    /// Machines the file no longer lists: retired and released to the operator.
+    pub released: Vec<String>,
+    /// Hostnames the file gives to another address: (hostname, old address, new address);
+    /// the retired record at the old address is deleted (its history stays).
+    pub moved: Vec<(String, String, String)>,
+    /// Listed machines left out of this start: their hostname is held by a machine with an
+    /// active repair.
+    pub deferred: Vec<String>,
+}
+
+/// Imports the inventory file at `path` into `fleet`: the file is the source of truth for
+/// its machines. One it dropped is retired and released to the operator, and gives up its
+/// hostname to the address the file now gives it to, unless a repair of it is under way.
+pub async fn import_inventory(
+    fleet: &Fleet,
+    store: &Store,
+    path: &std::path::Path,
+) -> Result<InventoryImport, AppError> {
+    let records = load_inventory(path, RecordSource::Inventory)?;
+    let machines = records.len();
+    let busy = store
+        .call(|c| crate::repair::store::active_addresses(c))
+        .await?;
+    let hostnames: std::collections::HashMap<String, String> = fleet
+        .list()
+        .into_iter()
+        .map(|m| (m.spec.address, m.spec.hostname))
+        .collect();
+    let released = fleet.release_unlisted(&records, path, &busy).await?;
+    let moved = released
+        .moved
+        .iter()
+        .filter_map(|old| {
+            let hostname = hostnames.get(old)?;
+            let new = records.iter().find(|r| &r.hostname == hostname)?;
+            Some((hostname.clone(), old.clone(), new.address.clone()))
+        })
+        .collect();
+    let records: Vec<_> = records
+        .into_iter()
+        .filter(|r| !released.deferred.contains(&r.address))
+        .collect();
+    let new = records
+        .iter()
+        .filter(|r| fleet.machine(&r.address).is_none())
+        .map(|r| r.address.clone())
+        .collect();
+    let by_hostname: std::collections::HashMap<String, String> = records
+        .iter()
+        .map(|r| (r.hostname.clone(), r.address.clone()))
+        .collect();
+    fleet.upsert(records).await.map_err(|e| match e {
+        FleetError::HostnameTaken { hostname, address } => AppError::InventoryHostnameTaken {
+            file: path.to_path_buf(),
+            address: by_hostname.get(&hostname).cloned().unwrap_or_default(),
+            hostname,
+            holder: address,
+        },
+        e => AppError::Fleet(e),
+    })?;
+    Ok(InventoryImport {
+        machines,
+        new,
+        released: released
+            .released
+            .into_iter()
+            .filter(|a| !released.moved.contains(a))
+            .collect(),
+        moved,
+        deferred: released.deferred,
+    })
 }
 
 async fn sweep_loop(

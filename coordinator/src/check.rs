@@ -4,8 +4,11 @@
 //! Checked: the configuration file; the TLS files (loadable, a coordinator certificate,
 //! chaining to the CA, valid now); the inventory file; the repair (`repair:` YAML) file; that
 //! the database (or, for a new one, its directory) is writable; that a named kubeconfig is
-//! readable and has the chosen context. Nothing is bound, no database is opened or
-//! locked (a running coordinator is not disturbed) and nothing is contacted.
+//! readable and has the chosen context; and what the inventory file would change in an
+//! existing database (machines new, retired, hostnames moved, or a conflict that would stop
+//! the start), found by importing it into a copy of the database taken as `coordinator
+//! backup` takes one. Nothing is bound, the database itself is neither changed nor locked
+//! (a running coordinator is not disturbed) and nothing is contacted.
 
 use std::path::Path;
 
@@ -59,12 +62,17 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
     )];
     out.push(line("tls", check_tls(&config)));
     if let Some(path) = &config.inventory {
+        let loaded = load_inventory(path, RecordSource::Inventory);
+        let ok = loaded.is_ok();
         out.push(line(
             "inventory",
-            load_inventory(path, RecordSource::Inventory)
+            loaded
                 .map(|r| format!("{}: {} machines", path.display(), r.len()))
                 .map_err(|e| e.to_string()),
         ));
+        if ok && config.database.exists() {
+            out.push(line("inventory", inventory_against_store(&config, path)));
+        }
     }
     if let Some(path) = config.repair.as_ref().and_then(|r| r.config.as_deref()) {
         out.push(line(
@@ -83,6 +91,77 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         out.push(line("kubernetes", check_kubeconfig(k)));
     }
     out
+}
+
+/// What importing the inventory file would change in the database, found on a copy of it.
+fn inventory_against_store(config: &Config, path: &Path) -> Result<String, String> {
+    let cannot =
+        |e: &dyn std::fmt::Display| format!("cannot compare the file with the database: {e}");
+    let dir = tempfile::tempdir().map_err(|e| cannot(&e))?;
+    let copy = dir.path().join("copy.db");
+    match crate::store::backup::backup(&config.database, &copy) {
+        Ok(_) => {}
+        // Who runs the check is no fault of the file: say how to compare, do not fail.
+        Err(e @ crate::store::backup::BackupError::NotOwner { .. }) => {
+            return Ok(format!("not compared with the database: {e}"));
+        }
+        Err(e) => return Err(cannot(&e)),
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| cannot(&e))?;
+    let import = rt.block_on(async {
+        let store = crate::store::Store::open(&copy).map_err(|e| cannot(&e))?;
+        let fleet = crate::fleet::Fleet::open(
+            store.clone(),
+            std::sync::Arc::new(crate::clock::SystemClock),
+            config.health.resolved(),
+        )
+        .await
+        .map_err(|e| cannot(&e))?;
+        crate::app::import_inventory(&fleet, &store, path)
+            .await
+            .map_err(|e| format!("the coordinator would not start: {e}"))
+    })?;
+    Ok(describe_import(&config.database, &import))
+}
+
+/// `import` as one line: what a start with this file would change.
+fn describe_import(db: &Path, import: &crate::app::InventoryImport) -> String {
+    let list = |v: &[String]| v.join(", ");
+    let mut parts = Vec::new();
+    let new: Vec<String> = import
+        .new
+        .iter()
+        .filter(|a| !import.moved.iter().any(|(_, _, to)| to == *a))
+        .cloned()
+        .collect();
+    if !new.is_empty() {
+        parts.push(format!("new: {}", list(&new)));
+    }
+    for (hostname, from, to) in &import.moved {
+        parts.push(format!(
+            "{hostname} moves from {from} to {to} (the retired record at {from} is deleted, its history kept)"
+        ));
+    }
+    if !import.released.is_empty() {
+        parts.push(format!(
+            "no longer listed, to be retired and left to `coordinatorctl machines delete`: {}",
+            list(&import.released)
+        ));
+    }
+    if !import.deferred.is_empty() {
+        parts.push(format!(
+            "left out of the start while the machine holding their hostname is under repair: {}",
+            list(&import.deferred)
+        ));
+    }
+    if parts.is_empty() {
+        format!("against {}: no change to the machines", db.display())
+    } else {
+        format!("against {}: {}", db.display(), parts.join("; "))
+    }
 }
 
 fn check_tls(config: &Config) -> Result<String, String> {
@@ -186,6 +265,29 @@ pub fn render(lines: &[CheckLine]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_import_is_described_without_repeating_a_move_as_new_or_retired() {
+        let db = Path::new("/var/lib/c.db");
+        let none = crate::app::InventoryImport::default();
+        assert_eq!(
+            describe_import(db, &none),
+            "against /var/lib/c.db: no change to the machines"
+        );
+        let import = crate::app::InventoryImport {
+            machines: 3,
+            new: vec!["10.0.0.3".into(), "10.0.0.9".into()],
+            released: vec!["10.0.0.2".into()],
+            moved: vec![("web-1".into(), "10.0.0.1".into(), "10.0.0.9".into())],
+            deferred: vec![],
+        };
+        assert_eq!(
+            describe_import(db, &import),
+            "against /var/lib/c.db: new: 10.0.0.3; web-1 moves from 10.0.0.1 to 10.0.0.9 (the \
+             retired record at 10.0.0.1 is deleted, its history kept); no longer listed, to be \
+             retired and left to `coordinatorctl machines delete`: 10.0.0.2"
+        );
+    }
 
     #[test]
     fn a_missing_config_is_one_failed_line() {

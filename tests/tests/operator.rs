@@ -363,6 +363,21 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
     Ok(())
 }
 
+/// `coordinator check` of `coord`'s configuration: its exit code and output.
+fn check(coord: &Coordinator) -> anyhow::Result<(Option<i32>, String)> {
+    let out = testkit::procs::command("coordinator")
+        .arg("check")
+        .arg("--config")
+        .arg(&coord.config)
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code(), text))
+}
+
 #[test]
 fn a_machine_dropped_from_the_inventory_file_is_retired() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
@@ -382,7 +397,26 @@ fn a_machine_dropped_from_the_inventory_file_is_retired() -> anyhow::Result<()> 
         coord.dir.join("inventory.toml"),
         inventory_toml(&[("10.0.0.1", "node-1")]),
     )?;
+    // `coordinator check`, beside the running coordinator, says what a start would change
+    // and changes nothing.
+    let (code, out) = check(&coord)?;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(
+            "no longer listed, to be retired and left to `coordinatorctl machines delete`: 10.0.0.2"
+        ),
+        "{out}"
+    );
+    assert!(
+        coord.machines()?.iter().all(|m| m.state != "retired"),
+        "the check changed the store"
+    );
     coord.restart()?;
+    let (code, out) = check(&coord)?;
+    assert!(
+        code == Some(0) && out.contains("no change to the machines"),
+        "{out}"
+    );
     let list = coord.machines()?;
     let two = list
         .iter()
@@ -410,6 +444,11 @@ fn a_machine_dropped_from_the_inventory_file_is_retired() -> anyhow::Result<()> 
         coord.dir.join("inventory.toml"),
         inventory_toml(&[("10.0.0.9", "node-1")]),
     )?;
+    let (_, out) = check(&coord)?;
+    assert!(
+        out.contains("node-1 moves from 10.0.0.1 to 10.0.0.9"),
+        "{out}"
+    );
     coord.restart()?;
     let list = coord.machines()?;
     let addrs: Vec<(&str, &str)> = list
@@ -432,6 +471,13 @@ fn a_machine_dropped_from_the_inventory_file_is_retired() -> anyhow::Result<()> 
         coord.dir.join("inventory.toml"),
         inventory_toml(&[("10.0.0.9", "node-1"), ("10.0.0.6", "node-5")]),
     )?;
+    let (code, out) = check(&coord)?;
+    assert_eq!(code, Some(64), "{out}");
+    assert!(
+        out.contains("the coordinator would not start")
+            && out.contains("coordinatorctl machines delete 10.0.0.5"),
+        "{out}"
+    );
     if let Some(mut p) = coord.proc.take() {
         p.sigterm(std::time::Duration::from_secs(10))?;
     }
