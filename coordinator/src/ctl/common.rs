@@ -31,6 +31,37 @@ impl Ctx {
 pub struct Polling<'a> {
     ctx: &'a Ctx,
     client: Option<AdminClient>,
+    /// While the coordinator is away: when to say again that it still is.
+    away: Option<Reminder>,
+}
+
+/// When to remind a person watching a poll that the coordinator is still away: 10 s after it
+/// went, then every minute, so that a command without a time limit is never silent for long.
+#[derive(Debug, Clone, Copy)]
+struct Reminder {
+    since: tokio::time::Instant,
+    next: tokio::time::Instant,
+}
+
+impl Reminder {
+    const FIRST: std::time::Duration = std::time::Duration::from_secs(10);
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+    fn new(now: tokio::time::Instant) -> Self {
+        Self {
+            since: now,
+            next: now + Self::FIRST,
+        }
+    }
+
+    /// How long the coordinator has been away, when a reminder is due at `now`.
+    fn due(&mut self, now: tokio::time::Instant) -> Option<std::time::Duration> {
+        if now < self.next {
+            return None;
+        }
+        self.next = now + Self::EVERY;
+        Some(now - self.since)
+    }
 }
 
 impl<'a> Polling<'a> {
@@ -39,6 +70,7 @@ impl<'a> Polling<'a> {
         Ok(Self {
             ctx,
             client: Some(ctx.client().await?),
+            away: None,
         })
     }
 
@@ -55,11 +87,25 @@ impl<'a> Polling<'a> {
                 Some(c) => c,
                 None => match bounded(until, self.ctx.client()).await {
                     Ok(c) => {
+                        self.away = None;
                         eprintln!("coordinatorctl: connected to the coordinator again");
                         c
                     }
                     Err(e) if past() => return Err(e),
-                    Err(_) => {
+                    Err(e) => {
+                        let now = tokio::time::Instant::now();
+                        let away = self.away.get_or_insert_with(|| Reminder::new(now));
+                        if let Some(for_) = away.due(now) {
+                            eprintln!(
+                                "coordinatorctl: still no coordinator after {}s ({e:#}); trying again every second{}",
+                                for_.as_secs(),
+                                if until.is_none() {
+                                    " (no time limit: Ctrl-C stops)"
+                                } else {
+                                    ""
+                                }
+                            );
+                        }
                         tokio::time::sleep(RECONNECT_PAUSE).await;
                         continue;
                     }
@@ -83,6 +129,7 @@ impl<'a> Polling<'a> {
                 (Err(_), Some(why)) => why,
             };
             eprintln!("coordinatorctl: lost the coordinator ({why}); connecting again");
+            self.away = Some(Reminder::new(tokio::time::Instant::now()));
             tokio::time::sleep(RECONNECT_PAUSE).await;
         }
     }
@@ -263,6 +310,19 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_coordinator_away_is_mentioned_after_ten_seconds_then_every_minute() {
+        let t0 = tokio::time::Instant::now();
+        let s = std::time::Duration::from_secs;
+        let mut r = Reminder::new(t0);
+        assert_eq!(r.due(t0 + s(9)), None);
+        assert_eq!(r.due(t0 + s(10)), Some(s(10)));
+        assert_eq!(r.due(t0 + s(11)), None);
+        assert_eq!(r.due(t0 + s(69)), None);
+        assert_eq!(r.due(t0 + s(71)), Some(s(71)));
+        assert_eq!(r.due(t0 + s(100)), None);
+    }
 
     fn summary() -> MachineSummary {
         MachineSummary {
