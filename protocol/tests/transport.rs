@@ -128,6 +128,54 @@ async fn server_of_the_wrong_role_is_refused_by_the_client() {
     }
 }
 
+#[tokio::test]
+async fn a_port_nothing_listens_on_is_told_from_a_silent_one() {
+    let ca = Ca::generate("fleet.test").unwrap();
+    let client = material(&ca, Role::Node, "web-1");
+    // Nothing bound: the host answers the probe with ICMP "port unreachable", well before
+    // the handshake's limit (a minute, which the test would otherwise wait for).
+    let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let ep = client.client_endpoint(addr).unwrap();
+    let limit = std::time::Duration::from_secs(60);
+    let r = transport::connect_within(
+        &ep,
+        addr,
+        "127.0.0.1",
+        Role::Coordinator,
+        admin_hello(),
+        limit,
+    )
+    .await;
+    match r {
+        Err(e @ TransportError::NothingListens { .. }) => {
+            assert!(e.is_retriable());
+            assert!(e.to_string().contains("nothing listens on"), "{e}");
+        }
+        other => panic!("expected NothingListens, got {other:?}"),
+    }
+    // A socket that holds the port and never answers: no refusal, the limit runs out.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let ep = client.client_endpoint(addr).unwrap();
+    let short = std::time::Duration::from_millis(500);
+    match transport::connect_within(
+        &ep,
+        addr,
+        "127.0.0.1",
+        Role::Coordinator,
+        admin_hello(),
+        short,
+    )
+    .await
+    {
+        Err(TransportError::NoAnswer { .. }) => {}
+        other => panic!("expected NoAnswer, got {other:?}"),
+    }
+}
+
 /// Opens a raw session (TLS ok) and sends `bytes` as the first stream's content.
 async fn raw_first_frame(bytes: &[u8]) -> (HelloReply, Result<String, String>) {
     let ca = Ca::generate("fleet.test").unwrap();

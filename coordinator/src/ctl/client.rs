@@ -295,15 +295,12 @@ impl AdminClient {
             hello,
             args.timeout,
         );
-        let session = tokio::select! {
-            s = connect => s,
-            () = port_refused(addr) => bail!(
+        let session = connect.await.map_err(|e| match e {
+            TransportError::NothingListens { .. } => anyhow!(
                 "nothing listens on {addr} (UDP): the host answered \"port unreachable\" (server \
                  from {}); is the coordinator running, and is this its QUIC port? Nothing was sent",
                 r.server.from
             ),
-        }
-        .map_err(|e| match e {
             TransportError::CertificateRejected { .. } => anyhow!(
                 "{e}; the certificate is {} (from {}): is it issued by the coordinator's CA and not expired?",
                 r.cert.value.display(),
@@ -384,37 +381,6 @@ impl AdminClient {
         self.conn.close(0u32.into(), b"done");
         let _ = tokio::time::timeout(std::time::Duration::from_secs(1), self.endpoint.wait_idle())
             .await;
-    }
-}
-
-/// Completes only when `addr` is known to have nothing listening: its host answered a
-/// datagram with ICMP "port unreachable", which a connected UDP socket reports as
-/// `ECONNREFUSED`. QUIC ignores those, so without this a stopped coordinator on a reachable
-/// host costs the whole `--timeout` before coordinatorctl can say anything. The probe is one
-/// byte, which a QUIC server drops unread; it runs beside the real connection attempt and
-/// adds no delay. A host that drops packets silently, or anything else, never completes it.
-async fn port_refused(addr: SocketAddr) {
-    let probe = async {
-        let bind: SocketAddr = if addr.is_ipv6() {
-            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-        } else {
-            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-        };
-        let sock = tokio::net::UdpSocket::bind(bind).await.ok()?;
-        sock.connect(addr).await.ok()?;
-        sock.send(&[0]).await.ok()?;
-        let mut buf = [0u8; 1];
-        loop {
-            match sock.recv(&mut buf).await {
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Some(()),
-                Err(_) => return None,
-                // Something answered a byte of nothing: not a refusal; keep listening.
-                Ok(_) => {}
-            }
-        }
-    };
-    if probe.await.is_none() {
-        std::future::pending::<()>().await;
     }
 }
 

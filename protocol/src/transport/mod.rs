@@ -23,9 +23,11 @@ use crate::identity::{Identity, IdentityError, Role};
 use crate::messages::{ClientHello, HelloBody, HelloReply, Refusal, RefusalCode, peek_version};
 use crate::{ALPN, PROTOCOL_VERSION};
 
+mod probe;
 mod settings;
 mod tls;
 
+pub use probe::port_refused;
 use settings::transport_config;
 pub use settings::{
     CONNECTION_RECEIVE_WINDOW, MULTIPLEXED_STREAMS, SEND_WINDOW, STREAM_RECEIVE_WINDOW,
@@ -148,6 +150,17 @@ pub enum TransportError {
         /// Who we expected.
         server: Role,
     },
+    /// The server's host answered our probe with ICMP "port unreachable": no process
+    /// listens on that UDP port (the server is stopped, or this is not its port).
+    #[error(
+        "nothing listens on {addr} (UDP): its host answered \"port unreachable\"; check that the {server} runs and that this is its QUIC port"
+    )]
+    NothingListens {
+        /// The address tried.
+        addr: SocketAddr,
+        /// Who we expected.
+        server: Role,
+    },
 }
 
 impl TransportError {
@@ -161,7 +174,8 @@ impl TransportError {
             | TransportError::Read(_)
             | TransportError::Closed
             | TransportError::Timeout(_)
-            | TransportError::NoAnswer { .. } => true,
+            | TransportError::NoAnswer { .. }
+            | TransportError::NothingListens { .. } => true,
             TransportError::Refused(r) => matches!(r.code, RefusalCode::ShuttingDown),
             _ => false,
         }
@@ -397,7 +411,21 @@ async fn hello_exchange(
                 .unwrap_or(e)),
         }
     };
-    let result = tokio::time::timeout(limit, attempt).await;
+    // A stopped server on a reachable host is said at once, not after the whole limit.
+    let refused = async {
+        probe::port_refused(addr).await;
+        Err(TransportError::NothingListens {
+            addr,
+            server: server_role,
+        })
+    };
+    let result = tokio::time::timeout(limit, async {
+        tokio::select! {
+            r = attempt => r,
+            e = refused => e,
+        }
+    })
+    .await;
     match result {
         Ok(r) => r,
         Err(_) if !handshaken.load(std::sync::atomic::Ordering::Relaxed) => {
