@@ -38,6 +38,9 @@ const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// Longest pause between attempts: a dozen attempts fit the default timeout.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
+/// Less time than this left before the timeout is not worth another attempt.
+const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+
 /// `kdump-notify`'s flags. The connection flags (and their `FLEETMEND_AGENT_*` variables)
 /// are the agent's; the flags of `run` and `check` that do not apply here are declared
 /// hidden under the same names, so that `--help` lists only what kdump-notify takes and
@@ -222,10 +225,20 @@ impl Notify {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut pause = FIRST_RETRY_PAUSE;
         let mut attempts = 0u32;
+        let mut last = String::new();
         loop {
-            attempts += 1;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let last = match self.attempt(left.min(ATTEMPT_LIMIT)).await {
+            // Attempts go on until the timeout, however fast each fails (a stopped
+            // coordinator's host refuses at once): one may come back in the meantime.
+            if attempts > 0 && left < MIN_ATTEMPT {
+                return Err(NotifyError::Unreachable {
+                    addr: self.address.clone(),
+                    after: self.timeout,
+                    last,
+                });
+            }
+            attempts += 1;
+            last = match self.attempt(left.min(ATTEMPT_LIMIT)).await {
                 Ok(addr) => {
                     tracing::info!(coordinator = %addr, phase = self.notice.phase.as_str(), attempts, "kdump notice recorded");
                     return Ok(());
@@ -237,15 +250,8 @@ impl Notify {
                 Err(Attempt::Failed(e)) => e,
             };
             tracing::warn!(attempt = attempts, error = %last, "kdump notice not delivered; retrying");
-            let now = tokio::time::Instant::now();
-            if now + pause >= deadline {
-                return Err(NotifyError::Unreachable {
-                    addr: self.address.clone(),
-                    after: self.timeout,
-                    last,
-                });
-            }
-            tokio::time::sleep(pause).await;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            tokio::time::sleep(pause.min(left)).await;
             pause = (pause * 2).min(MAX_RETRY_PAUSE);
         }
     }
