@@ -87,7 +87,11 @@ impl Admin {
                 | MachinesRequest::SetState { address, .. },
             )
             | AdminRequest::Diagnostics(D::List { address } | D::Get { address, .. })
-            | AdminRequest::Remediation(R::ClearMachine { address }) => address,
+            | AdminRequest::Remediation(R::ClearMachine { address })
+            | AdminRequest::Fence(protocol::admin::fence::FenceRequest::ListFor {
+                machine: address,
+                ..
+            }) => address,
             AdminRequest::Remediation(R::Events(q)) => match &mut q.machine {
                 Some(m) => m,
                 None => return,

@@ -17,6 +17,9 @@ use super::common::{CommandGroup, Ctx, fmt_time, print_table};
 pub enum FenceCommand {
     /// List fence flows, newest first.
     List {
+        /// Only the flows of this machine (address or hostname).
+        #[arg(long)]
+        machine: Option<String>,
         /// How many at most.
         #[arg(long, default_value_t = 50)]
         limit: u32,
@@ -103,7 +106,22 @@ fn flows_table(list: &[FenceFlowSummary]) {
 impl CommandGroup for FenceCommand {
     async fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let (req, json_out) = match &self {
-            FenceCommand::List { limit, json } => (FenceRequest::List { limit: *limit }, *json),
+            FenceCommand::List {
+                machine: None,
+                limit,
+                json,
+            } => (FenceRequest::List { limit: *limit }, *json),
+            FenceCommand::List {
+                machine: Some(m),
+                limit,
+                json,
+            } => (
+                FenceRequest::ListFor {
+                    machine: m.clone(),
+                    limit: *limit,
+                },
+                *json,
+            ),
             FenceCommand::Show { id, json } => (FenceRequest::Show { id: *id }, *json),
         };
         let client = ctx.client().await?;
@@ -115,7 +133,12 @@ impl CommandGroup for FenceCommand {
                     let v: Vec<_> = list.iter().map(flow_json).collect();
                     println!("{}", serde_json::to_string_pretty(&v)?);
                 } else if list.is_empty() {
-                    eprintln!("no fence flows");
+                    match &self {
+                        FenceCommand::List {
+                            machine: Some(m), ..
+                        } => eprintln!("no fence flows for {m}"),
+                        _ => eprintln!("no fence flows"),
+                    }
                 } else {
                     flows_table(&list);
                 }

@@ -47,6 +47,10 @@ pub async fn handle(store: &Store, req: FenceRequest) -> AdminResponse {
             .call(move |c| fence_store::list(c, limit.clamp(1, LIST_MAX)))
             .await
             .map(|l| Ok(FenceResponse::List(l.iter().map(summary).collect()))),
+        FenceRequest::ListFor { machine, limit } => store
+            .call(move |c| fence_store::list_for(c, &machine, limit.clamp(1, LIST_MAX)))
+            .await
+            .map(|l| Ok(FenceResponse::List(l.iter().map(summary).collect()))),
         FenceRequest::Show { id } => store
             .call(move |c| {
                 let Some(f) = fence_store::load(c, id)? else {

@@ -221,6 +221,15 @@ pub fn list(conn: &Connection, limit: u32) -> rusqlite::Result<Vec<Flow>> {
     stmt.query_map([i64::from(limit)], row)?.collect()
 }
 
+/// The newest flows of the machine at `address`, at most `limit`, newest first.
+pub fn list_for(conn: &Connection, address: &str, limit: u32) -> rusqlite::Result<Vec<Flow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM fence_flows WHERE address = ?1 ORDER BY id DESC LIMIT ?2"
+    ))?;
+    stmt.query_map(rusqlite::params![address, i64::from(limit)], row)?
+        .collect()
+}
+
 /// A flow's history, oldest first.
 pub fn history_of(conn: &Connection, id: u64) -> rusqlite::Result<Vec<HistoryLine>> {
     let mut stmt = conn.prepare(
@@ -287,6 +296,8 @@ mod tests {
             ]
         );
         assert_eq!(s.with(|c| list(c, 10)).unwrap().len(), 1);
+        assert_eq!(s.with(|c| list_for(c, "10.0.0.1", 10)).unwrap().len(), 1);
+        assert!(s.with(|c| list_for(c, "10.0.0.2", 10)).unwrap().is_empty());
         // A finished flow no longer blocks a new one for the machine.
         s.with(|c| {
             insert(

@@ -15,6 +15,14 @@ pub enum FenceRequest {
         /// The flow's id.
         id: u64,
     },
+    /// The newest flows of one machine, at most `limit` (added last: the variants before
+    /// it keep their encoding).
+    ListFor {
+        /// The machine's address or hostname.
+        machine: String,
+        /// How many at most.
+        limit: u32,
+    },
 }
 
 /// The answer to a [`FenceRequest`].
