@@ -143,17 +143,20 @@ impl AgentLinks {
         }
     }
 
-    /// Datagrams received so far on each connected agent's connection, by machine address
-    /// (what the health sweep reads to tell a live, silent agent from a dead machine). The
-    /// connections are read after the registry's lock is released.
-    pub fn received(&self) -> HashMap<String, u64> {
-        let conns: Vec<(String, Connection)> = self
-            .links
-            .lock()
-            .expect("links lock")
-            .iter()
-            .map(|(a, (_, c))| (a.clone(), c.clone()))
-            .collect();
+    /// Datagrams received so far on the connections of the agents of `addresses` (those
+    /// connected), by address: what the health sweep reads to tell a live, silent agent from
+    /// a dead machine. The connections are read after the registry's lock is released.
+    pub fn received(&self, addresses: &[String]) -> HashMap<String, u64> {
+        if addresses.is_empty() {
+            return HashMap::new();
+        }
+        let conns: Vec<(String, Connection)> = {
+            let links = self.links.lock().expect("links lock");
+            addresses
+                .iter()
+                .filter_map(|a| links.get(a).map(|(_, c)| (a.clone(), c.clone())))
+                .collect()
+        };
         conns
             .into_iter()
             .map(|(a, c)| {

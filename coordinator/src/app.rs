@@ -552,11 +552,8 @@ async fn sweep_loop(
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let received = links.received();
-        match fleet
-            .sweep_heard(|address| received.get(address).copied())
-            .await
-        {
+        let received = links.received(&fleet.silent_connected());
+        match fleet.sweep_heard(&received).await {
             Ok(_) => {
                 if let Some(n) = failing.succeeded() {
                     tracing::info!(failed_sweeps = n, "health sweep works again");

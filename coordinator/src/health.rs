@@ -175,7 +175,7 @@ pub struct Derived {
     pub reason: String,
 }
 
-fn elapsed(now: Timestamp, since: Timestamp) -> Duration {
+pub(crate) fn elapsed(now: Timestamp, since: Timestamp) -> Duration {
     let ms = now.as_millisecond().saturating_sub(since.as_millisecond());
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }

@@ -27,34 +27,40 @@ pub(super) struct Live {
     pub(super) healthy_since: Option<Timestamp>,
     pub(super) goodbye: Option<(GoodbyeReason, Timestamp)>,
     pub(super) connections: u32,
-    /// What the health sweep last saw of the agent connection's received datagrams: the
-    /// count and when it last changed (coordinator clock); `None` without a connection.
-    pub(super) heard: Option<(u64, Timestamp)>,
+    /// What the health sweep saw of the agent connection's datagrams since the agent went
+    /// silent; cleared by every report and every new connection.
+    pub(super) heard: Option<Heard>,
+}
+
+/// The received-datagram count of a silent agent's connection: when first sampled (at least
+/// the settle time after its last report, so the acknowledgement of the last reply is in
+/// it) and whether it grew since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Heard {
+    baseline: u64,
+    grew: bool,
 }
 
 impl Live {
-    /// Whether QUIC heard from the agent's connection more than `settle` after its last
-    /// report: the agent is alive (it answers keep-alives) but not reporting. The
-    /// acknowledgement of the last reply arrives within a round trip of the report, so a
-    /// machine that died right after reporting is never taken for alive.
-    pub(super) fn heard_since_report(&self, settle: std::time::Duration) -> bool {
-        match (self.connections, self.heard, self.last_report_at) {
-            (0, _, _) | (_, None, _) => false,
-            (_, Some((_, heard)), Some(report)) => {
-                let after_ms = heard.as_millisecond() - report.as_millisecond();
-                u128::try_from(after_ms).is_ok_and(|ms| ms > settle.as_millis())
-            }
-            (_, Some(_), None) => true,
-        }
+    /// Whether QUIC heard from the agent's connection after it went silent: the agent is
+    /// alive (it answers keep-alives) but not reporting. A machine that died right after
+    /// reporting is never taken for alive: nothing arrives after the baseline.
+    pub(super) fn heard_since_report(&self) -> bool {
+        self.connections > 0 && self.heard.is_some_and(|h| h.grew)
     }
 
-    /// Notes the received-datagram count `n` of the agent's connection seen at `now`.
-    pub(super) fn note_received(&mut self, n: Option<u64>, now: Timestamp) {
-        self.heard = match (n, self.heard) {
-            (None, _) => None,
-            (Some(n), Some((m, at))) if m == n => Some((m, at)),
-            (Some(n), _) => Some((n, now)),
-        };
+    /// Notes the received-datagram count `n` of the silent agent's connection.
+    pub(super) fn note_received(&mut self, n: u64) {
+        self.heard = Some(match self.heard {
+            None => Heard {
+                baseline: n,
+                grew: false,
+            },
+            Some(h) => Heard {
+                grew: h.grew || n != h.baseline,
+                ..h
+            },
+        });
     }
 
     /// Records the boot id of a hello or report seen at `now`; true when it is a new boot.

@@ -17,7 +17,7 @@
 //! This module decides nothing itself: states come from [`crate::health::derive`]. Its SQL
 //! is in [`sql`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -159,7 +159,7 @@ impl Fleet {
             last_report: e.live.last_report_at.zip(e.live.last_report.as_ref()),
             goodbye: e.live.goodbye,
             watching_since: self.started_at,
-            heard_since_report: e.live.heard_since_report(self.heard_settle()),
+            heard_since_report: e.live.heard_since_report(),
         };
         derive(
             Current {
@@ -332,6 +332,7 @@ impl Fleet {
                 }
                 e.live.agent_version = Some(hello.agent_version.clone());
                 e.live.connections += 1;
+                e.live.heard = None;
                 if !e.record.serial.is_empty()
                     && !hello.serial.is_empty()
                     && e.record.serial != hello.serial
@@ -446,6 +447,7 @@ impl Fleet {
             e.live.goodbye = None;
             e.live.last_report_at = Some(now);
             e.live.last_report = Some(report);
+            e.live.heard = None;
             self.changed_copy(e, now, &mut writes)
         };
         self.commit(writes, changed, Vec::new()).await
@@ -476,26 +478,46 @@ impl Fleet {
         }
     }
 
-    /// How long after a report QUIC must still hear from an agent's connection for the
-    /// agent to count as alive but not reporting: more than two sweep periods (the
-    /// acknowledgement of the last reply, received within a round trip, is seen by the sweep
-    /// after it), and well under the keep-alive period (10 s) for the default interval.
+    /// How long after its last report an agent counts as late, for
+    /// [`Fleet::silent_connected`]: half an interval past its next report is due. By then the
+    /// acknowledgement of its last reply (received within a round trip of the report) is in
+    /// the count first sampled, and an agent that is alive but silent sends a keep-alive
+    /// (after 10 s without sending) later. Agents that report on time are never sampled.
     fn heard_settle(&self) -> Duration {
-        (self.cfg.report_interval / 2).max(Duration::from_secs(1))
+        (self.cfg.report_interval * 3 / 2).max(Duration::from_secs(1))
+    }
+
+    /// The machines whose agent is connected but has not reported for a while (see
+    /// [`Fleet::heard_settle`]): the ones [`Fleet::sweep_heard`] wants datagram counts for.
+    /// Only the late ones, so the sweep reads no connection in a fleet that reports.
+    pub fn silent_connected(&self) -> Vec<String> {
+        let now = self.clock.now();
+        let settle = self.heard_settle();
+        self.lock()
+            .machines
+            .values()
+            .filter(|e| {
+                e.live.connections > 0
+                    && e.live
+                        .last_report_at
+                        .is_some_and(|at| crate::health::elapsed(now, at) > settle)
+            })
+            .map(|e| e.record.address.clone())
+            .collect()
     }
 
     /// Re-derives every machine's state at the current time: this is how silent machines
     /// become unreachable. Returns the transitions made.
     pub async fn sweep(&self) -> Result<Vec<(String, Derived)>, FleetError> {
-        self.sweep_heard(|_| None).await
+        self.sweep_heard(&HashMap::new()).await
     }
 
-    /// [`Fleet::sweep`], noting first for each machine how many datagrams its agent's
-    /// connection has received (`received(address)`, `None` without a connection), so that
-    /// a silent machine whose agent still answers QUIC is told apart from a dead one.
+    /// [`Fleet::sweep`], noting first how many datagrams the connections of silent agents
+    /// have received (`received`, by address, for [`Fleet::silent_connected`]), so that a
+    /// silent machine whose agent still answers QUIC is told apart from a dead one.
     pub async fn sweep_heard(
         &self,
-        received: impl Fn(&str) -> Option<u64>,
+        received: &HashMap<String, u64>,
     ) -> Result<Vec<(String, Derived)>, FleetError> {
         let _gate = self.gate.lock().await;
         let now = self.clock.now();
@@ -503,8 +525,10 @@ impl Fleet {
         let mut made = Vec::new();
         let changed: Vec<Entry> = {
             let mut inner = self.lock();
-            for e in inner.machines.values_mut() {
-                e.live.note_received(received(&e.record.address), now);
+            for (address, n) in received {
+                if let Some(e) = inner.machines.get_mut(address) {
+                    e.live.note_received(*n);
+                }
             }
             inner
                 .machines
@@ -882,26 +906,23 @@ mod tests {
             f.report(h, report("b1", true)).await.unwrap();
         }
         f.disconnected("gone").await;
-        // Received datagrams as quinn counts them: every machine's acknowledgement of the
-        // last reply arrives right after its report; then only `slow` (and `gone`, on a
-        // connection already closed) is heard from again, by keep-alives.
-        let counts = std::sync::Mutex::new(std::collections::HashMap::from([
-            ("10.0.0.1", 10u64),
-            ("10.0.0.2", 20),
-            ("10.0.0.3", 30),
-        ]));
-        let received = |a: &str| {
-            let c = counts.lock().unwrap();
-            (a != "10.0.0.3").then(|| c[a])
-        };
-        assert!(f.sweep_heard(received).await.unwrap().is_empty());
+        // Nothing is sampled while the agents are on time (interval 1 s): no connection is
+        // read in a fleet that reports.
+        assert!(f.silent_connected().is_empty());
+        fx.tick(1);
+        assert!(f.silent_connected().is_empty());
+        // Late by half an interval: the connected ones are sampled, and their counts include
+        // the acknowledgement of the last reply.
+        fx.tick(1);
+        let mut silent = f.silent_connected();
+        silent.sort();
+        assert_eq!(silent, ["10.0.0.1", "10.0.0.2"], "`gone` has no connection");
+        let mut counts = HashMap::from([("10.0.0.1".to_string(), 10u64), ("10.0.0.2".into(), 20)]);
+        assert!(f.sweep_heard(&counts).await.unwrap().is_empty());
+        // Then only `slow` is heard from again (its keep-alives).
+        *counts.get_mut("10.0.0.2").unwrap() += 2;
         fx.tick(2);
-        for a in ["10.0.0.2", "10.0.0.3"] {
-            *counts.lock().unwrap().get_mut(a).unwrap() += 2;
-        }
-        assert!(f.sweep_heard(received).await.unwrap().is_empty());
-        fx.tick(2);
-        let made: BTreeMap<_, _> = f.sweep_heard(received).await.unwrap().into_iter().collect();
+        let made: BTreeMap<_, _> = f.sweep_heard(&counts).await.unwrap().into_iter().collect();
         assert_eq!(made.len(), 3, "{made:?}");
         let alive = "the agent runs but does not report";
         for (a, expect) in [("10.0.0.1", false), ("10.0.0.2", true), ("10.0.0.3", false)] {
@@ -909,6 +930,14 @@ mod tests {
             assert_eq!(d.state, MachineState::Unreachable);
             assert_eq!(d.reason.contains(alive), expect, "{a}: {}", d.reason);
         }
+        // A report clears what was heard: the next silence starts from nothing.
+        f.report("slow", report("b1", true)).await.unwrap();
+        fx.tick(2);
+        f.sweep_heard(&counts).await.unwrap();
+        fx.tick(2);
+        let made = f.sweep_heard(&counts).await.unwrap();
+        assert_eq!(made.len(), 1, "{made:?}");
+        assert!(!made[0].1.reason.contains(alive), "{}", made[0].1.reason);
     }
 
     #[tokio::test]
