@@ -7,8 +7,9 @@
 //! readable and has the chosen context; and what the inventory file would change in an
 //! existing database (machines new, retired, hostnames moved, or a conflict that would stop
 //! the start), found by importing it into a copy of the database taken as `coordinator
-//! backup` takes one. Nothing is bound, the database itself is neither changed nor locked
-//! (a running coordinator is not disturbed) and nothing is contacted.
+//! backup` takes one; and, on such a copy, that every active repair queue entry still has
+//! its procedure in the repair file. Nothing is bound, the database itself is neither changed
+//! nor locked (a running coordinator is not disturbed) and nothing is contacted.
 
 use std::path::Path;
 
@@ -75,9 +76,11 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         }
     }
     if let Some(path) = config.repair.as_ref().and_then(|r| r.config.as_deref()) {
+        let loaded = crate::repair::load::load_file(path);
+        let procedures = loaded.as_ref().ok().map(|l| l.config.clone());
         out.push(line(
             "repair",
-            crate::repair::load::load_file(path)
+            loaded
                 .map(|l| {
                     let n = l.config.repair_procedures.len();
                     let s = if n == 1 { "" } else { "s" };
@@ -85,12 +88,89 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
                 })
                 .map_err(|e| e.to_string()),
         ));
+        if let Some(procedures) = procedures
+            && config.database.exists()
+            && let Some(r) = repair_against_store(&config.database, &procedures)
+        {
+            out.push(line("repair", r));
+        }
     }
     out.push(line("database", check_database(&config.database)));
     if let Some(k) = &config.kubernetes {
         out.push(line("kubernetes", check_kubeconfig(k)));
     }
     out
+}
+
+/// Whether every queued or processing repair queue entry in the database still has its
+/// procedure in the repair file: at start, one that has none fails. `None` when no entry is
+/// active. Read from a copy of the database, as for the inventory.
+fn repair_against_store(
+    db: &Path,
+    procedures: &crate::repair::RepairConfig,
+) -> Option<Result<String, String>> {
+    let cannot = |e: &dyn std::fmt::Display| {
+        format!("cannot compare the file with the repair queue's entries: {e}")
+    };
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => return Some(Err(cannot(&e))),
+    };
+    let copy = dir.path().join("copy.db");
+    match crate::store::backup::backup(db, &copy) {
+        Ok(_) => {}
+        Err(e @ crate::store::backup::BackupError::NotOwner { .. }) => {
+            return Some(Ok(format!("not compared with the repair queue: {e}")));
+        }
+        Err(e) => return Some(Err(cannot(&e))),
+    }
+    let loaded =
+        crate::store::Store::open(&copy).and_then(|s| s.with(|c| crate::repair::store::load(c)));
+    let entries = match loaded {
+        Ok((_, entries)) => entries,
+        Err(e) => return Some(Err(cannot(&e))),
+    };
+    let active: Vec<_> = entries
+        .iter()
+        .filter(|e| e.is_active() && !e.deleted)
+        .collect();
+    if active.is_empty() {
+        return None;
+    }
+    let orphans: Vec<String> = active
+        .iter()
+        .filter(|e| {
+            procedures
+                .operation_for(&e.machine_type, &e.operation)
+                .is_err()
+        })
+        .map(|e| {
+            format!(
+                "#{} ({} {} {}, {})",
+                e.index,
+                e.operation,
+                e.machine_type,
+                e.address,
+                e.status.as_str()
+            )
+        })
+        .collect();
+    let db = db.display();
+    Some(match (orphans.len(), active.len()) {
+        (0, 1) => Ok(format!(
+            "against {db}: the one queued or processing entry has its procedure in this file"
+        )),
+        (0, n) => Ok(format!(
+            "against {db}: the {n} queued or processing entries have their procedures in this file"
+        )),
+        (n, _) => Err(format!(
+            "against {db}: {} {} no procedure in this file and would fail at the start; keep \
+             the procedure until it finishes (`coordinatorctl repair-queue wait`), or delete the \
+             entry first (`coordinatorctl repair-queue delete INDEX`)",
+            if n == 1 { "entry" } else { "entries" },
+            orphans.join(", ") + if n == 1 { " has" } else { " have" },
+        )),
+    })
 }
 
 /// What importing the inventory file would change in the database, found on a copy of it.

@@ -310,6 +310,24 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
             other => Err(format!("{other:?}")),
         }
     })?;
+    // `coordinator check` says whether the active entries keep their procedures: an edited
+    // repair file without this one would fail the entry at the next start.
+    let (code, out) = check(&coord)?;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("the one queued or processing entry has its procedure"),
+        "{out}"
+    );
+    std::fs::write(&cluster, SLOW_REPAIR.replace("\"slow\"", "\"other\""))?;
+    let (code, out) = check(&coord)?;
+    assert_eq!(code, Some(64), "{out}");
+    assert!(
+        out.contains(&format!(
+            "entry #{index} (unreachable slow 10.0.0.9, processing) has no procedure in this file"
+        )),
+        "{out}"
+    );
+    std::fs::write(&cluster, SLOW_REPAIR)?;
     let err = ctl_fails(&coord, &["machines", "delete", "10.0.0.9"])?;
     assert!(err.contains("has an active repair"), "{err}");
     assert!(
