@@ -709,6 +709,15 @@ impl Sushy {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // sushy builds its fake driver on the first request that needs it (memoized without
+        // a lock), and building it writes every system's initial state into its store. Two
+        // requests racing to be first can write a system's initial state over a power change
+        // the other just stored: seen once as a GracefulShutdown lost, the system on for good.
+        // One request builds it here, before any test traffic.
+        match me.get("/redfish/v1/Systems").await {
+            Ok((200, _)) => {}
+            other => bail!("sushy-emulator's systems: {other:?}: {}", me.log()),
+        }
         Ok(me)
     }
 
