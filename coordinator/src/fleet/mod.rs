@@ -17,10 +17,9 @@
 //! This module decides nothing itself: states come from [`crate::health::derive`]. Its SQL
 //! is in [`sql`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use jiff::Timestamp;
 use protocol::admin::machines::{MachineDetail, MachineSummary, StateTransition};
@@ -35,6 +34,7 @@ mod index;
 pub mod lifecycle;
 pub mod snapshot;
 mod sql;
+mod sweep;
 
 use index::{Entry, Inner, Live, row};
 pub use lifecycle::Released;
@@ -478,74 +478,6 @@ impl Fleet {
         }
     }
 
-    /// How long after its last report an agent counts as late, for
-    /// [`Fleet::silent_connected`]: half an interval past its next report is due. By then the
-    /// acknowledgement of its last reply (received within a round trip of the report) is in
-    /// the count first sampled, and an agent that is alive but silent sends a keep-alive
-    /// (after 10 s without sending) later. Agents that report on time are never sampled.
-    fn heard_settle(&self) -> Duration {
-        (self.cfg.report_interval * 3 / 2).max(Duration::from_secs(1))
-    }
-
-    /// The machines whose agent is connected but has not reported for a while (see
-    /// [`Fleet::heard_settle`]): the ones [`Fleet::sweep_heard`] wants datagram counts for.
-    /// Only the late ones, so the sweep reads no connection in a fleet that reports.
-    pub fn silent_connected(&self) -> Vec<String> {
-        let now = self.clock.now();
-        let settle = self.heard_settle();
-        self.lock()
-            .machines
-            .values()
-            .filter(|e| {
-                e.live.connections > 0
-                    && e.live
-                        .last_report_at
-                        .is_some_and(|at| crate::health::elapsed(now, at) > settle)
-            })
-            .map(|e| e.record.address.clone())
-            .collect()
-    }
-
-    /// Re-derives every machine's state at the current time: this is how silent machines
-    /// become unreachable. Returns the transitions made.
-    pub async fn sweep(&self) -> Result<Vec<(String, Derived)>, FleetError> {
-        self.sweep_heard(&HashMap::new()).await
-    }
-
-    /// [`Fleet::sweep`], noting first how many datagrams the connections of silent agents
-    /// have received (`received`, by address, for [`Fleet::silent_connected`]), so that a
-    /// silent machine whose agent still answers QUIC is told apart from a dead one.
-    pub async fn sweep_heard(
-        &self,
-        received: &HashMap<String, u64>,
-    ) -> Result<Vec<(String, Derived)>, FleetError> {
-        let _gate = self.gate.lock().await;
-        let now = self.clock.now();
-        let mut writes = Vec::new();
-        let mut made = Vec::new();
-        let changed: Vec<Entry> = {
-            let mut inner = self.lock();
-            for (address, n) in received {
-                if let Some(e) = inner.machines.get_mut(address) {
-                    e.live.note_received(*n);
-                }
-            }
-            inner
-                .machines
-                .values()
-                .filter_map(|e| {
-                    let d = self.evaluate(e, now)?;
-                    made.push((e.record.address.clone(), d.clone()));
-                    let mut e = e.clone();
-                    Self::transition(&mut e, d, now, &mut writes);
-                    Some(e)
-                })
-                .collect()
-        };
-        self.commit(writes, changed, Vec::new()).await?;
-        Ok(made)
-    }
-
     fn summary(&self, e: &Entry) -> MachineSummary {
         MachineSummary {
             spec: e.record.to_spec(),
@@ -917,7 +849,10 @@ mod tests {
         let mut silent = f.silent_connected();
         silent.sort();
         assert_eq!(silent, ["10.0.0.1", "10.0.0.2"], "`gone` has no connection");
-        let mut counts = HashMap::from([("10.0.0.1".to_string(), 10u64), ("10.0.0.2".into(), 20)]);
+        let mut counts = std::collections::HashMap::from([
+            ("10.0.0.1".to_string(), 10u64),
+            ("10.0.0.2".into(), 20),
+        ]);
         assert!(f.sweep_heard(&counts).await.unwrap().is_empty());
         // Then only `slow` is heard from again (its keep-alives).
         *counts.get_mut("10.0.0.2").unwrap() += 2;

@@ -29,6 +29,7 @@
 //!   holds every decision that needs it, and a burst of silent agents holds everything.
 
 pub mod admin;
+mod cleanup;
 pub mod config;
 pub mod decision;
 mod detect;

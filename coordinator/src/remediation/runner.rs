@@ -27,6 +27,7 @@ use protocol::admin::repair::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::cleanup::{delete_succeeded, finished_ago};
 use super::config::RemediationConfig;
 use super::decision::{Decision, Outcome, Pass, Rule};
 use super::gather::{self, ViewFacts};
@@ -305,7 +306,7 @@ impl LoopState {
         };
         self.remember_outcomes(shared, &queue, &cfg, now).await?;
         self.forget_gone(shared, &queue).await?;
-        let deleted = self.delete_succeeded(deps, &mut queue, &cfg, now).await;
+        let deleted = delete_succeeded(&self.own, deps, &mut queue, &cfg, now).await;
         let fleet = deps.fleet.snapshot();
         let view = deps.view.as_ref().map(|(v, max)| (v.snapshot(), *max));
         let keep = ago(now, history_window(&cfg));
@@ -456,57 +457,6 @@ impl LoopState {
         Ok(())
     }
 
-    /// Deletes the succeeded entries this loop enqueued that finished at least
-    /// `delete_succeeded_after` ago (never in observe mode, which changes nothing), and
-    /// marks them deleted in `queue` so this pass already sees their machines free.
-    /// Returns the deleted entries, for the journal. A failed deletion is logged and tried
-    /// again next pass.
-    async fn delete_succeeded(
-        &self,
-        deps: &LoopDeps,
-        queue: &mut [RepairEntry],
-        cfg: &RemediationConfig,
-        now: Timestamp,
-    ) -> Vec<RepairEntry> {
-        let (Some(after), false, Some(q)) = (cfg.delete_succeeded_after, cfg.observe, &deps.queue)
-        else {
-            return Vec::new();
-        };
-        let mut deleted = Vec::new();
-        for e in queue.iter_mut() {
-            if !succeeded_long_enough(e, &self.own, after, now) {
-                continue;
-            }
-            match q
-                .request_by(
-                    RepairQueueRequest::Delete { index: e.index },
-                    Requester::remediation(&format!(
-                        "succeeded-entry-deleted: delete_succeeded_after {}",
-                        super::human(after)
-                    )),
-                )
-                .await
-            {
-                Ok(RepairQueueResponse::Deleted { .. }) => {
-                    e.deleted = true;
-                    tracing::info!(
-                        entry = e.index,
-                        machine = %e.address,
-                        "succeeded repair queue entry deleted (delete_succeeded_after)"
-                    );
-                    deleted.push(e.clone());
-                }
-                other => tracing::warn!(
-                    entry = e.index,
-                    machine = %e.address,
-                    answer = ?other,
-                    "cannot delete a succeeded repair queue entry; trying again next pass"
-                ),
-            }
-        }
-        deleted
-    }
-
     /// Writes the pass's decisions: a decision the previous pass also made is a repeat of
     /// its line; anything else (and every admission) a new line. Returns the new ones.
     async fn journal(&mut self, shared: &Shared, pass: &Pass) -> Result<Vec<Decision>, StoreError> {
@@ -585,26 +535,6 @@ impl LoopState {
         }
         Ok(())
     }
-}
-
-/// Whether `e` is a succeeded entry of this loop's (`own`), not yet deleted, that finished at
-/// least `after` before `now`.
-fn succeeded_long_enough(
-    e: &RepairEntry,
-    own: &HashSet<u64>,
-    after: Duration,
-    now: Timestamp,
-) -> bool {
-    e.status == protocol::admin::repair::RepairStatus::Succeeded
-        && !e.deleted
-        && own.contains(&e.index)
-        && finished_ago(now, e) >= after
-}
-
-/// How long ago entry `e` last changed (for a finished one: finished).
-fn finished_ago(now: Timestamp, e: &RepairEntry) -> Duration {
-    let at = i64::try_from(e.last_transition_time_unix_ms).unwrap_or(0);
-    super::elapsed(now, crate::clock::from_unix_ms(at))
 }
 
 /// Enqueues every admitted decision through the repair queue's `add`; one the queue refuses
