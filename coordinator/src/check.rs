@@ -62,6 +62,13 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         )),
     )];
     out.push(line("tls", check_tls(&config)));
+    let compares =
+        config.inventory.is_some() || config.repair.as_ref().is_some_and(|r| r.config.is_some());
+    let copy = if compares {
+        DbCopy::take(&config.database)
+    } else {
+        DbCopy::None
+    };
     if let Some(path) = &config.inventory {
         let loaded = load_inventory(path, RecordSource::Inventory);
         let ok = loaded.is_ok();
@@ -71,8 +78,8 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
                 .map(|r| format!("{}: {} machines", path.display(), r.len()))
                 .map_err(|e| e.to_string()),
         ));
-        if ok && config.database.exists() {
-            out.push(line("inventory", inventory_against_store(&config, path)));
+        if ok && let Some(r) = inventory_against_store(&config, &copy, path) {
+            out.push(line("inventory", r));
         }
     }
     if let Some(path) = config.repair.as_ref().and_then(|r| r.config.as_deref()) {
@@ -89,8 +96,7 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
                 .map_err(|e| e.to_string()),
         ));
         if let Some(procedures) = procedures
-            && config.database.exists()
-            && let Some(r) = repair_against_store(&config.database, &procedures)
+            && let Some(r) = repair_against_store(&config.database, &copy, &procedures)
         {
             out.push(line("repair", r));
         }
@@ -102,33 +108,71 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
     out
 }
 
+/// A copy of the database for the comparisons, taken once per check as `coordinator backup`
+/// takes one (the database itself is neither changed nor locked).
+enum DbCopy {
+    /// No database yet: nothing to compare with.
+    None,
+    /// The copy, removed with its directory when dropped.
+    Taken(tempfile::TempDir),
+    /// Not taken because this user does not own the database: no fault of the files, so the
+    /// comparisons say how to make them and do not fail.
+    NotOwner(String),
+    /// Not taken: the comparisons fail with this.
+    Failed(String),
+}
+
+impl DbCopy {
+    fn take(db: &Path) -> Self {
+        if !db.exists() {
+            return Self::None;
+        }
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => return Self::Failed(e.to_string()),
+        };
+        match crate::store::backup::backup(db, &dir.path().join("copy.db")) {
+            Ok(_) => Self::Taken(dir),
+            Err(e @ crate::store::backup::BackupError::NotOwner { .. }) => {
+                Self::NotOwner(e.to_string())
+            }
+            Err(e) => Self::Failed(e.to_string()),
+        }
+    }
+
+    /// The copy's path, or the line to print instead of comparing with `what`; `None` when
+    /// there is no database.
+    fn path(&self, what: &str) -> Option<Result<std::path::PathBuf, Result<String, String>>> {
+        match self {
+            Self::None => None,
+            Self::Taken(dir) => Some(Ok(dir.path().join("copy.db"))),
+            Self::NotOwner(e) => Some(Err(Ok(format!("not compared with {what}: {e}")))),
+            Self::Failed(e) => Some(Err(Err(format!("cannot compare with {what}: {e}")))),
+        }
+    }
+}
+
 /// Whether every queued or processing repair queue entry in the database still has its
 /// procedure in the repair file: at start, one that has none fails. `None` when no entry is
 /// active. Read from a copy of the database, as for the inventory.
 fn repair_against_store(
     db: &Path,
+    copy: &DbCopy,
     procedures: &crate::repair::RepairConfig,
 ) -> Option<Result<String, String>> {
-    let cannot = |e: &dyn std::fmt::Display| {
-        format!("cannot compare the file with the repair queue's entries: {e}")
+    let copy = match copy.path("the repair queue")? {
+        Ok(p) => p,
+        Err(line) => return Some(line),
     };
-    let dir = match tempfile::tempdir() {
-        Ok(d) => d,
-        Err(e) => return Some(Err(cannot(&e))),
-    };
-    let copy = dir.path().join("copy.db");
-    match crate::store::backup::backup(db, &copy) {
-        Ok(_) => {}
-        Err(e @ crate::store::backup::BackupError::NotOwner { .. }) => {
-            return Some(Ok(format!("not compared with the repair queue: {e}")));
-        }
-        Err(e) => return Some(Err(cannot(&e))),
-    }
     let loaded =
         crate::store::Store::open(&copy).and_then(|s| s.with(|c| crate::repair::store::load(c)));
     let entries = match loaded {
         Ok((_, entries)) => entries,
-        Err(e) => return Some(Err(cannot(&e))),
+        Err(e) => {
+            return Some(Err(format!(
+                "cannot compare the file with the repair queue's entries: {e}"
+            )));
+        }
     };
     let active: Vec<_> = entries
         .iter()
@@ -174,25 +218,28 @@ fn repair_against_store(
 }
 
 /// What importing the inventory file would change in the database, found on a copy of it.
-fn inventory_against_store(config: &Config, path: &Path) -> Result<String, String> {
+fn inventory_against_store(
+    config: &Config,
+    copy: &DbCopy,
+    path: &Path,
+) -> Option<Result<String, String>> {
+    let copy = match copy.path("the database")? {
+        Ok(p) => p,
+        Err(line) => return Some(line),
+    };
+    Some(import_into_copy(config, &copy, path))
+}
+
+/// Imports the inventory file at `path` into the database copy at `copy`.
+fn import_into_copy(config: &Config, copy: &Path, path: &Path) -> Result<String, String> {
     let cannot =
         |e: &dyn std::fmt::Display| format!("cannot compare the file with the database: {e}");
-    let dir = tempfile::tempdir().map_err(|e| cannot(&e))?;
-    let copy = dir.path().join("copy.db");
-    match crate::store::backup::backup(&config.database, &copy) {
-        Ok(_) => {}
-        // Who runs the check is no fault of the file: say how to compare, do not fail.
-        Err(e @ crate::store::backup::BackupError::NotOwner { .. }) => {
-            return Ok(format!("not compared with the database: {e}"));
-        }
-        Err(e) => return Err(cannot(&e)),
-    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| cannot(&e))?;
     let import = rt.block_on(async {
-        let store = crate::store::Store::open(&copy).map_err(|e| cannot(&e))?;
+        let store = crate::store::Store::open(copy).map_err(|e| cannot(&e))?;
         let fleet = crate::fleet::Fleet::open(
             store.clone(),
             std::sync::Arc::new(crate::clock::SystemClock),
