@@ -94,6 +94,38 @@ fn refused(name: &str, cmd: Command, log: &Path) -> anyhow::Result<(Option<i32>,
     Ok((status.code(), p.log_text()))
 }
 
+/// A coordinator's store frozen from another process, as a full disk would: SQLite triggers
+/// abort the chosen writes with `why` until [`Frozen::thaw`].
+struct Frozen {
+    db: rusqlite::Connection,
+    triggers: Vec<String>,
+}
+
+impl Frozen {
+    /// Aborts every `(operation, table)` write, e.g. `("UPDATE", "machines")`.
+    fn store(coord: &Coordinator, writes: &[(&str, &str)], why: &str) -> anyhow::Result<Self> {
+        let db = rusqlite::Connection::open(coord.dir.join("coordinator.db"))?;
+        db.busy_timeout(Duration::from_secs(10))?;
+        let mut triggers = Vec::new();
+        for (op, table) in writes {
+            let name = format!("freeze_{}_{table}", op.to_lowercase());
+            db.execute_batch(&format!(
+                "CREATE TRIGGER {name} BEFORE {op} ON {table} BEGIN SELECT RAISE(ABORT, '{why}'); END;"
+            ))?;
+            triggers.push(name);
+        }
+        Ok(Self { db, triggers })
+    }
+
+    /// Lets the writes through again; returns the connection, for more of the same.
+    fn thaw(self) -> anyhow::Result<rusqlite::Connection> {
+        for t in &self.triggers {
+            self.db.execute_batch(&format!("DROP TRIGGER {t};"))?;
+        }
+        Ok(self.db)
+    }
+}
+
 #[test]
 fn second_coordinator_on_one_database_is_refused_naming_the_lock_and_pid() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
@@ -338,11 +370,10 @@ fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result
     );
 
     // Another process freezes the store: every write to the machines table aborts.
-    let db = rusqlite::Connection::open(coord.dir.join("coordinator.db"))?;
-    db.busy_timeout(Duration::from_secs(10))?;
-    db.execute_batch(
-        "CREATE TRIGGER freeze_insert BEFORE INSERT ON machines BEGIN SELECT RAISE(ABORT, 'frozen by the test'); END;
-         CREATE TRIGGER freeze_update BEFORE UPDATE ON machines BEGIN SELECT RAISE(ABORT, 'frozen by the test'); END;",
+    let frozen = Frozen::store(
+        &coord,
+        &[("INSERT", "machines"), ("UPDATE", "machines")],
+        "frozen by the test",
     )?;
     let failed = add("10.0.0.51", "n51", "30s")?;
     assert!(!failed.status.success(), "the write must fail");
@@ -363,7 +394,7 @@ fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result
         "{metrics}"
     );
 
-    db.execute_batch("DROP TRIGGER freeze_insert; DROP TRIGGER freeze_update;")?;
+    let db = frozen.thaw()?;
     let ok = add("10.0.0.51", "n51", "30s")?;
     assert!(
         ok.status.success(),
@@ -427,11 +458,10 @@ fn a_store_that_keeps_failing_is_logged_once_not_at_every_sweep() -> anyhow::Res
     coord.wait_for_state("node-1", "healthy", SETTLE)?;
     // A repair whose command is running when the disk fills: its end cannot be stored.
     coord.ctl(&["repair-queue", "add", "unhealthy", "10.0.0.1"])?;
-    let db = rusqlite::Connection::open(coord.dir.join("coordinator.db"))?;
-    db.busy_timeout(Duration::from_secs(10))?;
-    db.execute_batch(
-        "CREATE TRIGGER freeze BEFORE UPDATE ON machines BEGIN SELECT RAISE(ABORT, 'disk full, says the test'); END;
-         CREATE TRIGGER freeze_queue BEFORE UPDATE ON repair_queue_entries BEGIN SELECT RAISE(ABORT, 'disk full, says the test'); END;",
+    let frozen = Frozen::store(
+        &coord,
+        &[("UPDATE", "machines"), ("UPDATE", "repair_queue_entries")],
+        "disk full, says the test",
     )?;
     agent.sigkill();
     // The grace passes: every sweep (several a second) now decides `unreachable` and fails
@@ -449,7 +479,7 @@ fn a_store_that_keeps_failing_is_logged_once_not_at_every_sweep() -> anyhow::Res
     assert_eq!(count("to=unreachable"), 0, "not stored, not logged:\n{log}");
     let finished = |l: &&str| l.contains("event=\"command-succeeded\"");
     assert_eq!(log.lines().filter(finished).count(), 0, "{log}");
-    db.execute_batch("DROP TRIGGER freeze; DROP TRIGGER freeze_queue;")?;
+    frozen.thaw()?;
     coord.wait_for_state("node-1", "unreachable", SETTLE)?;
     coord.wait_for_log(&["health sweep works again"], SETTLE)?;
     coord.wait_for_log(&["repair queue: commits work again"], SETTLE)?;

@@ -32,9 +32,9 @@ pub(super) struct Live {
     pub(super) heard: Option<Heard>,
 }
 
-/// The received-datagram count of a silent agent's connection: when first sampled (at least
-/// the settle time after its last report, so the acknowledgement of the last reply is in
-/// it) and whether it grew since.
+/// The received-datagram count of a late agent's connection: when first sampled (once the
+/// agent is late, so the acknowledgement of its last reply is in it) and whether it grew
+/// since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Heard {
     baseline: u64,

@@ -14,16 +14,16 @@ impl Fleet {
     /// acknowledgement of its last reply (received within a round trip of the report) is in
     /// the count first sampled, and an agent that is alive but silent sends a keep-alive
     /// (after 10 s without sending) later. Agents that report on time are never sampled.
-    fn heard_settle(&self) -> Duration {
+    fn late_after(&self) -> Duration {
         (self.cfg.report_interval * 3 / 2).max(Duration::from_secs(1))
     }
 
     /// The machines whose agent is connected but has not reported for a while (see
-    /// [`Fleet::heard_settle`]): the ones [`Fleet::sweep_heard`] wants datagram counts for.
+    /// [`Fleet::late_after`]): the ones [`Fleet::sweep_heard`] wants datagram counts for.
     /// Only the late ones, so the sweep reads no connection in a fleet that reports.
     pub fn silent_connected(&self) -> Vec<String> {
         let now = self.clock.now();
-        let settle = self.heard_settle();
+        let late = self.late_after();
         self.lock()
             .machines
             .values()
@@ -31,7 +31,7 @@ impl Fleet {
                 e.live.connections > 0
                     && e.live
                         .last_report_at
-                        .is_some_and(|at| crate::health::elapsed(now, at) > settle)
+                        .is_some_and(|at| crate::health::elapsed(now, at) > late)
             })
             .map(|e| e.record.address.clone())
             .collect()
