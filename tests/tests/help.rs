@@ -50,6 +50,52 @@ fn every_command_help_matches_its_snapshot() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every `coordinatorctl` command that takes a machine (`<MACHINE>` or `--machine`), found by
+/// walking the help texts; returns each command's path and the arguments that give it an
+/// empty machine name.
+fn machine_args(path: &mut Vec<String>, found: &mut Vec<Vec<String>>) -> anyhow::Result<()> {
+    let out = run_ok(command("coordinatorctl").args(path.iter()).arg("--help"))?;
+    let help = String::from_utf8(out.stdout)?;
+    let usage = help.lines().find(|l| l.starts_with("Usage:")).unwrap_or("");
+    if usage.contains(" <MACHINE>") && !usage.contains("--machine <MACHINE>") {
+        found.push(path.iter().cloned().chain([String::new()]).collect());
+    }
+    if help.contains("--machine <MACHINE>") {
+        found.push(path.iter().cloned().chain(["--machine=".into()]).collect());
+    }
+    for sub in subcommands(&help) {
+        path.push(sub);
+        machine_args(path, found)?;
+        path.pop();
+    }
+    Ok(())
+}
+
+#[test]
+fn an_empty_machine_name_is_refused_before_connecting() -> anyhow::Result<()> {
+    let mut found = Vec::new();
+    machine_args(&mut Vec::new(), &mut found)?;
+    // machines show/delete/set-state/clear/…, diagnostics, remediation, fence list.
+    assert!(
+        found.len() >= 8,
+        "only {} commands take a machine: {found:?}",
+        found.len()
+    );
+    for args in &found {
+        let out = command("coordinatorctl")
+            .args(["--server", "127.0.0.1:9"])
+            .args(args)
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("a value is required for") && err.contains("MACHINE"),
+            "{args:?}: {err}"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn subcommands_are_read_from_the_commands_section() {
     let help = "Usage: x\n\nCommands:\n  pki       Fleet PKI\n  machines  Machines\n  help      Print this\n\nOptions:\n  -h\n";

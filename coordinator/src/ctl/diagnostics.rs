@@ -3,6 +3,7 @@
 
 use anyhow::bail;
 use clap::Subcommand;
+use clap::builder::NonEmptyStringValueParser;
 use protocol::admin::diagnostics::{DiagnosticsRequest, DiagnosticsResponse, DiagnosticsSummary};
 use protocol::admin::{AdminRequest, AdminResponse};
 use serde_json::json;
@@ -15,7 +16,7 @@ pub enum DiagnosticsCommand {
     /// List the bundles kept for a machine, newest first.
     List {
         /// The machine: its address or its hostname.
-        #[arg(value_name = "MACHINE")]
+        #[arg(value_name = "MACHINE", value_parser = NonEmptyStringValueParser::new())]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -24,7 +25,7 @@ pub enum DiagnosticsCommand {
     /// Print a bundle of a machine (the newest unless --id is given).
     Get {
         /// The machine: its address or its hostname.
-        #[arg(value_name = "MACHINE")]
+        #[arg(value_name = "MACHINE", value_parser = NonEmptyStringValueParser::new())]
         address: String,
         /// The bundle's id (from `list`).
         #[arg(long)]

@@ -6,6 +6,7 @@
 
 use anyhow::bail;
 use clap::Subcommand;
+use clap::builder::NonEmptyStringValueParser;
 use protocol::admin::fence::{FenceFlowSummary, FenceRequest, FenceResponse};
 use protocol::admin::{AdminRequest, AdminResponse};
 use serde_json::json;
@@ -18,7 +19,7 @@ pub enum FenceCommand {
     /// List fence flows, newest first.
     List {
         /// Only the flows of this machine (address or hostname).
-        #[arg(long)]
+        #[arg(long, value_parser = NonEmptyStringValueParser::new())]
         machine: Option<String>,
         /// How many at most.
         #[arg(long, default_value_t = 50)]

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use clap::builder::NonEmptyStringValueParser;
 use protocol::admin::machines::{MachineDetail, MachineSpec, MachinesRequest, MachinesResponse};
 use protocol::admin::{AdminRequest, AdminResponse};
 
@@ -22,7 +23,7 @@ pub enum MachinesCommand {
     /// One machine: state, since when, why, last report with each check, history.
     Show {
         /// The machine: its address or its hostname.
-        #[arg(value_name = "MACHINE")]
+        #[arg(value_name = "MACHINE", value_parser = NonEmptyStringValueParser::new())]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -58,7 +59,7 @@ pub enum MachinesCommand {
     /// file lists (change the file instead) and while a repair of it is active.
     Delete {
         /// The machine: its address or its hostname.
-        #[arg(value_name = "MACHINE")]
+        #[arg(value_name = "MACHINE", value_parser = NonEmptyStringValueParser::new())]
         address: String,
         /// Cancel an active repair of the machine instead of refusing.
         #[arg(long)]
@@ -70,7 +71,7 @@ pub enum MachinesCommand {
     /// Retire a machine: admin state `retired`, never repaired, reports ignored.
     Retire {
         /// The machine: its address or its hostname.
-        #[arg(value_name = "MACHINE")]
+        #[arg(value_name = "MACHINE", value_parser = NonEmptyStringValueParser::new())]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -79,7 +80,7 @@ pub enum MachinesCommand {
     /// Hand a retired machine back to health checks.
     Unretire {
         /// The machine: its address or its hostname.
-        #[arg(value_name = "MACHINE")]
+        #[arg(value_name = "MACHINE", value_parser = NonEmptyStringValueParser::new())]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -89,7 +90,7 @@ pub enum MachinesCommand {
     /// `retired`, or `auto` to hand the machine back to health checks.
     SetState {
         /// The machine: its address or its hostname.
-        #[arg(value_name = "MACHINE")]
+        #[arg(value_name = "MACHINE", value_parser = NonEmptyStringValueParser::new())]
         address: String,
         /// updating, retiring, retired or auto.
         #[arg(value_parser = ["updating", "retiring", "retired", "auto"])]
@@ -110,7 +111,7 @@ pub enum MachinesCommand {
     /// Clear a machine's `needs-human`: automatic remediation may repair it again.
     Clear {
         /// The machine: its address or its hostname.
-        #[arg(value_name = "MACHINE")]
+        #[arg(value_name = "MACHINE", value_parser = NonEmptyStringValueParser::new())]
         address: String,
         /// Print JSON.
         #[arg(long)]
@@ -160,6 +161,21 @@ fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
         ],
         &rows,
     );
+}
+
+/// Whether the agent's connection is open. An unreachable machine's connection can still
+/// be open: a machine that lost power or panicked closes nothing, and its connection stays
+/// until QUIC's idle timeout; the reason line says whether packets still arrive.
+fn connected_line(s: &protocol::admin::machines::MachineSummary) -> String {
+    match (s.connected, s.state.as_str()) {
+        (true, "unreachable") => format!(
+            "yes, but it does not report (a dead machine's connection stays open until QUIC's \
+             idle timeout, {}s; the reason says whether packets still arrive)",
+            protocol::transport::IDLE_TIMEOUT.as_secs()
+        ),
+        (true, _) => "yes".into(),
+        (false, _) => "no".into(),
+    }
 }
 
 /// `dumping since T (Ns ago)` / `dump done at T (dumping since T)`, with the crashed boot.
@@ -216,7 +232,7 @@ fn print_detail(d: &MachineDetail) {
         fmt_age(s.state_since_unix_ms, now)
     );
     println!("reason:    {}", s.reason);
-    println!("connected: {}", if s.connected { "yes" } else { "no" });
+    println!("connected: {}", connected_line(s));
     if let Some(b) = &d.boot_id {
         println!("boot id:   {b}");
     }
@@ -413,5 +429,31 @@ mod tests {
         assert_eq!(parse_label("a=b=c").unwrap(), ("a".into(), "b=c".into()));
         assert!(parse_label("=x").is_err());
         assert!(parse_label("novalue").is_err());
+    }
+
+    #[test]
+    fn an_open_connection_of_an_unreachable_machine_is_explained() {
+        let summary = |state: &str, connected| protocol::admin::machines::MachineSummary {
+            spec: protocol::admin::machines::MachineSpec {
+                address: "10.0.0.1".into(),
+                hostname: "n1".into(),
+                serial: String::new(),
+                rack: "r1".into(),
+                role: "cs".into(),
+                machine_type: String::new(),
+                labels: Vec::new(),
+            },
+            state: state.into(),
+            state_since_unix_ms: 0,
+            failing: Vec::new(),
+            reason: String::new(),
+            last_report_unix_ms: None,
+            connected,
+        };
+        assert_eq!(connected_line(&summary("healthy", true)), "yes");
+        assert_eq!(connected_line(&summary("unreachable", false)), "no");
+        let line = connected_line(&summary("unreachable", true));
+        assert!(line.starts_with("yes, but it does not report"), "{line}");
+        assert!(line.contains("idle timeout, 30s"), "{line}");
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use clap::builder::NonEmptyStringValueParser;
 use clap::{Args, Subcommand, ValueEnum};
 use protocol::admin::remediation::{
     EventsQuery, JournalLine, RemediationRequest, RemediationResponse, RemediationStatus,
@@ -304,7 +305,7 @@ fn events_table(lines: &[JournalLine]) {
 #[derive(Debug, Args)]
 pub struct EventsArgs {
     /// Only this machine (its address or its hostname).
-    #[arg(long)]
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     machine: Option<String>,
     /// Only decisions made since this time: RFC 3339 (`2026-11-23T04:00:00Z`) or a
     /// duration ago (`10m`, `2h`).
