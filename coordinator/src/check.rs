@@ -110,6 +110,30 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
 
 /// A copy of the database for the comparisons, taken once per check as `coordinator backup`
 /// takes one (the database itself is neither changed nor locked).
+/// The name of the directories the copies are taken into start with this.
+const COPY_PREFIX: &str = "fleetmend-check-";
+
+/// A check killed before it could remove its copy (`kill -9`, a crash) leaves it behind;
+/// the next check removes such copies once they are an hour old (a check takes seconds).
+fn remove_stale_copies(tmp: &Path, now: std::time::SystemTime) {
+    let Ok(dir) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let stale = e.file_name().to_string_lossy().starts_with(COPY_PREFIX)
+            && e.metadata().is_ok_and(|m| {
+                m.is_dir()
+                    && m.modified().is_ok_and(|t| {
+                        now.duration_since(t)
+                            .is_ok_and(|age| age > std::time::Duration::from_secs(3600))
+                    })
+            });
+        if stale {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 enum DbCopy {
     /// No database yet: nothing to compare with.
     None,
@@ -127,7 +151,12 @@ impl DbCopy {
         if !db.exists() {
             return Self::None;
         }
-        let dir = match tempfile::tempdir() {
+        let tmp = std::env::temp_dir();
+        remove_stale_copies(&tmp, std::time::SystemTime::now());
+        let dir = match tempfile::Builder::new()
+            .prefix(COPY_PREFIX)
+            .tempdir_in(&tmp)
+        {
             Ok(d) => d,
             Err(e) => return Self::Failed(e.to_string()),
         };
@@ -392,6 +421,26 @@ pub fn render(lines: &[CheckLine]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_left_by_a_killed_check_are_removed_once_old() {
+        let tmp = tempfile::tempdir().unwrap();
+        let left = tmp.path().join(format!("{COPY_PREFIX}abc"));
+        let other = tmp.path().join("someone-else");
+        for d in [&left, &other] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("copy.db"), b"x").unwrap();
+        }
+        let now = std::time::SystemTime::now();
+        remove_stale_copies(tmp.path(), now);
+        assert!(
+            left.exists(),
+            "a copy of a check that may still run is kept"
+        );
+        remove_stale_copies(tmp.path(), now + std::time::Duration::from_secs(3601));
+        assert!(!left.exists(), "an hour-old copy is removed");
+        assert!(other.exists(), "only the check's own copies are touched");
+    }
 
     #[test]
     fn an_import_is_described_without_repeating_a_move_as_new_or_retired() {

@@ -140,10 +140,10 @@ impl<'a> Limiter<'a> {
             return None;
         }
         Some(format!(
-            "held: {n} of {agents} agents ({share}%) went silent within {} (more than {}% \
+            "held: {n} of {agents} agents ({share}%) went silent {} (more than {}% \
              within {}): the coordinator suspects its own network and admits nothing until \
              they report again or an operator runs `coordinatorctl remediation confirm-outage`",
-            human(spread),
+            over(spread, "within"),
             si.percent,
             human(si.window)
         ))
@@ -180,10 +180,10 @@ impl<'a> Limiter<'a> {
                 out.insert(
                     d,
                     format!(
-                        "held: {} {d} lost {n} of {total} machines in {} ({} or more \
+                        "held: {} {d} lost {n} of {total} machines {} ({} or more \
                          within {} is an infrastructure event, not {n} repairs)",
                         domain.word(),
-                        human(spread),
+                        over(spread, "in"),
                         cf.machines,
                         human(cf.window)
                     ),
@@ -490,6 +490,16 @@ impl<'a> Limiter<'a> {
     }
 }
 
+/// How long a burst took, for a sentence: `in 2.5s` / `within 40s`, or `at once` when the
+/// onsets share a health sweep (the states changed in the same pass).
+fn over(spread: Duration, preposition: &str) -> String {
+    if spread < Duration::from_millis(100) {
+        "at once".into()
+    } else {
+        format!("{preposition} {}", human(spread))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use protocol::admin::repair::RepairStatus;
@@ -632,6 +642,23 @@ mod tests {
             c.admitted(),
             ["r1.0"],
             "r1.4 is in zone <unset>, r1.0 in z1"
+        );
+    }
+
+    #[test]
+    fn machines_lost_in_one_sweep_are_lost_at_once() {
+        let c = roomy(case())
+            .rack("r12", 20)
+            .on("r12.0", |m, now| dead(m, now, 30))
+            .on("r12.1", |m, now| dead(m, now, 30))
+            .on("r12.2", |m, now| dead(m, now, 30));
+        let p = c.run();
+        let d = p.held_for("r12.1").unwrap();
+        assert!(
+            d.sentence
+                .starts_with("held: rack r12 lost 3 of 20 machines at once ("),
+            "{}",
+            d.sentence
         );
     }
 

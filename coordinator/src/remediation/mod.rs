@@ -62,8 +62,18 @@ pub(crate) fn elapsed(now: Timestamp, since: Timestamp) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-/// A duration for sentences, to the second: `40s`, `5m`, `2m 5s`, `1h 30m`.
+/// A duration for sentences: `40s`, `5m`, `2m 5s`, `1h 30m`; under 10 s to the tenth
+/// (`1.9s`, `0.2s`, `3s`), so that short intervals do not read `silent for 1s (grace 2s)`
+/// at 1.96 s or `lost 4 machines in 0s`. Always cut down, never rounded up: a sentence
+/// never claims a threshold was reached before it was.
 pub fn human(d: Duration) -> String {
+    if d < Duration::from_secs(10) {
+        let tenths = d.as_millis() / 100;
+        return match tenths % 10 {
+            0 => format!("{}s", tenths / 10),
+            t => format!("{}.{t}s", tenths / 10),
+        };
+    }
     let s = d.as_secs();
     let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
     match (h, m, s) {
@@ -643,6 +653,12 @@ mod tests {
     #[test]
     fn human_durations() {
         assert_eq!(human(Duration::from_secs(40)), "40s");
+        assert_eq!(human(Duration::from_millis(10_960)), "10s");
+        assert_eq!(human(Duration::from_millis(1_960)), "1.9s");
+        assert_eq!(human(Duration::from_millis(3_000)), "3s");
+        assert_eq!(human(Duration::from_millis(3_040)), "3s");
+        assert_eq!(human(Duration::from_millis(240)), "0.2s");
+        assert_eq!(human(Duration::ZERO), "0s");
         assert_eq!(human(Duration::from_secs(300)), "5m");
         assert_eq!(human(Duration::from_secs(125)), "2m 5s");
         assert_eq!(human(Duration::from_secs(5400)), "1h 30m");
