@@ -91,6 +91,11 @@ pub(super) struct Row {
     pub(super) now: Timestamp,
 }
 
+/// Transitions kept per machine: its newest ones. Without a bound the table would grow for
+/// as long as the coordinator runs, fastest for a flapping machine (two rows per flap, every
+/// few reports); `machines show` prints the newest [`super::SHOW_TRANSITIONS`].
+pub(super) const KEEP_TRANSITIONS: i64 = 500;
+
 /// Applies `writes` in one transaction.
 pub(super) fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
@@ -135,11 +140,19 @@ pub(super) fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusq
                 at,
                 reason,
             } => {
-                tx.execute(
+                tx.prepare_cached(
                     "INSERT INTO machine_transitions (address, from_state, to_state, at_ms, reason) \
                      VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![address, from, to.as_str(), to_unix_ms(*at), reason],
-                )?;
+                )?
+                .execute(params![address, from, to.as_str(), to_unix_ms(*at), reason])?;
+                // The machine's rows older than its newest KEEP_TRANSITIONS, found through
+                // the (address, id) index: a machine with fewer rows costs a short walk.
+                tx.prepare_cached(
+                    "DELETE FROM machine_transitions WHERE address = ?1 AND id <= \
+                     (SELECT id FROM machine_transitions WHERE address = ?1 \
+                      ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+                )?
+                .execute(params![address, KEEP_TRANSITIONS])?;
             }
         }
     }
@@ -196,4 +209,45 @@ pub(super) fn transitions(
         })
     })?;
     rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transition(address: &str, i: i64) -> Write {
+        Write::Transition {
+            address: address.into(),
+            from: "healthy".into(),
+            to: MachineState::Unreachable,
+            at: from_unix_ms(1_800_000_000_000 + i),
+            reason: format!("flap {i}"),
+        }
+    }
+
+    #[test]
+    fn each_machine_keeps_its_newest_transitions_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("c.db")).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(store.call(|c| {
+            let flapping: Vec<Write> = (0..KEEP_TRANSITIONS + 40)
+                .map(|i| transition("10.0.0.1", i))
+                .collect();
+            // In several commits, as the sweeps write them, and beside a quiet machine.
+            for chunk in flapping.chunks(100) {
+                persist(c, chunk)?;
+            }
+            persist(c, &[transition("10.0.0.2", 0), transition("10.0.0.2", 1)])?;
+            let flaps = transitions(c, "10.0.0.1", 10_000)?;
+            assert_eq!(flaps.len(), KEEP_TRANSITIONS as usize);
+            assert_eq!(flaps[0].reason, format!("flap {}", KEEP_TRANSITIONS + 39));
+            assert_eq!(flaps.last().unwrap().reason, "flap 40", "the oldest went");
+            assert_eq!(transitions(c, "10.0.0.2", 10_000)?.len(), 2);
+            Ok(())
+        }))
+        .unwrap();
+    }
 }
