@@ -187,6 +187,20 @@ pub struct Bound {
     pub http: Option<SocketAddr>,
 }
 
+/// Logs a warning when the gateway's certificate or its CA expires within a month (or has
+/// expired): past it, coordinators refuse this gateway and power actions stop.
+fn warn_if_expiring(expiry: protocol::transport::Expiry, cert: &std::path::Path) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    if let Some(w) = expiry.warning(now) {
+        warn!(
+            certificate = %cert.display(),
+            "{w}: issue a new one (`coordinatorctl pki issue --role gateway`), install it and reload (`systemctl reload bmc-gateway`); past it coordinators refuse this gateway"
+        );
+    }
+}
+
 /// Runs the gateway until `stop` is cancelled; calls `ready` once listening. Each request
 /// on `reloads` puts the TLS files in place again ([`reload`]).
 pub async fn run(
@@ -205,12 +219,14 @@ pub async fn run(
         return Err(StartError::NotAGateway(me.to_string()));
     }
     let metrics = Arc::new(Metrics::new());
-    let gw = build(&cfg, metrics)?;
+    metrics.certificate(tls.expiry());
+    warn_if_expiring(tls.expiry(), &cfg.tls.cert);
+    let gw = build(&cfg, metrics.clone())?;
     let endpoint = tls.server_endpoint(cfg.listen)?;
     let quic = endpoint.local_addr().unwrap_or(cfg.listen);
     if let Some(r) = reloads {
         let reloader = reload::Reloader::new(r.path, cfg.clone(), me.clone(), endpoint.clone());
-        tokio::spawn(reload::serve(reloader, r.requests));
+        tokio::spawn(reload::serve(reloader, r.requests, metrics.clone()));
     }
     let http = match cfg.http_listen {
         Some(addr) => {

@@ -29,6 +29,8 @@ struct Inner {
     reachable: BTreeMap<String, (String, bool)>,
     /// Connections refused, by reason.
     refused: BTreeMap<String, u64>,
+    /// When the gateway's certificate and its CA expire, as loaded at start or reload.
+    expiry: Option<protocol::transport::Expiry>,
 }
 
 /// All gateway metrics.
@@ -71,6 +73,11 @@ impl Metrics {
             .expect("not poisoned")
             .reachable
             .insert(machine.to_string(), (protocol.to_string(), up));
+    }
+
+    /// Notes when the certificate in use and its CA expire (at start and at each reload).
+    pub fn certificate(&self, expiry: protocol::transport::Expiry) {
+        self.inner.lock().expect("not poisoned").expiry = Some(expiry);
     }
 
     /// Counts a refused connection.
@@ -138,6 +145,16 @@ impl Metrics {
                 escape(r)
             );
         }
+        if let Some(e) = g.expiry {
+            let _ = writeln!(
+                out,
+                "# HELP fleetmend_gateway_certificate_expiry_timestamp_seconds When the gateway's certificate and its fleet CA expire (notAfter).\n\
+                 # TYPE fleetmend_gateway_certificate_expiry_timestamp_seconds gauge\n\
+                 fleetmend_gateway_certificate_expiry_timestamp_seconds{{certificate=\"gateway\"}} {}\n\
+                 fleetmend_gateway_certificate_expiry_timestamp_seconds{{certificate=\"ca\"}} {}",
+                e.certificate, e.ca
+            );
+        }
         protocol::process_metrics::render_into(&mut out);
         out
     }
@@ -161,7 +178,17 @@ mod tests {
         m.reachable("10.0.0.1", "ipmi", true);
         m.reachable("10.0.0.2", "redfish", false);
         m.refused("not-a-coordinator");
+        assert!(
+            !m.render().contains("certificate_expiry"),
+            "nothing before it is known"
+        );
+        m.certificate(protocol::transport::Expiry {
+            certificate: 1_800_000_000,
+            ca: 2_000_000_000,
+        });
         let t = m.render();
+        assert!(t.contains("fleetmend_gateway_certificate_expiry_timestamp_seconds{certificate=\"gateway\"} 1800000000\n"), "{t}");
+        assert!(t.contains("fleetmend_gateway_certificate_expiry_timestamp_seconds{certificate=\"ca\"} 2000000000\n"), "{t}");
         assert!(t.contains("fleetmend_gateway_action_duration_seconds_bucket{protocol=\"ipmi\",action=\"status\",result=\"ok\",le=\"0.025\"} 1\n"), "{t}");
         assert!(t.contains("fleetmend_gateway_action_duration_seconds_bucket{protocol=\"ipmi\",action=\"status\",result=\"ok\",le=\"5\"} 2\n"), "{t}");
         assert!(t.contains("fleetmend_gateway_action_duration_seconds_count{protocol=\"ipmi\",action=\"status\",result=\"ok\"} 2\n"), "{t}");

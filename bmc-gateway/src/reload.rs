@@ -46,6 +46,8 @@ pub enum ReloadError {
 pub struct Reloaded {
     /// Settings other than the TLS files differ from the running ones and wait for a restart.
     pub needs_restart: bool,
+    /// When the new certificate and CA expire.
+    pub expiry: protocol::transport::Expiry,
 }
 
 /// Where reload requests come from: the configuration file and one message per SIGHUP.
@@ -95,7 +97,10 @@ impl Reloader {
             .set_server_config(Some(tls.quinn_server_config()?));
         let needs_restart = needs_restart(&self.running, &new);
         self.running.tls = new.tls;
-        Ok(Reloaded { needs_restart })
+        Ok(Reloaded {
+            needs_restart,
+            expiry: tls.expiry(),
+        })
     }
 }
 
@@ -108,11 +113,17 @@ pub fn needs_restart(running: &Config, new: &Config) -> bool {
 }
 
 /// Carries out one reload per request until the senders are gone.
-pub async fn serve(mut reloader: Reloader, mut requests: mpsc::UnboundedReceiver<()>) {
+pub async fn serve(
+    mut reloader: Reloader,
+    mut requests: mpsc::UnboundedReceiver<()>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+) {
     while requests.recv().await.is_some() {
         match reloader.reload() {
             Ok(r) => {
                 info!(identity = %reloader.identity, "TLS files reloaded; new connections use them");
+                metrics.certificate(r.expiry);
+                crate::warn_if_expiring(r.expiry, &reloader.running.tls.cert);
                 if r.needs_restart {
                     warn!(
                         config = %reloader.path.display(),

@@ -169,6 +169,7 @@ impl App {
         if me.role != Role::Coordinator {
             return Err(AppError::WrongRole(me));
         }
+        crate::certs::warn_if_expiring(tls.expiry(), &config.tls.cert);
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
         // Exclusive and writable, or no start at all: a second coordinator on this store,
         // or one that cannot write it, must not say it serves.
@@ -307,6 +308,10 @@ impl App {
             metrics_sources.push(r.metrics());
         }
         metrics_sources.push(fence_metrics);
+        metrics_sources.push(crate::certs::CertificateMetrics::new(
+            tls.expiry(),
+            fleet.clone(),
+        ));
         Ok(Self {
             config,
             store,
@@ -368,6 +373,10 @@ impl App {
             self.links.clone(),
             shutdown.clone(),
         ));
+        let certificates = tokio::spawn(crate::certs::watch_agent_certificates(
+            self.fleet.clone(),
+            shutdown.clone(),
+        ));
         let node_view = self.node_view.as_ref().map(|(view, every)| {
             (
                 view.spawn_poller(*every, shutdown.clone()),
@@ -392,6 +401,7 @@ impl App {
         self.repair_stop.cancel();
         let _ = server.await;
         let _ = sweeper.await;
+        let _ = certificates.await;
         if let Some(h) = remediation {
             let _ = h.await;
         }

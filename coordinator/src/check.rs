@@ -341,10 +341,22 @@ fn check_tls(config: &Config) -> Result<String, String> {
             config.tls.ca.display()
         )
     })?;
+    let expiry = tls.expiry();
+    let now = crate::certs::unix_now();
+    let when = match expiry.warning(now) {
+        Some(w) => {
+            format!("RENEW: {w} (`coordinatorctl pki issue --role coordinator`, then restart)")
+        }
+        None => format!(
+            "expires {}, the CA {}",
+            protocol::transport::expiry_distance(expiry.certificate, now),
+            protocol::transport::expiry_distance(expiry.ca, now),
+        ),
+    };
     Ok(format!(
-        "{me} ({}), chains to {}",
+        "{me} ({}), chains to {}; {when}",
         config.tls.cert.display(),
-        config.tls.ca.display()
+        config.tls.ca.display(),
     ))
 }
 

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod agent_link;
 pub mod agent_server;
 pub mod app;
+pub mod certs;
 pub mod check;
 pub mod clock;
 pub mod config;

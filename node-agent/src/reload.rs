@@ -63,7 +63,8 @@ pub struct Reloaded {
     pub cfg: Config,
     /// The TLS material its files hold now.
     pub tls: TlsMaterial,
-    /// The coordinator's address or server name changed: reconnect now.
+    /// The coordinator's address or server name, or this node's certificate, changed:
+    /// reconnect now.
     pub reconnect: bool,
     /// The checks' settings changed: rebuild the checker.
     pub checks_changed: bool,
@@ -89,9 +90,14 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
         });
     }
     let old = cfg.coordinator.as_ref();
-    let reconnect = old.is_none_or(|o| {
-        o.address != coordinator.address || o.server_name != coordinator.server_name
-    });
+    // A renewed certificate reconnects too: the coordinator reads a certificate at the
+    // handshake only, so until then it would count the old one as expiring (and the alert
+    // on it would stay) for as long as the connection lasts, months.
+    let renewed = !new_tls.same_certificate(tls);
+    let reconnect = renewed
+        || old.is_none_or(|o| {
+            o.address != coordinator.address || o.server_name != coordinator.server_name
+        });
     let checks_changed = cfg.root != new.root
         || cfg.nics != new.nics
         || cfg.mounts != new.mounts
@@ -101,9 +107,11 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
     if reconnect {
         changed.push("coordinator");
     }
-    if old.is_some_and(|o| {
-        o.ca != coordinator.ca || o.cert != coordinator.cert || o.key != coordinator.key
-    }) {
+    if renewed
+        || old.is_some_and(|o| {
+            o.ca != coordinator.ca || o.cert != coordinator.cert || o.key != coordinator.key
+        })
+    {
         changed.push("tls files");
     }
     if cfg.report_interval != new.report_interval {

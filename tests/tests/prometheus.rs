@@ -12,7 +12,11 @@ use anyhow::{Context, Result, bail, ensure};
 use protocol::Role;
 use protocol::gateway::{PowerAction, PowerRequest};
 use testkit::bmc_sim::{GatewayClient, GatewayProc, IpmiSim, TestPki};
-use testkit::procs::{Coordinator, CoordinatorOptions, Pki, inventory_toml, workspace_root};
+use testkit::fixture::{AgentConfig, FakeKubelet, NodeFixture};
+use testkit::procs::{
+    Coordinator, CoordinatorOptions, Pki, command, inventory_toml, metric, run_ok, start_agent,
+    wait_for, workspace_root,
+};
 
 fn promtool() -> Result<PathBuf> {
     for p in ["/usr/bin/promtool", "/usr/local/bin/promtool"] {
@@ -137,6 +141,150 @@ fn a_live_coordinator_scrape_passes_promtool_and_has_process_metrics() -> Result
     lint(&scrape)?;
     // Every coordinator series an alert or a dashboard panel reads is served.
     served_by(&scrape, |name| !name.starts_with("fleetmend_gateway_"))
+}
+
+#[test]
+fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "fleet.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coordinator"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&[("10.0.0.1", "n1"), ("10.0.0.2", "n2")])),
+            ..Default::default()
+        },
+    )?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
+    let scrape = coord.scrape()?;
+    let own = metric(
+        &scrape,
+        "fleetmend_certificate_expiry_timestamp_seconds{certificate=\"coordinator\"}",
+    )
+    .context("coordinator certificate expiry")?;
+    ensure!(
+        (own - (now + 365.0 * 86_400.0)).abs() < 3600.0,
+        "the coordinator's certificate (365 days) expires at {own}, now {now}"
+    );
+    ensure!(metric(&scrape, "fleetmend_agent_certificates_known") == Some(0.0));
+    ensure!(
+        metric(
+            &scrape,
+            "fleetmend_agent_certificate_expiry_earliest_timestamp_seconds"
+        )
+        .is_none(),
+        "no agent yet, no earliest expiry"
+    );
+
+    // n1 gets a certificate of ten days, n2 one of the default year.
+    let issue = |name: &str, days: &str| {
+        run_ok(command("coordinatorctl").args([
+            "pki",
+            "issue",
+            "--ca",
+            &pki.ca_dir.to_string_lossy(),
+            "--role",
+            "node",
+            "--name",
+            name,
+            "--days",
+            days,
+            "--out",
+            &pki.certs_dir.to_string_lossy(),
+        ]))
+    };
+    issue("n1", "10")?;
+    issue("n2", "365")?;
+    // (n1 is renewed below with `--force`.)
+    let kubelet = FakeKubelet::start()?;
+    let mut agents = Vec::new();
+    for (name, address) in [("n1", "10.0.0.1"), ("n2", "10.0.0.2")] {
+        let fixture = NodeFixture::builder(name)
+            .address(address.parse()?)
+            .build()?;
+        let cfg = fixture.write_agent_config(
+            &AgentConfig::new(
+                &coord.quic.to_string(),
+                pki.ca_cert(),
+                pki.certs_dir.join(format!("{name}.crt")),
+                pki.certs_dir.join(format!("{name}.key")),
+            )
+            .report_interval(Duration::from_millis(300))
+            .kubelet_url(&kubelet.url()),
+        )?;
+        let log = tmp.path().join(format!("{name}.log"));
+        agents.push((start_agent(name, &cfg, &log)?, fixture));
+    }
+    agents[0].0.wait_for_log(
+        &[
+            "the certificate expires in ",
+            " days (",
+            "--role node --name n1",
+        ],
+        Duration::from_secs(20),
+    )?;
+    coord.wait_for_log(
+        &["the agent's certificate expires in ", "--name n1"],
+        Duration::from_secs(20),
+    )?;
+    let scrape = wait_for("both agents' certificates", Duration::from_secs(20), || {
+        let s = coord.scrape().map_err(|e| e.to_string())?;
+        match metric(&s, "fleetmend_agent_certificates_known") {
+            Some(2.0) => Ok(s),
+            other => Err(format!("fleetmend_agent_certificates_known {other:?}")),
+        }
+    })?;
+    ensure!(
+        metric(&scrape, "fleetmend_agent_certificates_expiring") == Some(1.0),
+        "only n1's expires within 30 days:\n{scrape}"
+    );
+    let earliest = metric(
+        &scrape,
+        "fleetmend_agent_certificate_expiry_earliest_timestamp_seconds",
+    )
+    .context("earliest agent certificate")?;
+    ensure!(
+        (earliest - (now + 10.0 * 86_400.0)).abs() < 3600.0,
+        "n1's certificate (10 days) expires at {earliest}, now {now}"
+    );
+    ensure!(
+        !agents[1].0.log_text().contains("expires in"),
+        "n2's certificate is good for a year: {}",
+        agents[1].0.log_text()
+    );
+    lint(&scrape)?;
+
+    // Renewed and reloaded, n1 reconnects with its new certificate, and the count clears
+    // (a connection keeps the certificate of its handshake for as long as it lasts).
+    run_ok(command("coordinatorctl").args([
+        "pki",
+        "issue",
+        "--ca",
+        &pki.ca_dir.to_string_lossy(),
+        "--role",
+        "node",
+        "--name",
+        "n1",
+        "--force",
+        "--out",
+        &pki.certs_dir.to_string_lossy(),
+    ]))?;
+    let pid = agents[0].0.pid().context("n1's pid")?;
+    run_ok(Command::new("kill").args(["-HUP", &pid.to_string()]))?;
+    agents[0].0.wait_for_log(
+        &["configuration and TLS files reloaded"],
+        Duration::from_secs(20),
+    )?;
+    wait_for("n1's renewed certificate", Duration::from_secs(20), || {
+        let s = coord.scrape().map_err(|e| e.to_string())?;
+        match metric(&s, "fleetmend_agent_certificates_expiring") {
+            Some(0.0) => Ok(()),
+            other => Err(format!("fleetmend_agent_certificates_expiring {other:?}")),
+        }
+    })?;
+    Ok(())
 }
 
 /// The `fleetmend_*` names the alerting rules and the dashboard query.

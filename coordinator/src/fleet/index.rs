@@ -30,6 +30,9 @@ pub(super) struct Live {
     /// What the health sweep saw of the agent connection's datagrams since the agent went
     /// silent; cleared by every report and every new connection.
     pub(super) heard: Option<Heard>,
+    /// When the certificate the agent last connected with expires (seconds since the Unix
+    /// epoch).
+    pub(super) cert_not_after: Option<i64>,
 }
 
 /// The received-datagram count of a late agent's connection: when first sampled (once the

@@ -30,12 +30,14 @@ use crate::health::{Current, Derived, HealthConfig, MachineState, Observation, d
 use crate::inventory::{InventoryError, MachineRecord, RecordSource, check_unique};
 use crate::store::{Store, StoreError};
 
+mod certs;
 mod index;
 pub mod lifecycle;
 pub mod snapshot;
 mod sql;
 mod sweep;
 
+pub use certs::AgentCertificates;
 use index::{Entry, Inner, Live, row};
 pub use lifecycle::Released;
 pub use snapshot::{FleetSnapshot, LiveHealth, MachineSnapshot, MachineView};
@@ -1055,5 +1057,44 @@ mod tests {
         assert_eq!(state(&f, a), MachineState::Healthy);
         assert!(!f.ok_continuously_since(a, t0));
         assert_eq!(f.live(a).unwrap().boot_id.as_deref(), Some("b2"));
+    }
+
+    #[tokio::test]
+    async fn agent_certificates_are_counted_per_machine_not_retired() {
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        f.upsert(vec![
+            rec("10.0.0.1", "a"),
+            rec("10.0.0.2", "b"),
+            rec("10.0.0.3", "c"),
+            rec("10.0.0.4", "d"),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(f.agent_certificates(0), AgentCertificates::default());
+        for (h, t) in [("a", 500), ("b", 100), ("c", 2000), ("d", 50)] {
+            f.agent_hello(h, &hello(h, "b1"), "127.0.0.1".parse().unwrap())
+                .await
+                .unwrap();
+            f.note_certificate(h, t);
+        }
+        // A renewed certificate replaces the one noted before; a stranger is ignored.
+        f.note_certificate("b", 200);
+        f.note_certificate("nobody", 1);
+        f.set_admin_state("10.0.0.4", Some(MachineState::Retired), "gone")
+            .await
+            .unwrap();
+        assert_eq!(
+            f.agent_certificates(600),
+            AgentCertificates {
+                known: 3,
+                earliest: Some(200),
+                expiring: 2,
+            }
+        );
+        assert_eq!(
+            f.expiring_agents(600),
+            [("b".to_string(), 200), ("a".to_string(), 500)]
+        );
     }
 }

@@ -37,6 +37,21 @@ pub enum AgentError {
         /// The verifier's reason.
         detail: String,
     },
+    /// The certificate or the CA has expired: the coordinator would refuse every
+    /// connection until a new one is installed.
+    #[error(
+        "{detail} ({cert}, CA {ca}); install a new certificate (`coordinatorctl pki issue --role node --name {name}`) and start the agent again"
+    )]
+    Expired {
+        /// The certificate file.
+        cert: std::path::PathBuf,
+        /// The CA file.
+        ca: std::path::PathBuf,
+        /// The name in the certificate.
+        name: String,
+        /// What expired, when.
+        detail: String,
+    },
     /// Node facts (hostname, boot id) cannot be read.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -54,7 +69,8 @@ impl AgentError {
         match self {
             AgentError::Config(_)
             | AgentError::IdentityMismatch { .. }
-            | AgentError::ForeignCertificate { .. } => 64,
+            | AgentError::ForeignCertificate { .. }
+            | AgentError::Expired { .. } => 64,
             _ => 1,
         }
     }

@@ -215,12 +215,17 @@ impl Agent {
             key: coordinator.key.clone(),
         })
         .map_err(AgentError::Tls)?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        refuse_expired(&tls, &coordinator, now)?;
         tls.verify_own_chain()
             .map_err(|e| AgentError::ForeignCertificate {
                 cert: coordinator.cert.clone(),
                 ca: coordinator.ca.clone(),
                 detail: e.to_string(),
             })?;
+        warn_if_expiring(&tls, &coordinator.cert);
         let hostname = node::hostname(&cfg.root, cfg.hostname.as_deref())?;
         let id = tls.identity();
         if id.role != Role::Node || id.name != hostname {
@@ -288,6 +293,7 @@ impl Agent {
                 self.cfg = r.cfg;
                 self.tls = r.tls;
                 info!(changed = ?r.changed, "configuration and TLS files reloaded");
+                warn_if_expiring(&self.tls, &self.coordinator.cert);
             }
         }
     }
@@ -695,6 +701,42 @@ impl Agent {
     }
 }
 
+/// An expired certificate or CA, said as such (the chain check would only say the
+/// certificate is "not valid under the CA"): the coordinator would refuse every report.
+fn refuse_expired(
+    tls: &TlsMaterial,
+    files: &crate::config::CoordinatorConfig,
+    now: i64,
+) -> Result<(), AgentError> {
+    let e = tls.expiry();
+    match e.warning(now) {
+        Some(detail) if e.certificate < now || e.ca < now => Err(AgentError::Expired {
+            cert: files.cert.clone(),
+            ca: files.ca.clone(),
+            name: tls.identity().name.clone(),
+            detail,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Logs a warning when this node's certificate or the CA expires within a month (or has
+/// expired): past it the coordinator refuses every report, and the machine turns
+/// `unreachable`. Said at start and at each reload, not at every reconnect.
+fn warn_if_expiring(tls: &TlsMaterial, cert: &std::path::Path) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    if let Some(w) = tls.expiry().warning(now) {
+        warn!(
+            certificate = %cert.display(),
+            identity = %tls.identity(),
+            "{w}: install a new certificate (`coordinatorctl pki issue --role node --name {}`) and reload (`systemctl reload node-agent`); past it the coordinator refuses this node's reports",
+            tls.identity().name
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -765,6 +807,48 @@ mod tests {
         cert: std::path::PathBuf,
         key: std::path::PathBuf,
         server: TlsMaterial,
+    }
+
+    #[test]
+    fn an_expired_certificate_or_ca_is_said_to_be_expired() {
+        let p = pki("n1");
+        let files = crate::config::CoordinatorConfig {
+            address: "127.0.0.1:1".into(),
+            server_name: "127.0.0.1".into(),
+            ca: p.ca.clone(),
+            cert: p.cert.clone(),
+            key: p.key.clone(),
+        };
+        let tls = TlsMaterial::load(&TlsFiles {
+            ca: p.ca.clone(),
+            cert: p.cert.clone(),
+            key: p.key.clone(),
+        })
+        .unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        const DAY: i64 = 86_400;
+        // A month before the certificate's year is up: valid, only warned about.
+        refuse_expired(&tls, &files, now + 340 * DAY).unwrap();
+        let e = refuse_expired(&tls, &files, now + 400 * DAY).unwrap_err();
+        assert_eq!(e.exit_code(), 64);
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("the certificate expired 35 days ago ("),
+            "{msg}"
+        );
+        assert!(!msg.contains("the CA"), "{msg}");
+        assert!(
+            msg.contains("--role node --name n1`) and start the agent again"),
+            "{msg}"
+        );
+        // The CA's ten years.
+        let msg = refuse_expired(&tls, &files, now + 3700 * DAY)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("; the CA expired "), "{msg}");
     }
 
     fn pki(node: &str) -> Pki {

@@ -23,10 +23,14 @@ use crate::identity::{Identity, IdentityError, Role};
 use crate::messages::{ClientHello, HelloBody, HelloReply, Refusal, RefusalCode, peek_version};
 use crate::{ALPN, PROTOCOL_VERSION};
 
+pub mod expiry;
 mod probe;
 mod settings;
 mod tls;
 
+pub use expiry::{
+    EXPIRY_WARNING, Expiry, expiry_date, expiry_distance, not_after_from_cert_der, peer_not_after,
+};
 pub use probe::port_refused;
 use settings::transport_config;
 pub use settings::{

@@ -47,6 +47,7 @@ pub struct TlsMaterial {
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     identity: Identity,
+    expiry: Expiry,
 }
 
 impl Clone for TlsMaterial {
@@ -55,6 +56,7 @@ impl Clone for TlsMaterial {
             roots: self.roots.clone(),
             chain: self.chain.clone(),
             key: self.key.clone_key(),
+            expiry: self.expiry,
             identity: self.identity.clone(),
         }
     }
@@ -93,8 +95,11 @@ impl TlsMaterial {
         let none = Path::new("<memory>");
         let mut roots = RootCertStore::empty();
         let mut n = 0;
+        let mut ca_expiry = i64::MAX;
         for c in CertificateDer::pem_slice_iter(ca) {
             let c = c.map_err(|e| pem_err("CA certificate", none, e))?;
+            ca_expiry = ca_expiry
+                .min(not_after_from_cert_der(&c).map_err(|e| pem_err("CA certificate", none, e))?);
             roots
                 .add(c)
                 .map_err(|e| pem_err("CA certificate", none, e))?;
@@ -110,6 +115,11 @@ impl TlsMaterial {
             .first()
             .ok_or_else(|| pem_err("certificate", none, "no certificate in file"))?;
         let identity = identity_from_cert_der(leaf).map_err(|e| pem_err("certificate", none, e))?;
+        let expiry = Expiry {
+            certificate: not_after_from_cert_der(leaf)
+                .map_err(|e| pem_err("certificate", none, e))?,
+            ca: ca_expiry,
+        };
         let key =
             PrivateKeyDer::from_pem_slice(key).map_err(|e| pem_err("private key", none, e))?;
         // A key from another pair (a renewal copied in halves, say) loads fine and fails
@@ -131,7 +141,19 @@ impl TlsMaterial {
             chain,
             key,
             identity,
+            expiry,
         })
+    }
+
+    /// Whether `other` holds the same certificate chain and a CA of the same expiry: false
+    /// after a renewal of either.
+    pub fn same_certificate(&self, other: &Self) -> bool {
+        self.chain == other.chain && self.expiry == other.expiry
+    }
+
+    /// When our certificate and our CA expire.
+    pub fn expiry(&self) -> Expiry {
+        self.expiry
     }
 
     /// Checks that our own certificate chains to our CA and is valid now, as a peer will

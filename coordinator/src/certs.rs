@@ -1,0 +1,146 @@
+//! When the coordinator's own certificate and the fleet CA expire, and the agents'
+//! certificates as they connect ([`crate::fleet::Fleet::agent_certificates`]): said in the log
+//! at start and exported on `/metrics` for the "expires soon" alerts.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::transport::{EXPIRY_WARNING, Expiry};
+use tokio_util::sync::CancellationToken;
+
+use crate::fleet::Fleet;
+use crate::metrics::MetricsSource;
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Logs a warning when the coordinator's certificate or the CA expires within
+/// [`EXPIRY_WARNING`] (or has expired).
+pub fn warn_if_expiring(expiry: Expiry, cert: &std::path::Path) {
+    if let Some(w) = expiry.warning(unix_now()) {
+        tracing::warn!(
+            certificate = %cert.display(),
+            "{w}: issue a new one (`coordinatorctl pki issue --role coordinator`), install it and restart the coordinator; past it agents, gateways and coordinatorctl refuse this coordinator"
+        );
+    }
+}
+
+/// How many machines a warning names; the rest are counted.
+const NAMED: usize = 20;
+
+/// `n1 in 12 days, n2 3 days ago and 4 more`: the machines of `expiring` (soonest first).
+pub fn expiring_line(expiring: &[(String, i64)], now: i64) -> String {
+    let mut line = expiring
+        .iter()
+        .take(NAMED)
+        .map(|(h, t)| format!("{h} {}", protocol::transport::expiry_distance(*t, now)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if expiring.len() > NAMED {
+        line.push_str(&format!(" and {} more", expiring.len() - NAMED));
+    }
+    line
+}
+
+/// Names the machines whose agent's certificate expires within [`EXPIRY_WARNING`], a minute
+/// after the start (once the agents have reconnected and presented theirs) and then daily:
+/// an agent stays connected for months, so the warning at its connection is not enough.
+pub async fn watch_agent_certificates(fleet: Arc<Fleet>, shutdown: CancellationToken) {
+    let mut wait = Duration::from_secs(60);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = Duration::from_secs(24 * 3600);
+        let now = unix_now();
+        let expiring = fleet.expiring_agents(now + EXPIRY_WARNING.as_secs() as i64);
+        if !expiring.is_empty() {
+            tracing::warn!(
+                count = expiring.len(),
+                machines = %expiring_line(&expiring, now),
+                "agent certificates expire within 30 days (or have expired): issue new ones (`coordinatorctl pki issue --role node --name HOSTNAME`), install them and reload the agents (`systemctl reload node-agent`)"
+            );
+        }
+    }
+}
+
+/// The certificate series of `/metrics`: the coordinator's own and its CA's expiry, and the
+/// agents' certificates as last presented.
+pub struct CertificateMetrics {
+    own: Expiry,
+    fleet: Arc<Fleet>,
+}
+
+impl CertificateMetrics {
+    /// Series for `own` and the agents of `fleet`.
+    pub fn new(own: Expiry, fleet: Arc<Fleet>) -> Arc<Self> {
+        Arc::new(Self { own, fleet })
+    }
+}
+
+impl MetricsSource for CertificateMetrics {
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_certificate_expiry_timestamp_seconds When the coordinator's certificate and its fleet CA expire (notAfter).\n\
+             # TYPE fleetmend_certificate_expiry_timestamp_seconds gauge\n\
+             fleetmend_certificate_expiry_timestamp_seconds{{certificate=\"coordinator\"}} {}\n\
+             fleetmend_certificate_expiry_timestamp_seconds{{certificate=\"ca\"}} {}",
+            self.own.certificate, self.own.ca
+        );
+        let soon = unix_now() + EXPIRY_WARNING.as_secs() as i64;
+        let agents = self.fleet.agent_certificates(soon);
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_agent_certificates_expiring Machines (not retired) whose agent's certificate, as last presented, expires within 30 days or has expired.\n\
+             # TYPE fleetmend_agent_certificates_expiring gauge\n\
+             fleetmend_agent_certificates_expiring {}\n\
+             # HELP fleetmend_agent_certificates_known Machines (not retired) whose agent's certificate was presented since the coordinator started.\n\
+             # TYPE fleetmend_agent_certificates_known gauge\n\
+             fleetmend_agent_certificates_known {}",
+            agents.expiring, agents.known
+        );
+        // Declared always, with a sample once an agent presented its certificate.
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_agent_certificate_expiry_earliest_timestamp_seconds When the first of the agents' certificates expires (notAfter).\n\
+             # TYPE fleetmend_agent_certificate_expiry_earliest_timestamp_seconds gauge"
+        );
+        if let Some(t) = agents.earliest {
+            let _ = writeln!(
+                out,
+                "fleetmend_agent_certificate_expiry_earliest_timestamp_seconds {t}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_warning_names_the_first_machines_and_counts_the_rest() {
+        let now = 1_800_000_000;
+        let list: Vec<(String, i64)> = (0..23)
+            .map(|i| {
+                (
+                    format!("n{i}"),
+                    now + i64::from(i) * 86_400 * 2 - 86_400 * 4,
+                )
+            })
+            .collect();
+        let line = expiring_line(&list, now);
+        assert!(
+            line.starts_with("n0 4 days ago, n1 2 days ago, n2 in 0 minutes, n3 in 2 days"),
+            "{line}"
+        );
+        assert!(line.ends_with("n19 in 34 days and 3 more"), "{line}");
+    }
+}
