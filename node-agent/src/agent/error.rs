@@ -1,5 +1,9 @@
-//! The errors that end the agent, with their retry and exit-code policy.
+//! The errors that end the agent, with their retry and exit-code policy, and those of one
+//! connection or report round, after which it reconnects.
 
+use std::time::Duration;
+
+use protocol::messages::Refusal;
 use protocol::transport::TransportError;
 
 use crate::config::ConfigError;
@@ -74,4 +78,19 @@ impl AgentError {
             _ => 1,
         }
     }
+}
+
+/// Why one connection or report round failed; always followed by a reconnect.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RoundError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("coordinator refused: {0}")]
+    Refused(Refusal),
+    #[error("cannot resolve coordinator address {addr}: {detail}")]
+    Resolve { addr: String, detail: String },
+    #[error("no answer to report {seq} within {timeout:?}")]
+    ReplyTimeout { seq: u64, timeout: Duration },
+    #[error(transparent)]
+    Node(#[from] NodeError),
 }

@@ -30,8 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use protocol::frame::MAX_FRAME_LEN;
 use protocol::identity::Role;
 use protocol::messages::{
-    AgentMessage, CoordinatorReply, Goodbye, GoodbyeReason, HealthReport, HelloBody, Refusal,
-    RefusalCode,
+    AgentMessage, CoordinatorReply, Goodbye, GoodbyeReason, HealthReport, HelloBody, RefusalCode,
 };
 use protocol::transport::{self, Session, TlsFiles, TlsMaterial, TransportError};
 use quinn::Endpoint;
@@ -42,13 +41,15 @@ use crate::actions::{self, ActionServer, RebootOrder};
 use crate::backoff::{Backoff, INITIAL_BACKOFF, MAX_BACKOFF};
 use crate::checks::Checker;
 use crate::config::{Config, CoordinatorConfig};
-use crate::node::{self, NodeError};
+use crate::node;
 use crate::reload::{self, Reloads};
 use crate::systemd::{Notifier, ShutdownProbe};
 
+mod certs;
 mod error;
 
 pub use error::AgentError;
+use error::RoundError;
 
 /// How long to wait for the coordinator's answer to a report. Longer than any sane
 /// coordinator write (a SQLite transaction) and well under the unreachable grace period,
@@ -63,21 +64,6 @@ pub const GOODBYE_TIMEOUT: Duration = Duration::from_secs(3);
 /// After closing the connection, how long to let quinn deliver the close frame so the
 /// coordinator sees a clean close instead of an idle timeout.
 const CLOSE_LINGER: Duration = Duration::from_millis(500);
-
-/// Why one connection or report round failed; always followed by a reconnect.
-#[derive(Debug, thiserror::Error)]
-enum RoundError {
-    #[error(transparent)]
-    Transport(#[from] TransportError),
-    #[error("coordinator refused: {0}")]
-    Refused(Refusal),
-    #[error("cannot resolve coordinator address {addr}: {detail}")]
-    Resolve { addr: String, detail: String },
-    #[error("no answer to report {seq} within {timeout:?}")]
-    ReplyTimeout { seq: u64, timeout: Duration },
-    #[error(transparent)]
-    Node(#[from] NodeError),
-}
 
 /// Tuning knobs that tests shorten.
 #[derive(Debug, Clone)]
@@ -215,17 +201,13 @@ impl Agent {
             key: coordinator.key.clone(),
         })
         .map_err(AgentError::Tls)?;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        refuse_expired(&tls, &coordinator, now)?;
+        certs::at_start(&tls, &coordinator)?;
         tls.verify_own_chain()
             .map_err(|e| AgentError::ForeignCertificate {
                 cert: coordinator.cert.clone(),
                 ca: coordinator.ca.clone(),
                 detail: e.to_string(),
             })?;
-        warn_if_expiring(&tls, &coordinator.cert);
         let hostname = node::hostname(&cfg.root, cfg.hostname.as_deref())?;
         let id = tls.identity();
         if id.role != Role::Node || id.name != hostname {
@@ -293,7 +275,7 @@ impl Agent {
                 self.cfg = r.cfg;
                 self.tls = r.tls;
                 info!(changed = ?r.changed, "configuration and TLS files reloaded");
-                warn_if_expiring(&self.tls, &self.coordinator.cert);
+                certs::warn_if_expiring(&self.tls, &self.coordinator.cert);
             }
         }
     }
@@ -701,47 +683,11 @@ impl Agent {
     }
 }
 
-/// An expired certificate or CA, said as such (the chain check would only say the
-/// certificate is "not valid under the CA"): the coordinator would refuse every report.
-fn refuse_expired(
-    tls: &TlsMaterial,
-    files: &crate::config::CoordinatorConfig,
-    now: i64,
-) -> Result<(), AgentError> {
-    let e = tls.expiry();
-    match e.warning(now) {
-        Some(detail) if e.certificate < now || e.ca < now => Err(AgentError::Expired {
-            cert: files.cert.clone(),
-            ca: files.ca.clone(),
-            name: tls.identity().name.clone(),
-            detail,
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// Logs a warning when this node's certificate or the CA expires within a month (or has
-/// expired): past it the coordinator refuses every report, and the machine turns
-/// `unreachable`. Said at start and at each reload, not at every reconnect.
-fn warn_if_expiring(tls: &TlsMaterial, cert: &std::path::Path) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    if let Some(w) = tls.expiry().warning(now) {
-        warn!(
-            certificate = %cert.display(),
-            identity = %tls.identity(),
-            "{w}: install a new certificate (`coordinatorctl pki issue --role node --name {}`) and reload (`systemctl reload node-agent`); past it the coordinator refuses this node's reports",
-            tls.identity().name
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use protocol::messages::{AgentHello, CheckKind, CheckStatus};
+    use protocol::messages::{AgentHello, CheckKind, CheckStatus, Refusal};
     use protocol::pki::{Ca, IssueOptions};
     use protocol::transport::{accept_hello, read_msg, write_msg};
     use tokio::sync::{mpsc, oneshot};
@@ -807,48 +753,6 @@ mod tests {
         cert: std::path::PathBuf,
         key: std::path::PathBuf,
         server: TlsMaterial,
-    }
-
-    #[test]
-    fn an_expired_certificate_or_ca_is_said_to_be_expired() {
-        let p = pki("n1");
-        let files = crate::config::CoordinatorConfig {
-            address: "127.0.0.1:1".into(),
-            server_name: "127.0.0.1".into(),
-            ca: p.ca.clone(),
-            cert: p.cert.clone(),
-            key: p.key.clone(),
-        };
-        let tls = TlsMaterial::load(&TlsFiles {
-            ca: p.ca.clone(),
-            cert: p.cert.clone(),
-            key: p.key.clone(),
-        })
-        .unwrap();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
-        const DAY: i64 = 86_400;
-        // A month before the certificate's year is up: valid, only warned about.
-        refuse_expired(&tls, &files, now + 340 * DAY).unwrap();
-        let e = refuse_expired(&tls, &files, now + 400 * DAY).unwrap_err();
-        assert_eq!(e.exit_code(), 64);
-        let msg = e.to_string();
-        assert!(
-            msg.starts_with("the certificate expired 35 days ago ("),
-            "{msg}"
-        );
-        assert!(!msg.contains("the CA"), "{msg}");
-        assert!(
-            msg.contains("--role node --name n1`) and start the agent again"),
-            "{msg}"
-        );
-        // The CA's ten years.
-        let msg = refuse_expired(&tls, &files, now + 3700 * DAY)
-            .unwrap_err()
-            .to_string();
-        assert!(msg.contains("; the CA expired "), "{msg}");
     }
 
     fn pki(node: &str) -> Pki {
