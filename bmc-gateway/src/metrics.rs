@@ -146,13 +146,11 @@ impl Metrics {
             );
         }
         if let Some(e) = g.expiry {
-            let _ = writeln!(
-                out,
-                "# HELP fleetmend_gateway_certificate_expiry_timestamp_seconds When the gateway's certificate and its fleet CA expire (notAfter).\n\
-                 # TYPE fleetmend_gateway_certificate_expiry_timestamp_seconds gauge\n\
-                 fleetmend_gateway_certificate_expiry_timestamp_seconds{{certificate=\"gateway\"}} {}\n\
-                 fleetmend_gateway_certificate_expiry_timestamp_seconds{{certificate=\"ca\"}} {}",
-                e.certificate, e.ca
+            e.render_metric(
+                &mut out,
+                "fleetmend_gateway_certificate_expiry_timestamp_seconds",
+                "When the gateway's certificate and its fleet CA expire (notAfter).",
+                "gateway",
             );
         }
         protocol::process_metrics::render_into(&mut out);

@@ -86,13 +86,11 @@ impl CertificateMetrics {
 
 impl MetricsSource for CertificateMetrics {
     fn render(&self, out: &mut String) {
-        let _ = writeln!(
+        self.own.render_metric(
             out,
-            "# HELP fleetmend_certificate_expiry_timestamp_seconds When the coordinator's certificate and its fleet CA expire (notAfter).\n\
-             # TYPE fleetmend_certificate_expiry_timestamp_seconds gauge\n\
-             fleetmend_certificate_expiry_timestamp_seconds{{certificate=\"coordinator\"}} {}\n\
-             fleetmend_certificate_expiry_timestamp_seconds{{certificate=\"ca\"}} {}",
-            self.own.certificate, self.own.ca
+            "fleetmend_certificate_expiry_timestamp_seconds",
+            "When the coordinator's certificate and its fleet CA expire (notAfter).",
+            "coordinator",
         );
         let soon = unix_now() + EXPIRY_WARNING.as_secs() as i64;
         let agents = self.fleet.agent_certificates(soon);

@@ -191,13 +191,13 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
             name,
             "--days",
             days,
+            "--force",
             "--out",
             &pki.certs_dir.to_string_lossy(),
         ]))
     };
     issue("n1", "10")?;
     issue("n2", "365")?;
-    // (n1 is renewed below with `--force`.)
     let kubelet = FakeKubelet::start()?;
     let mut agents = Vec::new();
     for (name, address) in [("n1", "10.0.0.1"), ("n2", "10.0.0.2")] {
@@ -258,19 +258,7 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
 
     // Renewed and reloaded, n1 reconnects with its new certificate, and the count clears
     // (a connection keeps the certificate of its handshake for as long as it lasts).
-    run_ok(command("coordinatorctl").args([
-        "pki",
-        "issue",
-        "--ca",
-        &pki.ca_dir.to_string_lossy(),
-        "--role",
-        "node",
-        "--name",
-        "n1",
-        "--force",
-        "--out",
-        &pki.certs_dir.to_string_lossy(),
-    ]))?;
+    issue("n1", "365")?;
     let pid = agents[0].0.pid().context("n1's pid")?;
     run_ok(Command::new("kill").args(["-HUP", &pid.to_string()]))?;
     agents[0].0.wait_for_log(

@@ -45,6 +45,20 @@ impl Expiry {
     }
 }
 
+impl Expiry {
+    /// Appends the gauge `name` in Prometheus text format: one sample for our certificate
+    /// (labelled `certificate="<own>"`) and one for the CA (`certificate="ca"`).
+    pub fn render_metric(&self, out: &mut String, name: &str, help: &str, own: &str) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n\
+             {name}{{certificate=\"{own}\"}} {}\n{name}{{certificate=\"ca\"}} {}",
+            self.certificate, self.ca
+        );
+    }
+}
+
 /// Whether `not_after` is within [`EXPIRY_WARNING`] of `now`, or past.
 pub fn soon(not_after: i64, now: i64) -> bool {
     not_after.saturating_sub(now) < EXPIRY_WARNING.as_secs() as i64
@@ -96,6 +110,20 @@ mod tests {
     use super::*;
 
     const DAY: i64 = 86_400;
+
+    #[test]
+    fn the_metric_has_one_sample_for_each_certificate() {
+        let mut out = String::new();
+        Expiry {
+            certificate: 10,
+            ca: 20,
+        }
+        .render_metric(&mut out, "x_expiry", "When.", "gateway");
+        assert_eq!(
+            out,
+            "# HELP x_expiry When.\n# TYPE x_expiry gauge\nx_expiry{certificate=\"gateway\"} 10\nx_expiry{certificate=\"ca\"} 20\n"
+        );
+    }
 
     #[test]
     fn distances_read_in_the_largest_whole_unit() {
