@@ -260,6 +260,41 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
     // (a connection keeps the certificate of its handshake for as long as it lasts).
     issue("n1", "365")?;
     let pid = agents[0].0.pid().context("n1's pid")?;
+
+    // coordinatorctl says so too, on stderr, and goes on.
+    run_ok(command("coordinatorctl").args([
+        "pki",
+        "issue",
+        "--ca",
+        &pki.ca_dir.to_string_lossy(),
+        "--role",
+        "admin",
+        "--name",
+        "short",
+        "--days",
+        "5",
+        "--out",
+        &pki.certs_dir.to_string_lossy(),
+    ]))?;
+    let out = run_ok(
+        command("coordinatorctl")
+            .arg("--server")
+            .arg(coord.quic.to_string())
+            .arg("--ca")
+            .arg(pki.ca_cert())
+            .arg("--cert")
+            .arg(pki.certs_dir.join("short.crt"))
+            .arg("--key")
+            .arg(pki.certs_dir.join("short.key"))
+            .args(["machines", "list", "--json"]),
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        err.contains("coordinatorctl: the certificate expires in ")
+            && err.contains("--role admin --name short`"),
+        "{err}"
+    );
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).context("stdout stays JSON")?;
     run_ok(Command::new("kill").args(["-HUP", &pid.to_string()]))?;
     agents[0].0.wait_for_log(
         &["configuration and TLS files reloaded"],

@@ -257,11 +257,29 @@ fn load_tls(r: &Resolved) -> anyhow::Result<TlsMaterial> {
     })
 }
 
+/// Says on stderr, once per run, when the admin certificate or the CA expires within a month
+/// (or has expired): past it the coordinator refuses this certificate.
+fn warn_if_expiring(tls: &TlsMaterial, r: &Resolved) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let now = crate::certs::unix_now();
+    if let Some(w) = tls.expiry().warning(now)
+        && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        eprintln!(
+            "coordinatorctl: {w} ({}, from {}); issue a new one with `coordinatorctl pki issue --role admin --name {}`",
+            r.cert.value.display(),
+            r.cert.from,
+            tls.identity().name
+        );
+    }
+}
+
 impl AdminClient {
     /// Connects and completes the admin hello.
     pub async fn connect(args: &ConnectArgs) -> anyhow::Result<Self> {
         let r = args.resolve()?;
         let tls = load_tls(&r)?;
+        warn_if_expiring(&tls, &r);
         let server = &r.server.value;
         let addr: SocketAddr = tokio::net::lookup_host(server.as_str())
             .await
