@@ -352,15 +352,7 @@ async fn agent_hello(
     tracing::info!(machine = %address, agent_version = %hello.agent_version, boot_id = %hello.boot_id, "agent connected");
     if let Some(t) = protocol::transport::peer_not_after(&conn) {
         ctx.fleet.note_certificate(&hostname, t);
-        let now = crate::certs::unix_now();
-        if protocol::transport::expiry::soon(t, now) {
-            tracing::warn!(
-                machine = %address,
-                expires = %protocol::transport::expiry_date(t),
-                "the agent's certificate expires {}: issue a new one (`coordinatorctl pki issue --role node --name {hostname}`) and install it on the machine",
-                protocol::transport::expiry_distance(t, now)
-            );
-        }
+        crate::certs::agent_connected(&hostname, &address, t);
     }
     Some(AgentConn {
         hostname,

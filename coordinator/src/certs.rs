@@ -30,6 +30,59 @@ pub fn warn_if_expiring(expiry: Expiry, cert: &std::path::Path) {
     }
 }
 
+/// Warns when an agent connects with a certificate that expires within [`EXPIRY_WARNING`]
+/// (or has expired), at most once a minute: after a restart or a network blip a whole fleet
+/// reconnects at once, and its certificates were often issued together. The lines not
+/// written are counted into the next one; the daily list names every machine.
+pub fn agent_connected(hostname: &str, address: &str, not_after: i64) {
+    static LIMIT: std::sync::Mutex<OncePerMinute> = std::sync::Mutex::new(OncePerMinute {
+        last: None,
+        held_back: 0,
+    });
+    let now = unix_now();
+    if !protocol::transport::expiry::soon(not_after, now) {
+        return;
+    }
+    let admitted = LIMIT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .admit(std::time::Instant::now());
+    let more = match admitted {
+        None => return,
+        Some(0) => String::new(),
+        Some(n) => format!(
+            " ({n} more agents connected with certificates that expire soon since the last such line; the daily list and fleetmend_agent_certificates_expiring count them)"
+        ),
+    };
+    tracing::warn!(
+        machine = %address,
+        expires = %protocol::transport::expiry_date(not_after),
+        "the agent's certificate expires {}: issue a new one (`coordinatorctl pki issue --role node --name {hostname}`) and install it on the machine{more}",
+        protocol::transport::expiry_distance(not_after, now)
+    );
+}
+
+/// One line a minute: the others are counted into the next.
+struct OncePerMinute {
+    last: Option<std::time::Instant>,
+    held_back: u64,
+}
+
+impl OncePerMinute {
+    /// `Some(lines held back since the last one)` when a line may be written at `now`.
+    fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(60))
+        {
+            self.held_back += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held_back))
+    }
+}
+
 /// How many machines a warning names; the rest are counted.
 const NAMED: usize = 20;
 
@@ -122,6 +175,20 @@ impl MetricsSource for CertificateMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agent_warnings_are_written_once_a_minute_and_count_the_rest() {
+        let mut limit = OncePerMinute {
+            last: None,
+            held_back: 0,
+        };
+        let t0 = std::time::Instant::now();
+        assert_eq!(limit.admit(t0), Some(0));
+        assert_eq!(limit.admit(t0 + Duration::from_secs(1)), None);
+        assert_eq!(limit.admit(t0 + Duration::from_secs(59)), None);
+        assert_eq!(limit.admit(t0 + Duration::from_secs(60)), Some(2));
+        assert_eq!(limit.admit(t0 + Duration::from_secs(200)), Some(0));
+    }
 
     #[test]
     fn a_warning_names_the_first_machines_and_counts_the_rest() {
