@@ -3,7 +3,8 @@
 //!
 //! Everything but the node's identity can change while running: the report interval, the
 //! checks (NICs, mounts, kubelet, kdump, root), the coordinator's address and server name
-//! (the agent then reconnects at once) and the TLS files (used from the next connection).
+//! (the agent then reconnects at once) and the TLS files (a renewed certificate or CA
+//! reconnects at once too, so the coordinator sees it).
 //! A configuration that does not load, TLS files that do not load, or a certificate that
 //! names another node are refused as a whole: the running settings stay, and the refusal is
 //! logged as an error. The agent applies the result ([`crate::agent::Agent`]); this module
@@ -94,17 +95,17 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
     // handshake only, so until then it would count the old one as expiring (and the alert
     // on it would stay) for as long as the connection lasts, months.
     let renewed = !new_tls.same_certificate(tls);
-    let reconnect = renewed
-        || old.is_none_or(|o| {
-            o.address != coordinator.address || o.server_name != coordinator.server_name
-        });
+    let moved = old.is_none_or(|o| {
+        o.address != coordinator.address || o.server_name != coordinator.server_name
+    });
+    let reconnect = moved || renewed;
     let checks_changed = cfg.root != new.root
         || cfg.nics != new.nics
         || cfg.mounts != new.mounts
         || cfg.kubelet != new.kubelet
         || cfg.kdump != new.kdump;
     let mut changed = Vec::new();
-    if reconnect {
+    if moved {
         changed.push("coordinator");
     }
     if renewed

@@ -628,7 +628,7 @@ impl Agent {
                     if std::mem::take(&mut self.reconnect)
                         && let Some(l) = link.take()
                     {
-                        info!("coordinator settings changed; reconnecting");
+                        info!("coordinator or certificate changed; reconnecting");
                         l.close(b"agent reconnecting").await;
                     }
                 }
@@ -886,6 +886,48 @@ mod tests {
         stop: oneshot::Sender<()>,
         handle: tokio::task::JoinHandle<RunSummary>,
         notifier: Arc<FakeNotifier>,
+    }
+
+    #[test]
+    fn a_reload_reconnects_for_a_renewed_certificate_or_a_new_coordinator_only() {
+        let pki = pki("node-1");
+        let fx = NodeFixture::builder("node-1").build().unwrap();
+        let load = |addr: &str| {
+            let path = fx
+                .write_agent_config(&AgentConfig::new(addr, &pki.ca, &pki.cert, &pki.key))
+                .unwrap();
+            Config::load(&Settings {
+                config: Some(path),
+                ..Settings::default()
+            })
+            .unwrap()
+        };
+        let files = TlsFiles {
+            ca: pki.ca.clone(),
+            cert: pki.cert.clone(),
+            key: pki.key.clone(),
+        };
+        let running = load("127.0.0.1:7443");
+        let tls = TlsMaterial::load(&files).unwrap();
+
+        let same = reload::prepare(&running, &tls, load("127.0.0.1:7443")).unwrap();
+        assert!(!same.reconnect);
+        assert!(same.changed.is_empty(), "{:?}", same.changed);
+
+        let moved = reload::prepare(&running, &tls, load("127.0.0.1:7444")).unwrap();
+        assert!(moved.reconnect);
+        assert_eq!(moved.changed, ["coordinator"]);
+
+        // The same files, a new certificate in them.
+        let renewed = pki
+            .authority
+            .issue(Role::Node, "node-1", &IssueOptions::default())
+            .unwrap();
+        std::fs::write(&pki.cert, &renewed.cert_pem).unwrap();
+        std::fs::write(&pki.key, &renewed.key_pem).unwrap();
+        let r = reload::prepare(&running, &tls, load("127.0.0.1:7443")).unwrap();
+        assert!(r.reconnect, "a renewed certificate reconnects");
+        assert_eq!(r.changed, ["tls files"]);
     }
 
     fn start_agent(fx: &NodeFixture, pki: &Pki, addr: SocketAddr) -> Running {
