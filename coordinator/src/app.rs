@@ -133,6 +133,7 @@ pub struct App {
     repair_join: Option<tokio::task::JoinHandle<()>>,
     /// Connected agents' connections, for agent actions.
     links: Arc<crate::agent_link::AgentLinks>,
+    tls_reloader: Arc<crate::certs::TlsReloader>,
     /// Automatic remediation and what its loop reads, with `[remediation]`.
     remediation: Option<(
         crate::remediation::Remediation,
@@ -204,7 +205,8 @@ impl App {
             Some((k, _)) => k.clone(),
             None => Arc::new(NotANode),
         };
-        let power = power_control(&config, &tls, &name, &fleet);
+        let shared_tls: crate::gateway::SharedTls = Arc::new(std::sync::RwLock::new(tls.clone()));
+        let power = power_control(&config, &shared_tls, &name, &fleet);
         let kdump = Arc::new(
             crate::kdump::Kdumps::open(
                 store.clone(),
@@ -308,9 +310,18 @@ impl App {
             metrics_sources.push(r.metrics());
         }
         metrics_sources.push(fence_metrics);
-        metrics_sources.push(crate::certs::CertificateMetrics::new(
-            tls.expiry(),
-            fleet.clone(),
+        let cert_metrics = crate::certs::CertificateMetrics::new(tls.expiry(), fleet.clone());
+        metrics_sources.push(cert_metrics.clone());
+        let tls_reloader = Arc::new(crate::certs::TlsReloader::new(
+            TlsFiles {
+                ca: config.tls.ca.clone(),
+                cert: config.tls.cert.clone(),
+                key: config.tls.key.clone(),
+            },
+            me.clone(),
+            endpoint.clone(),
+            shared_tls,
+            cert_metrics,
         ));
         Ok(Self {
             config,
@@ -329,7 +340,13 @@ impl App {
             links,
             remediation,
             kdump,
+            tls_reloader,
         })
+    }
+
+    /// What puts renewed TLS files in place (on SIGHUP).
+    pub fn tls_reloader(&self) -> Arc<crate::certs::TlsReloader> {
+        self.tls_reloader.clone()
     }
 
     /// The bound QUIC address.
@@ -434,7 +451,7 @@ pub fn sweep_period(report_interval: Duration) -> Duration {
 /// inventory rack, or [`crate::gateway::NoGateway`] (every action "not available") without any.
 fn power_control(
     config: &Config,
-    tls: &TlsMaterial,
+    tls: &crate::gateway::SharedTls,
     name: &str,
     fleet: &Arc<Fleet>,
 ) -> Arc<dyn crate::gateway::PowerControl> {

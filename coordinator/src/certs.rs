@@ -6,10 +6,12 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::transport::{EXPIRY_WARNING, Expiry};
+use protocol::identity::Identity;
+use protocol::transport::{EXPIRY_WARNING, Expiry, TlsFiles, TlsMaterial};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::Fleet;
+use crate::gateway::SharedTls;
 use crate::metrics::MetricsSource;
 
 /// Seconds since the Unix epoch, now.
@@ -25,7 +27,7 @@ pub fn warn_if_expiring(expiry: Expiry, cert: &std::path::Path) {
     if let Some(w) = expiry.warning(unix_now()) {
         tracing::warn!(
             certificate = %cert.display(),
-            "{w}: issue a new one (`coordinatorctl pki issue --role coordinator`), install it and restart the coordinator; past it agents, gateways and coordinatorctl refuse this coordinator"
+            "{w}: issue a new one (`coordinatorctl pki issue --role coordinator`), install it and reload the coordinator (`systemctl reload coordinator`); past it agents, gateways and coordinatorctl refuse this coordinator"
         );
     }
 }
@@ -126,20 +128,92 @@ pub async fn watch_agent_certificates(fleet: Arc<Fleet>, shutdown: CancellationT
 /// The certificate series of `/metrics`: the coordinator's own and its CA's expiry, and the
 /// agents' certificates as last presented.
 pub struct CertificateMetrics {
-    own: Expiry,
+    own: std::sync::Mutex<Expiry>,
     fleet: Arc<Fleet>,
 }
 
 impl CertificateMetrics {
     /// Series for `own` and the agents of `fleet`.
     pub fn new(own: Expiry, fleet: Arc<Fleet>) -> Arc<Self> {
-        Arc::new(Self { own, fleet })
+        Arc::new(Self {
+            own: std::sync::Mutex::new(own),
+            fleet,
+        })
+    }
+
+    fn own(&self) -> Expiry {
+        *self.own.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Puts renewed TLS files in place on SIGHUP, without a restart (which would stop running
+/// repair commands): the QUIC endpoint presents the new certificate to connections opened
+/// from then on (agents, `coordinatorctl`, kdump notices), and so do new connections to the
+/// gateways; open connections keep theirs. Only the files the running configuration names
+/// are read again, not the configuration. Files that do not load, a certificate that does
+/// not chain to the CA, or one naming another identity are refused, and the running ones
+/// stay.
+///
+/// The endpoint's connection-id and reset keys stay those derived from the key at start
+/// ([`protocol::transport::TlsMaterial::server_endpoint`]): after a renewal, the next restart
+/// cannot reset the connections of this run at once, and agents find it by their timeout.
+pub struct TlsReloader {
+    files: TlsFiles,
+    identity: Identity,
+    endpoint: quinn::Endpoint,
+    shared: SharedTls,
+    metrics: Arc<CertificateMetrics>,
+}
+
+impl TlsReloader {
+    /// A reloader of `files` for the coordinator running as `identity` on `endpoint`.
+    pub fn new(
+        files: TlsFiles,
+        identity: Identity,
+        endpoint: quinn::Endpoint,
+        shared: SharedTls,
+        metrics: Arc<CertificateMetrics>,
+    ) -> Self {
+        Self {
+            files,
+            identity,
+            endpoint,
+            shared,
+            metrics,
+        }
+    }
+
+    /// Reads the TLS files again and puts them in place; the error says why they were not.
+    pub fn reload(&self) -> Result<Expiry, String> {
+        let tls = TlsMaterial::load(&self.files).map_err(|e| e.to_string())?;
+        if tls.identity() != &self.identity {
+            return Err(format!(
+                "{} now names {}, but this coordinator runs as {}; restart it to change its identity",
+                self.files.cert.display(),
+                tls.identity(),
+                self.identity
+            ));
+        }
+        tls.verify_own_chain().map_err(|e| {
+            format!(
+                "{} is not valid under the CA {} ({e})",
+                self.files.cert.display(),
+                self.files.ca.display()
+            )
+        })?;
+        let server = tls.quinn_server_config().map_err(|e| e.to_string())?;
+        self.endpoint.set_server_config(Some(server));
+        let expiry = tls.expiry();
+        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = tls;
+        *self.metrics.own.lock().unwrap_or_else(|p| p.into_inner()) = expiry;
+        warn_if_expiring(expiry, &self.files.cert);
+        Ok(expiry)
     }
 }
 
 impl MetricsSource for CertificateMetrics {
     fn render(&self, out: &mut String) {
-        self.own.render_metric(
+        self.own().render_metric(
             out,
             "fleetmend_certificate_expiry_timestamp_seconds",
             "When the coordinator's certificate and its fleet CA expire (notAfter).",

@@ -345,7 +345,9 @@ fn check_tls(config: &Config) -> Result<String, String> {
     let now = crate::certs::unix_now();
     let when = match expiry.warning(now) {
         Some(w) => {
-            format!("RENEW: {w} (`coordinatorctl pki issue --role coordinator`, then restart)")
+            format!(
+                "RENEW: {w} (`coordinatorctl pki issue --role coordinator`, then `systemctl reload coordinator`)"
+            )
         }
         None => format!(
             "expires {}, the CA {}",

@@ -139,9 +139,14 @@ fn gateway_default(action: PowerAction) -> Duration {
     }
 }
 
+/// The coordinator's TLS material, shared with what reloads it on SIGHUP
+/// ([`crate::certs::TlsReloader`]): connections opened after a reload present the new
+/// certificate.
+pub type SharedTls = Arc<std::sync::RwLock<TlsMaterial>>;
+
 /// The real [`PowerControl`]: mutual-TLS QUIC to the configured gateways.
 pub struct QuicGateways {
-    tls: TlsMaterial,
+    tls: SharedTls,
     coordinator: String,
     targets: Vec<GatewayTarget>,
     rack_of: RackOf,
@@ -160,7 +165,7 @@ impl std::fmt::Debug for QuicGateways {
 impl QuicGateways {
     /// A client presenting `tls` (a coordinator certificate) as `coordinator`.
     pub fn new(
-        tls: TlsMaterial,
+        tls: SharedTls,
         coordinator: impl Into<String>,
         targets: Vec<GatewayTarget>,
         rack_of: RackOf,
@@ -201,8 +206,8 @@ impl QuicGateways {
             return Ok(c.clone());
         }
         conns.remove(&i);
-        let endpoint = self
-            .tls
+        let tls = self.tls.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let endpoint = tls
             .client_endpoint(t.address)
             .map_err(|e| unreachable(t, &e))?;
         let hello = HelloBody::Coordinator(CoordinatorHello {
@@ -410,7 +415,11 @@ mod tests {
         let ids = Arc::new(std::sync::Mutex::new(Vec::new()));
         let addr = silent_gateway(&ca, ids.clone()).await;
         let g = QuicGateways::new(
-            material(&ca, Role::Coordinator, "c1"),
+            Arc::new(std::sync::RwLock::new(material(
+                &ca,
+                Role::Coordinator,
+                "c1",
+            ))),
             "c1",
             vec![target(addr)],
             racks(),
@@ -455,7 +464,11 @@ mod tests {
         let served = Arc::new(AtomicUsize::new(0));
         let addr = fake_gateway(&ca, served.clone()).await;
         let g = QuicGateways::new(
-            material(&ca, Role::Coordinator, "c1"),
+            Arc::new(std::sync::RwLock::new(material(
+                &ca,
+                Role::Coordinator,
+                "c1",
+            ))),
             "c1",
             vec![target(addr)],
             racks(),
@@ -485,7 +498,7 @@ mod tests {
         let addr = fake_gateway(&ca, served.clone()).await;
         // An admin certificate is refused by the gateway.
         let g = QuicGateways::new(
-            material(&ca, Role::Admin, "alice"),
+            Arc::new(std::sync::RwLock::new(material(&ca, Role::Admin, "alice"))),
             "alice",
             vec![target(addr)],
             racks(),
@@ -503,7 +516,11 @@ mod tests {
             .local_addr()
             .unwrap();
         let g = QuicGateways::new(
-            material(&ca, Role::Coordinator, "c1"),
+            Arc::new(std::sync::RwLock::new(material(
+                &ca,
+                Role::Coordinator,
+                "c1",
+            ))),
             "c1",
             vec![target(dead)],
             racks(),

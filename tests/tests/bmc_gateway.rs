@@ -676,7 +676,9 @@ async fn coordinator_client_fences_through_the_real_gateway() -> Result<()> {
     let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password);
     let gw = GatewayProc::start(&pki, &cfg).await?;
     let gws = QuicGateways::new(
-        pki.material(Role::Coordinator, "coord-1")?,
+        std::sync::Arc::new(std::sync::RwLock::new(
+            pki.material(Role::Coordinator, "coord-1")?,
+        )),
         "coord-1",
         vec![GatewayTarget {
             name: "rack-3".into(),

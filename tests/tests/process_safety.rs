@@ -10,8 +10,9 @@
 //! - a database that stops taking writes while running turns `/healthz` to 503 with the
 //!   reason and counts the failures in `/metrics`, back to 200 once writes work; a request
 //!   stuck behind the store times out in `coordinatorctl` saying the outcome is unknown;
-//! - SIGHUP: the coordinator logs that it ignores it, the agent reloads (and refuses a broken
-//!   configuration) and keeps reporting, the gateway reloads its TLS files and keeps answering.
+//! - SIGHUP: the coordinator puts a renewed certificate in place for new connections (and
+//!   refuses a broken one), the agent reloads (and refuses a broken configuration) and keeps
+//!   reporting, the gateway reloads its TLS files and keeps answering.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -537,10 +538,62 @@ fn sighup_keeps_coordinator_and_agent_running() -> anyhow::Result<()> {
         Ok(())
     };
 
+    // The coordinator's certificate renewed (20 days, so that it shows) and put in place
+    // without a restart: /metrics says the new expiry, and a new admin connection works.
     let coord_pid = coord.proc.as_ref().and_then(Proc::pid).context("pid")?;
+    let renew = |days: &str| {
+        let out = command("coordinatorctl")
+            .args(["pki", "issue", "--ca"])
+            .arg(&pki.ca_dir)
+            .args([
+                "--role",
+                "coordinator",
+                "--name",
+                "coord",
+                "--ip",
+                "127.0.0.1",
+            ])
+            .args(["--days", days, "--force", "--out"])
+            .arg(&pki.certs_dir)
+            .output()?;
+        ensure!(out.status.success(), "{out:?}");
+        Ok(())
+    };
+    renew("20")?;
     send_signal(coord_pid, "HUP")?;
-    coord.wait_for_log(&["SIGHUP ignored"], SETTLE)?;
+    coord.wait_for_log(&["SIGHUP: TLS files reloaded"], SETTLE)?;
     assert_eq!(coord.http_get("/healthz")?.0, 200);
+    let expiry = metric(
+        &coord.scrape()?,
+        "fleetmend_certificate_expiry_timestamp_seconds{certificate=\"coordinator\"}",
+    )
+    .context("coordinator certificate expiry")?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
+    ensure!(
+        (expiry - (now + 20.0 * 86_400.0)).abs() < 3600.0,
+        "the renewed certificate (20 days) expires at {expiry}, now {now}"
+    );
+    coord.wait_for_log(
+        &["the certificate expires in ", "reload the coordinator"],
+        SETTLE,
+    )?;
+    coord.machines()?;
+    // A certificate that does not go with its key is refused; the running one stays.
+    std::fs::write(
+        pki.certs_dir.join("coord.key"),
+        std::fs::read(pki.certs_dir.join("tester.key"))?,
+    )?;
+    send_signal(coord_pid, "HUP")?;
+    coord.wait_for_log(
+        &[
+            "SIGHUP: reload refused",
+            "it is not the key of the certificate",
+        ],
+        SETTLE,
+    )?;
+    coord.machines()?;
 
     let agent_pid = agent.pid().context("agent pid")?;
     send_signal(agent_pid, "HUP")?;

@@ -15,9 +15,9 @@ const EXIT_CONFIG: u8 = 64;
 /// Fleetmend coordinator: inventory, live health, repairs.
 ///
 /// Signals: SIGTERM or SIGINT stop it cleanly (running repair commands are killed and run
-/// again after the next start). SIGHUP is logged and ignored: the coordinator reloads
-/// nothing; restart it to apply a changed configuration or certificate (a restart resumes
-/// every repair where it stood). Only one coordinator may use a database: a second one is
+/// again after the next start). SIGHUP reads the TLS files again: a renewed certificate is
+/// used for new connections. The configuration is read only at start: restart to apply a
+/// change to it (a restart resumes every repair where it stood). Only one coordinator may use a database: a second one is
 /// refused, naming the lock file `<database>.lock` and the pid holding it.
 #[derive(Debug, Parser)]
 #[command(name = "coordinator", version = protocol::VERSION)]
@@ -140,7 +140,7 @@ fn main() -> ExitCode {
             }
         };
         let shutdown = CancellationToken::new();
-        tokio::spawn(wait_for_signal(shutdown.clone()));
+        tokio::spawn(wait_for_signal(shutdown.clone(), app.tls_reloader()));
         // Bound and loaded: from here on connections are accepted.
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
         if let Some(period) = sd_notify::watchdog_enabled() {
@@ -200,7 +200,10 @@ async fn watchdog(
     }
 }
 
-async fn wait_for_signal(shutdown: CancellationToken) {
+async fn wait_for_signal(
+    shutdown: CancellationToken,
+    tls: std::sync::Arc<coordinator::certs::TlsReloader>,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let (mut term, mut int, mut hup) = match (
         signal(SignalKind::terminate()),
@@ -217,9 +220,15 @@ async fn wait_for_signal(shutdown: CancellationToken) {
         tokio::select! {
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
-            _ = hup.recv() => tracing::warn!(
-                "SIGHUP ignored: the coordinator reloads nothing; restart it to apply a changed configuration or certificate (repairs resume where they stood)"
-            ),
+            _ = hup.recv() => match tls.reload() {
+                Ok(_) => tracing::info!(
+                    "SIGHUP: TLS files reloaded; new connections use them (the configuration is not read again: restart to apply a change to it)"
+                ),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "SIGHUP: reload refused; keeping the running certificate"
+                ),
+            },
         }
     };
     tracing::info!(signal = which, "stopping");
