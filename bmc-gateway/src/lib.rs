@@ -190,10 +190,7 @@ pub struct Bound {
 /// Logs a warning when the gateway's certificate or its CA expires within a month (or has
 /// expired): past it, coordinators refuse this gateway and power actions stop.
 fn warn_if_expiring(expiry: protocol::transport::Expiry, cert: &std::path::Path) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    if let Some(w) = expiry.warning(now) {
+    if let Some(w) = expiry.warning(protocol::transport::unix_now()) {
         warn!(
             certificate = %cert.display(),
             "{w}: issue a new one (`coordinatorctl pki issue --role gateway`), install it and reload (`systemctl reload bmc-gateway`); past it coordinators refuse this gateway"

@@ -7,19 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::identity::Identity;
-use protocol::transport::{EXPIRY_WARNING, Expiry, TlsFiles, TlsMaterial};
+use protocol::transport::{EXPIRY_WARNING, Expiry, TlsFiles, TlsMaterial, unix_now};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::Fleet;
 use crate::gateway::SharedTls;
 use crate::metrics::MetricsSource;
-
-/// Seconds since the Unix epoch, now.
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
 
 /// Logs a warning when the coordinator's certificate or the CA expires within
 /// [`EXPIRY_WARNING`] (or has expired).

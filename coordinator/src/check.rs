@@ -342,7 +342,7 @@ fn check_tls(config: &Config) -> Result<String, String> {
         )
     })?;
     let expiry = tls.expiry();
-    let now = crate::certs::unix_now();
+    let now = protocol::transport::unix_now();
     let when = match expiry.warning(now) {
         Some(w) => {
             format!(

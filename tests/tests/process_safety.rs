@@ -594,6 +594,20 @@ fn sighup_keeps_coordinator_and_agent_running() -> anyhow::Result<()> {
         SETTLE,
     )?;
     coord.machines()?;
+    // A valid pair naming another identity is refused too: a reload never changes who the
+    // coordinator is.
+    for ext in ["crt", "key"] {
+        std::fs::copy(
+            pki.certs_dir.join(format!("tester.{ext}")),
+            pki.certs_dir.join(format!("coord.{ext}")),
+        )?;
+    }
+    send_signal(coord_pid, "HUP")?;
+    coord.wait_for_log(
+        &["SIGHUP: reload refused", "but this coordinator runs as"],
+        SETTLE,
+    )?;
+    coord.machines()?;
 
     let agent_pid = agent.pid().context("agent pid")?;
     send_signal(agent_pid, "HUP")?;

@@ -155,19 +155,12 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
             ..Default::default()
         },
     )?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs_f64();
     let scrape = coord.scrape()?;
-    let own = metric(
+    expires_in_days(
         &scrape,
         "fleetmend_certificate_expiry_timestamp_seconds{certificate=\"coordinator\"}",
-    )
-    .context("coordinator certificate expiry")?;
-    ensure!(
-        (own - (now + 365.0 * 86_400.0)).abs() < 3600.0,
-        "the coordinator's certificate (365 days) expires at {own}, now {now}"
-    );
+        365.0,
+    )?;
     ensure!(metric(&scrape, "fleetmend_agent_certificates_known") == Some(0.0));
     ensure!(
         metric(
@@ -240,15 +233,11 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
         metric(&scrape, "fleetmend_agent_certificates_expiring") == Some(1.0),
         "only n1's expires within 30 days:\n{scrape}"
     );
-    let earliest = metric(
+    expires_in_days(
         &scrape,
         "fleetmend_agent_certificate_expiry_earliest_timestamp_seconds",
-    )
-    .context("earliest agent certificate")?;
-    ensure!(
-        (earliest - (now + 10.0 * 86_400.0)).abs() < 3600.0,
-        "n1's certificate (10 days) expires at {earliest}, now {now}"
-    );
+        10.0,
+    )?;
     ensure!(
         !agents[1].0.log_text().contains("expires in"),
         "n2's certificate is good for a year: {}",
@@ -307,6 +296,19 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
             other => Err(format!("fleetmend_agent_certificates_expiring {other:?}")),
         }
     })?;
+    Ok(())
+}
+
+/// Fails unless `series` in `scrape` is a time about `days` from now (within an hour).
+fn expires_in_days(scrape: &str, series: &str, days: f64) -> Result<()> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
+    let at = metric(scrape, series).with_context(|| format!("no {series}"))?;
+    ensure!(
+        (at - (now + days * 86_400.0)).abs() < 3600.0,
+        "{series} is {at}, not {days} days from {now}"
+    );
     Ok(())
 }
 

@@ -261,7 +261,7 @@ fn load_tls(r: &Resolved) -> anyhow::Result<TlsMaterial> {
 /// (or has expired): past it the coordinator refuses this certificate.
 fn warn_if_expiring(tls: &TlsMaterial, r: &Resolved) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let now = crate::certs::unix_now();
+    let now = protocol::transport::unix_now();
     if let Some(w) = tls.expiry().warning(now)
         && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed)
     {

@@ -1,9 +1,7 @@
 //! The node's certificate and CA against the clock: refused at start once expired, warned
 //! about from a month before (at start and at each reload).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use protocol::transport::TlsMaterial;
+use protocol::transport::{TlsMaterial, unix_now};
 use tracing::warn;
 
 use super::AgentError;
@@ -17,12 +15,6 @@ pub(super) fn at_start(
     refuse_expired(tls, files, unix_now())?;
     warn_if_expiring(tls, &files.cert);
     Ok(())
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// An expired certificate or CA, said as such (the chain check would only say the
@@ -48,10 +40,7 @@ fn refuse_expired(
 /// expired): past it the coordinator refuses every report, and the machine turns
 /// `unreachable`. Said at start and at each reload, not at every reconnect.
 pub(super) fn warn_if_expiring(tls: &TlsMaterial, cert: &std::path::Path) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    if let Some(w) = tls.expiry().warning(now) {
+    if let Some(w) = tls.expiry().warning(unix_now()) {
         warn!(
             certificate = %cert.display(),
             identity = %tls.identity(),

@@ -59,6 +59,13 @@ impl Expiry {
     }
 }
 
+/// Seconds since the Unix epoch, now: the clock every expiry is read against.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
 /// Whether `not_after` is within [`EXPIRY_WARNING`] of `now`, or past.
 pub fn soon(not_after: i64, now: i64) -> bool {
     not_after.saturating_sub(now) < EXPIRY_WARNING.as_secs() as i64

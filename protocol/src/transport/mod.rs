@@ -30,6 +30,7 @@ mod tls;
 
 pub use expiry::{
     EXPIRY_WARNING, Expiry, expiry_date, expiry_distance, not_after_from_cert_der, peer_not_after,
+    unix_now,
 };
 pub use probe::port_refused;
 use settings::transport_config;
