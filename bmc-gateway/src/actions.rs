@@ -196,9 +196,21 @@ async fn fence(
     seen: &Mutex<String>,
 ) -> PowerOutcome {
     let note = |s: String| *seen.lock().expect("not poisoned") = s;
-    let said = match power.chassis(ChassisOp::Off).await {
-        Ok(s) => s,
-        Err(e) => return failed(&e, "fence: power off"),
+    // An unanswered power off is sent again while the limit lasts: the answer may be what was
+    // lost (the BMC applied it), and powering off a machine that is off does nothing. A refusal
+    // (credentials, a completion code) ends the fence at once: asking again would not change it.
+    let mut attempts = 0u32;
+    let said = loop {
+        attempts += 1;
+        match power.chassis(ChassisOp::Off).await {
+            Ok(s) => break s,
+            Err(e) if e.is_retriable() => note(format!(
+                "power off not answered after {attempts} attempt{}: {e}",
+                if attempts == 1 { "" } else { "s" }
+            )),
+            Err(e) => return failed(&e, "fence: power off"),
+        }
+        tokio::time::sleep(limits.poll).await;
     };
     note(format!(
         "BMC accepted power off ({said}); power not read yet"
@@ -347,6 +359,46 @@ mod tests {
         assert!(!retriable);
         assert!(detail.contains("cc 0xd5"), "{detail}");
         assert_eq!(p.calls(), ["off"]);
+    }
+
+    #[tokio::test]
+    async fn fence_sends_an_unanswered_off_again_within_its_limit() {
+        let p = FakePower::new(PowerState::On);
+        p.fail_next(BmcError::Timeout {
+            bmc: "b".into(),
+            what: "power off".into(),
+            waited_ms: 1500,
+        });
+        let o = go(&p, PowerAction::Fence, 1000).await;
+        assert!(
+            matches!(
+                o,
+                PowerOutcome::Done {
+                    state: PowerState::Off,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+        assert_eq!(p.calls(), ["off", "off", "status"]);
+
+        // A BMC that never answers: the fence ends at its limit, saying so.
+        let p = FakePower::new(PowerState::On);
+        for _ in 0..100 {
+            p.fail_next(BmcError::Timeout {
+                bmc: "b".into(),
+                what: "power off".into(),
+                waited_ms: 1500,
+            });
+        }
+        let o = go(&p, PowerAction::Fence, 100).await;
+        let PowerOutcome::Failed { detail, retriable } = o else {
+            panic!("{o:?}")
+        };
+        assert!(retriable);
+        assert!(detail.contains("fence timed out after 100 ms"), "{detail}");
+        assert!(detail.contains("power off not answered after"), "{detail}");
+        assert!(p.calls().len() > 2, "{:?}", p.calls());
     }
 
     #[tokio::test]

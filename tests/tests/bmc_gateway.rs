@@ -429,6 +429,23 @@ async fn failures_are_clear_within_their_timeout_and_others_keep_working() -> Re
         t.elapsed()
     );
 
+    // A fence to a BMC that does not answer sends its power off again until its own limit
+    // (the answer may be what was lost), then says what it saw.
+    let mut r = req("dead-fence", "dead", PowerAction::Fence);
+    r.timeout_ms = 3000;
+    let t = Instant::now();
+    let r = c.request(r, ANSWER).await?;
+    let took = t.elapsed();
+    let (detail, retriable) = failed(&r.outcome)?;
+    assert!(retriable);
+    assert!(detail.contains("fence timed out after"), "{detail}");
+    assert!(detail.contains("power off not answered after"), "{detail}");
+    assert!(
+        took >= Duration::from_millis(2900),
+        "fence gave up early: {took:?}"
+    );
+    assert!(took < Duration::from_millis(4500), "fence took {took:?}");
+
     // A BMC that stops answering mid-action: it accepts the fence's power-off without applying
     // it, then freezes; the fence fails at its limit saying what it saw, while another BMC
     // keeps answering promptly.
