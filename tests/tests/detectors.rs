@@ -668,8 +668,19 @@ fn a_limit_that_clears_does_not_replay_what_it_held() -> anyhow::Result<()> {
     let mut s = Setup::new(&["r1", "r2"]);
     s.kubernetes = false;
     let mut env = Env::start(s)?;
-    env.coord
+    let out = env
+        .coord
         .ctl(&["remediation", "pause", "--reason", "switch upgrade"])?;
+    // The pause's answer shows the limits of a pass that saw it, not of the pass before.
+    let out = String::from_utf8_lossy(&out.stdout);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("paused "))
+        .context("no paused row")?;
+    assert!(
+        row.contains("HOLDING") && row.contains("switch upgrade"),
+        "{out}"
+    );
     env.node("n1").kubelet.set_healthy(false);
     let l = env.wait_event("n1", "held", "paused")?;
     assert!(l.sentence.contains("switch upgrade"), "{}", l.sentence);

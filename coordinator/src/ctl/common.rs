@@ -168,9 +168,15 @@ pub trait CommandGroup {
 pub fn fmt_time(ms: u64) -> String {
     jiff::Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(0))
         .map(|t| {
-            t.round(jiff::Unit::Second)
-                .map(|t| t.to_string())
-                .unwrap_or_default()
+            // Cut down, not rounded: a time is never shown later than it happened (a
+            // power-off confirmed at :32.6 would otherwise read :33, after a step at :33.1).
+            t.round(
+                jiff::TimestampRound::new()
+                    .smallest(jiff::Unit::Second)
+                    .mode(jiff::RoundMode::Trunc),
+            )
+            .map(|t| t.to_string())
+            .unwrap_or_default()
         })
         .unwrap_or_else(|_| "-".into())
 }
@@ -310,6 +316,14 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn table_times_are_cut_down_to_the_second() {
+        // 2026-11-24T09:21:32.644Z: shown as :32, never as the :33 it is nearer to.
+        assert_eq!(fmt_time(1_795_512_092_644), "2026-11-24T09:21:32Z");
+        assert_eq!(fmt_time(1_795_512_092_000), "2026-11-24T09:21:32Z");
+        assert_eq!(fmt_time(1_795_512_092_999), "2026-11-24T09:21:32Z");
+    }
 
     #[test]
     fn a_coordinator_away_is_mentioned_after_ten_seconds_then_every_minute() {

@@ -2,6 +2,9 @@
 //! applied, then the loop is woken so the next pass sees them at once), `remediation status`
 //! (the switches and the last pass's limits) and `events` (the journal).
 
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use protocol::admin::AdminResponse;
 use protocol::admin::remediation::{
     Constraints, RemediationRequest, RemediationResponse, RemediationStatus,
@@ -12,6 +15,10 @@ use super::journal;
 use super::runner::{Remediation, Shared};
 use super::switches::{Variables, key};
 use crate::clock::to_unix_ms;
+
+/// How long a switch's answer waits for a pass that saw the change (passes take milliseconds;
+/// a slow one leaves the answer with the table of the pass before, said in the log).
+const PASS_WAIT: Duration = Duration::from_secs(2);
 
 fn ms(t: jiff::Timestamp) -> u64 {
     u64::try_from(to_unix_ms(t)).unwrap_or(0)
@@ -153,6 +160,7 @@ impl Remediation {
             }
         }
         tracing::info!(switch = k, value = ?v, "remediation switch set");
+        let changed = sh.switched.fetch_add(1, Ordering::SeqCst) + 1;
         sh.wake.notify_one();
         match k {
             key::AUTO_REPAIR => self.handle_bool_answer(),
@@ -162,7 +170,24 @@ impl Remediation {
             key::MAX_ENTRIES | key::WAIT_REBOOTING => {
                 ok(RemediationResponse::Constraints(self.constraints()))
             }
-            _ => self.status(),
+            _ => {
+                // The answer's limits come from the pass that saw the change: a pause
+                // answered with the table of the pass before would read "not paused".
+                self.pass_seen(changed).await;
+                self.status()
+            }
+        }
+    }
+
+    /// Waits (up to [`PASS_WAIT`]) until a pass that saw switch change number `changed` ends;
+    /// at once when the loop does not run.
+    async fn pass_seen(&self, changed: u64) {
+        let mut passed = self.shared.passed.subscribe();
+        let done = passed.wait_for(|p| p.is_none_or(|seen| seen >= changed));
+        if tokio::time::timeout(PASS_WAIT, done).await.is_err() {
+            tracing::warn!(
+                "no remediation pass within {PASS_WAIT:?} of a switch change; its status shows the pass before"
+            );
         }
     }
 

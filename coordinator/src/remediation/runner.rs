@@ -16,6 +16,7 @@
 //! knowing which machines have entries could enqueue twice).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use protocol::admin::remediation::{JournalLine, LimitLine, RemediationStatus};
 use protocol::admin::repair::{
     AddRepairEntry, RepairEntry, RepairQueueRequest, RepairQueueResponse,
 };
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::cleanup::{delete_succeeded, finished_ago};
@@ -67,6 +68,10 @@ pub(super) struct Shared {
     pub(super) switches: Mutex<Switches>,
     pub(super) last: Mutex<RemediationStatus>,
     pub(super) wake: Notify,
+    /// Counts the operator's switch changes; a pass notes the count it started from.
+    pub(super) switched: AtomicU64,
+    /// The switch count the last finished pass had seen; `None` while the loop does not run.
+    pub(super) passed: watch::Sender<Option<u64>>,
     pub(super) metrics: Arc<RemediationMetrics>,
     pub(super) kubernetes: bool,
 }
@@ -144,6 +149,8 @@ impl Remediation {
                 switches: Mutex::new(switches),
                 last: Mutex::new(RemediationStatus::default()),
                 wake: Notify::new(),
+                switched: AtomicU64::new(0),
+                passed: watch::Sender::new(None),
                 metrics: Arc::new(RemediationMetrics::default()),
                 kubernetes,
             }),
@@ -187,6 +194,9 @@ impl Remediation {
                 );
             }
             tracing::info!(interval = ?shared.base.interval, kubernetes = shared.kubernetes, "remediation loop started");
+            shared
+                .passed
+                .send_replace(Some(shared.switched.load(Ordering::SeqCst)));
             let mut tick = tokio::time::interval(shared.base.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -204,11 +214,15 @@ impl Remediation {
                         tick.reset();
                     }
                 }
+                // Switches changed up to here are in the switches this pass reads.
+                let seen = shared.switched.load(Ordering::SeqCst);
                 if let Err(error) = state.pass(&shared, &deps, sabakan.as_deref()).await {
                     shared.metrics.pass_failed();
                     tracing::warn!(%error, "remediation pass skipped; retrying next interval");
                 }
+                shared.passed.send_replace(Some(seen));
             }
+            shared.passed.send_replace(None);
         })
     }
 }
@@ -1069,4 +1083,54 @@ repair:
             );
         }
     }
+
+    #[tokio::test]
+    async fn a_switch_is_answered_with_the_limits_of_a_pass_that_saw_it() {
+        let fx = Fx::new().await;
+        let Fx { rem, deps, .. } = &fx;
+        let rem = rem.clone();
+        let deps = LoopDeps {
+            fleet: deps.fleet.clone(),
+            view: None,
+            queue: None,
+            events: Arc::new(NotANode),
+            kdump: Arc::new(crate::fence::kdump::NoKdump),
+            view_changed: None,
+        };
+        let stop = CancellationToken::new();
+        let join = rem.spawn(deps, stop.clone());
+        let mut passed = rem.shared.passed.subscribe();
+        passed.wait_for(|p| p.is_some()).await.unwrap();
+        let status = |r| match r {
+            protocol::admin::AdminResponse::Remediation(RemediationResponse::Status(s)) => s,
+            other => panic!("{other:?}"),
+        };
+        let paused = |s: &RemediationStatus| {
+            s.limits
+                .iter()
+                .find(|l| l.rule == "paused")
+                .map(|l| l.holding)
+        };
+        let s = status(
+            fx.admin(R::Pause {
+                reason: "rack work".into(),
+            })
+            .await,
+        );
+        assert_eq!(s.paused.as_ref().unwrap().0, "rack work");
+        assert_eq!(paused(&s), Some(true), "{:#?}", s.limits);
+        let s = status(fx.admin(R::Resume).await);
+        assert!(s.paused.is_none());
+        assert_eq!(paused(&s), Some(false), "{:#?}", s.limits);
+        // Once the loop has stopped, a switch is answered at once.
+        stop.cancel();
+        join.await.unwrap();
+        let t = std::time::Instant::now();
+        let s = status(fx.admin(R::Pause { reason: "x".into() }).await);
+        assert!(t.elapsed() < PASS_WAIT_LIMIT, "{:?}", t.elapsed());
+        assert!(s.paused.is_some());
+    }
+
+    /// Below the admin's wait for a pass: the answer did not wait for a loop that is gone.
+    const PASS_WAIT_LIMIT: Duration = Duration::from_secs(1);
 }
