@@ -406,19 +406,18 @@ impl Effects {
     }
 
     /// A Kubernetes Event on the entry's node (when it has one) saying how the repair
-    /// ended; best effort, never delays the loop.
+    /// ended; best effort, never delays the loop. An entry that never drained has not
+    /// looked its node up: that is done here, so a repair without a drain is on its Node too.
     fn record_outcome(&self, e: &Entry) {
         let event = match e.status {
             RepairStatus::Succeeded => crate::k8s::NodeEvent::Repaired,
             RepairStatus::Failed => crate::k8s::NodeEvent::Failed,
             _ => return,
         };
-        if e.nodename.is_empty() {
-            return;
-        }
         let drainer = self.drainer.clone();
-        let (node, message) = (
+        let (known, address, message) = (
             e.nodename.clone(),
+            e.address.clone(),
             format!(
                 "repair entry {} ({} on {}) {}",
                 e.index,
@@ -428,7 +427,22 @@ impl Effects {
             ),
         );
         tokio::spawn(
-            async move { drainer.record_event(&node, event, &message).await }.in_current_span(),
+            async move {
+                let node = if known.is_empty() {
+                    match drainer.node_for(&address).await {
+                        Ok(Some(n)) => n,
+                        Ok(None) => return,
+                        Err(error) => {
+                            tracing::debug!(%address, %error, "no Node event for the repair: node lookup failed");
+                            return;
+                        }
+                    }
+                } else {
+                    known
+                };
+                drainer.record_event(&node, event, &message).await
+            }
+            .in_current_span(),
         );
     }
 

@@ -461,7 +461,7 @@ mod tests {
     use super::*;
     use crate::clock::SystemClock;
     use crate::gateway::NoGateway;
-    use crate::k8s::NotANode;
+    use crate::k8s::{NodeEvent, NotANode};
     use crate::repair::load::load_str;
     use crate::repair::{AgentHealth, NoAgents};
     use crate::testing::{FakeAgents, FakeClock, FakeDrainer, FakePower};
@@ -622,6 +622,49 @@ mod tests {
             h.q.metrics_text()
                 .contains("fleetmend_repair_commands_total{kind=\"repair\",result=\"ok\"} 1")
         );
+        h.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_repair_without_a_drain_is_recorded_on_its_node() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: [sh, -c, 'test \"$1\" = 10.0.0.1', fix]\n",
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let drainer = Arc::new(FakeDrainer::default());
+        let h = start(&s, cfg, Arc::new(SystemClock), drainer.clone()).await;
+        let ok = h.add("op", "t", "10.0.0.1").await;
+        let bad = h.add("op", "t", "10.0.0.2").await;
+        h.wait(ok, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        h.wait(bad, "failed", |e| e.status == RepairStatus::Failed)
+            .await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while drainer.events().len() < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                drainer.events()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut got: Vec<(String, NodeEvent)> = drainer
+            .events()
+            .into_iter()
+            .map(|(n, e, _)| (n, e))
+            .collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            got,
+            [
+                ("n-10.0.0.1".to_string(), NodeEvent::Repaired),
+                ("n-10.0.0.2".to_string(), NodeEvent::Failed)
+            ]
+        );
+        assert!(drainer.drains().is_empty());
         h.stop().await;
     }
 
