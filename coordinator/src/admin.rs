@@ -14,6 +14,32 @@ use protocol::messages::{Refusal, RefusalCode};
 use crate::fleet::{Fleet, FleetError};
 use crate::inventory::{MachineRecord, RecordSource};
 
+/// The machine a listing is filtered by (after [`Admin::resolve_names`]); not for the polls
+/// of `events --follow`, which are empty whenever nothing new happened.
+fn listing_filter(req: &AdminRequest) -> Option<&str> {
+    use protocol::admin::diagnostics::DiagnosticsRequest as D;
+    use protocol::admin::fence::FenceRequest as F;
+    use protocol::admin::remediation::RemediationRequest as R;
+    match req {
+        AdminRequest::Remediation(R::Events(q)) if q.after_seq.is_none() => q.machine.as_deref(),
+        AdminRequest::Fence(F::ListFor { machine, .. }) => Some(machine),
+        AdminRequest::Diagnostics(D::List { address }) => Some(address),
+        _ => None,
+    }
+}
+
+fn is_empty_list(answer: &AdminResponse) -> bool {
+    use protocol::admin::diagnostics::DiagnosticsResponse as D;
+    use protocol::admin::fence::FenceResponse as F;
+    use protocol::admin::remediation::RemediationResponse as R;
+    match answer {
+        AdminResponse::Remediation(R::Events(l)) => l.is_empty(),
+        AdminResponse::Fence(F::List(l)) => l.is_empty(),
+        AdminResponse::Diagnostics(D::List(l)) => l.is_empty(),
+        _ => false,
+    }
+}
+
 /// Everything admin requests act on. Areas add their handles here.
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -45,6 +71,24 @@ impl Admin {
     /// Answers one request from `who` (an admin identity).
     pub async fn handle(&self, who: &Identity, mut req: AdminRequest) -> AdminResponse {
         self.resolve_names(&mut req);
+        let filter = listing_filter(&req).map(str::to_string);
+        let answer = self.answer(who, req).await;
+        // A list filtered by a name nobody has is a typo more often than a quiet machine:
+        // said, rather than an empty table. A machine deleted from the inventory still
+        // lists what was recorded under its address.
+        match filter {
+            Some(name) if is_empty_list(&answer) && self.fleet.machine(&name).is_none() => error(
+                RefusalCode::BadRequest,
+                format!(
+                    "{}; nothing is recorded under that name either",
+                    FleetError::UnknownMachine(name)
+                ),
+            ),
+            _ => answer,
+        }
+    }
+
+    async fn answer(&self, who: &Identity, req: AdminRequest) -> AdminResponse {
         match req {
             AdminRequest::Machines(m) => self.machines(who, m).await,
             AdminRequest::RepairQueue(r) => match &self.repair {

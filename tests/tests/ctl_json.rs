@@ -162,6 +162,14 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
         events.iter().any(|l| l.address == "10.0.3.1"),
         "events --machine j1: {events:?}"
     );
+    // A name no machine has is refused, not answered with an empty table.
+    let e = coord
+        .ctl(&["events", "--machine", "j9"])
+        .expect_err("an unknown machine is refused");
+    assert!(
+        format!("{e:#}").contains("no machine with address or hostname j9"),
+        "{e:#}"
+    );
     let cleared: Cleared = coord.ctl_json(&["machines", "clear", "j1", "--json"])?;
     assert_eq!(cleared.address, "10.0.3.1");
     let e = coord

@@ -463,17 +463,22 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     assert_eq!(flows.len(), 1, "{flows:#?}");
     assert_eq!(flows[0]["state"], "done", "{flows:#?}");
     assert_eq!(flows[0]["node"], HOST);
-    // One machine's flows, named by hostname; another machine has none.
+    // One machine's flows, named by hostname; an address no machine has is refused (a
+    // typo), not answered with an empty list.
     let mine: Vec<Value> = blocking(|| {
         rig.coord
             .ctl_json(&["fence", "list", "--machine", HOST, "--json"])
     })?;
     assert_eq!(mine, flows);
-    let none: Vec<Value> = blocking(|| {
+    let e = blocking(|| {
         rig.coord
-            .ctl_json(&["fence", "list", "--machine", "192.0.2.250", "--json"])
-    })?;
-    assert!(none.is_empty(), "{none:#?}");
+            .ctl(&["fence", "list", "--machine", "192.0.2.250", "--json"])
+    })
+    .expect_err("an unknown machine is refused");
+    assert!(
+        format!("{e:#}").contains("no machine with address or hostname 192.0.2.250"),
+        "{e:#}"
+    );
     let id = flows[0]["id"].to_string();
     let shown: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", &id, "--json"]))?;
     let confirmed = shown["confirmed_off"].as_str().context("confirmed_off")?;

@@ -309,7 +309,7 @@ pub struct EventsArgs {
     machine: Option<String>,
     /// Only decisions made since this time: RFC 3339 (`2026-11-23T04:00:00Z`) or a
     /// duration ago (`10m`, `2h`).
-    #[arg(long)]
+    #[arg(long, value_parser = since_arg)]
     since: Option<String>,
     /// Keep printing new decisions (and repeats) as they are made.
     #[arg(long)]
@@ -345,13 +345,26 @@ pub fn parse_since(s: &str, now: jiff::Timestamp) -> anyhow::Result<u64> {
     let t = match s.parse::<jiff::Timestamp>() {
         Ok(t) => t,
         Err(_) => {
-            let d = crate::config::duration::parse(s).map_err(|e| {
-                anyhow::anyhow!("--since {s:?} is neither an RFC 3339 time nor a duration: {e}")
+            let d = crate::config::duration::parse(s).map_err(|_| {
+                anyhow::anyhow!(
+                    "neither an RFC 3339 time (`2026-11-23T04:00:00Z`) nor a duration ago (`10m`, `2h`)"
+                )
             })?;
-            now - jiff::SignedDuration::try_from(d)?
+            jiff::SignedDuration::try_from(d)
+                .ok()
+                .and_then(|d| now.checked_sub(d).ok())
+                .ok_or_else(|| anyhow::anyhow!("the duration reaches back before 1970"))?
         }
     };
     Ok(u64::try_from(t.as_millisecond()).unwrap_or(0))
+}
+
+/// Checks `--since` when the command line is read, so a bad value is a usage error (exit 2)
+/// that names the flag; it is turned into a time when the request is made.
+fn since_arg(s: &str) -> Result<String, String> {
+    parse_since(s, jiff::Timestamp::now())
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// How often `events --follow` asks for new lines: a pass is seconds apart, so a second
