@@ -423,6 +423,19 @@ fn unknown_host_awaits_registration_until_added() -> anyhow::Result<()> {
         table.contains("stray") && table.contains("healthy"),
         "{table}"
     );
+    // Empty fields (the adopted machine has no rack or role) print as `-`, so every column
+    // but the last (FAILING, empty when nothing fails) is a word for `awk`.
+    let header = table.lines().next().unwrap_or_default();
+    for col in ["RACK", "ROLE", "TYPE"] {
+        let at = header.find(col).expect("column in the header");
+        for row in table.lines().skip(1) {
+            let cell = row.get(at..).unwrap_or_default();
+            assert!(
+                cell.starts_with(|c: char| !c.is_whitespace()),
+                "{col} empty: {table}"
+            );
+        }
+    }
     Ok(())
 }
 

@@ -131,6 +131,15 @@ fn now_ms() -> u64 {
     u64::try_from(crate::clock::SystemClock.now().as_millisecond()).unwrap_or(0)
 }
 
+/// An empty field as `-`, so a table's columns stay where `awk` expects them.
+fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_string()
+    }
+}
+
 fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
     let now = now_ms();
     let rows: Vec<Vec<String>> = list
@@ -141,13 +150,9 @@ fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
                 m.spec.hostname.clone(),
                 m.state.clone(),
                 fmt_age(m.state_since_unix_ms, now),
-                m.spec.rack.clone(),
-                m.spec.role.clone(),
-                if m.spec.machine_type.is_empty() {
-                    "-".into()
-                } else {
-                    m.spec.machine_type.clone()
-                },
+                or_dash(&m.spec.rack),
+                or_dash(&m.spec.role),
+                or_dash(&m.spec.machine_type),
                 m.last_report_unix_ms
                     .map(|t| format!("{} ago", fmt_age(t, now)))
                     .unwrap_or_else(|| "never".into()),
@@ -207,9 +212,9 @@ fn print_detail(d: &MachineDetail) {
     let now = now_ms();
     println!("address:   {}", s.spec.address);
     println!("hostname:  {}", s.spec.hostname);
-    println!("serial:    {}", s.spec.serial);
-    println!("rack:      {}", s.spec.rack);
-    println!("role:      {}", s.spec.role);
+    println!("serial:    {}", or_dash(&s.spec.serial));
+    println!("rack:      {}", or_dash(&s.spec.rack));
+    println!("role:      {}", or_dash(&s.spec.role));
     println!(
         "type:      {}",
         if s.spec.machine_type.is_empty() {
@@ -224,7 +229,14 @@ fn print_detail(d: &MachineDetail) {
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    println!("labels:    {}", labels.join(","));
+    println!(
+        "labels:    {}",
+        if labels.is_empty() {
+            "-".to_string()
+        } else {
+            labels.join(",")
+        }
+    );
     println!(
         "state:     {} since {} ({} ago)",
         s.state,
