@@ -35,8 +35,10 @@ pub enum Begin {
 
 /// Errors of the reboot record.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot write the reboot record {path}: {source}; check the agent's state directory")]
+#[error("cannot {doing} the reboot record {path}: {source}; check the agent's state directory")]
 pub struct LedgerError {
+    /// `read` or `write`.
+    pub doing: &'static str,
     /// The file.
     pub path: PathBuf,
     /// Cause.
@@ -59,19 +61,41 @@ pub struct Ledger {
     order: VecDeque<String>,
     /// `(id, outcome line)` from the file, oldest first.
     reboots: Vec<(String, String)>,
+    /// Why the file could not be read, while it cannot: a reboot is then refused rather than
+    /// risk carrying out a resent request twice, and the file is not rewritten over records
+    /// it may hold.
+    unread: Option<std::io::Error>,
+}
+
+/// The records in the file; none when there is no file. Bytes that are not UTF-8 (a torn
+/// write) spoil only their own line.
+fn read_reboots(path: &Path) -> std::io::Result<Vec<(String, String)>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(parse_reboots(&String::from_utf8_lossy(&bytes))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
 }
 
 impl Ledger {
-    /// A ledger with the reboot records found in `state_dir` (none if it cannot be read).
+    /// A ledger with the reboot records found in `state_dir`. A file that exists but cannot
+    /// be read is said in the log, read again at the next reboot request, and until then
+    /// every reboot is refused ([`Self::record_reboot`]).
     pub fn load(state_dir: &Path) -> Self {
-        let reboots = std::fs::read_to_string(state_dir.join(REBOOT_FILE))
-            .map(|t| parse_reboots(&t))
-            .unwrap_or_default();
+        let path = state_dir.join(REBOOT_FILE);
+        let (reboots, unread) = match read_reboots(&path) {
+            Ok(r) => (r, None),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the reboot record: reboot requests are refused until it can be read");
+                (Vec::new(), Some(e))
+            }
+        };
         Self {
             state_dir: state_dir.to_path_buf(),
             seen: HashMap::new(),
             order: VecDeque::new(),
             reboots,
+            unread,
         }
     }
 
@@ -111,14 +135,41 @@ impl Ledger {
     /// syncs it. Called with `pending` before the reboot command runs, and again with its
     /// result.
     pub fn record_reboot(&mut self, id: &str, outcome: &str) -> Result<(), LedgerError> {
+        let path = self.state_dir.join(REBOOT_FILE);
+        if self.unread.is_some() {
+            match read_reboots(&path) {
+                Ok(r) => {
+                    self.unread = None;
+                    // Records made since (none can be: every one was refused) stay last.
+                    let mine = std::mem::replace(&mut self.reboots, r);
+                    self.reboots.extend(mine);
+                    if self.reboots.iter().any(|(i, _)| i == id) {
+                        return Err(LedgerError {
+                            doing: "use",
+                            path,
+                            source: std::io::Error::other(format!(
+                                "it says request {id} was made before; not carried out again"
+                            )),
+                        });
+                    }
+                }
+                Err(source) => {
+                    return Err(LedgerError {
+                        doing: "read",
+                        path,
+                        source,
+                    });
+                }
+            }
+        }
         let outcome = outcome.replace(['\t', '\n'], " ");
         self.reboots.retain(|(i, _)| i != id);
         self.reboots.push((id.to_string(), outcome));
         let skip = self.reboots.len().saturating_sub(REBOOTS_KEPT);
         self.reboots.drain(..skip);
-        let path = self.state_dir.join(REBOOT_FILE);
         let tmp = self.state_dir.join(format!("{REBOOT_FILE}.tmp"));
         let err = |source| LedgerError {
+            doing: "write",
             path: path.clone(),
             source,
         };
@@ -202,6 +253,49 @@ mod tests {
             Begin::New => panic!("failed reboot id forgotten"),
         }
         assert!(matches!(again.begin("r3"), Begin::New));
+    }
+
+    #[test]
+    fn an_unreadable_record_refuses_reboots_until_it_can_be_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(REBOOT_FILE);
+        // A path that exists and cannot be read as a file (root reads any mode, so not chmod).
+        std::fs::create_dir(&file).unwrap();
+        let mut l = Ledger::load(dir.path());
+        assert!(matches!(l.begin("r2"), Begin::New));
+        let e = l.record_reboot("r2", "pending").unwrap_err();
+        assert_eq!(e.doing, "read");
+        assert!(
+            e.to_string().contains("cannot read the reboot record"),
+            "{e}"
+        );
+        assert!(file.is_dir(), "nothing written over it");
+        // Readable again, holding r1 from before: r2 goes ahead and r1 is kept ...
+        std::fs::remove_dir(&file).unwrap();
+        std::fs::write(&file, "r1\tpending boot id b1\n").unwrap();
+        l.record_reboot("r2", "pending boot id b2").unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.starts_with("r1\t") && text.contains("r2\t"), "{text}");
+        // ... and a request the file names is never carried out again.
+        let mut l = Ledger::load(dir.path());
+        std::fs::rename(&file, dir.path().join("moved")).unwrap();
+        std::fs::create_dir(&file).unwrap();
+        let mut stale = Ledger::load(dir.path());
+        std::fs::remove_dir(&file).unwrap();
+        std::fs::rename(dir.path().join("moved"), &file).unwrap();
+        assert!(stale.record_reboot("r1", "pending").is_err());
+        assert!(matches!(l.begin("r1"), Begin::Seen(_)));
+    }
+
+    #[test]
+    fn a_torn_line_spoils_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = b"r1\tpending boot id b1\n".to_vec();
+        bytes.extend_from_slice(b"r\xff\xfe2\tpen");
+        std::fs::write(dir.path().join(REBOOT_FILE), bytes).unwrap();
+        let mut l = Ledger::load(dir.path());
+        assert!(l.unread.is_none());
+        assert!(matches!(l.begin("r1"), Begin::Seen(_)));
     }
 
     #[test]
