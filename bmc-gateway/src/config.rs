@@ -257,7 +257,7 @@ mod duration {
         }
         let d: jiff::SignedDuration = t
             .parse()
-            .map_err(|e| format!("{s:?} is not a duration like \"5s\" or \"1m 30s\": {e}"))?;
+            .map_err(|_| format!("{s:?} is not a duration like \"5s\", \"500ms\" or \"1m 30s\""))?;
         Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
     }
 

@@ -380,7 +380,7 @@ pub mod duration {
         }
         let d: SignedDuration = s
             .parse()
-            .map_err(|e| format!("{s:?} is not a duration like \"5s\" or \"1m 30s\": {e}"))?;
+            .map_err(|_| format!("{s:?} is not a duration like \"5s\", \"500ms\" or \"1m 30s\""))?;
         Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
     }
 
@@ -541,6 +541,15 @@ key = "c.key"
             .unwrap_err()
             .to_string();
         assert!(e.contains("has no unit"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_duration_says_what_one_looks_like_and_nothing_of_the_parser() {
+        let e = duration::parse("soon").unwrap_err();
+        assert_eq!(
+            e,
+            "\"soon\" is not a duration like \"5s\", \"500ms\" or \"1m 30s\""
+        );
     }
 
     #[test]
