@@ -465,6 +465,8 @@ impl Agent {
     }
 
     fn log_round_error(&self, e: &RoundError, retry_in: Duration) {
+        // To the millisecond: `1.213s`, not `1.213322628s`.
+        let retry = protocol::duration::display(retry_in);
         let refusal = match e {
             RoundError::Refused(r) | RoundError::Transport(TransportError::Refused(r)) => Some(r),
             _ => None,
@@ -480,12 +482,12 @@ impl Agent {
                     code = ?r.code,
                     reason = %r.reason,
                     identity = %self.tls.identity(),
-                    retry_in = ?retry_in,
+                    retry_in = %retry,
                     "COORDINATOR REFUSED THIS NODE'S IDENTITY: reports are not being accepted; check the certificate, the hostname and the coordinator's inventory"
                 );
             }
             Some(r) => {
-                warn!(code = ?r.code, reason = %r.reason, retry_in = ?retry_in, "coordinator refused");
+                warn!(code = ?r.code, reason = %r.reason, retry_in = %retry, "coordinator refused");
             }
             None if matches!(
                 e,
@@ -495,7 +497,7 @@ impl Agent {
                 error!(
                     error = %e,
                     identity = %self.tls.identity(),
-                    retry_in = ?retry_in,
+                    retry_in = %retry,
                     "COORDINATOR REJECTED THIS NODE'S CERTIFICATE: reports are not being accepted; issue the certificate from the coordinator's CA"
                 );
             }
@@ -506,11 +508,11 @@ impl Agent {
             {
                 error!(
                     error = %e,
-                    retry_in = ?retry_in,
+                    retry_in = %retry,
                     "CANNOT VERIFY THE COORDINATOR'S CERTIFICATE: reports are not being sent; check `ca` and `server_name`"
                 );
             }
-            None => warn!(error = %e, retry_in = ?retry_in, "coordinator connection failed"),
+            None => warn!(error = %e, retry_in = %retry, "coordinator connection failed"),
         }
     }
 
