@@ -237,6 +237,15 @@ enum YamlDoc {
     Doc(InventoryDoc),
 }
 
+/// True when a YAML inventory's first content line is a list item (`- address: …`), the
+/// bare-list form, rather than `machines:`.
+fn yaml_is_bare_list(text: &str) -> bool {
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#') && *l != "---")
+        .is_some_and(|l| l == "-" || l.starts_with("- "))
+}
+
 /// Parses inventory text; YAML when `path` ends in `.yaml`/`.yml`, TOML otherwise.
 pub fn parse_inventory(
     text: &str,
@@ -258,7 +267,12 @@ pub fn parse_inventory(
             match serde_saphyr::from_str::<YamlDoc>(text) {
                 Ok(YamlDoc::List(l)) => l,
                 Ok(YamlDoc::Doc(d)) => d.machines,
-                // The untagged error hides the key; retry as the documented form to name it.
+                // The untagged error hides the key and the line: parse again as the form
+                // the file is written in, whose error names them.
+                Err(_) if yaml_is_bare_list(text) => {
+                    serde_saphyr::from_str::<Vec<InventoryEntry>>(text)
+                        .map_err(|e| parse(e.to_string()))?
+                }
                 Err(_) => {
                     serde_saphyr::from_str::<InventoryDoc>(text)
                         .map_err(|e| parse(e.to_string()))?
@@ -360,6 +374,26 @@ type = "qemu"
             assert_eq!(r.len(), 1);
             assert_eq!(r[0].hostname, "a");
         }
+    }
+
+    #[test]
+    fn a_bad_yaml_inventory_is_refused_naming_what_is_wrong_in_its_own_form() {
+        let list = "# fleet\n---\n- address: 10.0.0.1\n  hostname: a\n";
+        let doc = "machines:\n  - address: 10.0.0.1\n    hostname: a\n";
+        for text in [list, doc] {
+            let e = parse_inventory(text, Path::new("inv.yaml"), RecordSource::Inventory)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("machine_type"), "{text}: {e}");
+        }
+        let e = parse_inventory(
+            "- address: 10.0.0.1\n  hostname: a\n  machine_type: t\n  rak: r\n",
+            Path::new("inv.yml"),
+            RecordSource::Inventory,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rak"), "{e}");
     }
 
     #[test]

@@ -24,7 +24,10 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("coordinatorctl: {e:#}");
+            eprintln!(
+                "coordinatorctl: {}",
+                coordinator::ctl::common::error_line(&e)
+            );
             ExitCode::FAILURE
         }
     }

@@ -164,6 +164,20 @@ pub trait CommandGroup {
     fn run(self, ctx: &Ctx) -> impl Future<Output = anyhow::Result<()>>;
 }
 
+/// An error and its causes on one line, `a: b: c`, leaving out a cause the line already
+/// says (many errors quote their cause in their own message, and `{:#}` would print it twice).
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !line.contains(&c) {
+            line.push_str(": ");
+            line.push_str(&c);
+        }
+    }
+    line
+}
+
 /// Formats a Unix-millisecond time as RFC 3339 (seconds) for tables.
 pub fn fmt_time(ms: u64) -> String {
     jiff::Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(0))
@@ -316,6 +330,23 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let inner = crate::inventory::InventoryError::Read {
+            path: "/x.toml".into(),
+            source: io,
+        };
+        let e = anyhow::Error::new(inner).context("cannot import /x.toml");
+        let line = error_line(&e);
+        assert_eq!(
+            line,
+            "cannot import /x.toml: cannot read inventory /x.toml: entity not found"
+        );
+        let plain = anyhow::anyhow!("a").context("b");
+        assert_eq!(error_line(&plain), "b: a");
+    }
 
     #[test]
     fn table_times_are_cut_down_to_the_second() {
