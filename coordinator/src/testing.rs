@@ -240,6 +240,10 @@ impl Drainer for FakeDrainer {
         Box::pin(async move { Ok(n) })
     }
 
+    fn known_node(&self, address: &str) -> Option<String> {
+        (!self.not_nodes).then(|| format!("n-{address}"))
+    }
+
     fn drain<'a>(
         &'a self,
         node: &'a str,

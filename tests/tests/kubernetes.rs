@@ -673,6 +673,12 @@ repair:
               watch_seconds: 30
           health_check_command: ["sh", "-c", "test -f @D@/repaired-$1 && echo true || echo false", "check"]
           command_timeout_seconds: 10
+    - machine_types: ["quick"]
+      repair_operations:
+        - operation: "unhealthy"
+          repair_steps:
+            - repair_command: ["true"]
+          health_check_command: ["sh", "-c", "echo true"]
     - machine_types: ["broken"]
       repair_operations:
         - operation: "unhealthy"
@@ -775,6 +781,49 @@ repair:
 
     fn unschedulable(fake: &FakeK8s, node: &str) -> bool {
         fake.node(node).expect("node")["spec"]["unschedulable"] == json!(true)
+    }
+
+    /// A repair that never drains still names its Node, as CKE's entries do, and ends with
+    /// an Event on it; a machine that is no node has neither.
+    #[test]
+    fn a_repair_without_a_drain_names_its_node_and_leaves_an_event() -> Result<()> {
+        let env = start(60, |fake| {
+            fake.add_node(NodeSeed::new("node-5", "10.0.0.5"));
+        })?;
+        // The coordinator's node view has listed the Nodes (it does at start).
+        wait_for("the node view's first list", SETTLE, || {
+            let listed = env.fake.requests().iter().any(|r| {
+                r.method == "GET" && r.path == "/api/v1/nodes" && !r.query.contains("watch")
+            });
+            if listed {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        })?;
+        std::thread::sleep(Duration::from_millis(300));
+        let node = String::from_utf8(
+            env.rq(&["add", "--force", "unhealthy", "quick", "10.0.0.5"])?
+                .stdout,
+        )?;
+        let other = String::from_utf8(
+            env.rq(&["add", "--force", "unhealthy", "quick", "10.0.0.99"])?
+                .stdout,
+        )?;
+        let e = env.wait_entry(node.trim(), "succeeded", |e| e["status"] == "succeeded")?;
+        assert_eq!(e["nodename"], "node-5", "{e}");
+        let e = env.wait_entry(other.trim(), "succeeded", |e| e["status"] == "succeeded")?;
+        assert_eq!(e["nodename"], "", "{e}");
+        wait_for("FleetmendRepaired on node-5", SETTLE, || {
+            let r = env.fake.node_event_reasons("node-5");
+            if r.iter().any(|x| x == "FleetmendRepaired") {
+                Ok(())
+            } else {
+                Err(format!("{r:?}"))
+            }
+        })?;
+        assert!(!unschedulable(&env.fake, "node-5"));
+        Ok(())
     }
 
     #[test]

@@ -480,6 +480,13 @@ impl Drainer for KubeDrainer {
         Box::pin(async move { self.find_node(&address).await })
     }
 
+    fn known_node(&self, address: &str) -> Option<String> {
+        self.view
+            .snapshot()
+            .by_address(address)
+            .map(|n| n.name.clone())
+    }
+
     fn drain<'a>(
         &'a self,
         node: &'a str,

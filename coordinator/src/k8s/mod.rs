@@ -95,6 +95,14 @@ pub trait Drainer: Send + Sync + 'static {
     /// The Node whose InternalIP is `address`, or `None` when the machine is not a node.
     fn node_for(&self, address: &str) -> BoxFuture<'_, Result<Option<String>, KubeError>>;
 
+    /// The Node whose InternalIP is `address` in what the drainer last saw, without asking
+    /// the API server: a name to show and to post Events on, never a reason to drain (a
+    /// drain looks the node up with [`Self::node_for`]). Default: not known.
+    fn known_node(&self, address: &str) -> Option<String> {
+        let _ = address;
+        None
+    }
+
     /// One idempotent drain pass: cordon (marked as ours), check protected Job pods, evict
     /// or delete what must go, report progress. Called repeatedly until `Done`.
     fn drain<'a>(

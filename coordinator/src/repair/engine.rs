@@ -399,11 +399,17 @@ impl Engine {
                 }
                 let agents = &self.deps.agents;
                 let boot_id = || agents.agent_health(&e.address).map(|h| h.boot_id);
-                let Some((new, ev)) =
+                let Some((mut new, ev)) =
                     decide::transition(e, op, &action, now, &boot_id, &mut self.deps.rand)
                 else {
                     continue;
                 };
+                // As CKE fills `nodename` for machines that are nodes: from the node view,
+                // without an API call, so a started entry names its Node even when no step
+                // drains (a drain looks the node up itself and writes what it found).
+                if matches!(action, Action::Start) && new.nodename.is_empty() {
+                    new.nodename = self.deps.drainer.known_node(&e.address).unwrap_or_default();
+                }
                 // Logged once committed: a transition that cannot be stored is decided again
                 // next tick, and would be logged at every one.
                 logged.push((entry_span(e), ev.event, ev.detail.clone()));
@@ -665,6 +671,10 @@ mod tests {
             ]
         );
         assert!(drainer.drains().is_empty());
+        // Started entries name their Node from the view, as CKE's do, drain or not.
+        assert_eq!(h.entry(ok).await.unwrap().nodename, "n-10.0.0.1");
+        assert_eq!(h.entry(bad).await.unwrap().nodename, "n-10.0.0.2");
+        assert!(drainer.lookups().is_empty(), "{:?}", drainer.lookups());
         h.stop().await;
     }
 
