@@ -69,9 +69,11 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
     } else {
         DbCopy::None
     };
+    let mut machines = None;
     if let Some(path) = &config.inventory {
         let loaded = load_inventory(path, RecordSource::Inventory);
         let ok = loaded.is_ok();
+        machines = loaded.as_ref().ok().cloned();
         out.push(line(
             "inventory",
             loaded
@@ -95,10 +97,15 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
                 })
                 .map_err(|e| e.to_string()),
         ));
-        if let Some(procedures) = procedures
-            && let Some(r) = repair_against_store(&config.database, &copy, &procedures)
+        if let Some(procedures) = &procedures
+            && let Some(r) = repair_against_store(&config.database, &copy, procedures)
         {
             out.push(line("repair", r));
+        }
+        if let Some(procedures) = &procedures
+            && let Some(r) = power_coverage(&config, procedures, machines.as_deref())
+        {
+            out.push(line("power", r));
         }
     }
     out.push(line("database", check_database(&config.database)));
@@ -106,6 +113,113 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         out.push(line("kubernetes", check_kubeconfig(k)));
     }
     out
+}
+
+/// Whether the repair file's power steps (`@power-cycle`, `@fence`, …) have a gateway to go
+/// through: without one such a step fails at once ("power control not available"), which
+/// nothing at start would say. `None` when no step is a power step. With an inventory file,
+/// each of its machines whose type has a power step must be served by a gateway (by address
+/// or rack); without one, only that some gateway is configured can be checked.
+fn power_coverage(
+    config: &Config,
+    procedures: &crate::repair::RepairConfig,
+    machines: Option<&[crate::inventory::MachineRecord]>,
+) -> Option<Result<String, String>> {
+    let mut steps = std::collections::BTreeSet::new();
+    let mut types = std::collections::BTreeSet::new();
+    for p in &procedures.repair_procedures {
+        for op in &p.repair_operations {
+            for s in &op.repair_steps {
+                if let Some(b) = s.repair_command.power_builtin() {
+                    steps.insert(b.name());
+                    types.extend(p.machine_types.iter().map(String::as_str));
+                }
+            }
+        }
+    }
+    if steps.is_empty() {
+        return None;
+    }
+    let steps = steps.into_iter().collect::<Vec<_>>().join(", ");
+    let types_list = types.iter().copied().collect::<Vec<_>>().join(", ");
+    let targets = config
+        .gateways
+        .as_ref()
+        .map(|g| g.targets.as_slice())
+        .unwrap_or_default();
+    let Some(machines) = machines else {
+        return Some(if targets.is_empty() {
+            Err(format!(
+                "the repair file has power steps ({steps}, machine types {types_list}) but no \
+                 [[gateways.targets]] is configured: every such step would fail"
+            ))
+        } else {
+            Ok(format!(
+                "power steps ({steps}) go through {} gateway(s); no inventory file to check \
+                 each machine against",
+                targets.len()
+            ))
+        });
+    };
+    let concerned: Vec<_> = machines
+        .iter()
+        .filter(|m| m.machine_type.as_deref().is_some_and(|t| types.contains(t)))
+        .collect();
+    if concerned.is_empty() {
+        return Some(Ok(format!(
+            "power steps ({steps}) are for machine types ({types_list}) no machine in the \
+             inventory has"
+        )));
+    }
+    if targets.is_empty() {
+        return Some(Err(format!(
+            "the repair file has power steps ({steps}) for {} machines (types {types_list}) but \
+             no [[gateways.targets]] is configured: every such step would fail",
+            concerned.len()
+        )));
+    }
+    let unserved: Vec<String> = concerned
+        .iter()
+        .filter(|m| {
+            crate::gateway::serving(targets, &m.address, || {
+                (!m.rack.is_empty()).then(|| m.rack.clone())
+            })
+            .is_none()
+        })
+        .map(|m| {
+            if m.rack.is_empty() {
+                format!("{} (no rack)", m.address)
+            } else {
+                format!("{} (rack {})", m.address, m.rack)
+            }
+        })
+        .collect();
+    Some(if unserved.is_empty() {
+        Ok(format!(
+            "power steps ({steps}): each of the {} machines of types {types_list} has a gateway",
+            concerned.len()
+        ))
+    } else {
+        let shown = unserved
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        let more = unserved.len().saturating_sub(5);
+        Err(format!(
+            "{} of {} machines whose repairs have power steps ({steps}) have no gateway serving \
+             their address or rack, so those steps would fail: {shown}{}; add the rack to a \
+             [[gateways.targets]] racks list",
+            unserved.len(),
+            concerned.len(),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ))
+    })
 }
 
 /// A copy of the database for the comparisons, taken once per check as `coordinator backup`
@@ -495,6 +609,76 @@ mod tests {
         std::fs::write(&db, b"").unwrap();
         assert!(check_database(&db).unwrap().contains("writable"));
         assert!(check_database(Path::new("/nonexistent/dir/c.db")).is_err());
+    }
+
+    #[test]
+    fn power_steps_need_a_gateway_for_every_machine_of_their_types() {
+        let config = |gateways: &str| {
+            let text = format!(
+                "listen = \"127.0.0.1:7443\"\ndatabase = \"/tmp/c.db\"\n[tls]\nca = \"a\"\n\
+                 cert = \"b\"\nkey = \"c\"\n{gateways}"
+            );
+            Config::parse(&text, Path::new("c.toml")).unwrap()
+        };
+        let repair = |cmd: &str| {
+            let yaml = format!(
+                "repair:\n  repair_procedures:\n  - machine_types: [lab]\n    repair_operations:\n    \
+                 - operation: op\n      repair_steps:\n      - repair_command: [{cmd}]\n      \
+                 health_check_command: [\"@agent-healthy\"]\n"
+            );
+            crate::repair::load::load_str(&yaml, Path::new("r.yml"))
+                .unwrap()
+                .config
+        };
+        let machines = crate::inventory::parse_inventory(
+            "[[machines]]\naddress = \"10.0.1.1\"\nhostname = \"a\"\nrack = \"r1\"\nmachine_type = \"lab\"\n\
+             [[machines]]\naddress = \"10.0.2.1\"\nhostname = \"b\"\nrack = \"r2\"\nmachine_type = \"lab\"\n\
+             [[machines]]\naddress = \"10.0.3.1\"\nhostname = \"c\"\nrack = \"r3\"\nmachine_type = \"other\"\n",
+            Path::new("m.toml"),
+            RecordSource::Inventory,
+        )
+        .unwrap();
+        let target = |racks: &str, machines: &str| {
+            format!(
+                "[[gateways.targets]]\nname = \"g\"\naddress = \"127.0.0.1:1\"\nserver_name = \"g\"\n\
+                 racks = [{racks}]\nmachines = [{machines}]\n"
+            )
+        };
+        // No power step: nothing to say.
+        assert!(power_coverage(&config(""), &repair("\"true\""), Some(&machines)).is_none());
+        // Power steps and no gateway at all.
+        let e = power_coverage(&config(""), &repair("\"@power-cycle\""), None)
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("no [[gateways.targets]]"), "{e}");
+        let e = power_coverage(&config(""), &repair("\"@fence\""), Some(&machines))
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            e.contains("for 2 machines") && e.contains("no [[gateways.targets]]"),
+            "{e}"
+        );
+        // One rack served, the other machine listed by address: all covered (the third
+        // machine's type has no power step).
+        let ok = power_coverage(
+            &config(&target("\"r1\"", "\"10.0.2.1\"")),
+            &repair("\"@power-cycle\""),
+            Some(&machines),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(ok.contains("each of the 2 machines"), "{ok}");
+        let e = power_coverage(
+            &config(&target("\"r1\"", "")),
+            &repair("\"@power-cycle\""),
+            Some(&machines),
+        )
+        .unwrap()
+        .unwrap_err();
+        assert!(
+            e.contains("1 of 2") && e.contains("10.0.2.1 (rack r2)"),
+            "{e}"
+        );
     }
 
     #[test]

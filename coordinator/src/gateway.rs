@@ -122,6 +122,23 @@ pub struct GatewayTarget {
     pub machines: Vec<String>,
 }
 
+/// Which of `targets` serves the machine at `address`: the gateway listing the address, else
+/// the one serving its rack (`rack`, asked only then).
+pub fn serving(
+    targets: &[GatewayTarget],
+    address: &str,
+    rack: impl FnOnce() -> Option<String>,
+) -> Option<usize> {
+    if let Some(i) = targets
+        .iter()
+        .position(|t| t.machines.iter().any(|m| m == address))
+    {
+        return Some(i);
+    }
+    let rack = rack()?;
+    targets.iter().position(|t| t.racks.contains(&rack))
+}
+
 /// Maps a machine address to its rack (from the inventory).
 pub type RackOf = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
@@ -185,15 +202,7 @@ impl QuicGateways {
     }
 
     fn route_index(&self, address: &str) -> Option<usize> {
-        if let Some(i) = self
-            .targets
-            .iter()
-            .position(|t| t.machines.iter().any(|m| m == address))
-        {
-            return Some(i);
-        }
-        let rack = (self.rack_of)(address)?;
-        self.targets.iter().position(|t| t.racks.contains(&rack))
+        serving(&self.targets, address, || (self.rack_of)(address))
     }
 
     async fn connection(&self, i: usize, fresh: bool) -> Result<quinn::Connection, PowerError> {
