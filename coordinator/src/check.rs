@@ -22,7 +22,8 @@ use crate::inventory::{RecordSource, load_inventory};
 /// One line of the check's output.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CheckLine {
-    /// What was checked (`config`, `tls`, `inventory`, `repair`, `database`, `kubernetes`).
+    /// What was checked (`config`, `tls`, `inventory`, `repair`, `power`, `remediation`,
+    /// `database`, `kubernetes`).
     pub what: &'static str,
     /// Whether it is usable.
     pub ok: bool,
@@ -77,7 +78,10 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         out.push(line(
             "inventory",
             loaded
-                .map(|r| format!("{}: {} machines", path.display(), r.len()))
+                .map(|r| {
+                    let s = if r.len() == 1 { "" } else { "s" };
+                    format!("{}: {} machine{s}", path.display(), r.len())
+                })
                 .map_err(|e| e.to_string()),
         ));
         if ok && let Some(r) = inventory_against_store(&config, &copy, path) {
@@ -106,6 +110,14 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
             && let Some(r) = power_coverage(&config, procedures, machines.as_deref())
         {
             out.push(line("power", r));
+        }
+        if let (Some(procedures), Some(machines), Some(rem)) =
+            (&procedures, &machines, &config.remediation)
+        {
+            out.push(line(
+                "remediation",
+                remediation_coverage(rem, procedures, machines),
+            ));
         }
     }
     out.push(line("database", check_database(&config.database)));
@@ -220,6 +232,92 @@ fn power_coverage(
             }
         ))
     })
+}
+
+/// Whether every operation automatic remediation may enqueue for an inventory machine has a
+/// procedure for the machine's type: auto-repair enqueues the machine's state (`unhealthy`,
+/// `unreachable`) for the machines its `having` / `not_having` filters let through, and each
+/// health check its `operation` for the machines it selects. A missing one is refused at
+/// enqueue time, so the machine is never repaired by itself; this says so before.
+fn remediation_coverage(
+    rem: &crate::remediation::RemediationConfig,
+    procedures: &crate::repair::RepairConfig,
+    machines: &[crate::inventory::MachineRecord],
+) -> Result<String, String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    // (machine type, operation) → machines that would need it.
+    let mut needed: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for r in machines {
+        let Some(t) = &r.machine_type else { continue };
+        let m = as_remediation_machine(r);
+        let ar = &rem.auto_repair;
+        if ar.enabled && ar.source == crate::remediation::sabakan::Source::Inventory {
+            for state in &ar.having.states {
+                let mut m = m.clone();
+                m.state = *state;
+                if ar.having.matches_all(&m) && !ar.not_having.matches_any(&m) {
+                    needed
+                        .entry((t.clone(), state.as_str().to_string()))
+                        .or_default()
+                        .insert(r.address.clone());
+                }
+            }
+        }
+        for hc in &rem.health_checks {
+            if hc.selector.matches(&m) {
+                needed
+                    .entry((t.clone(), hc.operation.clone()))
+                    .or_default()
+                    .insert(r.address.clone());
+            }
+        }
+    }
+    let missing: Vec<String> = needed
+        .iter()
+        .filter(|((t, op), _)| procedures.operation_for(t, op).is_err())
+        .map(|((t, op), who)| {
+            let n = who.len();
+            let first = who.iter().next().map(String::as_str).unwrap_or_default();
+            format!(
+                "`{op}` for type {t} ({n} machine{}, e.g. {first})",
+                if n == 1 { "" } else { "s" }
+            )
+        })
+        .collect();
+    if missing.is_empty() {
+        Ok(format!(
+            "each operation remediation may enqueue has a procedure ({} type/operation pairs)",
+            needed.len()
+        ))
+    } else {
+        Err(format!(
+            "remediation would enqueue operations the repair file has no procedure for, so \
+             those machines are never repaired by themselves: {}",
+            missing.join(", ")
+        ))
+    }
+}
+
+/// An inventory record as the remediation filters see a machine (state set by the caller).
+fn as_remediation_machine(r: &crate::inventory::MachineRecord) -> crate::remediation::Machine {
+    crate::remediation::Machine {
+        address: r.address.clone(),
+        serial: r.serial.clone(),
+        rack: r.rack.clone(),
+        role: r.role.clone(),
+        machine_type: r.machine_type.clone(),
+        labels: r.labels.clone(),
+        state: crate::health::MachineState::Healthy,
+        since: jiff::Timestamp::UNIX_EPOCH,
+        last_report_at: None,
+        failing_checks: Vec::new(),
+        goodbye: None,
+        kdump_loaded: false,
+        dump: Default::default(),
+        booted_at: None,
+        node: None,
+        last_silence: None,
+    }
 }
 
 /// A copy of the database for the comparisons, taken once per check as `coordinator backup`
@@ -537,7 +635,7 @@ pub fn render(lines: &[CheckLine]) -> String {
     let mut s = String::new();
     for l in lines {
         s.push_str(&format!(
-            "{:<11}{:<6}{}\n",
+            "{:<13}{:<6}{}\n",
             l.what,
             if l.ok { "ok" } else { "FAIL" },
             l.detail
@@ -679,6 +777,53 @@ mod tests {
             e.contains("1 of 2") && e.contains("10.0.2.1 (rack r2)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn remediation_needs_a_procedure_for_each_operation_it_may_enqueue() {
+        let rem = |extra: &str| -> crate::remediation::RemediationConfig {
+            toml::from_str(extra).unwrap()
+        };
+        let repair = crate::repair::load::load_str(
+            "repair:\n  repair_procedures:\n  - machine_types: [lab]\n    repair_operations:\n    \
+             - operation: unhealthy\n      repair_steps:\n      - repair_command: [\"true\"]\n      \
+             health_check_command: [\"@agent-healthy\"]\n",
+            Path::new("r.yml"),
+        )
+        .unwrap()
+        .config;
+        let machines = crate::inventory::parse_inventory(
+            "[[machines]]\naddress = \"10.0.1.1\"\nhostname = \"a\"\nmachine_type = \"lab\"\n\
+             [[machines]]\naddress = \"10.0.1.2\"\nhostname = \"b\"\nrole = \"boot\"\nmachine_type = \"gpu\"\n",
+            Path::new("m.toml"),
+            RecordSource::Inventory,
+        )
+        .unwrap();
+        // Auto-repair's defaults: `unhealthy` and `unreachable`; the boot server (type gpu,
+        // no procedure at all) is left alone by not_having, so only lab's gap is named.
+        let e = remediation_coverage(&rem(""), &repair, &machines).unwrap_err();
+        assert!(
+            e.contains("`unreachable` for type lab (1 machine, e.g. 10.0.1.1)"),
+            "{e}"
+        );
+        assert!(
+            !e.contains("gpu") && !e.contains("`unhealthy` for type lab"),
+            "{e}"
+        );
+        // Only unhealthy machines, and a health check whose operation lab has.
+        let ok = remediation_coverage(
+            &rem(
+                "[auto_repair.having]\nstates = [\"unhealthy\"]\n[[health_checks]]\nname = \"h\"\n\
+                  selector = { machine_types = [\"lab\"] }\nunhealthy_conditions = [{ type = \"kubelet\", \
+                  status = \"False\", timeout = \"1m\" }]\n",
+            ),
+            &repair,
+            &machines,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        // Auto-repair off: nothing is needed from it.
+        let ok = remediation_coverage(&rem("[auto_repair]\nenabled = false\n"), &repair, &machines);
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]
