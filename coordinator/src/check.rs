@@ -301,22 +301,16 @@ fn remediation_coverage(
 /// An inventory record as the remediation filters see a machine (state set by the caller).
 fn as_remediation_machine(r: &crate::inventory::MachineRecord) -> crate::remediation::Machine {
     crate::remediation::Machine {
-        address: r.address.clone(),
         serial: r.serial.clone(),
         rack: r.rack.clone(),
         role: r.role.clone(),
         machine_type: r.machine_type.clone(),
         labels: r.labels.clone(),
-        state: crate::health::MachineState::Healthy,
-        since: jiff::Timestamp::UNIX_EPOCH,
-        last_report_at: None,
-        failing_checks: Vec::new(),
-        goodbye: None,
-        kdump_loaded: false,
-        dump: Default::default(),
-        booted_at: None,
-        node: None,
-        last_silence: None,
+        ..crate::remediation::Machine::unreported(
+            &r.address,
+            crate::health::MachineState::Healthy,
+            jiff::Timestamp::UNIX_EPOCH,
+        )
     }
 }
 

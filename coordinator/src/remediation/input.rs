@@ -89,6 +89,31 @@ pub struct Machine {
     pub last_silence: Option<(Timestamp, Timestamp)>,
 }
 
+impl Machine {
+    /// A machine known only by its address, state and since when: no record fields, no
+    /// report, no Node (callers fill in what they know).
+    pub fn unreported(address: &str, state: MachineState, since: Timestamp) -> Self {
+        Self {
+            address: address.to_string(),
+            serial: String::new(),
+            rack: String::new(),
+            role: String::new(),
+            machine_type: None,
+            labels: BTreeMap::new(),
+            state,
+            since,
+            last_report_at: None,
+            failing_checks: Vec::new(),
+            goodbye: None,
+            kdump_loaded: false,
+            dump: Dump::None,
+            booted_at: None,
+            node: None,
+            last_silence: None,
+        }
+    }
+}
+
 /// A machine's crash dump, as its kdump initramfs reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Dump {

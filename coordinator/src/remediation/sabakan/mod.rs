@@ -314,24 +314,12 @@ fn machines(
                     m
                 }
                 None => Machine {
-                    address: r.address.clone(),
-                    serial: String::new(),
                     rack: r.rack.to_string(),
-                    role: String::new(),
-                    machine_type: None,
                     labels: r.labels.clone(),
-                    state: r.state,
-                    since: r.since,
-                    last_report_at: None,
-                    failing_checks: Vec::new(),
-                    goodbye: None,
-                    kdump_loaded: false,
-                    dump: Default::default(),
-                    booted_at: None,
                     node: by_ip
                         .get(r.address.as_str())
                         .map(|n| super::gather::node_facts(n, fallback)),
-                    last_silence: None,
+                    ..Machine::unreported(&r.address, r.state, r.since)
                 },
             };
             m.serial = r.serial.clone();
