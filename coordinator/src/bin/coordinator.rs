@@ -36,9 +36,10 @@ enum Command {
     Run,
     /// Load and validate everything the coordinator uses at start (configuration, TLS files
     /// and their chain to the CA, inventory and what it would change in the database, repair
-    /// file and whether the active repairs keep their procedures, database writable,
-    /// kubeconfig) without starting it or changing anything; print what was found; exit 0, or
-    /// 64 when anything is unusable.
+    /// file and whether the active repairs keep their procedures, whether power steps have a
+    /// gateway and remediation's operations a procedure, database writable, kubeconfig)
+    /// without starting it or changing anything; print what was found; exit 0, or 64 when
+    /// anything is unusable.
     Check {
         /// Print JSON instead of a table.
         #[arg(long)]
