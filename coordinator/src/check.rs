@@ -8,7 +8,9 @@
 //! existing database (machines new, retired, hostnames moved, or a conflict that would stop
 //! the start), found by importing it into a copy of the database taken as `coordinator
 //! backup` takes one; and, on such a copy, that every active repair queue entry still has
-//! its procedure in the repair file. Nothing is bound, the database itself is neither changed
+//! its procedure in the repair file; and that the files fit together: power steps have a
+//! gateway for each inventory machine they would run on, and every operation remediation may
+//! enqueue has a procedure. Nothing is bound, the database itself is neither changed
 //! nor locked (a running coordinator is not disturbed) and nothing is contacted.
 
 use std::path::Path;
