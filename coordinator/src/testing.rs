@@ -184,6 +184,7 @@ impl AgentHealthView for FakeAgents {
 #[derive(Default)]
 pub struct FakeDrainer {
     not_nodes: bool,
+    no_view: bool,
     done: Mutex<bool>,
     drain_script: Mutex<VecDeque<Result<DrainProgress, KubeError>>>,
     lookups: Mutex<Vec<String>>,
@@ -197,6 +198,15 @@ impl FakeDrainer {
     pub fn without_nodes() -> Self {
         Self {
             not_nodes: true,
+            ..Self::default()
+        }
+    }
+
+    /// A drainer whose node view has not been filled yet: [`Drainer::known_node`] knows
+    /// nothing, [`Drainer::node_for`] still finds every node.
+    pub fn without_view() -> Self {
+        Self {
+            no_view: true,
             ..Self::default()
         }
     }
@@ -241,7 +251,7 @@ impl Drainer for FakeDrainer {
     }
 
     fn known_node(&self, address: &str) -> Option<String> {
-        (!self.not_nodes).then(|| format!("n-{address}"))
+        (!self.not_nodes && !self.no_view).then(|| format!("n-{address}"))
     }
 
     fn drain<'a>(

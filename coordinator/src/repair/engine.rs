@@ -679,6 +679,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_entry_started_before_the_node_view_filled_looks_its_node_up_at_the_end() {
+        let (_d, s) = store();
+        let cfg = config(&yaml(
+            "      - repair_command: ['true']\n",
+            "[sh, -c, 'echo true']",
+            "",
+            "",
+        ));
+        let drainer = Arc::new(FakeDrainer::without_view());
+        let h = start(&s, cfg, Arc::new(SystemClock), drainer.clone()).await;
+        let i = h.add("op", "t", "10.0.0.1").await;
+        let e = h
+            .wait(i, "succeeded", |e| e.status == RepairStatus::Succeeded)
+            .await;
+        assert_eq!(e.nodename, "", "nothing known when it started");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while drainer.events().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "no Event");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (node, event, _) = drainer.events().remove(0);
+        assert_eq!((node.as_str(), event), ("n-10.0.0.1", NodeEvent::Repaired));
+        assert_eq!(drainer.lookups(), ["10.0.0.1"]);
+        h.stop().await;
+    }
+
+    #[tokio::test]
     async fn add_refuses_unknown_procedure_and_bad_address() {
         let (_d, s) = store();
         let cfg = config(&yaml(
