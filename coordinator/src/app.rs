@@ -267,6 +267,9 @@ impl App {
             }
             None => (None, None),
         };
+        for problem in crate::check::unfit(&config) {
+            tracing::warn!("{problem} (`coordinator check` says the same)");
+        }
         let remediation = match &config.remediation {
             Some(cfg) => {
                 let rem = crate::remediation::Remediation::open(

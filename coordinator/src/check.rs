@@ -129,6 +129,32 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
     out
 }
 
+/// The fit checks' failures (`power`, `remediation`), for the log at start: a coordinator
+/// started without `coordinator check` still says which repairs cannot run. Files that do
+/// not load give nothing here (the start itself reports them).
+pub fn unfit(config: &Config) -> Vec<String> {
+    let Some(path) = config.repair.as_ref().and_then(|r| r.config.as_deref()) else {
+        return Vec::new();
+    };
+    let Ok(loaded) = crate::repair::load::load_file(path) else {
+        return Vec::new();
+    };
+    let machines = config
+        .inventory
+        .as_deref()
+        .and_then(|p| load_inventory(p, RecordSource::Inventory).ok());
+    let mut out = Vec::new();
+    if let Some(Err(e)) = power_coverage(config, &loaded.config, machines.as_deref()) {
+        out.push(e);
+    }
+    if let (Some(m), Some(rem)) = (&machines, &config.remediation)
+        && let Err(e) = remediation_coverage(rem, &loaded.config, m)
+    {
+        out.push(e);
+    }
+    out
+}
+
 /// Whether the repair file's power steps (`@power-cycle`, `@fence`, …) have a gateway to go
 /// through: without one such a step fails at once ("power control not available"), which
 /// nothing at start would say. `None` when no step is a power step. With an inventory file,
@@ -820,6 +846,43 @@ mod tests {
         // Auto-repair off: nothing is needed from it.
         let ok = remediation_coverage(&rem("[auto_repair]\nenabled = false\n"), &repair, &machines);
         assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn the_fit_failures_are_listed_for_the_log_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(
+            d.join("r.yml"),
+            "repair:\n  repair_procedures:\n  - machine_types: [lab]\n    repair_operations:\n    \
+             - operation: unhealthy\n      repair_steps:\n      - repair_command: [\"@power-cycle\"]\n      \
+             health_check_command: [\"@agent-healthy\"]\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("m.toml"),
+            "[[machines]]\naddress = \"10.0.1.1\"\nhostname = \"a\"\nrack = \"r1\"\nmachine_type = \"lab\"\n",
+        )
+        .unwrap();
+        let config = |extra: &str| {
+            let text = format!(
+                "listen = \"127.0.0.1:7443\"\ndatabase = \"/tmp/c.db\"\ninventory = {:?}\n[tls]\n\
+                 ca = \"a\"\ncert = \"b\"\nkey = \"c\"\n[repair]\nconfig = {:?}\n{extra}",
+                d.join("m.toml").display().to_string(),
+                d.join("r.yml").display().to_string()
+            );
+            Config::parse(&text, Path::new("c.toml")).unwrap()
+        };
+        let found = unfit(&config("[remediation]\n"));
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(found[0].contains("no [[gateways.targets]]"), "{found:#?}");
+        assert!(
+            found[1].contains("`unreachable` for type lab"),
+            "{found:#?}"
+        );
+        let served = "[[gateways.targets]]\nname = \"g\"\naddress = \"127.0.0.1:1\"\n\
+                      server_name = \"g\"\nracks = [\"r1\"]\n";
+        assert!(unfit(&config(served)).is_empty());
     }
 
     #[test]
