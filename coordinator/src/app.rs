@@ -19,7 +19,7 @@ use crate::agent_server::{self, ServerCtx};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::fleet::{Fleet, FleetError};
-use crate::inventory::{InventoryError, RecordSource, load_inventory};
+use crate::inventory::{InventoryError, MachineRecord, RecordSource, load_inventory};
 use crate::k8s::{Drainer, KubeDrainer, NodeView, NotANode};
 use crate::metrics::{HttpState, Metrics, MetricsSource};
 use crate::store::{Store, StoreError};
@@ -177,9 +177,11 @@ impl App {
         let store = Store::open_exclusive(&config.database)?;
         let fleet =
             Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
+        let mut inventory = None;
         if let Some(path) = &config.inventory {
             let import = import_inventory(&fleet, &store, path).await?;
-            tracing::info!(path = %path.display(), machines = import.machines, "inventory loaded");
+            tracing::info!(path = %path.display(), machines = import.records.len(), "inventory loaded");
+            inventory = Some(import.records);
         }
         let endpoint = tls.server_endpoint(config.listen)?;
         let http = match config.http.listen {
@@ -267,8 +269,10 @@ impl App {
             }
             None => (None, None),
         };
-        for problem in crate::check::unfit(&config) {
-            tracing::warn!("{problem} (`coordinator check` says the same)");
+        if let Some(q) = &repair {
+            for problem in crate::check::unfit(&config, q.config(), inventory.as_deref()) {
+                tracing::warn!("{problem} (`coordinator check` says the same)");
+            }
         }
         let remediation = match &config.remediation {
             Some(cfg) => {
@@ -490,8 +494,6 @@ fn power_control(
 /// `coordinator check`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InventoryImport {
-    /// Machines the file lists.
-    pub machines: usize,
     /// Listed machines the store did not know.
     pub new: Vec<String>,
     /// Machines the file no longer lists: retired and released to the operator.
@@ -502,6 +504,8 @@ pub struct InventoryImport {
     /// Listed machines left out of this start: their hostname is held by a machine with an
     /// active repair.
     pub deferred: Vec<String>,
+    /// The records the file lists, as read.
+    pub records: Vec<MachineRecord>,
 }
 
 /// Imports the inventory file at `path` into `fleet`: the file is the source of truth for
@@ -513,7 +517,6 @@ pub async fn import_inventory(
     path: &std::path::Path,
 ) -> Result<InventoryImport, AppError> {
     let records = load_inventory(path, RecordSource::Inventory)?;
-    let machines = records.len();
     let busy = store
         .call(|c| crate::repair::store::active_addresses(c))
         .await?;
@@ -545,7 +548,7 @@ pub async fn import_inventory(
         .iter()
         .map(|r| (r.hostname.clone(), r.address.clone()))
         .collect();
-    fleet.upsert(records).await.map_err(|e| match e {
+    fleet.upsert(records.clone()).await.map_err(|e| match e {
         FleetError::HostnameTaken { hostname, address } => AppError::InventoryHostnameTaken {
             file: path.to_path_buf(),
             address: by_hostname.get(&hostname).cloned().unwrap_or_default(),
@@ -555,7 +558,6 @@ pub async fn import_inventory(
         e => AppError::Fleet(e),
     })?;
     Ok(InventoryImport {
-        machines,
         new,
         released: released
             .released
@@ -564,6 +566,7 @@ pub async fn import_inventory(
             .collect(),
         moved,
         deferred: released.deferred,
+        records,
     })
 }
 

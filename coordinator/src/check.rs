@@ -130,25 +130,19 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
 }
 
 /// The fit checks' failures (`power`, `remediation`), for the log at start: a coordinator
-/// started without `coordinator check` still says which repairs cannot run. Files that do
-/// not load give nothing here (the start itself reports them).
-pub fn unfit(config: &Config) -> Vec<String> {
-    let Some(path) = config.repair.as_ref().and_then(|r| r.config.as_deref()) else {
-        return Vec::new();
-    };
-    let Ok(loaded) = crate::repair::load::load_file(path) else {
-        return Vec::new();
-    };
-    let machines = config
-        .inventory
-        .as_deref()
-        .and_then(|p| load_inventory(p, RecordSource::Inventory).ok());
+/// started without `coordinator check` still says which repairs cannot run. Takes what the
+/// start has loaded already.
+pub fn unfit(
+    config: &Config,
+    procedures: &crate::repair::RepairConfig,
+    machines: Option<&[crate::inventory::MachineRecord]>,
+) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(Err(e)) = power_coverage(config, &loaded.config, machines.as_deref()) {
+    if let Some(Err(e)) = power_coverage(config, procedures, machines) {
         out.push(e);
     }
-    if let (Some(m), Some(rem)) = (&machines, &config.remediation)
-        && let Err(e) = remediation_coverage(rem, &loaded.config, m)
+    if let (Some(m), Some(rem)) = (machines, &config.remediation)
+        && let Err(e) = remediation_coverage(rem, procedures, m)
     {
         out.push(e);
     }
@@ -213,9 +207,10 @@ fn power_coverage(
     }
     if targets.is_empty() {
         return Some(Err(format!(
-            "the repair file has power steps ({steps}) for {} machines (types {types_list}) but \
+            "the repair file has power steps ({steps}) for {} machine{} (types {types_list}) but \
              no [[gateways.targets]] is configured: every such step would fail",
-            concerned.len()
+            concerned.len(),
+            if concerned.len() == 1 { "" } else { "s" }
         )));
     }
     let unserved: Vec<String> = concerned
@@ -699,11 +694,11 @@ mod tests {
             "against /var/lib/c.db: no change to the machines"
         );
         let import = crate::app::InventoryImport {
-            machines: 3,
             new: vec!["10.0.0.3".into(), "10.0.0.9".into()],
             released: vec!["10.0.0.2".into()],
             moved: vec![("web-1".into(), "10.0.0.1".into(), "10.0.0.9".into())],
             deferred: vec![],
+            records: vec![],
         };
         assert_eq!(
             describe_import(db, &import),
@@ -850,30 +845,28 @@ mod tests {
 
     #[test]
     fn the_fit_failures_are_listed_for_the_log_at_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        std::fs::write(
-            d.join("r.yml"),
+        let procedures = crate::repair::load::load_str(
             "repair:\n  repair_procedures:\n  - machine_types: [lab]\n    repair_operations:\n    \
              - operation: unhealthy\n      repair_steps:\n      - repair_command: [\"@power-cycle\"]\n      \
              health_check_command: [\"@agent-healthy\"]\n",
+            Path::new("r.yml"),
         )
-        .unwrap();
-        std::fs::write(
-            d.join("m.toml"),
+        .unwrap()
+        .config;
+        let machines = crate::inventory::parse_inventory(
             "[[machines]]\naddress = \"10.0.1.1\"\nhostname = \"a\"\nrack = \"r1\"\nmachine_type = \"lab\"\n",
+            Path::new("m.toml"),
+            RecordSource::Inventory,
         )
         .unwrap();
         let config = |extra: &str| {
             let text = format!(
-                "listen = \"127.0.0.1:7443\"\ndatabase = \"/tmp/c.db\"\ninventory = {:?}\n[tls]\n\
-                 ca = \"a\"\ncert = \"b\"\nkey = \"c\"\n[repair]\nconfig = {:?}\n{extra}",
-                d.join("m.toml").display().to_string(),
-                d.join("r.yml").display().to_string()
+                "listen = \"127.0.0.1:7443\"\ndatabase = \"/tmp/c.db\"\n[tls]\n\
+                 ca = \"a\"\ncert = \"b\"\nkey = \"c\"\n{extra}"
             );
             Config::parse(&text, Path::new("c.toml")).unwrap()
         };
-        let found = unfit(&config("[remediation]\n"));
+        let found = unfit(&config("[remediation]\n"), &procedures, Some(&machines));
         assert_eq!(found.len(), 2, "{found:#?}");
         assert!(found[0].contains("no [[gateways.targets]]"), "{found:#?}");
         assert!(
@@ -882,7 +875,7 @@ mod tests {
         );
         let served = "[[gateways.targets]]\nname = \"g\"\naddress = \"127.0.0.1:1\"\n\
                       server_name = \"g\"\nracks = [\"r1\"]\n";
-        assert!(unfit(&config(served)).is_empty());
+        assert!(unfit(&config(served), &procedures, Some(&machines)).is_empty());
     }
 
     #[test]

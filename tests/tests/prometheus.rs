@@ -172,14 +172,14 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
     );
 
     // n1 gets a certificate of ten days, n2 one of the default year.
-    let issue = |name: &str, days: &str| {
+    let issue = |role: &str, name: &str, days: &str| {
         run_ok(command("coordinatorctl").args([
             "pki",
             "issue",
             "--ca",
             &pki.ca_dir.to_string_lossy(),
             "--role",
-            "node",
+            role,
             "--name",
             name,
             "--days",
@@ -189,8 +189,8 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
             &pki.certs_dir.to_string_lossy(),
         ]))
     };
-    issue("n1", "10")?;
-    issue("n2", "365")?;
+    issue("node", "n1", "10")?;
+    issue("node", "n2", "365")?;
     let kubelet = FakeKubelet::start()?;
     let mut agents = Vec::new();
     for (name, address) in [("n1", "10.0.0.1"), ("n2", "10.0.0.2")] {
@@ -247,24 +247,11 @@ fn an_agent_certificate_about_to_expire_is_said_by_both_sides_and_counted() -> R
 
     // Renewed and reloaded, n1 reconnects with its new certificate, and the count clears
     // (a connection keeps the certificate of its handshake for as long as it lasts).
-    issue("n1", "365")?;
+    issue("node", "n1", "365")?;
     let pid = agents[0].0.pid().context("n1's pid")?;
 
     // coordinatorctl says so too, on stderr, and goes on.
-    run_ok(command("coordinatorctl").args([
-        "pki",
-        "issue",
-        "--ca",
-        &pki.ca_dir.to_string_lossy(),
-        "--role",
-        "admin",
-        "--name",
-        "short",
-        "--days",
-        "5",
-        "--out",
-        &pki.certs_dir.to_string_lossy(),
-    ]))?;
+    issue("admin", "short", "5")?;
     let out = run_ok(
         command("coordinatorctl")
             .arg("--server")

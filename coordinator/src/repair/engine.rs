@@ -117,6 +117,7 @@ type ReplyTx = oneshot::Sender<Result<RepairQueueResponse, RepairQueueError>>;
 pub struct RepairQueue {
     tx: mpsc::Sender<(RepairQueueRequest, Requester, ReplyTx)>,
     metrics: Arc<RepairMetrics>,
+    config: Arc<RepairConfig>,
 }
 
 impl std::fmt::Debug for RepairQueue {
@@ -126,6 +127,11 @@ impl std::fmt::Debug for RepairQueue {
 }
 
 impl RepairQueue {
+    /// The repair procedures it runs (loaded once, at start).
+    pub fn config(&self) -> &RepairConfig {
+        &self.config
+    }
+
     /// Loads the queue from the store and starts the engine; it stops when `shutdown` is
     /// cancelled or the last handle is dropped (running commands are killed; they run
     /// again after a restart).
@@ -139,6 +145,7 @@ impl RepairQueue {
         let (tx, rx) = mpsc::channel(4096);
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(RepairMetrics::default());
+        let config = deps.config.clone();
         let effects = Effects::new(
             deps.drainer.clone(),
             deps.power.clone(),
@@ -174,7 +181,14 @@ impl RepairQueue {
         );
         engine.update_metrics();
         let handle = tokio::spawn(engine.run(rx, ev_rx, shutdown));
-        Ok((Self { tx, metrics }, handle))
+        Ok((
+            Self {
+                tx,
+                metrics,
+                config,
+            },
+            handle,
+        ))
     }
 
     /// Carries out one request of the coordinator's own (entries' history names "the
