@@ -73,6 +73,20 @@ impl Admin {
         self.resolve_names(&mut req);
         let filter = listing_filter(&req).map(str::to_string);
         let answer = self.answer(who, req).await;
+        let answer = self.checked(filter, answer);
+        match self.store.health().failing() {
+            // Said with every answer while it lasts: a table of states that could not be
+            // stored would otherwise read as the fleet now.
+            Some(reason) => AdminResponse::StoreFailing {
+                reason,
+                answer: Box::new(answer),
+            },
+            None => answer,
+        }
+    }
+
+    /// `answer` to a request listing by `filter`, or the refusal of a name nobody has.
+    fn checked(&self, filter: Option<String>, answer: AdminResponse) -> AdminResponse {
         // A list filtered by a name nobody has is a typo more often than a quiet machine:
         // said, rather than an empty table. A machine deleted from the inventory still
         // lists what was recorded under its address.

@@ -340,7 +340,7 @@ fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result
         &pki,
         &CoordinatorOptions::default(),
     )?;
-    let add = |addr: &str, host: &str, timeout: &str| {
+    let ctl = |args: &[&str]| {
         let mut cmd = command("coordinatorctl");
         cmd.arg("--server")
             .arg(coord.quic.to_string())
@@ -350,18 +350,21 @@ fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result
             .arg(&coord.admin.cert)
             .arg("--key")
             .arg(&coord.admin.key)
-            .args([
-                "--timeout",
-                timeout,
-                "machines",
-                "add",
-                addr,
-                "--hostname",
-                host,
-                "--type",
-                "qemu",
-            ]);
+            .args(args);
         cmd.output()
+    };
+    let add = |addr: &str, host: &str, timeout: &str| {
+        ctl(&[
+            "--timeout",
+            timeout,
+            "machines",
+            "add",
+            addr,
+            "--hostname",
+            host,
+            "--type",
+            "qemu",
+        ])
     };
     let ok = add("10.0.0.50", "n50", "30s")?;
     assert!(
@@ -394,6 +397,27 @@ fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result
         Some(1.0),
         "{metrics}"
     );
+    // What coordinatorctl shows meanwhile is as last written, and it says so beside the
+    // answer (on stderr: the table and --json stay as they are).
+    let list = ctl(&["machines", "list"])?;
+    let (out, err) = (
+        String::from_utf8_lossy(&list.stdout),
+        String::from_utf8_lossy(&list.stderr),
+    );
+    assert!(list.status.success(), "{err}");
+    assert!(
+        out.contains("10.0.0.50") && !out.contains("WARNING"),
+        "{out}"
+    );
+    assert!(
+        err.contains("WARNING: the coordinator cannot write its database")
+            && err.contains("frozen by the test")
+            && err.contains("as last written"),
+        "{err}"
+    );
+    let json = ctl(&["machines", "list", "--json"])?;
+    let parsed: serde_json::Value = serde_json::from_slice(&json.stdout)?;
+    assert_eq!(parsed.as_array().map(Vec::len), Some(1), "{parsed}");
 
     let db = frozen.thaw()?;
     let ok = add("10.0.0.51", "n51", "30s")?;
@@ -402,6 +426,9 @@ fn store_that_stops_taking_writes_turns_healthz_503_and_back() -> anyhow::Result
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
+    let list = ctl(&["machines", "list"])?;
+    let err = String::from_utf8_lossy(&list.stderr);
+    assert!(list.status.success() && err.is_empty(), "{err}");
     let (status, body) = coord.http_get("/healthz")?;
     assert_eq!((status, body.trim()), (200, "ok"));
     let (_, metrics) = coord.http_get("/metrics")?;

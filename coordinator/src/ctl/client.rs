@@ -274,6 +274,33 @@ fn warn_if_expiring(tls: &TlsMaterial, r: &Resolved) {
     }
 }
 
+/// The answer inside a [`AdminResponse::StoreFailing`], saying on stderr that the
+/// coordinator's database writes fail, when that starts and when it ends (a `--follow` run
+/// may see both).
+fn store_said(r: AdminResponse) -> AdminResponse {
+    static FAILING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let (answer, reason) = match r {
+        AdminResponse::StoreFailing { reason, answer } => (*answer, Some(reason)),
+        other => (other, None),
+    };
+    let was = FAILING.swap(reason.is_some(), std::sync::atomic::Ordering::Relaxed);
+    match reason {
+        Some(why) if !was => eprintln!("{}", store_failing_warning(&why)),
+        None if was => eprintln!("coordinatorctl: the coordinator's database writes work again"),
+        _ => {}
+    }
+    answer
+}
+
+fn store_failing_warning(why: &str) -> String {
+    format!(
+        "coordinatorctl: WARNING: the coordinator cannot write its database ({why}). What it \
+         shows is as last written: a state it could not store is not shown (a machine that \
+         died may still read healthy), changes are refused, and repairs wait. Free the space \
+         or fix the disk; it catches up by itself (its log, /healthz)"
+    )
+}
+
 impl AdminClient {
     /// Connects and completes the admin hello.
     pub async fn connect(args: &ConnectArgs) -> anyhow::Result<Self> {
@@ -365,7 +392,7 @@ impl AdminClient {
                 )),
                 None => Err(e),
             },
-            Ok(Ok(r)) => Ok(r),
+            Ok(Ok(r)) => Ok(store_said(r)),
         }
     }
 

@@ -461,15 +461,19 @@ fn print_detail(d: &RepairEntryDetail) {
         },
         fmt_time(e.last_transition_time_unix_ms)
     );
-    println!(
-        "drain backoff: {} (until {})",
-        e.drain_backoff_count,
-        if e.drain_backoff_expire_unix_ms == 0 {
-            "-".into()
-        } else {
-            fmt_time(e.drain_backoff_expire_unix_ms)
-        }
-    );
+    // Only once a drain has failed: CKE's counter, and when the next attempt may start.
+    if e.drain_backoff_count > 0 || e.drain_backoff_expire_unix_ms != 0 {
+        println!(
+            "drain:        {} failed attempt{}, next not before {}",
+            e.drain_backoff_count,
+            if e.drain_backoff_count == 1 { "" } else { "s" },
+            if e.drain_backoff_expire_unix_ms == 0 {
+                "-".into()
+            } else {
+                fmt_time(e.drain_backoff_expire_unix_ms)
+            }
+        );
+    }
     println!("history:");
     for h in &d.history {
         println!(

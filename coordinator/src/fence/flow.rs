@@ -516,11 +516,13 @@ fn off_answer(f: &mut Flow, a: PowerAnswer, now: Timestamp, t: &FenceTimeouts) -
             f.confirmed_off = Some(at);
             enter(f, State::Release);
             f.deadline = Some(add(now, t.release));
-            Some(format!("power-off confirmed by read-back at {at}"))
+            Some(format!("power-off confirmed by read-back at {at:.0}"))
         }
         PowerAnswer::ConfirmedOff(at) => {
             enter(f, State::ConfirmOff);
-            Some(format!("gateway confirmed power-off at {at}; reading back"))
+            Some(format!(
+                "gateway confirmed power-off at {at:.0}; reading back"
+            ))
         }
         PowerAnswer::Done { state, detail } => fail(
             f,

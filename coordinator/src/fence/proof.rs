@@ -273,12 +273,12 @@ impl DownProof {
     pub fn describe(&self) -> String {
         match self {
             DownProof::PowerOff(p) => format!(
-                "power-off of {} confirmed at {} (request {})",
+                "power-off of {} confirmed at {:.0} (request {})",
                 p.address, p.confirmed_off, p.request_id
             ),
             DownProof::Kdump(k) => {
                 format!(
-                    "kdump in progress on {} since {}",
+                    "kdump in progress on {} since {:.0}",
                     k.address, k.dump_started
                 )
             }

@@ -188,11 +188,11 @@ impl Kdumps {
         let (event, line) = match n.phase {
             KdumpPhase::Start => (
                 NodeEvent::KdumpStarted,
-                format!("kdump: {address} is writing a crash dump (dumping since {now})"),
+                format!("kdump: {address} is writing a crash dump (dumping since {now:.0})"),
             ),
             KdumpPhase::Done => (
                 NodeEvent::KdumpDone,
-                format!("kdump: {address} finished writing its crash dump at {now}"),
+                format!("kdump: {address} finished writing its crash dump at {now:.0}"),
             ),
         };
         tracing::warn!(machine = %address, phase = n.phase.as_str(), boot_id = ?n.boot_id, "{line}");

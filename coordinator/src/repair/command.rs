@@ -208,7 +208,7 @@ fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
     };
     if h.last_report <= ctx.step_began {
         return fail(format!(
-            "no report since the step began at {}",
+            "no report since the step began at {:.0}",
             ctx.step_began
         ));
     }
@@ -224,7 +224,7 @@ fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
     (
         CommandEnd {
             ok: true,
-            summary: format!("every check ok since {ok_since}, boot id {}", h.boot_id),
+            summary: format!("every check ok since {ok_since:.0}, boot id {}", h.boot_id),
             output: String::new(),
         },
         Outcome::Ok,

@@ -297,7 +297,7 @@ pub fn decide_processing(
                 NodeObs::NotANode => Action::Execute { attempt: 0 },
                 NodeObs::Node(n) => match e.drain_backoff_expire {
                     Some(t) if t > now => {
-                        Action::Hold(Cow::Owned(format!("drain backoff until {t}")))
+                        Action::Hold(Cow::Owned(format!("drain backoff until {t:.0}")))
                     }
                     _ => Action::StartDrain(n.clone()),
                 },
@@ -362,7 +362,7 @@ pub fn decide_processing(
                     Action::Execute { attempt: *attempt }
                 } else {
                     Action::Hold(Cow::Owned(format!(
-                        "retrying the repair command at {until}"
+                        "retrying the repair command at {until:.0}"
                     )))
                 }
             }
@@ -502,7 +502,7 @@ pub fn transition(
             HistoryEvent::new(
                 "drain-abandoned",
                 format!(
-                    "{reason}; uncordoned; next drain not before {until} (backoff #{})",
+                    "{reason}; uncordoned; next drain not before {until:.0} (backoff #{})",
                     n.drain_backoff_count
                 ),
             )
@@ -552,7 +552,7 @@ pub fn transition(
             HistoryEvent::new(
                 "command-failed",
                 format!(
-                    "step {} attempt {}: {summary}; attempt {attempt} at {until}",
+                    "step {} attempt {}: {summary}; attempt {attempt} at {until:.0}",
                     e.step,
                     attempt.saturating_sub(1)
                 ),
@@ -1597,6 +1597,18 @@ mod tests {
         assert_eq!(n.drain_backoff_count, 2);
         assert_eq!(n.drain_backoff_expire, Some(c.now + secs(307)));
         assert_eq!(ev.event, "drain-abandoned");
+        // The history says when in whole seconds, however precise the clock.
+        let at = c.now + SignedDuration::from_nanos(123_456_789);
+        let (_, ev) = transition(e, c.op(), a, at, &|| None, &mut |_| 7).unwrap();
+        assert!(
+            ev.detail.contains(&format!(
+                "not before {}",
+                (at + secs(307)).round(jiff::Unit::Second).unwrap()
+            )),
+            "{}",
+            ev.detail
+        );
+        assert!(!ev.detail.contains(".123"), "{}", ev.detail);
         // While the backoff runs, nothing; after it, the drain starts again.
         let mut c = c.e(|e| *e = n).o(|o| o.drain = TaskObs::NotStarted);
         assert_eq!(c.ops(), Vec::<&str>::new());

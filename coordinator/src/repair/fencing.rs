@@ -284,7 +284,7 @@ impl FenceService {
 pub fn describe(f: &Flow) -> String {
     let off = f
         .confirmed_off
-        .map(|t| format!(", off confirmed at {t}"))
+        .map(|t| format!(", off confirmed at {t:.0}"))
         .unwrap_or_default();
     match &f.state {
         State::Done => format!(

@@ -369,7 +369,7 @@ impl KubeletClient {
 pub fn evaluate(url: &HttpUrl, r: &Result<HttpResponse, String>) -> CheckResult {
     let st = |s, d: String| result(CheckKind::Kubelet, SUBJECT, s, d);
     match r {
-        Err(e) => st(CheckStatus::Fail, format!("healthz {}: {e}", url.path)),
+        Err(e) => st(CheckStatus::Fail, format!("GET {}: {e}", url.path)),
         Ok(resp) => {
             let body = String::from_utf8_lossy(&resp.body);
             let body = body.trim();

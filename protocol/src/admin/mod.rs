@@ -46,4 +46,14 @@ pub enum AdminResponse {
     Remediation(remediation::RemediationResponse),
     /// Answer to a [`AdminRequest::Fence`].
     Fence(fence::FenceResponse),
+    /// An answer given while the coordinator's database writes are failing (a full disk, a
+    /// read-only remount): what it shows is as last written, as a state the coordinator
+    /// could not store is not shown (a machine that died may still read `healthy`), and
+    /// changes cannot be stored. Clients show the answer and say this beside it.
+    StoreFailing {
+        /// The database's error, as `/healthz` gives it.
+        reason: String,
+        /// The answer itself.
+        answer: Box<AdminResponse>,
+    },
 }

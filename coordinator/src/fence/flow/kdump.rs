@@ -60,8 +60,8 @@ pub(super) fn transition(
             enter(f, State::KdumpRelease);
             f.deadline = Some(add(now, t.release));
             Ok(Some(format!(
-                "machine dumping its kernel since {started}: releasing on the kdump proof, no \
-                 power action until \"dump done\" (kdump_timeout ends {until})"
+                "machine dumping its kernel since {started:.0}: releasing on the kdump proof, no \
+                 power action until \"dump done\" (kdump_timeout ends {until:.0})"
             )))
         }
         (State::KdumpRelease | State::KdumpWaitReleased, Some(leg), obs) => {
@@ -163,7 +163,7 @@ fn waiting(
 ) -> Option<String> {
     let why = match obs {
         Observation::Kdump(DumpSeen::Dumping { .. }) if now < leg.until => return None,
-        Observation::Kdump(DumpSeen::Done { at }) => format!("dump done at {at}"),
+        Observation::Kdump(DumpSeen::Done { at }) => format!("dump done at {at:.0}"),
         Observation::Kdump(DumpSeen::None) => {
             "the dump is no longer reported (the machine reported since)".to_string()
         }
@@ -193,24 +193,26 @@ fn cycle_off_answer(
             if f.failure.is_some() {
                 start_power_on(f, now, t);
                 Some(format!(
-                    "power-off confirmed by read-back at {at}; powering on before giving up"
+                    "power-off confirmed by read-back at {at:.0}; powering on before giving up"
                 ))
             } else if leg.released {
                 let next = start_power_on_or_stop(f, now, t).unwrap_or_default();
                 Some(format!(
-                    "power-off confirmed by read-back at {at} after the dump; {next}"
+                    "power-off confirmed by read-back at {at:.0} after the dump; {next}"
                 ))
             } else {
                 enter(f, State::Release);
                 f.deadline = Some(add(now, t.release));
                 Some(format!(
-                    "power-off confirmed by read-back at {at}; the release goes on"
+                    "power-off confirmed by read-back at {at:.0}; the release goes on"
                 ))
             }
         }
         PowerAnswer::ConfirmedOff(at) => {
             enter(f, State::ConfirmOff);
-            Some(format!("gateway confirmed power-off at {at}; reading back"))
+            Some(format!(
+                "gateway confirmed power-off at {at:.0}; reading back"
+            ))
         }
         PowerAnswer::Failed {
             detail,
