@@ -19,6 +19,9 @@
 # root (no /run/systemd/system), as in any chroot, so the maintainer scripts take their
 # offline paths: deb-systemd-helper enable/purge without start/stop.
 #
+# A package the host itself has installed is purged first inside the throwaway root (the
+# host keeps it); what that purge changed is the baseline the leftovers are compared with.
+#
 # Writes the exposure scores to security.txt next to the (first) package.
 # Usage: packaging/check-debs.sh [--release] [DEB...]   (default: ${CARGO_TARGET_DIR:-target}/debian/fleetmend-*.deb)
 set -euo pipefail
@@ -27,6 +30,35 @@ cd "$(dirname "$0")/.."
 
 say() { echo "check-debs: $*"; }
 fail() { echo "check-debs: FAIL: $*" >&2; exit 1; }
+
+# What an overlay's upper directory ($1) holds that differs from the host's root (its lower
+# layer), one sorted line each: a file or link that is new or changed, a directory that is
+# new ("dir/"), or "removed from the host root: path" for a whiteout. dpkg's own bookkeeping
+# and logs, the shadow-utils backup files (/etc/passwd- and friends) and the mount points of
+# the namespace are expected and not listed.
+leftovers() {
+  local upper=$1
+  {
+    (cd "$upper" && find . -mindepth 1 \( -type f -o -type l -o -type c \) | sed 's|^\./|/|') |
+      grep -Ev '^/(var/lib/dpkg/|var/log/|var/cache/debconf/|tmp/|run/|proc/|dev/)' |
+      grep -Ev '^/etc/(passwd|group|shadow|gshadow|subuid|subgid)-$' |
+      while read -r f; do
+        up="$upper$f"
+        if [ -c "$up" ]; then
+          echo "removed from the host root: $f"
+        elif [ -L "$up" ]; then
+          [ -L "$f" ] && [ "$(readlink "$up")" = "$(readlink "$f")" ] || echo "$f"
+        elif [ -f "$f" ] && cmp -s "$up" "$f"; then
+          :
+        else
+          echo "$f"
+        fi
+      done
+    (cd "$upper" && find . -mindepth 1 -type d | sed 's|^\./|/|') |
+      grep -Ev '^/(var/lib/dpkg|var/log|var/cache/debconf|tmp|run|proc|dev)(/|$)' |
+      while read -r d; do [ -d "$d" ] || echo "$d/"; done
+  } | LC_ALL=C sort || true
+}
 
 [ "$(id -u)" = 0 ] || fail "run as root (dpkg in a throwaway root, apt-get)"
 
@@ -46,6 +78,10 @@ deb_dir=${CARGO_TARGET_DIR:-target}/debian
 [ ${#debs[@]} -gt 0 ] || debs=("$deb_dir"/fleetmend-*.deb)
 [ -e "${debs[0]}" ] || fail "no packages in $deb_dir: run packaging/build-debs.sh first (with the same CARGO_TARGET_DIR)"
 
+# A failed check leaves no throwaway root behind (its mounts die with their namespace).
+work=
+trap '[ -z "$work" ] || rm -rf "$work"' EXIT
+
 out_dir=$(dirname "$(realpath "${debs[0]}")")
 report="$out_dir/security.txt"
 : >"$report"
@@ -55,12 +91,12 @@ for deb in "${debs[@]}"; do
   pkg=$(dpkg-deb --field "$deb" Package)
   say "== $pkg ($(basename "$deb"))"
   # The throwaway root is the host's root under an overlay: with the package on the host
-  # too, its install would be an upgrade and its purge would remove the host's files (and
-  # the check would fail naming them). Say so plainly instead.
+  # too, its install would be an upgrade and its purge would remove the host's files. So it
+  # is purged in the throwaway root first, and the leftovers are counted from there.
   host_status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
   case "$host_status" in
-    "" | *not-installed) ;;
-    *) fail "$pkg is on this host ($host_status): the check installs and purges it in a copy of this host's root, so it needs a host without it; dpkg --purge $pkg first, or run the check elsewhere" ;;
+    "" | *not-installed) on_host=0 ;;
+    *) on_host=1; say "$pkg is on this host ($host_status): purged first in the throwaway root only; the host keeps it" ;;
   esac
   dpkg-deb --info "$deb"
   dpkg-deb --contents "$deb"
@@ -91,7 +127,8 @@ for deb in "${debs[@]}"; do
   mkdir -p "$work/upper" "$work/work" "$work/root"
   # Everything below runs in a private mount namespace: the overlay and its bind mounts
   # vanish with it.
-  unshare -m env PKG="$pkg" DEB="$deb" UNIT="$unit" UNIT_PATH="$unit_path" W="$work" bash -euo pipefail <<'INNER'
+  # (The script is an argument, not stdin: dpkg and friends read their stdin.)
+  inner=$(declare -f leftovers; cat <<'INNER'
 mount --make-rprivate /
 mount -t overlay overlay -o "lowerdir=/,upperdir=$W/upper,workdir=$W/work" "$W/root"
 mount -t proc proc "$W/root/proc"
@@ -100,6 +137,13 @@ mount -t tmpfs tmpfs "$W/root/tmp"
 mount -t tmpfs tmpfs "$W/root/run"
 cp "$DEB" "$W/root/tmp/pkg.deb"
 in_root() { chroot "$W/root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "$@"; }
+
+: >"$W/baseline"
+if [ "$ON_HOST" = 1 ]; then
+  echo "check-debs: dpkg --purge $PKG (the host's copy, in the throwaway root)"
+  in_root dpkg --purge "$PKG"
+  leftovers "$W/upper" >"$W/baseline"
+fi
 
 echo "check-debs: dpkg -i $PKG (install)"
 in_root dpkg -i /tmp/pkg.deb
@@ -139,30 +183,16 @@ if in_root dpkg-query -W "$PKG" >/dev/null 2>&1; then
   in_root dpkg-query -W -f='${Status}\n' "$PKG" | grep -q 'not-installed' ||
     { echo "check-debs: FAIL: $PKG still known to dpkg after purge" >&2; exit 1; }
 fi
+leftovers "$W/upper" >"$W/after"
 INNER
-  # The host's root is the lower layer; whatever the upper layer still holds that differs
-  # from it was left behind by the package. dpkg's own bookkeeping and logs, the shadow-utils
-  # backup files (/etc/passwd- and friends) and the mount points of the namespace are expected.
-  left=$(cd "$work/upper" && find . -mindepth 1 \( -type f -o -type l -o -type c \) | sed 's|^\./|/|' | sort |
-    grep -Ev '^/(var/lib/dpkg/|var/log/|var/cache/debconf/|tmp/|run/|proc/|dev/)' |
-    grep -Ev '^/etc/(passwd|group|shadow|gshadow|subuid|subgid)-$' |
-    while read -r f; do
-      up="$work/upper$f"
-      if [ -c "$up" ]; then
-        echo "removed from the host root: $f"
-      elif [ -L "$up" ]; then
-        [ -L "$f" ] && [ "$(readlink "$up")" = "$(readlink "$f")" ] || echo "$f"
-      elif [ -f "$f" ] && cmp -s "$up" "$f"; then
-        :
-      else
-        echo "$f"
-      fi
-    done || true)
-  newdirs=$(cd "$work/upper" && find . -mindepth 1 -type d | sed 's|^\./|/|' |
-    grep -Ev '^/(var/lib/dpkg|var/log|var/cache/debconf|tmp|run|proc|dev)(/|$)' |
-    while read -r d; do [ -d "$d" ] || echo "$d/"; done || true)
-  if [ -n "$left$newdirs" ]; then
-    printf '%s\n' "$left" "$newdirs" | sed '/^$/d' >&2
+)
+  unshare -m env PKG="$pkg" DEB="$deb" UNIT="$unit" UNIT_PATH="$unit_path" W="$work" ON_HOST="$on_host" \
+    bash -euo pipefail -c "$inner" </dev/null
+  # What the package left behind: what the upper layer holds at the end that it did not
+  # hold before the install (nothing, or the purge of the host's copy).
+  left=$(comm -13 "$work/baseline" "$work/after")
+  if [ -n "$left" ]; then
+    printf '%s\n' "$left" >&2
     fail "$pkg: purge left the above behind"
   fi
   say "$pkg: install, reinstall, remove, purge: nothing left behind"
@@ -170,6 +200,7 @@ INNER
   echo "$pkg $exposure" | tee -a "$report"
   cp "$work/security.txt" "$out_dir/security-$unit.txt"
   rm -rf "$work"
+  work=
 done
 n=${#debs[@]}
 say "ok: $n package$([ "$n" = 1 ] || echo s); exposure in $report"
