@@ -77,7 +77,11 @@ fn install(
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // A log line that cannot be written (the journal restarting, a reader gone) is
+        // dropped. Said on stderr, it would be a second failed write, which `eprintln!`
+        // turns into a panic: a daemon must not stop for its log.
+        .log_internal_errors(false);
     // A second init (e.g. in tests) is not an error worth failing for.
     let _ = match format {
         Format::Plain => builder.try_init(),
@@ -107,7 +111,9 @@ fn install(
     let filter = targets(directive.unwrap_or(default))?;
     let builder = tracing_subscriber::fmt()
         .with_ansi(colour)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // As above: a log line that cannot be written is dropped, not a panic.
+        .log_internal_errors(false);
     // A second init (e.g. in tests) is not an error worth failing for.
     let _ = match format {
         Format::Plain => builder.finish().with(filter).try_init(),

@@ -698,3 +698,113 @@ async fn sighup_reloads_the_gateway_tls_and_it_keeps_answering() -> anyhow::Resu
     assert_eq!(gw.terminate().await?.code(), Some(0));
     Ok(())
 }
+
+/// A daemon whose log reader goes away (the journal restarting, a `| tee` killed) keeps
+/// running: its log lines are dropped, it does not stop, and certainly not with status 0,
+/// which `Restart=on-failure` would leave stopped. The coordinator and the agent (the two
+/// builds of the logging set-up) log to a pipe the test closes, are made to log (SIGHUP),
+/// and must still serve and report, then stop cleanly on SIGTERM.
+#[test]
+fn a_daemon_whose_log_reader_goes_away_keeps_running() -> anyhow::Result<()> {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let mut coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+            ..Default::default()
+        },
+    )?;
+    // The same coordinator again, logging into a pipe of the test's.
+    let code = coord
+        .proc
+        .take()
+        .context("running")?
+        .sigterm(Duration::from_secs(10))?;
+    ensure!(code == Some(0), "first start stopped with {code:?}");
+    let spawn_logging_to_pipe = |mut cmd: Command| -> anyhow::Result<std::process::Child> {
+        let mut child = cmd
+            .env("FLEETMEND_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        // Read the first line, then close the read end.
+        let mut first = String::new();
+        BufReader::new(child.stderr.take().context("stderr")?).read_line(&mut first)?;
+        ensure!(!first.is_empty(), "no log line before the pipe closed");
+        Ok(child)
+    };
+    let mut c = command("coordinator");
+    c.arg("--config").arg(&coord.config);
+    let mut coordinator = spawn_logging_to_pipe(c)?;
+    let served = wait_for("coordinator /healthz", SETTLE, || {
+        if let Ok(Some(s)) = coordinator.try_wait() {
+            return Ok(Err(s));
+        }
+        match testkit::procs::http_get(coord.http, "/healthz") {
+            Ok((200, _)) => Ok(Ok(())),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    if let Err(s) = served {
+        bail!("the coordinator stopped ({s}) once its log reader went away");
+    }
+
+    let fixture = NodeFixture::builder("node-1")
+        .nic("eth0")
+        .address("10.0.0.1".parse()?)
+        .build()?;
+    let tls = pki.issue("node", "node-1", &[])?;
+    let agent_cfg = AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+        .report_interval(Duration::from_millis(300));
+    let cfg_path = fixture.write_agent_config(&agent_cfg)?;
+    let mut a = command("node-agent");
+    a.args(["run", "--config"]).arg(&cfg_path);
+    let mut agent = spawn_logging_to_pipe(a)?;
+    coord.wait_for_state("node-1", "healthy", SETTLE)?;
+
+    // Both log on SIGHUP, into the closed pipe, twice for good measure.
+    for _ in 0..2 {
+        send_signal(coordinator.id(), "HUP")?;
+        send_signal(agent.id(), "HUP")?;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    ensure!(
+        coordinator.try_wait()?.is_none(),
+        "the coordinator stopped when its log reader went away: {:?}",
+        coordinator.try_wait()?
+    );
+    ensure!(
+        agent.try_wait()?.is_none(),
+        "the agent stopped when its log reader went away: {:?}",
+        agent.try_wait()?
+    );
+    // Still serving and reporting.
+    let seen = |m: &testkit::ctl_json::MachineSummary| m.last_report_at.map(testkit::ctl_json::ms);
+    let before = coord.machines()?.first().and_then(seen);
+    wait_for("node-1 to report again", SETTLE, || {
+        match coord.machines().map(|ms| ms.first().and_then(seen)) {
+            Ok(t) if t > before => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    assert_eq!(coord.machine("10.0.0.1")?.summary.state, "healthy");
+
+    // And they stop as they should.
+    for (name, child) in [("agent", &mut agent), ("coordinator", &mut coordinator)] {
+        send_signal(child.id(), "TERM")?;
+        let status = wait_for(&format!("{name} to stop"), SETTLE, || {
+            match child.try_wait() {
+                Ok(Some(s)) => Ok(s),
+                other => Err(format!("{other:?}")),
+            }
+        })?;
+        ensure!(status.success(), "{name} stopped with {status}");
+    }
+    Ok(())
+}

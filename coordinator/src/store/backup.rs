@@ -308,7 +308,7 @@ pub fn restore(
     };
     check_owner(dir)?;
     // Held until the end: no coordinator starts on a half-restored store.
-    let _lock = StoreLock::acquire(database)?;
+    let _lock = StoreLock::acquire(database, false)?;
     let mut replaced_kept_at = None;
     if database.exists() {
         // Opened and closed once so that SQLite folds its WAL into the file and removes
@@ -374,7 +374,7 @@ mod tests {
         assert!(e.to_string().contains("no directory"), "{e}");
 
         // A running coordinator's lock refuses the restore.
-        let lock = StoreLock::acquire(&db).unwrap();
+        let lock = StoreLock::acquire(&db, true).unwrap();
         let e = restore(&db, &copy, 7).unwrap_err();
         assert!(
             matches!(e, BackupError::Store(StoreError::Locked { .. })),

@@ -14,6 +14,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -25,6 +26,10 @@ use super::StoreError;
 #[derive(Debug)]
 pub struct StoreLock {
     _file: Flock<File>,
+    /// The database file itself, locked too: the lock file is found by name, and a symlink
+    /// or hard link to the same database is another name (SQLite's own locks do not keep a
+    /// second coordinator out; they only order its writes).
+    _database: Option<Flock<File>>,
     path: PathBuf,
 }
 
@@ -47,7 +52,10 @@ impl StoreLock {
     /// Takes the lock of `database`, or says who holds it. Fails with
     /// [`StoreError::DirectoryMissing`] or [`StoreError::NotWritable`] when the database's
     /// directory cannot hold the lock file.
-    pub fn acquire(database: &Path) -> Result<Self, StoreError> {
+    /// The database file is locked too when it exists, or, with `create`, once created
+    /// empty (as SQLite would create it): a coordinator's store is then held under every
+    /// name it has.
+    pub fn acquire(database: &Path, create: bool) -> Result<Self, StoreError> {
         let dir = directory_of(database);
         if !dir.is_dir() {
             return Err(StoreError::DirectoryMissing {
@@ -96,13 +104,69 @@ impl StoreLock {
                 reason: format!("cannot write the lock file {}: {e}", path.display()),
             });
         }
-        Ok(Self { _file: file, path })
+        let database_lock = lock_database(database, create)?;
+        Ok(Self {
+            _file: file,
+            _database: database_lock,
+            path,
+        })
     }
 
     /// The lock file.
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// `flock(LOCK_EX)` on the database file itself (created empty first with `create`), or
+/// `None` when it does not exist and is not to be created.
+fn lock_database(database: &Path, create: bool) -> Result<Option<Flock<File>>, StoreError> {
+    let opened = File::options()
+        .read(true)
+        .write(create)
+        .create(create)
+        .truncate(false)
+        .open(database);
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(None),
+        Err(e) => {
+            return Err(StoreError::NotWritable {
+                path: database.to_path_buf(),
+                reason: format!("cannot open it: {e}"),
+            });
+        }
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(f) => Ok(Some(f)),
+        Err((file, Errno::EWOULDBLOCK)) => Err(StoreError::HeldUnderAnotherName {
+            database: database.to_path_buf(),
+            holder: file.metadata().ok().and_then(|m| {
+                let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+                flock_holder(&locks, m.dev(), m.ino())
+            }),
+        }),
+        Err((_, errno)) => Err(StoreError::NotWritable {
+            path: database.to_path_buf(),
+            reason: format!("cannot lock it: {errno}"),
+        }),
+    }
+}
+
+/// The pid holding a `flock` on the file `dev`/`ino`, from the text of `/proc/locks`
+/// (`1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF`, the device's major and minor in hex).
+fn flock_holder(proc_locks: &str, dev: u64, ino: u64) -> Option<u32> {
+    let want = format!(
+        "{:02x}:{:02x}:{ino}",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    );
+    proc_locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+            .then(|| f.get(4)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// The pid a lock file names, if it holds one.
@@ -139,9 +203,9 @@ mod tests {
     fn second_lock_is_refused_naming_the_file_and_the_holder() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("c.db");
-        let held = StoreLock::acquire(&db).unwrap();
+        let held = StoreLock::acquire(&db, true).unwrap();
         assert_eq!(held.path(), dir.path().join("c.db.lock"));
-        let err = StoreLock::acquire(&db).unwrap_err();
+        let err = StoreLock::acquire(&db, true).unwrap_err();
         let msg = err.to_string();
         assert!(
             matches!(err, StoreError::Locked { holder: Some(pid), .. } if pid == std::process::id()),
@@ -153,7 +217,7 @@ mod tests {
             "{msg}"
         );
         drop(held);
-        StoreLock::acquire(&db).expect("free again once the holder is gone");
+        StoreLock::acquire(&db, true).expect("free again once the holder is gone");
     }
 
     #[test]
@@ -173,7 +237,7 @@ mod tests {
     fn missing_directory_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("nowhere").join("c.db");
-        let err = StoreLock::acquire(&db).unwrap_err();
+        let err = StoreLock::acquire(&db, true).unwrap_err();
         assert!(
             matches!(err, StoreError::DirectoryMissing { .. }),
             "{err:?}"
@@ -186,8 +250,62 @@ mod tests {
     #[test]
     fn directory_that_refuses_files_is_not_writable() {
         // procfs refuses new files even to root, unlike a mode-0555 directory.
-        let err = StoreLock::acquire(Path::new("/proc/fleetmend-test.db")).unwrap_err();
+        let err = StoreLock::acquire(Path::new("/proc/fleetmend-test.db"), true).unwrap_err();
         assert!(matches!(err, StoreError::NotWritable { .. }), "{err:?}");
         assert!(err.to_string().contains("/proc"), "{err}");
+    }
+
+    #[test]
+    fn the_same_database_under_another_name_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let held = StoreLock::acquire(&db, true).unwrap();
+        assert!(db.is_file(), "the database is created to be locked");
+        let symlink = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&db, &symlink).unwrap();
+        let hard = dir.path().join("hard.db");
+        std::fs::hard_link(&db, &hard).unwrap();
+        for other in [&symlink, &hard] {
+            for create in [true, false] {
+                let err = StoreLock::acquire(other, create).unwrap_err();
+                assert!(
+                    matches!(&err, StoreError::HeldUnderAnotherName { holder: Some(pid), .. } if *pid == std::process::id()),
+                    "{}: {err:?}",
+                    other.display()
+                );
+                let msg = err.to_string();
+                assert!(msg.contains(&other.display().to_string()), "{msg}");
+                assert!(msg.contains("symlink or hard link"), "{msg}");
+            }
+        }
+        drop(held);
+        StoreLock::acquire(&hard, true).expect("free again once the holder is gone");
+    }
+
+    #[test]
+    fn a_missing_database_is_not_created_without_create() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let _held = StoreLock::acquire(&db, false).unwrap();
+        assert!(!db.exists());
+    }
+
+    #[test]
+    fn flock_holders_are_read_from_proc_locks() {
+        let locks = "1: POSIX  ADVISORY  WRITE 11 fd:01:99 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 77 08:02:1234 0 EOF\n";
+        let dev = nix::sys::stat::makedev(0xfd, 0x01);
+        assert_eq!(flock_holder(locks, dev, 1234), Some(4242));
+        assert_eq!(
+            flock_holder(locks, dev, 99),
+            None,
+            "a POSIX lock is SQLite's"
+        );
+        assert_eq!(
+            flock_holder(locks, nix::sys::stat::makedev(8, 2), 1234),
+            Some(77)
+        );
+        assert_eq!(flock_holder(locks, dev, 5), None);
     }
 }

@@ -118,6 +118,18 @@ pub enum StoreError {
         /// The holder's pid, as written in the lock file.
         holder: Option<u32>,
     },
+    /// The database file is locked by another process that reached it under another name
+    /// (a symlink or a hard link: the lock file beside each name is a different one).
+    #[error(
+        "database {database} is in use by another coordinator (pid {}) that opened the same file under another name (a symlink or hard link to it); stop it first, and give every coordinator the same path: two coordinators on one store would both run every repair step",
+        holder.map(|p| p.to_string()).unwrap_or_else(|| "unknown".into())
+    )]
+    HeldUnderAnotherName {
+        /// The database file, as configured here.
+        database: PathBuf,
+        /// The holder's pid, from `/proc/locks`.
+        holder: Option<u32>,
+    },
     /// The directory meant to hold the database does not exist.
     #[error(
         "database {database}: the directory {directory} is missing; create it (owned by the coordinator's user) or fix `database`"
@@ -149,7 +161,7 @@ impl StoreError {
                 source.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
-            StoreError::Locked { .. } => true,
+            StoreError::Locked { .. } | StoreError::HeldUnderAnotherName { .. } => true,
             _ => false,
         }
     }
@@ -243,7 +255,7 @@ impl Store {
     /// database and its directory can be written, then opens and migrates it. Refuses a
     /// store another process holds, a missing directory and anything read-only.
     pub fn open_exclusive(path: &Path) -> Result<Self, StoreError> {
-        let lock = StoreLock::acquire(path)?;
+        let lock = StoreLock::acquire(path, true)?;
         lock::check_writable(path)?;
         let mut store = Self::open(path)?;
         let readonly = store.with(|c| c.is_readonly(rusqlite::MAIN_DB))?;
