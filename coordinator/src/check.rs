@@ -65,13 +65,9 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         )),
     )];
     out.push(line("tls", check_tls(&config)));
-    let compares =
-        config.inventory.is_some() || config.repair.as_ref().is_some_and(|r| r.config.is_some());
-    let copy = if compares {
-        DbCopy::take(&config.database)
-    } else {
-        DbCopy::None
-    };
+    // Taken whenever there is a database: the `database` line reads the copy too (whether it
+    // is a Fleetmend store this coordinator can open), as the file itself is not touched.
+    let copy = DbCopy::take(&config.database);
     let mut machines = None;
     if let Some(path) = &config.inventory {
         let loaded = load_inventory(path, RecordSource::Inventory);
@@ -122,7 +118,7 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
             ));
         }
     }
-    out.push(line("database", check_database(&config.database)));
+    out.push(line("database", check_database(&config.database, &copy)));
     if let Some(k) = &config.kubernetes {
         out.push(line("kubernetes", check_kubeconfig(k)));
     }
@@ -377,7 +373,8 @@ enum DbCopy {
 
 impl DbCopy {
     fn take(db: &Path) -> Self {
-        if !db.exists() {
+        // An empty file is a store not yet initialised (created, then migrated at start).
+        if std::fs::metadata(db).map_or(true, |m| m.len() == 0) {
             return Self::None;
         }
         let tmp = std::env::temp_dir();
@@ -593,13 +590,22 @@ fn check_tls(config: &Config) -> Result<String, String> {
 
 /// Writable without opening SQLite: an existing file opened for writing, or a new file
 /// creatable in its directory (created and removed again).
-fn check_database(db: &Path) -> Result<String, String> {
+fn check_database(db: &Path, copy: &DbCopy) -> Result<String, String> {
     if db.exists() {
         std::fs::OpenOptions::new()
             .append(true)
             .open(db)
-            .map(|_| format!("{}: exists, writable", db.display()))
-            .map_err(|e| format!("{}: not writable: {e}", db.display()))
+            .map_err(|e| format!("{}: not writable: {e}", db.display()))?;
+        // The copy failed on what the file holds (not SQLite, another program's, newer), or
+        // could not be taken as this user (then only writability is known).
+        match copy {
+            DbCopy::Failed(e) => Err(e.clone()),
+            DbCopy::NotOwner(_) => Ok(format!(
+                "{}: exists, writable (contents not read: not its owner)",
+                db.display()
+            )),
+            DbCopy::Taken(_) | DbCopy::None => Ok(format!("{}: exists, writable", db.display())),
+        }
     } else {
         let dir = match db.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
@@ -720,10 +726,32 @@ mod tests {
     fn database_checks_tell_writable_from_not() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("c.db");
-        assert!(check_database(&db).unwrap().contains("will be created"));
+        let check = |p: &Path| check_database(p, &DbCopy::take(p));
+        assert!(check(&db).unwrap().contains("will be created"));
         std::fs::write(&db, b"").unwrap();
-        assert!(check_database(&db).unwrap().contains("writable"));
-        assert!(check_database(Path::new("/nonexistent/dir/c.db")).is_err());
+        assert!(check(&db).unwrap().contains("writable"));
+        drop(crate::store::Store::open(&db).unwrap());
+        assert!(check(&db).unwrap().contains("writable"));
+        assert!(check(Path::new("/nonexistent/dir/c.db")).is_err());
+        // What the start would refuse, check refuses: not SQLite, another program's
+        // tables, a newer schema.
+        let garbage = dir.path().join("garbage.db");
+        std::fs::write(&garbage, vec![0x5a; 5000]).unwrap();
+        let e = check(&garbage).unwrap_err();
+        assert!(e.contains("not a database"), "{e}");
+        let other = dir.path().join("other.db");
+        rusqlite::Connection::open(&other)
+            .unwrap()
+            .execute_batch("CREATE TABLE users(id INTEGER)")
+            .unwrap();
+        let e = check(&other).unwrap_err();
+        assert!(e.contains("not a Fleetmend store"), "{e}");
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .pragma_update(None, "user_version", 999)
+            .unwrap();
+        let e = check(&db).unwrap_err();
+        assert!(e.contains("newer than this coordinator"), "{e}");
     }
 
     #[test]

@@ -461,6 +461,23 @@ impl Config {
             key,
             message: message.to_string(),
         };
+        // An empty path would be a temporary SQLite store, lost at every start.
+        if self.database.as_os_str().is_empty() {
+            return Err(invalid(
+                "database",
+                "must name a file, e.g. /var/lib/fleetmend/coordinator/coordinator.db",
+            ));
+        }
+        if self
+            .inventory
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(invalid(
+                "inventory",
+                "must name a file (or leave the key out: no inventory)",
+            ));
+        }
         if self.health.report_interval.is_zero() {
             return Err(invalid("health.report_interval", "must be greater than 0"));
         }
@@ -478,6 +495,42 @@ impl Config {
             })?;
         }
         let targets = self.gateways.as_ref().map_or(&[][..], |g| &g.targets[..]);
+        for (i, t) in targets.iter().enumerate() {
+            let key = |k: &str| format!("gateways.targets[{i}].{k}");
+            let bad = |k: &str, message: String| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: format!("key `{}`: {message}", key(k)),
+            };
+            if t.name.trim().is_empty() {
+                return Err(bad(
+                    "name",
+                    "must not be empty (it names the gateway in logs and in [fence.gateways])"
+                        .into(),
+                ));
+            }
+            if targets[..i].iter().any(|o| o.name == t.name) {
+                return Err(bad("name", format!("{:?} names two gateways", t.name)));
+            }
+            if rustls::pki_types::ServerName::try_from(t.server_name.as_str()).is_err() {
+                return Err(bad(
+                    "server_name",
+                    format!(
+                        "{:?} is not a DNS name or IP address (it must match a name in the gateway's certificate)",
+                        t.server_name
+                    ),
+                ));
+            }
+            if let Some(m) = t
+                .machines
+                .iter()
+                .find(|m| m.parse::<std::net::IpAddr>().is_err())
+            {
+                return Err(bad("machines", format!("{m:?} is not an IP address")));
+            }
+            if t.racks.iter().any(|r| r.trim().is_empty()) {
+                return Err(bad("racks", "a rack name must not be empty".into()));
+            }
+        }
         self.fence
             .validate(targets)
             .map_err(|message| ConfigError::Parse {
@@ -559,6 +612,52 @@ key = "c.key"
             .unwrap_err()
             .to_string();
         assert!(e.contains("report_intervall"), "{e}");
+    }
+
+    #[test]
+    fn empty_paths_and_bad_gateway_targets_are_refused_naming_the_key() {
+        let parse = |text: String| {
+            Config::parse(&text, Path::new("c.toml"))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = parse(MINIMAL.replace("database = \"/tmp/c.db\"", "database = \"\""));
+        assert!(e.contains("`database`") || e.contains("database"), "{e}");
+        assert!(e.contains("must name a file"), "{e}");
+        let e = parse(format!("inventory = \"\"\n{MINIMAL}"));
+        assert!(
+            e.contains("inventory") && e.contains("must name a file"),
+            "{e}"
+        );
+        for (from, to, key) in [
+            ("server_name = \"gw\"", "server_name = \"\"", "server_name"),
+            (
+                "server_name = \"gw\"",
+                "server_name = \"bad name!\"",
+                "server_name",
+            ),
+            ("name = \"rack-1\"", "name = \"\"", "name"),
+            ("racks = [\"rack-1\"]", "racks = [\"\"]", "racks"),
+            (
+                "racks = [\"rack-1\"]",
+                "machines = [\"not-an-ip\"]",
+                "machines",
+            ),
+        ] {
+            let text = format!("{MINIMAL}{}", GATEWAY.replace(from, to));
+            let e = parse(text);
+            assert!(
+                e.contains(&format!("gateways.targets[0].{key}")),
+                "{to}: {e}"
+            );
+        }
+        let e = parse(format!("{MINIMAL}{GATEWAY}{GATEWAY}"));
+        assert!(e.contains("names two gateways"), "{e}");
+        assert!(Config::parse(&format!("{MINIMAL}{GATEWAY}"), Path::new("c.toml")).is_ok());
+        let e = parse(format!(
+            "{MINIMAL}\n[remediation]\nmaximum_repair_queue_entries = 0\n"
+        ));
+        assert!(e.contains("maximum_repair_queue_entries"), "{e}");
     }
 
     #[test]

@@ -488,6 +488,12 @@ impl RemediationConfig {
         if self.journal_max_rows == 0 {
             return err("journal_max_rows".into(), "must be at least 1");
         }
+        if self.maximum_repair_queue_entries == 0 {
+            return err(
+                "maximum_repair_queue_entries".into(),
+                "must be at least 1: 0 would never enqueue anything",
+            );
+        }
         let l = &self.limits;
         for (key, v) in [
             ("limits.fleet_cap.count", l.fleet_cap.count),

@@ -50,7 +50,14 @@ pub enum BackupError {
 impl BackupError {
     /// True when the operator's input is at fault (exit 64).
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, Self::BadInput(_) | Self::NotOwner { .. })
+        match self {
+            Self::BadInput(_) | Self::NotOwner { .. } => true,
+            // A backup of a newer schema, or not a store: the file is wrong, not the host.
+            Self::Store(e @ (StoreError::TooNew { .. } | StoreError::NotOurs { .. })) => {
+                e.is_config()
+            }
+            _ => false,
+        }
     }
 }
 
@@ -254,11 +261,19 @@ pub fn backup(database: &Path, to: &Path) -> Result<BackupReport, BackupError> {
         Connection::open_with_flags(database, OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(&err)?;
     c.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(&err)?;
+    super::check_ours(&c, database)?;
     let store = summary(&c).map_err(&err)?;
     let target = to
         .to_str()
         .ok_or_else(|| BackupError::BadInput(format!("{}: not a UTF-8 path", to.display())))?;
-    c.execute("VACUUM INTO ?1", [target]).map_err(&err)?;
+    // The target is what failed when VACUUM INTO fails to open it (a read-only place).
+    c.execute("VACUUM INTO ?1", [target])
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly) => {
+                BackupError::BadInput(format!("cannot write the backup {}: {e}", to.display()))
+            }
+            _ => err(e).into(),
+        })?;
     drop(c);
     let bytes = std::fs::metadata(to)
         .map_err(|e| BackupError::BadInput(format!("{}: {e}", to.display())))?
@@ -432,6 +447,18 @@ mod tests {
         assert!(e.to_string().contains("not a Fleetmend store"), "{e}");
         let e = restore(&db, &dir.path().join("missing.db"), 1).unwrap_err();
         assert!(e.to_string().contains("no such file"), "{e}");
+        // A backup of a newer coordinator's schema: bad input too (exit 64).
+        let newer = dir.path().join("newer.db");
+        drop(Store::open(&newer).unwrap());
+        Connection::open(&newer)
+            .unwrap()
+            .pragma_update(None, "user_version", 999)
+            .unwrap();
+        let e = restore(&db, &newer, 1).unwrap_err();
+        assert!(
+            e.is_bad_input() && e.to_string().contains("newer than this coordinator"),
+            "{e}"
+        );
         assert!(!dir.path().join("c.db.replaced-1").exists());
     }
 }

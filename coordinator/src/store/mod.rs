@@ -102,6 +102,17 @@ pub enum StoreError {
         /// Newest version known here.
         known: i64,
     },
+    /// The file holds another program's tables: a `database` path pointing at the wrong
+    /// file. Nothing is written to it.
+    #[error(
+        "database {path} is not a Fleetmend store: it holds another program's tables ({objects} schema objects) and no Fleetmend schema version; point `database` at a new file or a Fleetmend store"
+    )]
+    NotOurs {
+        /// The database file.
+        path: PathBuf,
+        /// How many schema objects it holds.
+        objects: i64,
+    },
     /// A blocking task panicked or was cancelled.
     #[error("database task failed: {0}")]
     Task(String),
@@ -166,12 +177,19 @@ impl StoreError {
         }
     }
 
-    /// True when an operator must fix the path or its permissions (exit code 64).
+    /// True when an operator must fix the path, its permissions or the file it names (exit
+    /// code 64): starting again as it is cannot help.
     pub fn is_config(&self) -> bool {
-        matches!(
-            self,
-            StoreError::DirectoryMissing { .. } | StoreError::NotWritable { .. }
-        )
+        match self {
+            StoreError::DirectoryMissing { .. }
+            | StoreError::NotWritable { .. }
+            | StoreError::NotOurs { .. }
+            | StoreError::TooNew { .. } => true,
+            StoreError::Sqlite { source, .. } => {
+                source.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase)
+            }
+            _ => false,
+        }
     }
 }
 
@@ -283,6 +301,8 @@ impl Store {
         let mut conn = Connection::open(path).map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(err)?;
+        // Before anything is written (WAL mode changes the file's header).
+        check_ours(&conn, path)?;
         // WAL: readers never block the writer and a crash loses no committed transaction.
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err)?;
@@ -350,6 +370,39 @@ impl Store {
     }
 }
 
+/// Refuses a file that is not a Fleetmend store this coordinator can open: one that is not
+/// SQLite at all, one with another program's tables (no schema version, yet objects), or
+/// one of a newer schema. A new, empty file is ours.
+pub(crate) fn check_ours(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let err = |source| StoreError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    };
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(err)?;
+    let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+    if version > known {
+        return Err(StoreError::TooNew {
+            path: path.to_path_buf(),
+            found: version,
+            known,
+        });
+    }
+    if version == 0 {
+        let objects: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .map_err(err)?;
+        if objects > 0 {
+            return Err(StoreError::NotOurs {
+                path: path.to_path_buf(),
+                objects,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     let err = |source| StoreError::Sqlite {
         path: path.to_path_buf(),
@@ -400,6 +453,45 @@ mod tests {
         c.pragma_update(None, "user_version", 999).unwrap();
         drop(c);
         assert!(matches!(Store::open(&db), Err(StoreError::TooNew { .. })));
+    }
+
+    #[test]
+    fn another_programs_database_or_garbage_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("other.db");
+        let c = Connection::open(&other).unwrap();
+        c.execute_batch("CREATE TABLE users(id INTEGER)").unwrap();
+        drop(c);
+        let before = std::fs::read(&other).unwrap();
+        let err = Store::open_exclusive(&other).unwrap_err();
+        assert!(
+            matches!(err, StoreError::NotOurs { objects: 1, .. }),
+            "{err:?}"
+        );
+        assert!(err.is_config(), "a person must fix the path: exit 64");
+        assert!(err.to_string().contains("not a Fleetmend store"), "{err}");
+        assert_eq!(std::fs::read(&other).unwrap(), before, "nothing written");
+        assert!(!dir.path().join("other.db-wal").exists());
+
+        let garbage = dir.path().join("garbage.db");
+        std::fs::write(&garbage, vec![0x5a; 5000]).unwrap();
+        let err = Store::open_exclusive(&garbage).unwrap_err();
+        assert!(err.is_config(), "{err:?}");
+        assert!(err.to_string().contains("not a database"), "{err}");
+
+        let newer = dir.path().join("newer.db");
+        drop(Store::open(&newer).unwrap());
+        let c = Connection::open(&newer).unwrap();
+        c.pragma_update(None, "user_version", 999).unwrap();
+        drop(c);
+        let err = Store::open_exclusive(&newer).unwrap_err();
+        assert!(
+            matches!(err, StoreError::TooNew { found: 999, .. }),
+            "{err:?}"
+        );
+        assert!(err.is_config(), "{err:?}");
+        // And a new file is created as a store.
+        Store::open_exclusive(&dir.path().join("new.db")).unwrap();
     }
 
     #[test]
