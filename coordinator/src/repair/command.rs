@@ -623,6 +623,15 @@ mod tests {
         assert_eq!(o, Outcome::Ok);
         let ids: Vec<String> = gw.requests().into_iter().map(|r| r.id).collect();
         assert_eq!(ids, ["r1", "r1", "r1"]);
+        // Each gives the gateway the step's time left less 2 s, so that a gateway at its
+        // limit still answers, in words, before this side gives up.
+        for r in gw.requests() {
+            assert!(
+                (20_000..=28_000).contains(&r.timeout_ms),
+                "{}",
+                r.timeout_ms
+            );
+        }
         assert!(
             end.summary.contains("held") && end.summary.contains("over 2 attempts"),
             "{}",

@@ -147,6 +147,12 @@ pub(super) async fn fence_without_release(ctx: &RunContext) -> (CommandEnd, Outc
     (end, outcome)
 }
 
+/// The part of `left` a power request gives the gateway: all but a tenth, at most 2 s, kept
+/// for its answer to travel back.
+pub(super) fn gateway_share(left: Duration) -> Duration {
+    left.saturating_sub((left / 10).min(Duration::from_secs(2)))
+}
+
 /// Sends a power built-in. A gateway that cannot be reached (nothing sent) or whose answer
 /// was lost (maybe sent) does not fail the step: the request is resent with the same id, with
 /// backoff, until the step's time limit, like a drain holds while the Kubernetes API is down.
@@ -182,8 +188,12 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
             address: ctx.address.clone(),
             serial: ctx.serial.clone(),
             action,
-            // What is left of the step's limit, so a resend does not run past it.
-            timeout_ms: left.map(|d| d.as_millis().max(1) as u64).unwrap_or(0),
+            // What is left of the step's limit, so a resend does not run past it, less a
+            // margin: a gateway that gives up at its limit then answers (what it last saw)
+            // before this side gives up on it.
+            timeout_ms: left
+                .map(|d| gateway_share(d).as_millis().max(1) as u64)
+                .unwrap_or(0),
         };
         let call = ctx.power.power(req.clone());
         let answer = match left {
