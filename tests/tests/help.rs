@@ -96,6 +96,37 @@ fn an_empty_machine_name_is_refused_before_connecting() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Numbers past what the program can count are refused or read as "no limit", never a panic.
+#[test]
+fn huge_numbers_are_refused_or_unbounded_not_a_panic() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = command("coordinatorctl")
+        .args(["pki", "issue", "--ca"])
+        .arg(dir.path())
+        .args([
+            "--role", "node", "--name", "n1", "--days", "99999999", "--out",
+        ])
+        .arg(dir.path())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--days") && err.contains("36500"), "{err}");
+    // Fails to connect (nothing listens on port 9), after reading the limit as none.
+    let out = command("coordinatorctl")
+        .args(["--server", "127.0.0.1:9", "--timeout", "1s"])
+        .args([
+            "repair-queue",
+            "wait",
+            "--timeout-seconds",
+            &u64::MAX.to_string(),
+        ])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    Ok(())
+}
+
 #[test]
 fn subcommands_are_read_from_the_commands_section() {
     let help = "Usage: x\n\nCommands:\n  pki       Fleet PKI\n  machines  Machines\n  help      Print this\n\nOptions:\n  -h\n";

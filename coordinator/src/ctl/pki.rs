@@ -50,9 +50,9 @@ pub enum PkiCommand {
         /// DNS name the component is reached at (repeatable).
         #[arg(long = "dns")]
         dns: Vec<String>,
-        /// Validity in days (at least 1).
+        /// Validity in days (1 to 36500).
         #[arg(long, default_value_t = protocol::pki::DEFAULT_LEAF_VALIDITY_DAYS,
-              value_parser = clap::value_parser!(u32).range(1..))]
+              value_parser = clap::value_parser!(u32).range(1..=36_500))]
         days: u32,
         /// Overwrite existing files.
         #[arg(long)]

@@ -242,8 +242,10 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
 /// coordinator restart (it connects again).
 async fn wait(ctx: &Ctx, timeout_seconds: u64, interval_seconds: u64) -> anyhow::Result<()> {
     let interval = Duration::from_secs(interval_seconds.max(1));
+    // A limit past what the clock can count is no limit.
     let deadline = (timeout_seconds > 0)
-        .then(|| tokio::time::Instant::now() + Duration::from_secs(timeout_seconds));
+        .then(|| tokio::time::Instant::now().checked_add(Duration::from_secs(timeout_seconds)))
+        .flatten();
     let mut poll = Polling::connect(ctx).await?;
     let req = AdminRequest::RepairQueue(RepairQueueRequest::Counts);
     // Waits the full timeout: the last sleep is cut to what is left, then one last look.
