@@ -248,6 +248,9 @@ impl Default for AutoRepair {
     }
 }
 
+/// Why a `having` without states is refused: it would match every machine.
+pub const NO_HAVING_STATES: &str = "having.states must name at least one state, e.g. [\"unhealthy\", \"unreachable\"]: without one, every machine (healthy ones included) is a candidate";
+
 /// sabakan's `MachineParams`: states, roles, racks, labels. Empty fields say nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -472,6 +475,12 @@ impl RemediationConfig {
 
     /// Checks values serde cannot; the error names the key.
     pub fn validate(&self) -> Result<(), RemediationConfigError> {
+        if self.auto_repair.having.states.is_empty() {
+            return Err(RemediationConfigError::Invalid {
+                key: "auto_repair.having.states".into(),
+                message: NO_HAVING_STATES.into(),
+            });
+        }
         let err = |key: String, message: &str| {
             Err(RemediationConfigError::Invalid {
                 key,

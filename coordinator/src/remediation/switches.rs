@@ -68,9 +68,32 @@ pub struct Variables {
 }
 
 impl Variables {
-    /// Parses `{"having": {...}, "notHaving": {...}}`.
+    /// Parses `{"having": {...}, "notHaving": {...}}`: an object (serde would also take a
+    /// list, `[]`, as a struct of defaults) whose `having` names at least one state.
     pub fn parse(json: &str) -> Result<Self, String> {
-        serde_json::from_str(json).map_err(|e| format!("auto-repair variables: {e}"))
+        let value: Value =
+            serde_json::from_str(json).map_err(|e| format!("auto-repair variables: {e}"))?;
+        if !value.is_object() {
+            return Err(format!(
+                "auto-repair variables: expected an object like {{\"having\": {{\"states\": [\"unhealthy\", \"unreachable\"]}}, \"notHaving\": {{\"roles\": [\"boot\"]}}}}, got {}",
+                match &value {
+                    Value::Array(_) => "a list",
+                    Value::String(_) => "a string",
+                    Value::Number(_) => "a number",
+                    Value::Bool(_) => "true or false",
+                    _ => "null",
+                }
+            ));
+        }
+        let vars: Self =
+            serde_json::from_value(value).map_err(|e| format!("auto-repair variables: {e}"))?;
+        if vars.having.states.is_empty() {
+            return Err(format!(
+                "auto-repair variables: {}",
+                super::config::NO_HAVING_STATES
+            ));
+        }
+        Ok(vars)
     }
 }
 

@@ -617,9 +617,13 @@ mod tests {
                 "auto_repair.sabakan.ca_file",
             ),
             (
-                "[auto_repair]\nsource = \"sabakan\"\nhaving = { racks = [\"r1\"] }\n\
+                "[auto_repair]\nsource = \"sabakan\"\nhaving = { racks = [\"r1\"], states = [\"unhealthy\"] }\n\
                  sabakan = { url = \"http://s/graphql\" }\n",
                 "auto_repair.having.racks",
+            ),
+            (
+                "[auto_repair]\nhaving = { racks = [\"3\"] }\n",
+                "auto_repair.having.states",
             ),
             ("[auto_repair]\nsource = \"etcd\"\n", "etcd"),
         ] {
@@ -641,7 +645,9 @@ mod tests {
             .unwrap();
         let set = |json: &str| R::SetVariables { json: json.into() };
         let r = rem
-            .handle_admin(set(r#"{"having": {"racks": ["r1"]}}"#))
+            .handle_admin(set(
+                r#"{"having": {"racks": ["r1"], "states": ["unhealthy"]}}"#,
+            ))
             .await;
         let AdminResponse::Error(e) = r else {
             panic!("accepted: {r:?}")
@@ -651,6 +657,18 @@ mod tests {
                 .contains("auto-repair reads sabakan: having.racks: \"r1\""),
             "{e}"
         );
+        // Not an object, or a having with no state: it would match every machine.
+        for (json, says) in [
+            ("[]", "expected an object"),
+            ("{}", "having.states must name at least one state"),
+            (r#"{"having": {"racks": ["3"]}}"#, "having.states"),
+        ] {
+            let r = rem.handle_admin(set(json)).await;
+            let AdminResponse::Error(e) = r else {
+                panic!("{json} accepted: {r:?}")
+            };
+            assert!(e.to_string().contains(says), "{json}: {e}");
+        }
         let r = rem
             .handle_admin(set(
                 r#"{"having": {"racks": ["3"], "states": ["unhealthy"]}}"#,
