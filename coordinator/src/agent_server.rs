@@ -505,7 +505,9 @@ async fn admin_request(
 ) {
     use protocol::admin::{AdminRequest, AdminResponse};
     ctx.metrics.admin_request();
-    let resp = match read_payload(&mut recv, MAX_FRAME_LEN).await {
+    // An admin's request may be as large as an answer: an inventory of a whole fleet to
+    // import. The peer is an authenticated admin by now.
+    let resp = match read_payload(&mut recv, MAX_ADMIN_FRAME_LEN).await {
         Ok(Some(p)) => match frame::decode_payload::<AdminRequest>(&p) {
             Ok(req) => ctx.admin.handle(who, req).await,
             Err(e) => {

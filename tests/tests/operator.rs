@@ -584,3 +584,38 @@ fn writing_into_a_closed_pipe_exits_quietly() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `machines import` of a fleet-sized file: one request larger than an agent's frame limit
+/// (64 KiB; 5,000 machines are about 190 KB), imported whole.
+#[test]
+fn a_fleet_sized_inventory_imports_in_one_request() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions::default(),
+    )?;
+    let addresses: Vec<(String, String)> = (0..5000)
+        .map(|i| {
+            (
+                format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256),
+                format!("bulk-{i}"),
+            )
+        })
+        .collect();
+    let pairs: Vec<(&str, &str)> = addresses
+        .iter()
+        .map(|(a, h)| (a.as_str(), h.as_str()))
+        .collect();
+    let file = tmp.path().join("bulk.toml");
+    std::fs::write(&file, inventory_toml(&pairs))?;
+    assert!(std::fs::metadata(&file)?.len() > 64 * 1024);
+    let out = coord.ctl(&["machines", "import", &file.display().to_string(), "--json"])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let imported: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(imported.as_array().map(Vec::len), Some(5000), "{err}");
+    assert_eq!(coord.machines()?.len(), 5000);
+    Ok(())
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use protocol::Role;
 use protocol::admin::{AdminRequest, AdminResponse};
-use protocol::frame::{MAX_ADMIN_FRAME_LEN, MAX_FRAME_LEN};
+use protocol::frame::MAX_ADMIN_FRAME_LEN;
 use protocol::messages::{AdminHello, HelloBody};
 use protocol::transport::{
     TlsFiles, TlsMaterial, TransportError, connect_within, expect_msg, write_msg,
@@ -377,7 +377,7 @@ impl AdminClient {
     pub async fn request_raw(&self, req: &AdminRequest) -> anyhow::Result<AdminResponse> {
         let exchange = async {
             let (mut send, mut recv) = self.conn.open_bi().await?;
-            write_msg(&mut send, req, MAX_FRAME_LEN).await?;
+            write_msg(&mut send, req, MAX_ADMIN_FRAME_LEN).await?;
             send.finish()?;
             Ok::<_, anyhow::Error>(
                 expect_msg::<AdminResponse>(&mut recv, MAX_ADMIN_FRAME_LEN).await?,
