@@ -21,13 +21,13 @@ pub mod power;
 pub mod redfish;
 pub mod reload;
 pub mod service;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::Role;
-use protocol::transport::{TlsFiles, TlsMaterial, TransportError};
+use protocol::transport::TransportError;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -41,12 +41,12 @@ use crate::redfish::{AuthMode, RedfishPowerControl, RedfishTarget, Trust};
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// TLS files or endpoint.
+    /// The QUIC endpoint.
     #[error(transparent)]
     Transport(#[from] TransportError),
-    /// The certificate does not name a gateway.
-    #[error("the certificate names {0}, not a gateway (spiffe://<domain>/gateway/<rack>)")]
-    NotAGateway(String),
+    /// The TLS files: unreadable, not a gateway's, or not of the configured CA.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     /// A BMC client could not be built.
     #[error("BMC {machine}: {detail}")]
     Bmc {
@@ -75,12 +75,16 @@ impl StartError {
     }
 }
 
-/// Builds the power client for one configured BMC (logs loudly about weak TLS settings).
-pub fn power_for(b: &BmcConfig) -> Result<Arc<dyn PowerControl>, StartError> {
-    let password = b.read_password().map_err(|e| StartError::Bmc {
+/// Reads one BMC's password file.
+pub fn password_of(b: &BmcConfig) -> Result<String, StartError> {
+    b.read_password().map_err(|e| StartError::Bmc {
         machine: b.machine.clone(),
         detail: format!("password file {}: {e}", b.password_file.display()),
-    })?;
+    })
+}
+
+/// Builds the power client for one configured BMC with its `password` (logs loudly about weak TLS settings).
+pub fn power_for(b: &BmcConfig, password: String) -> Result<Arc<dyn PowerControl>, StartError> {
     match b.protocol {
         BmcProtocol::Ipmi => {
             let s = b.ipmi_settings();
@@ -157,15 +161,22 @@ pub fn paced(
 }
 
 /// Builds the gateway core from the configuration, reading back the request record in its
-/// state directory (needs a Tokio runtime).
-pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartError> {
+/// state directory (needs a Tokio runtime). Also returns the passwords it read, so that a
+/// reload can tell when the files no longer hold what the running gateway uses.
+pub fn build(
+    cfg: &Config,
+    metrics: Arc<Metrics>,
+) -> Result<(Arc<Gateway>, reload::Credentials), StartError> {
     let mut bmcs = Vec::new();
+    let mut credentials = reload::Credentials::default();
     for b in &cfg.bmcs {
+        let password = password_of(b)?;
+        credentials.insert(&b.machine, &password);
         bmcs.push(Bmc {
             machine: b.machine.clone(),
             serial: b.serial.clone(),
             protocol: b.protocol.as_str(),
-            power: paced(b, &cfg.limits, power_for(b)?),
+            power: paced(b, &cfg.limits, power_for(b, password)?),
         });
     }
     let defaults = Defaults {
@@ -175,7 +186,8 @@ pub fn build(cfg: &Config, metrics: Arc<Metrics>) -> Result<Arc<Gateway>, StartE
         poll: actions::FENCE_POLL,
         probe: Some(gateway::PROBE_EVERY),
     };
-    Ok(Gateway::durable(bmcs, defaults, metrics, &cfg.state_dir)?)
+    let gw = Gateway::durable(bmcs, defaults, metrics, &cfg.state_dir)?;
+    Ok((gw, credentials))
 }
 
 /// Addresses the running gateway is bound to.
@@ -206,23 +218,22 @@ pub async fn run(
     reloads: Option<reload::Reloads>,
     ready: impl FnOnce(Bound),
 ) -> Result<(), StartError> {
-    let tls = TlsMaterial::load(&TlsFiles {
-        ca: cfg.tls.ca.clone(),
-        cert: cfg.tls.cert.clone(),
-        key: cfg.tls.key.clone(),
-    })?;
+    let tls = tls::load_own(&cfg.tls)?;
     let me = tls.identity().clone();
-    if me.role != Role::Gateway {
-        return Err(StartError::NotAGateway(me.to_string()));
-    }
     let metrics = Arc::new(Metrics::new());
     metrics.certificate(tls.expiry());
     warn_if_expiring(tls.expiry(), &cfg.tls.cert);
-    let gw = build(&cfg, metrics.clone())?;
+    let (gw, credentials) = build(&cfg, metrics.clone())?;
     let endpoint = tls.server_endpoint(cfg.listen)?;
     let quic = endpoint.local_addr().unwrap_or(cfg.listen);
     if let Some(r) = reloads {
-        let reloader = reload::Reloader::new(r.path, cfg.clone(), me.clone(), endpoint.clone());
+        let reloader = reload::Reloader::new(
+            r.path,
+            cfg.clone(),
+            credentials,
+            me.clone(),
+            endpoint.clone(),
+        );
         tokio::spawn(reload::serve(reloader, r.requests, metrics.clone()));
     }
     let http = match cfg.http_listen {
@@ -277,7 +288,7 @@ pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
     for b in &cfg.bmcs {
         let b = b.clone();
         tasks.push(tokio::spawn(async move {
-            let result = match power_for(&b) {
+            let result = match password_of(&b).and_then(|pw| power_for(&b, pw)) {
                 Err(e) => Err(e.to_string()),
                 Ok(p) => {
                     let r = match tokio::time::timeout(timeout, p.power_state()).await {

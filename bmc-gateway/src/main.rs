@@ -19,9 +19,10 @@ const EXIT_CONFIG: u8 = 64;
 ///
 /// Signals: SIGTERM/SIGINT stop it after in-flight answers. SIGHUP re-reads the configuration
 /// and puts the TLS files in place for new connections (certificate renewal); changes to
-/// BMCs, credentials, limits or listen addresses are reported and need a restart. Files that
-/// do not load, or a certificate naming another identity, are refused with an error log and
-/// the running ones kept.
+/// BMCs, credentials (also a password file's contents), limits or listen addresses are
+/// reported and need a restart. Files that do not load, or a certificate naming another
+/// identity or not valid under the CA, are refused with an error log and the running ones
+/// kept.
 #[derive(Debug, Parser)]
 #[command(name = "bmc-gateway", version = protocol::VERSION)]
 struct Cli {
@@ -42,6 +43,10 @@ enum Command {
     /// Run the gateway (the default).
     Run,
     /// Read the power state of every configured BMC and print a table.
+    ///
+    /// Also checks the TLS files as the start does (they load, the key is the certificate's,
+    /// it names a gateway and chains to `ca`) and prints a `tls` line under the table; with
+    /// `--json` a TLS problem goes to stderr. Exit 1 when a BMC or the TLS files fail.
     Check {
         /// Time limit per BMC (`15s`, `500ms`, `1m`).
         #[arg(long, default_value = "15s", value_parser = protocol::duration::parse)]
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
     };
     match cli.command.unwrap_or(Command::Run) {
         Command::Check { timeout, json } => rt.block_on(async {
+            let tls = bmc_gateway::tls::check(&cfg.tls);
             let rows = bmc_gateway::check(&cfg, timeout).await;
             if json {
                 let v: Vec<serde_json::Value> = rows
@@ -93,10 +99,14 @@ fn main() -> ExitCode {
                     Ok(s) => println!("{s}"),
                     Err(e) => eprintln!("bmc-gateway: {e}"),
                 }
+                if let Err(e) = &tls {
+                    eprintln!("bmc-gateway: tls: {e}");
+                }
             } else {
                 print!("{}", bmc_gateway::render_check(&rows));
+                print!("{}", bmc_gateway::tls::render_check(&tls));
             }
-            if rows.iter().all(|r| r.result.is_ok()) {
+            if tls.is_ok() && rows.iter().all(|r| r.result.is_ok()) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

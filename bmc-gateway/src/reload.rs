@@ -5,20 +5,25 @@
 //! without a restart. The rest of the configuration (BMCs, their credentials, limits,
 //! listen addresses) is read and validated, but never swapped under running power actions:
 //! one action per BMC at a time and the at-most-once record rely on the BMC set staying put.
-//! When it differs from the running one, the gateway says that a restart is needed.
+//! When it differs from the running one, the gateway says that a restart is needed; so it
+//! does when a BMC's password file now holds another password than the one the running
+//! gateway read at start (the path alone would not show it).
 //!
-//! A file that does not load, or a certificate that names another identity, is refused as a
-//! whole with an error log, and the running material stays.
+//! A file that does not load, a certificate that names another identity, or one that does
+//! not chain to the configured CA ([`crate::tls`], the start's check) is refused as a whole
+//! with an error log, and the running material stays.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use protocol::Identity;
-use protocol::transport::{TlsFiles, TlsMaterial, TransportError};
+use protocol::transport::TransportError;
 use quinn::Endpoint;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::config::{Config, ConfigError};
+use crate::tls::TlsError;
 
 /// Why a reload was refused; the running configuration and certificate stay.
 #[derive(Debug, thiserror::Error)]
@@ -26,9 +31,12 @@ pub enum ReloadError {
     /// The configuration does not load.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The TLS files do not load.
+    /// The new TLS configuration cannot be put in place.
     #[error("TLS files: {0}")]
     Tls(#[from] TransportError),
+    /// The TLS files do not load, or would not make a gateway of the configured CA.
+    #[error(transparent)]
+    Certificate(#[from] TlsError),
     /// The certificate names someone else.
     #[error(
         "the certificate now names {new}, but this gateway runs as {running}; restart to change identity"
@@ -48,6 +56,42 @@ pub struct Reloaded {
     pub needs_restart: bool,
     /// When the new certificate and CA expire.
     pub expiry: protocol::transport::Expiry,
+    /// Machines whose password file holds another password than the running gateway uses
+    /// (it keeps using the old one until a restart).
+    pub credentials_changed: Vec<String>,
+}
+
+/// The BMC passwords the running gateway read at start, by machine; compared with what the
+/// files hold at each reload. Its `Debug` form names the machines only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials(BTreeMap<String, String>);
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl Credentials {
+    /// Records the password `machine`'s BMC client was built with.
+    pub fn insert(&mut self, machine: &str, password: &str) {
+        self.0.insert(machine.to_string(), password.to_string());
+    }
+
+    /// Machines of `new` whose password file now holds another password than the recorded
+    /// one. A machine added or removed is a change of the BMC list ([`needs_restart`]), not
+    /// of credentials; a file that cannot be read counts as changed.
+    pub fn changed(&self, new: &Config) -> Vec<String> {
+        new.bmcs
+            .iter()
+            .filter(|b| {
+                self.0
+                    .get(&b.machine)
+                    .is_some_and(|running| b.read_password().ok().as_ref() != Some(running))
+            })
+            .map(|b| b.machine.clone())
+            .collect()
+    }
 }
 
 /// Where reload requests come from: the configuration file and one message per SIGHUP.
@@ -64,29 +108,35 @@ pub struct Reloads {
 pub struct Reloader {
     path: PathBuf,
     running: Config,
+    credentials: Credentials,
     identity: Identity,
     endpoint: Endpoint,
 }
 
 impl Reloader {
-    /// A reloader for the gateway started from `running` (read from `path`) as `identity`.
-    pub fn new(path: PathBuf, running: Config, identity: Identity, endpoint: Endpoint) -> Self {
+    /// A reloader for the gateway started from `running` (read from `path`) with the BMC
+    /// passwords `credentials`, as `identity`.
+    pub fn new(
+        path: PathBuf,
+        running: Config,
+        credentials: Credentials,
+        identity: Identity,
+        endpoint: Endpoint,
+    ) -> Self {
         Self {
             path,
             running,
+            credentials,
             identity,
             endpoint,
         }
     }
 
-    /// Reads the files again and puts the new certificate in place for new connections.
+    /// Reads the files again and puts the new certificate in place for new connections,
+    /// after the same checks as at start.
     pub fn reload(&mut self) -> Result<Reloaded, ReloadError> {
         let new = Config::load(&self.path)?;
-        let tls = TlsMaterial::load(&TlsFiles {
-            ca: new.tls.ca.clone(),
-            cert: new.tls.cert.clone(),
-            key: new.tls.key.clone(),
-        })?;
+        let tls = crate::tls::load_own(&new.tls)?;
         if tls.identity() != &self.identity {
             return Err(ReloadError::Identity {
                 running: self.identity.to_string(),
@@ -96,10 +146,12 @@ impl Reloader {
         self.endpoint
             .set_server_config(Some(tls.quinn_server_config()?));
         let needs_restart = needs_restart(&self.running, &new);
+        let credentials_changed = self.credentials.changed(&new);
         self.running.tls = new.tls;
         Ok(Reloaded {
             needs_restart,
             expiry: tls.expiry(),
+            credentials_changed,
         })
     }
 }
@@ -130,9 +182,15 @@ pub async fn serve(
                         "configuration changed beyond [tls]: BMCs, credentials, limits and listen addresses apply only after a restart"
                     );
                 }
+                if !r.credentials_changed.is_empty() {
+                    warn!(
+                        machines = ?r.credentials_changed,
+                        "BMC password files changed: BMC credentials apply only after a restart (`systemctl restart bmc-gateway`); until then the gateway uses the passwords it started with"
+                    );
+                }
             }
             Err(e) => {
-                error!(error = %e, "reload refused; keeping the running configuration and certificate")
+                error!(error = %e, "reload refused; keeping the running configuration and TLS files")
             }
         }
     }
@@ -148,6 +206,116 @@ mod tests {
 
     fn cfg(text: &str) -> Config {
         Config::parse(Path::new("gw.toml"), text).unwrap()
+    }
+
+    /// A gateway's files in a directory: the fleet CA, its certificate, one BMC's password
+    /// and the configuration naming them.
+    struct Files {
+        dir: tempfile::TempDir,
+        ca: protocol::pki::Ca,
+        config: PathBuf,
+        tls: crate::config::TlsConfig,
+    }
+
+    fn files() -> Files {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = protocol::pki::Ca::generate("test.local").unwrap();
+        let tls = crate::tls::tests::files(dir.path(), &ca, None, protocol::Role::Gateway);
+        let pw = dir.path().join("m1.pw");
+        std::fs::write(&pw, "first-secret\n").unwrap();
+        let config = dir.path().join("gw.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n\
+                 [[bmc]]\nmachine = \"m1\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = {:?}\n",
+                tls.ca.display().to_string(),
+                tls.cert.display().to_string(),
+                tls.key.display().to_string(),
+                pw.display().to_string(),
+            ),
+        )
+        .unwrap();
+        Files {
+            dir,
+            ca,
+            config,
+            tls,
+        }
+    }
+
+    /// A reloader as `run` makes it: the running configuration, the passwords read at start
+    /// and an endpoint serving the certificate.
+    fn reloader(f: &Files) -> Reloader {
+        let running = Config::load(&f.config).unwrap();
+        let tls = crate::tls::load_own(&running.tls).unwrap();
+        let mut credentials = Credentials::default();
+        for b in &running.bmcs {
+            credentials.insert(&b.machine, &b.read_password().unwrap());
+        }
+        let endpoint = tls.server_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        Reloader::new(
+            f.config.clone(),
+            running,
+            credentials,
+            tls.identity().clone(),
+            endpoint,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_reload_refuses_a_certificate_of_another_ca_as_the_start_does() {
+        let f = files();
+        let mut r = reloader(&f);
+        r.reload().unwrap();
+        // The same name, issued by another fleet's CA, into the same files.
+        let other = protocol::pki::Ca::generate("test.local").unwrap();
+        let issued = other
+            .issue(
+                protocol::Role::Gateway,
+                "rack-1",
+                &protocol::pki::IssueOptions::default(),
+            )
+            .unwrap();
+        std::fs::write(&f.tls.cert, &issued.cert_pem).unwrap();
+        std::fs::write(&f.tls.key, &issued.key_pem).unwrap();
+        let e = r.reload().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ReloadError::Certificate(TlsError::ForeignCertificate { .. })
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("is not valid under the CA"), "{e}");
+        // Back to one of the fleet's CA: accepted again.
+        let own =
+            f.ca.issue(
+                protocol::Role::Gateway,
+                "rack-1",
+                &protocol::pki::IssueOptions::default(),
+            )
+            .unwrap();
+        std::fs::write(&f.tls.cert, &own.cert_pem).unwrap();
+        std::fs::write(&f.tls.key, &own.key_pem).unwrap();
+        r.reload().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_changed_password_file_is_said_to_need_a_restart() {
+        let f = files();
+        let mut r = reloader(&f);
+        let same = r.reload().unwrap();
+        assert!(same.credentials_changed.is_empty());
+        assert!(!same.needs_restart);
+        std::fs::write(f.dir.path().join("m1.pw"), "second-secret\n").unwrap();
+        let changed = r.reload().unwrap();
+        assert_eq!(changed.credentials_changed, ["m1"]);
+        // Still the old password running: said again at the next reload.
+        assert_eq!(r.reload().unwrap().credentials_changed, ["m1"]);
+        // The password never shows in the debug form.
+        let dbg = format!("{r:?}");
+        assert!(!dbg.contains("secret") && dbg.contains("m1"), "{dbg}");
     }
 
     #[test]

@@ -277,6 +277,7 @@ pub struct FileConfig {
     /// Node key.
     pub key: Option<PathBuf>,
     /// Report interval (`"5s"`).
+    #[serde(default, deserialize_with = "protocol::duration::text")]
     pub report_interval: Option<String>,
     /// Root for /sys, /proc, /run.
     pub root: Option<PathBuf>,
@@ -308,6 +309,7 @@ pub struct KubeletFile {
     /// healthz URL.
     pub url: Option<String>,
     /// Request timeout (`"2s"`).
+    #[serde(default, deserialize_with = "protocol::duration::text")]
     pub timeout: Option<String>,
 }
 
@@ -765,8 +767,20 @@ path = "//"
                 other => panic!("{text}: expected invalid {key}, got {other:?}"),
             }
         }
-        let e = parse("report_interval = 5").unwrap_err();
-        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+        // A number is said to need a unit, not "invalid type: integer".
+        for text in [
+            "report_interval = 5",
+            "[kubelet]\ntimeout = 5",
+            "[actions]\ncommand_timeout = 5",
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("5 has no unit") && msg.contains("\"5s\""),
+                "{msg}"
+            );
+        }
     }
 
     #[test]

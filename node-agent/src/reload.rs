@@ -5,8 +5,9 @@
 //! checks (NICs, mounts, kubelet, kdump, root), the coordinator's address and server name
 //! (the agent then reconnects at once) and the TLS files (a renewed certificate or CA
 //! reconnects at once too, so the coordinator sees it).
-//! A configuration that does not load, TLS files that do not load, or a certificate that
-//! names another node are refused as a whole: the running settings stay, and the refusal is
+//! A configuration that does not load, TLS files that do not load, a certificate that names
+//! another node, or one that does not chain to the configured CA (the start's check, see
+//! [`crate::agent::AgentError::ForeignCertificate`]) are refused as a whole: the running settings stay, and the refusal is
 //! logged as an error. The agent applies the result ([`crate::agent::Agent`]); this module
 //! reads files and compares, it does not touch the connection.
 
@@ -52,6 +53,19 @@ pub enum ReloadError {
         /// Identity the new settings name.
         new: String,
     },
+    /// The new certificate does not chain to the new CA (another fleet's CA, or expired):
+    /// the coordinator would refuse every connection made with it.
+    #[error(
+        "certificate {cert} is not valid under the CA {ca} ({detail}); issue it from this fleet's CA or fix `ca`"
+    )]
+    ForeignCertificate {
+        /// The certificate file.
+        cert: std::path::PathBuf,
+        /// The CA file.
+        ca: std::path::PathBuf,
+        /// The verifier's reason.
+        detail: String,
+    },
     /// Node facts cannot be read under the new root.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -82,6 +96,13 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
         key: coordinator.key.clone(),
     })
     .map_err(ReloadError::Tls)?;
+    new_tls
+        .verify_own_chain()
+        .map_err(|e| ReloadError::ForeignCertificate {
+            cert: coordinator.cert.clone(),
+            ca: coordinator.ca.clone(),
+            detail: e.to_string(),
+        })?;
     let hostname = node::hostname(&new.root, new.hostname.as_deref())?;
     let running = tls.identity();
     if new_tls.identity() != running || running.name != hostname {

@@ -59,6 +59,39 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(total).map_err(|e| format!("{text:?}: {e}"))
 }
 
+/// Serde `deserialize_with` for an optional duration in a file, kept as text for [`parse`]
+/// (use with `#[serde(default)]`): a number (`report_interval = 5`) is refused saying that
+/// it has no unit, where serde alone would say "invalid type: integer 5, expected a string".
+pub fn text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct Text;
+    impl serde::de::Visitor<'_> for Text {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a duration string with a unit, like \"5s\"")
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(Some(s.to_string()))
+        }
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+            Err(E::custom(bare(&n.to_string())))
+        }
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+            Err(E::custom(bare(&n.to_string())))
+        }
+        fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Self::Value, E> {
+            Err(E::custom(bare(&n.to_string())))
+        }
+    }
+    d.deserialize_any(Text)
+}
+
+/// The message for a number without a unit.
+fn bare(text: &str) -> String {
+    format!(
+        "{text} has no unit: durations are strings with a unit, like \"{text}s\" or \"{text}ms\""
+    )
+}
+
 /// `d` for a message, rounded to the millisecond: `250ms`, `2s`, `1.5s`, `90s` (below a
 /// millisecond, as it is: `400µs`).
 pub fn display(d: Duration) -> String {
@@ -102,6 +135,24 @@ mod tests {
         for junk in ["", "s", "xyz", "1..5s", "-5s"] {
             assert!(parse(junk).is_err(), "{junk:?} parsed");
         }
+    }
+
+    #[test]
+    fn a_number_in_a_file_is_said_to_have_no_unit() {
+        #[derive(Debug, serde::Deserialize)]
+        struct File {
+            #[serde(default, deserialize_with = "text")]
+            every: Option<String>,
+        }
+        let read = |json: &str| serde_json::from_str::<File>(json).map(|f| f.every);
+        assert_eq!(read(r#"{"every": "5s"}"#).unwrap().as_deref(), Some("5s"));
+        assert_eq!(read("{}").unwrap(), None);
+        let e = read(r#"{"every": 5}"#).unwrap_err().to_string();
+        assert!(e.contains("5 has no unit") && e.contains("\"5s\""), "{e}");
+        let e = read(r#"{"every": 1.5}"#).unwrap_err().to_string();
+        assert!(e.contains("1.5 has no unit"), "{e}");
+        let e = read(r#"{"every": true}"#).unwrap_err().to_string();
+        assert!(e.contains("a duration string with a unit"), "{e}");
     }
 
     #[test]

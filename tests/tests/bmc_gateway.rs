@@ -678,6 +678,13 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
             .any(|l| l.starts_with("10.0.0.8") && l.contains("ERROR")),
         "{table}"
     );
+    // The TLS files "a", "b", "c" do not exist: said under the table.
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("tls  FAIL  TLS files: ")),
+        "{table}"
+    );
     Ok(())
 }
 

@@ -100,15 +100,21 @@ fn packaged_node_agent_config_loads_and_matches_its_unit() -> Result<()> {
 #[test]
 fn packaged_gateway_config_loads_and_matches_its_unit() -> Result<()> {
     let config = workspace_root().join("packaging/bmc-gateway/bmc-gateway.toml");
-    // No [[bmc]] tables in the default config: `check` loads it and has nothing to read.
+    // No [[bmc]] tables in the default config: `check` loads it and has no BMC to read. Its
+    // TLS files (/etc/fleetmend/tls/gateway.*) are normally not on a build host: then the
+    // tls line is the one failure (exit 1), never a refused config (64).
     let out = command("bmc-gateway")
         .arg("check")
         .arg("--config")
         .arg(&config)
         .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success(),
-        "{:?}: {}",
+        out.status.success()
+            || (out.status.code() == Some(1)
+                && stdout.lines().filter(|l| l.contains("FAIL")).count() == 1
+                && stdout.contains("tls  FAIL  TLS files: ")),
+        "{:?}: {stdout}{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );

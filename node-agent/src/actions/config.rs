@@ -42,6 +42,7 @@ pub struct ActionsFile {
     /// Reboot program and arguments.
     pub reboot_command: Option<Vec<String>>,
     /// Time limit of a restart or reboot command (`"60s"`).
+    #[serde(default, deserialize_with = "protocol::duration::text")]
     pub command_timeout: Option<String>,
     /// Directory for the record of reboot requests.
     pub state_dir: Option<PathBuf>,

@@ -1,5 +1,11 @@
 //! Running an action's command: no shell, stdin closed, killed at its time limit, output
 //! kept bounded (the tail, where a log's newest lines are).
+//!
+//! The command runs in a process group of its own, and at its time limit (or when the agent
+//! drops the run) the whole group is killed: a script's children (`( sleep 5; reboot ) &`)
+//! die with it instead of acting after the agent said the command was killed. A command that
+//! exits in time may leave children behind on purpose; those are not touched. A child that
+//! leaves the group (`setsid`) is beyond this.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -55,6 +61,30 @@ async fn read_tail<R: AsyncRead + Unpin>(mut r: R, keep: usize) -> (Vec<u8>, boo
     (buf, dropped)
 }
 
+/// Kills the command's process group when dropped, unless [`GroupKill::disarm`]ed: at the
+/// time limit, and when the run itself is dropped (the agent stopping).
+struct GroupKill(Option<rustix::process::Pid>);
+
+impl GroupKill {
+    /// The command exited by itself: what it left running stays.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            // ESRCH (the group is already gone) is the only expected error, and harmless.
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// How long to wait for the killed command to be reaped: SIGKILL ends it at once unless it
+/// sits in an uninterruptible wait (a hung NFS mount); the run must not hang on that.
+const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Runs `argv` under `timeout`, keeping at most `keep` bytes of stdout (its end) and 4 KiB
 /// of stderr.
 pub async fn run(argv: &[String], timeout: Duration, keep: usize) -> Ran {
@@ -66,11 +96,19 @@ pub async fn run(argv: &[String], timeout: Duration, keep: usize) -> Ran {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // A group of its own (its id is the child's pid), so that the time limit reaches
+        // whatever the command forked.
+        .process_group(0)
         .kill_on_drop(true);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return Ran::NotStarted(format!("cannot run {program}: {e}")),
     };
+    let mut group = GroupKill(
+        child
+            .id()
+            .and_then(|pid| rustix::process::Pid::from_raw(pid as i32)),
+    );
     let out = child.stdout.take();
     let err = child.stderr.take();
     let work = async {
@@ -90,8 +128,18 @@ pub async fn run(argv: &[String], timeout: Duration, keep: usize) -> Ran {
         );
         (child.wait().await, o, e)
     };
-    match tokio::time::timeout(timeout, work).await {
-        Err(_) => Ran::TimedOut,
+    let done = tokio::time::timeout(timeout, work).await;
+    if done.is_ok() {
+        group.disarm();
+    }
+    match done {
+        Err(_) => {
+            // The whole group, then reap the command itself (its children are reparented
+            // and reaped by init).
+            drop(group);
+            let _ = tokio::time::timeout(REAP_TIMEOUT, child.wait()).await;
+            Ran::TimedOut
+        }
         Ok((Err(e), _, _)) => Ran::NotStarted(format!("cannot wait for {program}: {e}")),
         Ok((Ok(st), (o, truncated), (e, _))) => Ran::Exited {
             success: st.success(),
@@ -146,5 +194,59 @@ mod tests {
             run(&["/nonexistent/x".to_string()], Duration::from_secs(1), 10).await,
             Ran::NotStarted(_)
         ));
+    }
+
+    /// Whether `pid` is gone (or a zombie waiting for init to reap it: dead either way).
+    fn dead(pid: &str) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            // "pid (comm) S ...": the state follows the last ')'.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_time_limit_kills_what_the_command_forked_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pid");
+        let script = format!("sleep 30 & echo $! > {}; wait", file.display());
+        assert_eq!(
+            run(&sh(&script), Duration::from_millis(500), 100).await,
+            Ran::TimedOut
+        );
+        let pid = std::fs::read_to_string(&file).unwrap();
+        let pid = pid.trim();
+        assert!(!pid.is_empty());
+        // SIGKILL is delivered at once; give the reparenting and init's reaping a moment.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while !dead(pid) && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            dead(pid),
+            "the command's child {pid} outlived its time limit"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_command_that_exits_in_time_keeps_what_it_left_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pid");
+        let script = format!("sleep 30 >/dev/null 2>&1 & echo $! > {}", file.display());
+        assert!(matches!(
+            run(&sh(&script), Duration::from_secs(10), 100).await,
+            Ran::Exited { success: true, .. }
+        ));
+        let pid = std::fs::read_to_string(&file).unwrap();
+        let pid = pid.trim().to_string();
+        assert!(
+            !dead(&pid),
+            "a command that exited in time had its child killed"
+        );
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status();
     }
 }

@@ -932,6 +932,65 @@ mod tests {
         assert_eq!(r.changed, ["tls files"]);
     }
 
+    #[test]
+    fn a_reload_refuses_a_certificate_of_another_ca_as_the_start_does() {
+        let pki = pki("node-1");
+        let fx = NodeFixture::builder("node-1").build().unwrap();
+        let load = || {
+            let path = fx
+                .write_agent_config(&AgentConfig::new(
+                    "127.0.0.1:7443",
+                    &pki.ca,
+                    &pki.cert,
+                    &pki.key,
+                ))
+                .unwrap();
+            Config::load(&Settings {
+                config: Some(path),
+                ..Settings::default()
+            })
+            .unwrap()
+        };
+        let running = load();
+        let tls = TlsMaterial::load(&TlsFiles {
+            ca: pki.ca.clone(),
+            cert: pki.cert.clone(),
+            key: pki.key.clone(),
+        })
+        .unwrap();
+        // This node's name, issued by another fleet's CA, into the same files.
+        let foreign = Ca::generate("test.local")
+            .unwrap()
+            .issue(Role::Node, "node-1", &IssueOptions::default())
+            .unwrap();
+        std::fs::write(&pki.cert, &foreign.cert_pem).unwrap();
+        std::fs::write(&pki.key, &foreign.key_pem).unwrap();
+        let e = reload::prepare(&running, &tls, load()).unwrap_err();
+        assert!(
+            matches!(e, reload::ReloadError::ForeignCertificate { .. }),
+            "{e}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!(
+                "{} is not valid under the CA {}",
+                pki.cert.display(),
+                pki.ca.display()
+            )),
+            "{msg}"
+        );
+        // The start refuses the same files.
+        let e = Agent::new(
+            running.clone(),
+            Checker::new(&running),
+            Arc::new(FakeNotifier::default()),
+            Box::new(SystemdShutdownProbe::new(running.root.clone())),
+            test_opts(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, AgentError::ForeignCertificate { .. }), "{e}");
+    }
+
     fn start_agent(fx: &NodeFixture, pki: &Pki, addr: SocketAddr) -> Running {
         let path = fx
             .write_agent_config(
