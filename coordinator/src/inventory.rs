@@ -202,6 +202,27 @@ impl InventoryEntry {
                 "machine type is required: it selects the repair procedure".into(),
             ));
         }
+        // A control character would break a table row or reach an operator's terminal as
+        // an escape sequence.
+        let texts = [
+            ("serial", self.serial.as_str()),
+            ("rack", self.rack.as_str()),
+            ("role", self.role.as_str()),
+            ("machine type", self.machine_type.as_str()),
+        ];
+        let labels = self
+            .labels
+            .iter()
+            .flat_map(|(k, v)| [("label key", k.as_str()), ("label value", v.as_str())]);
+        if let Some((what, v)) = texts
+            .into_iter()
+            .chain(labels)
+            .find(|(_, v)| v.chars().any(char::is_control))
+        {
+            return Err(invalid(format!(
+                "{what} {v:?} contains a control character (a newline, a tab, an escape, …)"
+            )));
+        }
         for k in self.labels.keys() {
             if k.is_empty() || k.contains('=') {
                 return Err(invalid(format!(
@@ -210,8 +231,9 @@ impl InventoryEntry {
             }
         }
         Ok(MachineRecord {
-            // Canonical form, so `10.0.0.01`-style spellings cannot make two records.
-            address: ip.to_string(),
+            // Canonical form, so other spellings (`::0001`, an IPv4-mapped `::ffff:10.0.0.1`)
+            // cannot make two records of one machine.
+            address: ip.to_canonical().to_string(),
             hostname: self.hostname,
             serial: self.serial,
             rack: self.rack,
@@ -453,5 +475,42 @@ type = "qemu"
         };
         let r = MachineRecord::from_spec(&spec, RecordSource::Admin).unwrap();
         assert_eq!(r.to_spec(), spec);
+    }
+
+    #[test]
+    fn other_spellings_of_an_address_are_one_machine_and_control_characters_are_refused() {
+        let spec = |address: &str| MachineSpec {
+            address: address.into(),
+            hostname: "h".into(),
+            serial: "s".into(),
+            rack: "r".into(),
+            role: "cs".into(),
+            machine_type: "t".into(),
+            labels: vec![],
+        };
+        for a in ["10.0.1.11", "::ffff:10.0.1.11"] {
+            let r = MachineRecord::from_spec(&spec(a), RecordSource::Admin).unwrap();
+            assert_eq!(r.address, "10.0.1.11", "{a}");
+        }
+        let r = MachineRecord::from_spec(&spec("::0001"), RecordSource::Admin).unwrap();
+        assert_eq!(r.address, "::1");
+        for (field, set) in [
+            (
+                "rack",
+                (|s: &mut MachineSpec| s.rack = "r\u{1b}[31mRED".into()) as fn(&mut MachineSpec),
+            ),
+            ("role", |s: &mut MachineSpec| s.role = "line1\nline2".into()),
+            ("serial", |s: &mut MachineSpec| s.serial = "a\tb".into()),
+            ("label value", |s: &mut MachineSpec| {
+                s.labels = vec![("k".into(), "v\r".into())]
+            }),
+        ] {
+            let mut sp = spec("10.0.0.1");
+            set(&mut sp);
+            let e = MachineRecord::from_spec(&sp, RecordSource::Admin)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field) && e.contains("control character"), "{e}");
+        }
     }
 }

@@ -115,7 +115,7 @@ impl Admin {
         // when a machine has that hostname.
         if let Ok(ip) = entry.address.parse::<std::net::IpAddr>() {
             // The inventory's form (`::0001` is `::1`), so the entry finds its machine.
-            entry.address = ip.to_string();
+            entry.address = ip.to_canonical().to_string();
         } else {
             let hint = self
                 .fleet

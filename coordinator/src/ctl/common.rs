@@ -206,8 +206,34 @@ pub fn fmt_age(ms: u64, now_ms: u64) -> String {
     }
 }
 
-/// Prints rows as a left-aligned table with a header.
+/// `s` as a terminal may show it: each control character (a newline, a tab, an escape that
+/// would start a terminal sequence) written as its Rust escape (`\n`, `\u{1b}`). Text from
+/// agents (check details) and from other admins reaches tables and lines as it was sent.
+pub fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Prints rows as a left-aligned table with a header. Control characters in a cell are
+/// shown escaped ([`shown`]).
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| shown(c).into_owned()).collect())
+        .collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -325,6 +351,15 @@ pub fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn control_characters_are_shown_escaped() {
+        assert_eq!(shown("plain text ü"), "plain text ü");
+        assert!(matches!(shown("plain"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(shown("a\nb\tc"), "a\\nb\\tc");
+        assert_eq!(shown("red \u{1b}[31m"), "red \\u{1b}[31m");
+    }
+
     use protocol::admin::machines::{MachineDetail, MachineSpec, MachineSummary};
     use protocol::admin::remediation::RemediationStatus;
     use serde_json::json;

@@ -8,7 +8,7 @@ use clap::builder::NonEmptyStringValueParser;
 use protocol::admin::machines::{MachineDetail, MachineSpec, MachinesRequest, MachinesResponse};
 use protocol::admin::{AdminRequest, AdminResponse};
 
-use super::common::{CommandGroup, Ctx, fmt_age, fmt_time, print_json, print_table};
+use super::common::{CommandGroup, Ctx, fmt_age, fmt_time, print_json, print_table, shown};
 use crate::inventory::{RecordSource, load_inventory};
 
 /// Machine commands.
@@ -243,7 +243,7 @@ fn print_detail(d: &MachineDetail) {
         fmt_time(s.state_since_unix_ms),
         fmt_age(s.state_since_unix_ms, now)
     );
-    println!("reason:    {}", s.reason);
+    println!("reason:    {}", shown(&s.reason));
     println!("connected: {}", connected_line(s));
     if let Some(b) = &d.boot_id {
         println!("boot id:   {b}");

@@ -414,7 +414,7 @@ impl CommandGroup for EventsArgs {
                     header = true;
                 } else {
                     for l in &lines {
-                        println!("{}", event_row(l).join("  "));
+                        println!("{}", super::common::shown(&event_row(l).join("  ")));
                     }
                 }
                 if !self.follow {

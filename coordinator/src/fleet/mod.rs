@@ -559,7 +559,7 @@ impl Fleet {
             return name.to_string();
         }
         if let Ok(ip) = name.parse::<IpAddr>() {
-            return ip.to_string();
+            return ip.to_canonical().to_string();
         }
         inner
             .by_hostname

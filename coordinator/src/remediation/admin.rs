@@ -72,6 +72,14 @@ impl Remediation {
             R::Pause { reason } if reason.trim().is_empty() => {
                 return bad("a pause needs a reason (--reason TEXT), shown in every held decision");
             }
+            R::Pause { reason } if reason.chars().any(char::is_control) => {
+                return bad(
+                    "a pause reason is one line of text: no newlines, tabs or escape characters",
+                );
+            }
+            R::Pause { reason } if reason.chars().count() > 1000 => {
+                return bad("a pause reason is at most 1000 characters");
+            }
             R::Pause { reason } => (key::PAUSED, Some(reason)),
             R::Resume => (key::PAUSED, None),
             R::Observe(on) => (key::OBSERVE, Some(if on { "on" } else { "off" }.into())),

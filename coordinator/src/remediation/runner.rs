@@ -816,6 +816,18 @@ mod tests {
         assert_eq!(l.last_unix_ms - l.first_unix_ms, 40_000);
         assert!(l.sentence.contains("no repair queue"), "{}", l.sentence);
 
+        // A reason that would break a line or reach a terminal as escapes is refused.
+        for reason in ["multi\nline", "red \u{1b}[31m", &"x".repeat(1001)] {
+            let r = fx
+                .admin(R::Pause {
+                    reason: reason.into(),
+                })
+                .await;
+            assert!(
+                matches!(r, protocol::admin::AdminResponse::Error(_)),
+                "{r:?}"
+            );
+        }
         // A pause is another decision: a new line, then repeats of it.
         let r = fx
             .admin(R::Pause {
