@@ -153,9 +153,10 @@ fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
                 or_dash(&m.spec.rack),
                 or_dash(&m.spec.role),
                 or_dash(&m.spec.machine_type),
+                // Reports are kept in memory: after a restart, none until the next one.
                 m.last_report_unix_ms
                     .map(|t| format!("{} ago", fmt_age(t, now)))
-                    .unwrap_or_else(|| "never".into()),
+                    .unwrap_or_else(|| "-".into()),
                 m.failing.join(","),
             ]
         })

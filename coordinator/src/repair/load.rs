@@ -287,7 +287,12 @@ impl Parser<'_> {
                 )
             })?;
             if !allowed.contains(&builtin) {
-                let names: Vec<&str> = allowed.iter().map(|b| b.name()).collect();
+                let mut names: Vec<&str> = allowed.iter().map(|b| b.name()).collect();
+                // The agent's steps are built-ins of repair commands too.
+                let agent_steps = key == "repair_command";
+                if agent_steps {
+                    names.push(AgentStep::NAMES);
+                }
                 return Err(self.invalid(
                     &format!("{at}[0]"),
                     format!(
@@ -413,6 +418,17 @@ impl Parser<'_> {
         for (i, pv) in self.list(m, path, "repair_procedures")?.iter().enumerate() {
             let ppath = format!("{path}.repair_procedures[{i}]");
             let proc = self.procedure(pv, &ppath)?;
+            let types = &proc.machine_types;
+            if let Some((k, t)) = types
+                .iter()
+                .enumerate()
+                .find(|(k, t)| types[..*k].contains(t))
+            {
+                return Err(self.invalid(
+                    &format!("{ppath}.machine_types[{k}]"),
+                    format!("machine type `{t}` is listed twice in this procedure"),
+                ));
+            }
             for (j, op) in proc.repair_operations.iter().enumerate() {
                 for t in &proc.machine_types {
                     if !seen.insert((t.clone(), op.operation.clone())) {
@@ -688,6 +704,18 @@ options:
     }
 
     #[test]
+    fn a_machine_type_listed_twice_is_named_as_such() {
+        let (key, message) = err_key(
+            "repair:\n  repair_procedures:\n  - machine_types: [t, u, t]\n    repair_operations:\n    - operation: op\n      repair_steps:\n      - repair_command: [echo]\n      health_check_command: [echo, 'true']\n",
+        );
+        assert!(
+            key.ends_with("repair_procedures[0].machine_types[2]"),
+            "{key}"
+        );
+        assert!(message.contains("`t` is listed twice"), "{message}");
+    }
+
+    #[test]
     fn defaults_are_ckes() {
         let c = load(
             "repair:\n  repair_procedures:\n  - machine_types: [t]\n    repair_operations:\n    - operation: op\n      repair_steps:\n      - repair_command: [echo]\n      health_check_command: [echo, 'true']\n",
@@ -863,6 +891,10 @@ options:
             r#"repair_command: ["@agent-healthy"]"#,
         ));
         assert!(message.contains("cannot be used here"), "{message}");
+        assert!(
+            message.contains("@restart-unit NAME, @reboot, @collect-diagnostics"),
+            "the agent's steps are allowed in a repair command: {message}"
+        );
         let text = CKE_CLUSTER_YML.replace(
             r#"health_check_command: ["sh", "-c", "test -f /tmp/mtest-repair-$1 && echo true", "health_check"]"#,
             r#"health_check_command: ["@agent-healthy"]"#,
