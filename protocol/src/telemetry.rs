@@ -46,15 +46,43 @@ pub fn use_colour(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool
     is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// Installs the global subscriber from the environment. `default` is used when
-/// `FLEETMEND_LOG` is unset.
-pub fn init(default: &str) -> Result<(), TelemetryError> {
+/// `FLEETMEND_LOG` and the format `FLEETMEND_LOG_FORMAT` names.
+fn from_env() -> Result<(Option<String>, Format), TelemetryError> {
     let directive = std::env::var("FLEETMEND_LOG").ok();
     let format = match std::env::var("FLEETMEND_LOG_FORMAT").as_deref() {
         Err(_) | Ok("") | Ok("plain") => Format::Plain,
         Ok("json") => Format::Json,
         Ok(other) => return Err(TelemetryError::BadFormat(other.to_string())),
     };
+    Ok((directive, format))
+}
+
+/// What [`init`] would refuse in the environment, without installing anything: for a
+/// `check` command, which must fail where the daemon's start would.
+pub fn check_env() -> Result<(), TelemetryError> {
+    let (directive, _) = from_env()?;
+    match directive {
+        Some(d) => parse_filter(&d),
+        None => Ok(()),
+    }
+}
+
+#[cfg(feature = "telemetry")]
+fn parse_filter(directive: &str) -> Result<(), TelemetryError> {
+    EnvFilter::try_new(directive)
+        .map(drop)
+        .map_err(|e| TelemetryError::BadFilter(e.to_string()))
+}
+
+#[cfg(not(feature = "telemetry"))]
+fn parse_filter(directive: &str) -> Result<(), TelemetryError> {
+    targets(directive).map(drop)
+}
+
+/// Installs the global subscriber from the environment. `default` is used when
+/// `FLEETMEND_LOG` is unset.
+pub fn init(default: &str) -> Result<(), TelemetryError> {
+    let (directive, format) = from_env()?;
     let colour = use_colour(
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),

@@ -127,6 +127,26 @@ fn huge_numbers_are_refused_or_unbounded_not_a_panic() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `coordinator check` fails where the start would: a logging variable the start refuses
+/// (exit 64) is a failed line of its own.
+#[test]
+fn coordinator_check_refuses_what_the_start_would_in_the_logging_variables() -> anyhow::Result<()> {
+    for (var, value) in [("FLEETMEND_LOG_FORMAT", "xml"), ("FLEETMEND_LOG", "=[")] {
+        let out = command("coordinator")
+            .args(["check", "--config", "/nonexistent/coordinator.toml"])
+            .env(var, value)
+            .output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(64), "{stdout}");
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("logging"))
+            .unwrap_or_else(|| panic!("{var}={value}: no logging line in {stdout}"));
+        assert!(line.contains("FAIL") && line.contains(var), "{line}");
+    }
+    Ok(())
+}
+
 #[test]
 fn subcommands_are_read_from_the_commands_section() {
     let help = "Usage: x\n\nCommands:\n  pki       Fleet PKI\n  machines  Machines\n  help      Print this\n\nOptions:\n  -h\n";

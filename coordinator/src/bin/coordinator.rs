@@ -73,7 +73,18 @@ fn main() -> ExitCode {
     protocol::telemetry::quiet_broken_pipe();
     let args = Args::parse();
     if let Some(Command::Check { json }) = args.command {
-        let lines = coordinator::check::check(&args.config);
+        let mut lines = coordinator::check::check(&args.config);
+        // What would stop the start before the configuration is read.
+        if let Err(e) = protocol::telemetry::check_env() {
+            lines.insert(
+                0,
+                coordinator::check::CheckLine {
+                    what: "logging",
+                    ok: false,
+                    detail: e.to_string(),
+                },
+            );
+        }
         if json {
             match serde_json::to_string_pretty(&lines) {
                 Ok(s) => println!("{s}"),
