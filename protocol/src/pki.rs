@@ -279,6 +279,23 @@ pub fn verify_signed_by(cert_pem: &str, ca_pem: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// When a certificate (`cert_pem`) would still be valid after the CA that issued it
+/// (`ca_pem`) expires: both expiries (Unix seconds), or `None` when it would not, or either
+/// does not parse. Peers stop trusting a certificate when its CA expires, whatever its own
+/// validity says.
+pub fn outlives_ca(cert_pem: &str, ca_pem: &str) -> Option<(i64, i64)> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    use x509_parser::prelude::*;
+    let not_after = |pem: &str| {
+        let der = CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
+        let (_, c) = X509Certificate::from_der(&der).ok()?;
+        Some(c.validity().not_after.timestamp())
+    };
+    let (cert, ca) = (not_after(cert_pem)?, not_after(ca_pem)?);
+    (cert > ca).then_some((cert, ca))
+}
+
 impl IssueOptions {
     /// A certificate for a peer on this machine: IP SAN 127.0.0.1 (tests, simulators, demos).
     pub fn loopback() -> Self {
@@ -327,6 +344,25 @@ mod tests {
     use crate::transport::identity_from_cert_der;
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
+
+    #[test]
+    fn a_certificate_outliving_its_ca_is_told() {
+        let ca = Ca::generate("t.test").unwrap();
+        let issue = |days| {
+            ca.issue(
+                Role::Node,
+                "n1",
+                &IssueOptions {
+                    validity_days: days,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        assert_eq!(outlives_ca(&issue(365).cert_pem, ca.cert_pem()), None);
+        let (cert, ca_end) = outlives_ca(&issue(36_500).cert_pem, ca.cert_pem()).unwrap();
+        assert!(cert > ca_end);
+    }
 
     #[test]
     fn issued_certificate_carries_identity_and_verifies() {

@@ -124,6 +124,16 @@ impl CommandGroup for PkiCommand {
                 let (crt, key) = issued
                     .write(&out, force)
                     .with_context(|| format!("cannot write into {}", out.display()))?;
+                if let Some((end, ca_end)) =
+                    protocol::pki::outlives_ca(&issued.cert_pem, authority.cert_pem())
+                {
+                    eprintln!(
+                        "coordinatorctl: WARNING: {} is valid until {}, after its CA (until {}):                          peers stop trusting it when the CA expires; renew the CA before then",
+                        crt.display(),
+                        protocol::transport::expiry_date(end),
+                        protocol::transport::expiry_date(ca_end)
+                    );
+                }
                 let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or(p.to_path_buf());
                 let ca_crt = abs(&ca.join(protocol::pki::CA_CERT_FILE));
                 if json {
