@@ -128,7 +128,7 @@ impl CommandGroup for PkiCommand {
                     protocol::pki::outlives_ca(&issued.cert_pem, authority.cert_pem())
                 {
                     eprintln!(
-                        "coordinatorctl: WARNING: {} is valid until {}, after its CA (until {}):                          peers stop trusting it when the CA expires; renew the CA before then",
+                        "coordinatorctl: WARNING: {} is valid until {}, after its CA (until {}): peers stop trusting it when the CA expires; renew the CA before then",
                         crt.display(),
                         protocol::transport::expiry_date(end),
                         protocol::transport::expiry_date(ca_end)
