@@ -24,7 +24,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::actions::{self, ActionLimits, Clock, SystemClock};
 use crate::dedup::{self, Admission, RequestLog};
 use crate::journal::{Journal, JournalError, Record};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Reach};
 use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
 
 /// Default limits applied when a request does not carry its own.
@@ -99,13 +99,28 @@ struct Observed {
     metrics: Arc<Metrics>,
 }
 
+/// What a BMC's answer says about reaching it: a BMC that refuses the credentials answered,
+/// but no action can run on it, so it is not counted reachable.
+pub fn reach<T>(r: &Result<T, BmcError>) -> Reach {
+    match r {
+        Ok(_) => Reach::Up,
+        Err(BmcError::Auth { .. }) => Reach::CredentialsRefused,
+        Err(e) if e.is_unreachable() => Reach::Down,
+        Err(_) => Reach::Up,
+    }
+}
+
 impl Observed {
     fn see<T>(&self, r: &Result<T, BmcError>) {
-        let up = match r {
-            Ok(_) => true,
-            Err(e) => !e.is_unreachable(),
-        };
-        self.metrics.reachable(&self.machine, self.protocol, up);
+        let now = reach(r);
+        let before = self.metrics.reachable(&self.machine, self.protocol, now);
+        // Said once when it starts, not at every idle probe: the metric keeps saying it.
+        if now == Reach::CredentialsRefused
+            && before != Some(Reach::CredentialsRefused)
+            && let Err(error) = r
+        {
+            warn!(machine = %self.machine, protocol = self.protocol, %error, "the BMC refused the credentials; check the username and password file");
+        }
     }
 }
 
@@ -605,6 +620,73 @@ mod tests {
         .await
         .expect("the probe marked the BMC down, then up");
         assert!(p.calls().iter().all(|c| c == "status"));
+    }
+
+    #[tokio::test]
+    async fn a_bmc_refusing_the_credentials_is_not_reachable() {
+        let p = Arc::new(FakePower::new(PowerState::On));
+        p.fail_next(BmcError::Auth {
+            bmc: "m1".into(),
+            detail: "RAKP integrity check failed (wrong password?)".into(),
+        });
+        let mut d = defaults();
+        d.probe = Some(Duration::from_millis(20));
+        let g = Gateway::new(
+            vec![Bmc {
+                machine: "m1".into(),
+                serial: String::new(),
+                protocol: "ipmi",
+                power: p.clone(),
+            }],
+            d,
+            Arc::new(Metrics::new()),
+        );
+        let refused = [
+            "fleetmend_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 0",
+            "fleetmend_gateway_bmc_credentials_refused{machine=\"m1\",protocol=\"ipmi\"} 1",
+        ];
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !refused.iter().all(|l| g.metrics().render().contains(l)) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the probe's auth failure reads as refused credentials:\n{}",
+                g.metrics().render()
+            )
+        });
+    }
+
+    #[test]
+    fn only_refused_credentials_and_silence_read_as_not_reachable() {
+        let e = |e: BmcError| reach::<()>(&Err(e));
+        let (bmc, what, detail) = (String::new(), String::new(), String::new());
+        assert_eq!(reach(&Ok(())), Reach::Up);
+        assert_eq!(
+            e(BmcError::Auth {
+                bmc: bmc.clone(),
+                detail: detail.clone()
+            }),
+            Reach::CredentialsRefused
+        );
+        assert_eq!(
+            e(BmcError::Timeout {
+                bmc: bmc.clone(),
+                what: what.clone(),
+                waited_ms: 1
+            }),
+            Reach::Down
+        );
+        assert_eq!(
+            e(BmcError::Unreachable {
+                bmc: bmc.clone(),
+                detail: detail.clone()
+            }),
+            Reach::Down
+        );
+        assert_eq!(e(BmcError::Busy { bmc, what, detail }), Reach::Up);
     }
 
     fn durable(dir: &Path, p: Arc<FakePower>) -> Arc<Gateway> {

@@ -642,6 +642,20 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_rakp_integrity_check_is_refused_credentials() {
+        // ipmi-rs logs "Received RAKP message 2 with invalid integrity check value" and
+        // returns ServerAuthenticationFailed when the password is wrong.
+        for e in [
+            V2_0ActivationError::ServerAuthenticationFailed,
+            V2_0ActivationError::RakpMessage4InvalidIntegrityCheckValue,
+        ] {
+            assert!(
+                matches!(classify_activation(&ActivationError::V2_0(e)), ActivationFailure::Auth(d) if d.contains("wrong password")),
+            );
+        }
+    }
+
+    #[test]
     fn status_bit_zero_is_power() {
         assert_eq!(parse_chassis_status(&[0x61, 0, 0]), Some(PowerState::On));
         assert_eq!(parse_chassis_status(&[0x60, 0, 0]), Some(PowerState::Off));

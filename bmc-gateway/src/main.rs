@@ -82,6 +82,11 @@ fn main() -> ExitCode {
         Command::Check { timeout, json } => rt.block_on(async {
             let tls = bmc_gateway::tls::check(&cfg.tls);
             let rows = bmc_gateway::check(&cfg, timeout).await;
+            let healthy = tls.is_ok() && rows.iter().all(|r| r.result.is_ok());
+            if !healthy {
+                // `check | head -1` closes stdout while printing: still fail.
+                protocol::telemetry::set_broken_pipe_exit(1);
+            }
             if json {
                 let v: Vec<serde_json::Value> = rows
                     .iter()
@@ -106,7 +111,7 @@ fn main() -> ExitCode {
                 print!("{}", bmc_gateway::render_check(&rows));
                 print!("{}", bmc_gateway::tls::render_check(&tls));
             }
-            if tls.is_ok() && rows.iter().all(|r| r.result.is_ok()) {
+            if healthy {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

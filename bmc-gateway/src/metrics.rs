@@ -1,6 +1,6 @@
 //! The gateway's Prometheus metrics, rendered in the text exposition format: actions by
 //! protocol, action and result with a duration histogram, refused connections, and per-BMC
-//! reachability. No metrics library: the few series here are cheaper to keep by hand than a
+//! reachability (with refused credentials told apart). No metrics library: the few series here are cheaper to keep by hand than a
 //! dependency. This module does not serve HTTP (see [`crate::http`]).
 
 use std::collections::BTreeMap;
@@ -21,12 +21,24 @@ struct Histogram {
     sum: f64,
 }
 
+/// What a BMC's last request said about reaching it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// The BMC answered (even with an error about the request itself).
+    Up,
+    /// The BMC did not answer, or could not be reached at all.
+    Down,
+    /// The BMC answered but refused the gateway's credentials: no action can run on it, so
+    /// it counts as not reachable, and `fleetmend_gateway_bmc_credentials_refused` says why.
+    CredentialsRefused,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     /// (protocol, action, result) → durations.
     actions: BTreeMap<(String, String, String), Histogram>,
-    /// machine → (protocol, reachable).
-    reachable: BTreeMap<String, (String, bool)>,
+    /// machine → (protocol, what its last request said).
+    reachable: BTreeMap<String, (String, Reach)>,
     /// Connections refused, by reason.
     refused: BTreeMap<String, u64>,
     /// When the gateway's certificate and its CA expire, as loaded at start or reload.
@@ -66,13 +78,15 @@ impl Metrics {
         h.sum += secs;
     }
 
-    /// Records whether a BMC answered its last request.
-    pub fn reachable(&self, machine: &str, protocol: &str, up: bool) {
+    /// Records what a BMC's last request said about reaching it; returns what the one before
+    /// said (`None` for the first), so a caller can log changes only.
+    pub fn reachable(&self, machine: &str, protocol: &str, reach: Reach) -> Option<Reach> {
         self.inner
             .lock()
             .expect("not poisoned")
             .reachable
-            .insert(machine.to_string(), (protocol.to_string(), up));
+            .insert(machine.to_string(), (protocol.to_string(), reach))
+            .map(|(_, before)| before)
     }
 
     /// Notes when the certificate in use and its CA expire (at start and at each reload).
@@ -123,15 +137,27 @@ impl Metrics {
             );
         }
         out.push_str(
-            "# HELP fleetmend_gateway_bmc_reachable 1 when the BMC answered its last request.\n",
+            "# HELP fleetmend_gateway_bmc_reachable 1 when the BMC answered its last request and accepted the credentials.\n",
         );
         out.push_str("# TYPE fleetmend_gateway_bmc_reachable gauge\n");
-        for (m, (p, up)) in &g.reachable {
+        for (m, (p, reach)) in &g.reachable {
             let _ = writeln!(
                 out,
                 "fleetmend_gateway_bmc_reachable{{machine=\"{}\",protocol=\"{p}\"}} {}",
                 escape(m),
-                u8::from(*up)
+                u8::from(*reach == Reach::Up)
+            );
+        }
+        out.push_str(
+            "# HELP fleetmend_gateway_bmc_credentials_refused 1 when the BMC refused the gateway's credentials on its last request.\n",
+        );
+        out.push_str("# TYPE fleetmend_gateway_bmc_credentials_refused gauge\n");
+        for (m, (p, reach)) in &g.reachable {
+            let _ = writeln!(
+                out,
+                "fleetmend_gateway_bmc_credentials_refused{{machine=\"{}\",protocol=\"{p}\"}} {}",
+                escape(m),
+                u8::from(*reach == Reach::CredentialsRefused)
             );
         }
         out.push_str(
@@ -173,8 +199,13 @@ mod tests {
         let m = Metrics::new();
         m.action("ipmi", "status", true, Duration::from_millis(20));
         m.action("ipmi", "status", true, Duration::from_secs(2));
-        m.reachable("10.0.0.1", "ipmi", true);
-        m.reachable("10.0.0.2", "redfish", false);
+        assert_eq!(m.reachable("10.0.0.1", "ipmi", Reach::Up), None);
+        m.reachable("10.0.0.2", "redfish", Reach::Down);
+        m.reachable("10.0.0.3", "ipmi", Reach::Up);
+        assert_eq!(
+            m.reachable("10.0.0.3", "ipmi", Reach::CredentialsRefused),
+            Some(Reach::Up)
+        );
         m.refused("not-a-coordinator");
         assert!(
             !m.render().contains("certificate_expiry"),
@@ -196,6 +227,15 @@ mod tests {
             ),
             "{t}"
         );
+        for line in [
+            "fleetmend_gateway_bmc_reachable{machine=\"10.0.0.1\",protocol=\"ipmi\"} 1\n",
+            "fleetmend_gateway_bmc_credentials_refused{machine=\"10.0.0.1\",protocol=\"ipmi\"} 0\n",
+            "fleetmend_gateway_bmc_credentials_refused{machine=\"10.0.0.2\",protocol=\"redfish\"} 0\n",
+            "fleetmend_gateway_bmc_reachable{machine=\"10.0.0.3\",protocol=\"ipmi\"} 0\n",
+            "fleetmend_gateway_bmc_credentials_refused{machine=\"10.0.0.3\",protocol=\"ipmi\"} 1\n",
+        ] {
+            assert!(t.contains(line), "no {line} in {t}");
+        }
         assert!(
             t.contains(
                 "fleetmend_gateway_connections_refused_total{reason=\"not-a-coordinator\"} 1\n"

@@ -909,6 +909,11 @@ mod tests {
         assert!(matches!(e, BmcError::Auth { .. }), "{e}");
         assert!(e.to_string().contains("bad credentials"), "{e}");
         assert!(!e.is_retriable());
+        assert_eq!(
+            crate::gateway::reach::<()>(&Err(e)),
+            crate::metrics::Reach::CredentialsRefused,
+            "an HTTP 401 is not reachable"
+        );
     }
 
     #[tokio::test]

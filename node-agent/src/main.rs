@@ -102,6 +102,10 @@ async fn check(cfg: Config, json: bool) -> ExitCode {
         .unwrap_or_else(|_| "(unknown)".into());
     let results = Checker::new(&cfg).run().await;
     let healthy = cli::healthy(&results);
+    if !healthy {
+        // `check | head -1` closes stdout while printing: still fail.
+        protocol::telemetry::set_broken_pipe_exit(1);
+    }
     if json {
         let out = cli::CheckOutput {
             hostname: &hostname,

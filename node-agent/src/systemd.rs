@@ -81,6 +81,37 @@ impl Notifier for SdNotifier {
     }
 }
 
+/// Longest a single step of the agent's loop (resolving and connecting to every coordinator
+/// address, or running the checks and waiting for a report's answer) is pinged through.
+///
+/// Each step is bounded by its own timeouts (a 10 s hello per address, a 10 s reply, the
+/// kubelet check's timeout), so 2 min is well past any step that is still making progress:
+/// one running longer is hung, the pings stop and systemd restarts the agent.
+pub const STEP_LIMIT: Duration = Duration::from_secs(120);
+
+/// Awaits `work`, pinging the watchdog every [`Notifier::watchdog_period`] while it runs, so
+/// a wait on the network (a coordinator that drops packets) is not taken for a hung agent.
+/// Pings stop once `work` has run for `limit`, so a step that never ends still gets the
+/// agent restarted. Without an armed watchdog this is `work.await`.
+pub async fn pinging<F: Future>(notifier: &dyn Notifier, limit: Duration, work: F) -> F::Output {
+    let Some(period) = notifier.watchdog_period() else {
+        return work.await;
+    };
+    let until = tokio::time::Instant::now() + limit;
+    let mut work = std::pin::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            v = &mut work => return v,
+            _ = tokio::time::sleep(period) => {}
+        }
+        if tokio::time::Instant::now() >= until {
+            return work.await;
+        }
+        notifier.watchdog();
+    }
+}
+
 /// A boxed future, for the object-safe async trait below.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -133,8 +164,75 @@ impl ShutdownProbe for SystemdShutdownProbe {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
     use super::*;
     use crate::testkit_fixture::NodeFixture;
+
+    /// Counts pings; asks for one every 10 ms when armed.
+    #[derive(Default)]
+    struct Pings {
+        armed: bool,
+        count: AtomicU64,
+    }
+
+    impl Notifier for Pings {
+        fn ready(&self) {}
+        fn watchdog(&self) {
+            self.count.fetch_add(1, Ordering::SeqCst);
+        }
+        fn watchdog_period(&self) -> Option<Duration> {
+            self.armed.then_some(Duration::from_millis(10))
+        }
+        fn status(&self, _: &str) {}
+        fn stopping(&self) {}
+    }
+
+    fn armed() -> Pings {
+        Pings {
+            armed: true,
+            ..Pings::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_long_wait_is_pinged_through() {
+        let n = armed();
+        let v = pinging(&n, STEP_LIMIT, async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            7
+        })
+        .await;
+        assert_eq!(v, 7);
+        // 20 periods; timer slack on a busy machine costs a few.
+        let count = n.count.load(Ordering::SeqCst);
+        assert!(count >= 8, "{count} pings in 200 ms");
+    }
+
+    #[tokio::test]
+    async fn a_wait_past_the_limit_is_not_pinged_any_more() {
+        let n = armed();
+        pinging(
+            &n,
+            Duration::from_millis(50),
+            tokio::time::sleep(Duration::from_millis(300)),
+        )
+        .await;
+        let count = n.count.load(Ordering::SeqCst);
+        assert!(count <= 5, "{count} pings: pinged past the 50 ms limit");
+    }
+
+    #[tokio::test]
+    async fn nothing_is_pinged_without_a_watchdog() {
+        let n = Pings::default();
+        pinging(
+            &n,
+            STEP_LIMIT,
+            tokio::time::sleep(Duration::from_millis(50)),
+        )
+        .await;
+        assert_eq!(n.count.load(Ordering::SeqCst), 0);
+    }
 
     #[tokio::test]
     async fn scheduled_shutdown_file_means_shutdown() {

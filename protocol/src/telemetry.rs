@@ -10,10 +10,12 @@
 //! terminal and `NO_COLOR` is unset or empty (<https://no-color.org>): a journal or a
 //! redirected file gets no escape codes.
 //!
-//! [`quiet_broken_pipe`] makes `coordinatorctl … | head` end quietly instead of panicking.
+//! [`quiet_broken_pipe`] makes `coordinatorctl … | head` end quietly instead of panicking,
+//! with the status [`set_broken_pipe_exit`] chose (0 unless a command said otherwise).
 
 use std::fmt;
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 #[cfg(feature = "telemetry")]
 use tracing_subscriber::EnvFilter;
@@ -150,11 +152,27 @@ fn install(
     Ok(())
 }
 
-/// Makes writing to a closed stdout (`… | head`) end the program quietly with status 0
-/// instead of a "failed printing to stdout: Broken pipe" panic, as `cat` or `grep` would
-/// stop. Rust ignores SIGPIPE, so `println!` panics on EPIPE; this panic hook recognises
-/// that one panic and exits, and leaves every other panic to the default hook. Call it
-/// first thing in `main`.
+/// The status a closed stdout ends the program with (see [`set_broken_pipe_exit`]).
+static BROKEN_PIPE_EXIT: AtomicU8 = AtomicU8::new(0);
+
+/// Sets the status [`quiet_broken_pipe`] exits with when stdout is closed: a command that
+/// already knows it will fail (a `check` that found a failing check) sets its failure status
+/// before printing, so `… check | head -1` still fails. 0 until set.
+pub fn set_broken_pipe_exit(code: u8) {
+    BROKEN_PIPE_EXIT.store(code, Ordering::SeqCst);
+}
+
+/// The status to exit with for a panic saying `msg`: `Some` (the one set with
+/// [`set_broken_pipe_exit`]) for the broken-pipe panic, `None` for any other panic.
+fn broken_pipe_exit(msg: &str) -> Option<i32> {
+    is_broken_pipe_panic(msg).then(|| i32::from(BROKEN_PIPE_EXIT.load(Ordering::SeqCst)))
+}
+
+/// Makes writing to a closed stdout (`… | head`) end the program quietly, with status 0 or
+/// the one set by [`set_broken_pipe_exit`], instead of a "failed printing to stdout: Broken
+/// pipe" panic, as `cat` or `grep` would stop. Rust ignores SIGPIPE, so `println!` panics on
+/// EPIPE; this panic hook recognises that one panic and exits, and leaves every other panic
+/// to the default hook. Call it first thing in `main`.
 pub fn quiet_broken_pipe() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -164,8 +182,8 @@ pub fn quiet_broken_pipe() {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
-        if is_broken_pipe_panic(msg) {
-            std::process::exit(0);
+        if let Some(code) = broken_pipe_exit(msg) {
+            std::process::exit(code);
         }
         default(info);
     }));
@@ -213,6 +231,18 @@ mod tests {
             "failed printing to stdout: disk full"
         ));
         assert!(!is_broken_pipe_panic("index out of bounds"));
+    }
+
+    /// The only test touching the process-wide status.
+    #[test]
+    fn a_closed_stdout_exits_with_the_status_set_and_zero_before() {
+        let pipe = "failed printing to stdout: Broken pipe (os error 32)";
+        assert_eq!(broken_pipe_exit(pipe), Some(0), "0 until a command sets it");
+        set_broken_pipe_exit(1);
+        assert_eq!(broken_pipe_exit(pipe), Some(1));
+        assert_eq!(broken_pipe_exit("index out of bounds"), None);
+        set_broken_pipe_exit(0);
+        assert_eq!(broken_pipe_exit(pipe), Some(0));
     }
 
     #[cfg(not(feature = "telemetry"))]

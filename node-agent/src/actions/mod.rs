@@ -256,21 +256,7 @@ impl ActionServer {
                 answer(send, &id, status).await;
             }
             AgentAction::Reboot => {
-                let boot = crate::node::boot_id(&self.root).unwrap_or_default();
-                let recorded = self
-                    .ledger
-                    .lock()
-                    .expect("ledger lock")
-                    .record_reboot(&id, &format!("asked during boot {boot}"));
-                if let Err(e) = recorded {
-                    let status = ActionStatus::Failed {
-                        code: ActionFailure::Error,
-                        detail: format!("not rebooting: {e}"),
-                    };
-                    self.ledger
-                        .lock()
-                        .expect("ledger lock")
-                        .finish(&id, status.clone());
+                if let Err(status) = self.record_reboot(&id) {
                     return answer(send, &id, status).await;
                 }
                 answer(send, &id, ActionStatus::Accepted).await;
@@ -279,6 +265,27 @@ impl ActionServer {
             }
             AgentAction::CollectDiagnostics => unreachable!("handled above"),
         }
+    }
+}
+
+impl ActionServer {
+    /// Writes reboot request `id` to the reboot record before anything is done; a reboot
+    /// that cannot be recorded is refused (a resend could run it twice), logged on the node
+    /// like the other refusals, and its answer is returned.
+    fn record_reboot(&self, id: &str) -> Result<(), ActionStatus> {
+        let boot = crate::node::boot_id(&self.root).unwrap_or_default();
+        let mut ledger = self.ledger.lock().expect("ledger lock");
+        let Err(e) = ledger.record_reboot(id, &format!("asked during boot {boot}")) else {
+            return Ok(());
+        };
+        let detail = format!("not rebooting: {e}");
+        warn!(id, action = "reboot", %detail, "action refused");
+        let status = ActionStatus::Failed {
+            code: ActionFailure::Error,
+            detail,
+        };
+        ledger.finish(id, status.clone());
+        Err(status)
     }
 }
 
@@ -327,4 +334,85 @@ async fn one(mut send: SendStream, mut recv: RecvStream, server: &ActionServer) 
     server.handle(req, &mut send).instrument(span).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(ANSWER_LINGER, send.stopped()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata, Subscriber};
+
+    use super::*;
+
+    /// Keeps `level message` of every event: the log lines a test expects.
+    #[derive(Default)]
+    struct Lines {
+        lines: Mutex<Vec<String>>,
+        next_span: AtomicU64,
+    }
+
+    struct Message(String);
+
+    impl Visit for Message {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}");
+            }
+        }
+    }
+
+    impl Subscriber for &'static Lines {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(self.next_span.fetch_add(1, Ordering::SeqCst) + 1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut m = Message(String::new());
+            event.record(&mut m);
+            let line = format!("{} {}", event.metadata().level(), m.0);
+            self.lines.lock().unwrap().push(line);
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    #[test]
+    fn a_reboot_that_cannot_be_recorded_is_refused_and_logged() {
+        let dir = tempfile::tempdir().unwrap();
+        // The record's path is a directory: it can be neither read nor replaced.
+        std::fs::create_dir(dir.path().join("reboot-requests")).unwrap();
+        let cfg = ActionsConfig {
+            reboot: true,
+            state_dir: dir.path().to_path_buf(),
+            ..ActionsConfig::default()
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let logs: &'static Lines = Box::leak(Box::default());
+        let server = tracing::subscriber::with_default(logs, || {
+            ActionServer::new(cfg, dir.path().to_path_buf(), tx)
+        });
+        assert!(matches!(
+            server.ledger.lock().unwrap().begin("r1"),
+            Begin::New
+        ));
+        let refused = tracing::subscriber::with_default(logs, || server.record_reboot("r1"));
+        let Err(ActionStatus::Failed { detail, .. }) = refused else {
+            panic!("{refused:?}");
+        };
+        assert!(detail.starts_with("not rebooting: "), "{detail}");
+        assert!(rx.try_recv().is_err(), "no reboot ordered");
+        let lines = logs.lines.lock().unwrap();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l == &format!("{} action refused", Level::WARN)),
+            "{lines:?}"
+        );
+    }
 }

@@ -17,9 +17,9 @@
 //! settings apply from the next report, a changed coordinator reconnects at once, and
 //! settings that cannot be applied are refused as a whole with an error log.
 //!
-//! Every network step is bounded by a timeout, and the watchdog is pinged between steps
-//! and while waiting, so a hung agent is restarted by systemd but a coordinator outage is
-//! not mistaken for one. This module does not decide what is healthy (see `checks`) nor
+//! Every network step is bounded by a timeout, and the watchdog is pinged between steps,
+//! while waiting and during a step (connecting, reporting) up to [`STEP_LIMIT`], so a hung
+//! agent is restarted by systemd but a coordinator outage is not mistaken for one. This module does not decide what is healthy (see `checks`) nor
 //! what the coordinator does with reports.
 
 use std::future::Future;
@@ -43,7 +43,7 @@ use crate::checks::Checker;
 use crate::config::{Config, CoordinatorConfig};
 use crate::node;
 use crate::reload::{self, Reloads};
-use crate::systemd::{Notifier, ShutdownProbe};
+use crate::systemd::{Notifier, STEP_LIMIT, ShutdownProbe, pinging};
 
 mod certs;
 mod error;
@@ -562,7 +562,8 @@ impl Agent {
                 if self.summary.connections > 0 || backoff.attempts() > 0 {
                     self.reload_tls();
                 }
-                match unless_stopped(&mut *stop, self.connect()).await {
+                let connect = pinging(&*self.notifier, STEP_LIMIT, self.connect());
+                match unless_stopped(&mut *stop, connect).await {
                     None => break 'run,
                     Some(Ok(l)) => {
                         self.summary.connections += 1;
@@ -585,7 +586,9 @@ impl Agent {
             let mut stopping = false;
             let outcome = {
                 let span = l.span.clone();
-                let mut round = std::pin::pin!(self.report(l).instrument(span));
+                let notifier = self.notifier.clone();
+                let round = pinging(&*notifier, STEP_LIMIT, self.report(l).instrument(span));
+                let mut round = std::pin::pin!(round);
                 tokio::select! {
                     biased;
                     _ = &mut *stop => {
@@ -1171,6 +1174,20 @@ mod tests {
         // No scheduled shutdown under the fixture root: only the agent restarts.
         assert_eq!(summary.goodbye, Some(GoodbyeReason::Restart));
         assert!(summary.goodbye_acked);
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_is_pinged_while_connecting_to_a_coordinator_that_drops_packets() {
+        let pki = pki("node-5");
+        let fx = NodeFixture::builder("node-5").build().unwrap();
+        // Bound but never read: the handshake goes unanswered until the hello timeout (10 s).
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let agent = start_agent(&fx, &pki, sock.local_addr().unwrap());
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // A 20 ms period: about 20 pings; none before the connect's own timeout without them.
+        let pings = agent.notifier.watchdog.load(Ordering::SeqCst);
+        assert!(pings >= 5, "{pings} pings in 400 ms of connecting");
+        finish(agent).await;
     }
 
     #[tokio::test]
