@@ -53,19 +53,9 @@ pub enum ReloadError {
         /// Identity the new settings name.
         new: String,
     },
-    /// The new certificate does not chain to the new CA (another fleet's CA, or expired):
-    /// the coordinator would refuse every connection made with it.
-    #[error(
-        "certificate {cert} is not valid under the CA {ca} ({detail}); issue it from this fleet's CA or fix `ca`"
-    )]
-    ForeignCertificate {
-        /// The certificate file.
-        cert: std::path::PathBuf,
-        /// The CA file.
-        ca: std::path::PathBuf,
-        /// The verifier's reason.
-        detail: String,
-    },
+    /// The new certificate does not chain to the new CA.
+    #[error(transparent)]
+    ForeignCertificate(#[from] crate::agent::ForeignCertificate),
     /// Node facts cannot be read under the new root.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -96,13 +86,7 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
         key: coordinator.key.clone(),
     })
     .map_err(ReloadError::Tls)?;
-    new_tls
-        .verify_own_chain()
-        .map_err(|e| ReloadError::ForeignCertificate {
-            cert: coordinator.cert.clone(),
-            ca: coordinator.ca.clone(),
-            detail: e.to_string(),
-        })?;
+    crate::agent::ForeignCertificate::check(&new_tls, &coordinator)?;
     let hostname = node::hostname(&new.root, new.hostname.as_deref())?;
     let running = tls.identity();
     if new_tls.identity() != running || running.name != hostname {

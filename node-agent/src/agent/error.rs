@@ -9,6 +9,38 @@ use protocol::transport::TransportError;
 use crate::config::ConfigError;
 use crate::node::NodeError;
 
+/// The certificate does not chain to the configured CA (another fleet's CA, or expired):
+/// the coordinator would refuse every connection made with it. Refused at start and at a
+/// reload alike.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "certificate {} is not valid under the CA {} ({detail}); issue it from this fleet's CA or fix `ca`",
+    cert.display(),
+    ca.display()
+)]
+pub struct ForeignCertificate {
+    /// The certificate file.
+    pub cert: std::path::PathBuf,
+    /// The CA file.
+    pub ca: std::path::PathBuf,
+    /// The verifier's reason.
+    pub detail: String,
+}
+
+impl ForeignCertificate {
+    /// Checks that `tls` (loaded from `files`) chains to its own CA.
+    pub fn check(
+        tls: &protocol::transport::TlsMaterial,
+        files: &crate::config::CoordinatorConfig,
+    ) -> Result<(), Self> {
+        tls.verify_own_chain().map_err(|e| Self {
+            cert: files.cert.clone(),
+            ca: files.ca.clone(),
+            detail: e.to_string(),
+        })
+    }
+}
+
 /// Errors that end the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -28,19 +60,9 @@ pub enum AgentError {
         /// This node's hostname.
         hostname: String,
     },
-    /// The certificate does not chain to the configured CA (another fleet's CA, or
-    /// expired): the coordinator would refuse every connection.
-    #[error(
-        "certificate {cert} is not valid under the CA {ca} ({detail}); issue it from this fleet's CA or fix `ca`"
-    )]
-    ForeignCertificate {
-        /// The certificate file.
-        cert: std::path::PathBuf,
-        /// The CA file.
-        ca: std::path::PathBuf,
-        /// The verifier's reason.
-        detail: String,
-    },
+    /// The certificate does not chain to the configured CA.
+    #[error(transparent)]
+    ForeignCertificate(#[from] ForeignCertificate),
     /// The certificate or the CA has expired: the coordinator would refuse every
     /// connection until a new one is installed.
     #[error(
@@ -73,7 +95,7 @@ impl AgentError {
         match self {
             AgentError::Config(_)
             | AgentError::IdentityMismatch { .. }
-            | AgentError::ForeignCertificate { .. }
+            | AgentError::ForeignCertificate(_)
             | AgentError::Expired { .. } => 64,
             _ => 1,
         }

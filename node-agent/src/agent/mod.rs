@@ -48,8 +48,8 @@ use crate::systemd::{Notifier, STEP_LIMIT, ShutdownProbe, pinging};
 mod certs;
 mod error;
 
-pub use error::AgentError;
 use error::RoundError;
+pub use error::{AgentError, ForeignCertificate};
 
 /// How long to wait for the coordinator's answer to a report. Longer than any sane
 /// coordinator write (a SQLite transaction) and well under the unreachable grace period,
@@ -202,12 +202,7 @@ impl Agent {
         })
         .map_err(AgentError::Tls)?;
         certs::at_start(&tls, &coordinator)?;
-        tls.verify_own_chain()
-            .map_err(|e| AgentError::ForeignCertificate {
-                cert: coordinator.cert.clone(),
-                ca: coordinator.ca.clone(),
-                detail: e.to_string(),
-            })?;
+        ForeignCertificate::check(&tls, &coordinator)?;
         let hostname = node::hostname(&cfg.root, cfg.hostname.as_deref())?;
         let id = tls.identity();
         if id.role != Role::Node || id.name != hostname {
@@ -970,7 +965,7 @@ mod tests {
         std::fs::write(&pki.key, &foreign.key_pem).unwrap();
         let e = reload::prepare(&running, &tls, load()).unwrap_err();
         assert!(
-            matches!(e, reload::ReloadError::ForeignCertificate { .. }),
+            matches!(e, reload::ReloadError::ForeignCertificate(_)),
             "{e}"
         );
         let msg = e.to_string();
@@ -991,7 +986,7 @@ mod tests {
             test_opts(),
         )
         .unwrap_err();
-        assert!(matches!(e, AgentError::ForeignCertificate { .. }), "{e}");
+        assert!(matches!(e, AgentError::ForeignCertificate(_)), "{e}");
     }
 
     fn start_agent(fx: &NodeFixture, pki: &Pki, addr: SocketAddr) -> Running {
