@@ -588,16 +588,11 @@ mod tests {
         assert!(g.metrics().render().contains("result=\"failed\""));
     }
 
-    #[tokio::test]
-    async fn idle_bmcs_are_probed_for_reachability() {
-        let p = Arc::new(FakePower::new(PowerState::On));
-        p.fail_next(BmcError::Unreachable {
-            bmc: "m1".into(),
-            detail: "no route".into(),
-        });
+    /// A gateway for one IPMI BMC `m1` behind `p`, probing it every 20 ms when idle.
+    fn probing(p: &Arc<FakePower>) -> Arc<Gateway> {
         let mut d = defaults();
         d.probe = Some(Duration::from_millis(20));
-        let g = Gateway::new(
+        Gateway::new(
             vec![Bmc {
                 machine: "m1".into(),
                 serial: String::new(),
@@ -606,7 +601,17 @@ mod tests {
             }],
             d,
             Arc::new(Metrics::new()),
-        );
+        )
+    }
+
+    #[tokio::test]
+    async fn idle_bmcs_are_probed_for_reachability() {
+        let p = Arc::new(FakePower::new(PowerState::On));
+        p.fail_next(BmcError::Unreachable {
+            bmc: "m1".into(),
+            detail: "no route".into(),
+        });
+        let g = probing(&p);
         let down = "fleetmend_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 0";
         let up = "fleetmend_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 1";
         tokio::time::timeout(Duration::from_secs(5), async {
@@ -629,18 +634,7 @@ mod tests {
             bmc: "m1".into(),
             detail: "RAKP integrity check failed (wrong password?)".into(),
         });
-        let mut d = defaults();
-        d.probe = Some(Duration::from_millis(20));
-        let g = Gateway::new(
-            vec![Bmc {
-                machine: "m1".into(),
-                serial: String::new(),
-                protocol: "ipmi",
-                power: p.clone(),
-            }],
-            d,
-            Arc::new(Metrics::new()),
-        );
+        let g = probing(&p);
         let refused = [
             "fleetmend_gateway_bmc_reachable{machine=\"m1\",protocol=\"ipmi\"} 0",
             "fleetmend_gateway_bmc_credentials_refused{machine=\"m1\",protocol=\"ipmi\"} 1",
