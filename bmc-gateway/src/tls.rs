@@ -32,17 +32,8 @@ pub enum TlsError {
     },
     /// The certificate does not chain to the configured CA (another fleet's CA) or is not
     /// valid now (expired): every coordinator would refuse this gateway.
-    #[error(
-        "certificate {cert} is not valid under the CA {ca} ({detail}); issue it from this fleet's CA (`coordinatorctl pki issue --role gateway`) or fix `tls.ca`"
-    )]
-    ForeignCertificate {
-        /// The certificate file.
-        cert: PathBuf,
-        /// The CA file.
-        ca: PathBuf,
-        /// The verifier's reason.
-        detail: String,
-    },
+    #[error(transparent)]
+    ForeignCertificate(#[from] protocol::transport::ForeignCertificate),
 }
 
 /// Loads the files `tls` names and checks that they make a gateway of the fleet of `tls.ca`.
@@ -60,13 +51,7 @@ pub fn load_own(tls: &TlsConfig) -> Result<TlsMaterial, TlsError> {
             identity: me.to_string(),
         });
     }
-    material
-        .verify_own_chain()
-        .map_err(|e| TlsError::ForeignCertificate {
-            cert: tls.cert.clone(),
-            ca: tls.ca.clone(),
-            detail: e.to_string(),
-        })?;
+    material.check_own_chain(&tls.cert, &tls.ca, "tls.ca")?;
     Ok(material)
 }
 
@@ -74,18 +59,10 @@ pub fn load_own(tls: &TlsConfig) -> Result<TlsMaterial, TlsError> {
 /// why they cannot serve.
 pub fn check(tls: &TlsConfig) -> Result<String, String> {
     let material = load_own(tls).map_err(|e| e.to_string())?;
-    let expiry = material.expiry();
-    let now = protocol::transport::unix_now();
-    let when = match expiry.warning(now) {
-        Some(w) => format!(
-            "RENEW: {w} (`coordinatorctl pki issue --role gateway`, then `systemctl reload bmc-gateway`)"
-        ),
-        None => format!(
-            "expires {}, the CA {}",
-            protocol::transport::expiry_distance(expiry.certificate, now),
-            protocol::transport::expiry_distance(expiry.ca, now),
-        ),
-    };
+    let when = material.expiry().summary(
+        protocol::transport::unix_now(),
+        "`coordinatorctl pki issue --role gateway`, then `systemctl reload bmc-gateway`",
+    );
     Ok(format!(
         "{} ({}), chains to {}; {when}",
         material.identity(),

@@ -560,27 +560,12 @@ fn check_tls(config: &Config) -> Result<String, String> {
             config.tls.cert.display()
         ));
     }
-    tls.verify_own_chain().map_err(|e| {
-        format!(
-            "{} is not valid under the CA {} ({e})",
-            config.tls.cert.display(),
-            config.tls.ca.display()
-        )
-    })?;
-    let expiry = tls.expiry();
-    let now = protocol::transport::unix_now();
-    let when = match expiry.warning(now) {
-        Some(w) => {
-            format!(
-                "RENEW: {w} (`coordinatorctl pki issue --role coordinator`, then `systemctl reload coordinator`)"
-            )
-        }
-        None => format!(
-            "expires {}, the CA {}",
-            protocol::transport::expiry_distance(expiry.certificate, now),
-            protocol::transport::expiry_distance(expiry.ca, now),
-        ),
-    };
+    tls.check_own_chain(&config.tls.cert, &config.tls.ca, "tls.ca")
+        .map_err(|e| e.to_string())?;
+    let when = tls.expiry().summary(
+        protocol::transport::unix_now(),
+        "`coordinatorctl pki issue --role coordinator`, then `systemctl reload coordinator`",
+    );
     Ok(format!(
         "{me} ({}), chains to {}; {when}",
         config.tls.cert.display(),

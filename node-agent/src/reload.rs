@@ -86,7 +86,7 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
         key: coordinator.key.clone(),
     })
     .map_err(ReloadError::Tls)?;
-    crate::agent::ForeignCertificate::check(&new_tls, &coordinator)?;
+    crate::agent::check_own_chain(&new_tls, &coordinator)?;
     let hostname = node::hostname(&new.root, new.hostname.as_deref())?;
     let running = tls.identity();
     if new_tls.identity() != running || running.name != hostname {

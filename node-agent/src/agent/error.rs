@@ -10,35 +10,15 @@ use crate::config::ConfigError;
 use crate::node::NodeError;
 
 /// The certificate does not chain to the configured CA (another fleet's CA, or expired):
-/// the coordinator would refuse every connection made with it. Refused at start and at a
-/// reload alike.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "certificate {} is not valid under the CA {} ({detail}); issue it from this fleet's CA or fix `ca`",
-    cert.display(),
-    ca.display()
-)]
-pub struct ForeignCertificate {
-    /// The certificate file.
-    pub cert: std::path::PathBuf,
-    /// The CA file.
-    pub ca: std::path::PathBuf,
-    /// The verifier's reason.
-    pub detail: String,
-}
+/// refused at start and at a reload alike.
+pub use protocol::transport::ForeignCertificate;
 
-impl ForeignCertificate {
-    /// Checks that `tls` (loaded from `files`) chains to its own CA.
-    pub fn check(
-        tls: &protocol::transport::TlsMaterial,
-        files: &crate::config::CoordinatorConfig,
-    ) -> Result<(), Self> {
-        tls.verify_own_chain().map_err(|e| Self {
-            cert: files.cert.clone(),
-            ca: files.ca.clone(),
-            detail: e.to_string(),
-        })
-    }
+/// Checks that `tls`, loaded from `files`, chains to its own CA.
+pub fn check_own_chain(
+    tls: &protocol::transport::TlsMaterial,
+    files: &crate::config::CoordinatorConfig,
+) -> Result<(), ForeignCertificate> {
+    tls.check_own_chain(&files.cert, &files.ca, "ca")
 }
 
 /// Errors that end the agent.

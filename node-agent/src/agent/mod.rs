@@ -49,7 +49,7 @@ mod certs;
 mod error;
 
 use error::RoundError;
-pub use error::{AgentError, ForeignCertificate};
+pub use error::{AgentError, ForeignCertificate, check_own_chain};
 
 /// How long to wait for the coordinator's answer to a report. Longer than any sane
 /// coordinator write (a SQLite transaction) and well under the unreachable grace period,
@@ -202,7 +202,7 @@ impl Agent {
         })
         .map_err(AgentError::Tls)?;
         certs::at_start(&tls, &coordinator)?;
-        ForeignCertificate::check(&tls, &coordinator)?;
+        check_own_chain(&tls, &coordinator)?;
         let hostname = node::hostname(&cfg.root, cfg.hostname.as_deref())?;
         let id = tls.identity();
         if id.role != Role::Node || id.name != hostname {

@@ -46,6 +46,19 @@ impl Expiry {
 }
 
 impl Expiry {
+    /// A `check` command's words on these expiries at `now`: the warning with what to do
+    /// (`renew`), or how far away both are.
+    pub fn summary(&self, now: i64, renew: &str) -> String {
+        match self.warning(now) {
+            Some(w) => format!("RENEW: {w} ({renew})"),
+            None => format!(
+                "expires {}, the CA {}",
+                expiry_distance(self.certificate, now),
+                expiry_distance(self.ca, now),
+            ),
+        }
+    }
+
     /// Appends the gauge `name` in Prometheus text format: one sample for our certificate
     /// (labelled `certificate="<own>"`) and one for the CA (`certificate="ca"`).
     pub fn render_metric(&self, out: &mut String, name: &str, help: &str, own: &str) {

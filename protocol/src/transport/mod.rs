@@ -38,7 +38,7 @@ pub use settings::{
     CONNECTION_RECEIVE_WINDOW, MULTIPLEXED_STREAMS, SEND_WINDOW, STREAM_RECEIVE_WINDOW,
     STREAMS_PER_CONNECTION, immediate_acks,
 };
-pub use tls::{SERVER_UDP_RECEIVE_BUFFER, TlsFiles, TlsMaterial, udp_socket};
+pub use tls::{ForeignCertificate, SERVER_UDP_RECEIVE_BUFFER, TlsFiles, TlsMaterial, udp_socket};
 
 /// How long a QUIC connection may stay silent before it is considered dead.
 ///

@@ -156,6 +156,23 @@ impl TlsMaterial {
         self.expiry
     }
 
+    /// [`TlsMaterial::verify_own_chain`], its failure said with the files it was loaded from
+    /// (`cert`, `ca`) and the setting naming the CA (`ca_key`), as every program says it at
+    /// start, at a reload and in its `check`.
+    pub fn check_own_chain(
+        &self,
+        cert: &std::path::Path,
+        ca: &std::path::Path,
+        ca_key: &'static str,
+    ) -> Result<(), ForeignCertificate> {
+        self.verify_own_chain().map_err(|e| ForeignCertificate {
+            cert: cert.to_path_buf(),
+            ca: ca.to_path_buf(),
+            ca_key,
+            detail: e.to_string(),
+        })
+    }
+
     /// Checks that our own certificate chains to our CA and is valid now, as a peer will
     /// check it: a certificate from another fleet's CA (or expired) is found at start, not
     /// as a refused connection later. The error is the verifier's reason.
@@ -291,4 +308,23 @@ impl TlsMaterial {
         ep.set_default_client_config(self.quinn_client_config()?);
         Ok(ep)
     }
+}
+
+/// Our certificate does not chain to our CA (another fleet's CA) or is not valid now
+/// (expired): every peer would refuse every connection made with it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "certificate {} is not valid under the CA {} ({detail}); issue it from this fleet's CA or fix `{ca_key}`",
+    cert.display(),
+    ca.display()
+)]
+pub struct ForeignCertificate {
+    /// The certificate file.
+    pub cert: std::path::PathBuf,
+    /// The CA file.
+    pub ca: std::path::PathBuf,
+    /// The setting that names the CA file (`ca`, `tls.ca`).
+    pub ca_key: &'static str,
+    /// The verifier's reason.
+    pub detail: String,
 }
