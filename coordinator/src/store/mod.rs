@@ -302,7 +302,7 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(err)?;
         // Before anything is written (WAL mode changes the file's header).
-        check_ours(&conn, path)?;
+        let version = check_ours(&conn, path)?;
         // WAL: readers never block the writer and a crash loses no committed transaction.
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err)?;
@@ -312,7 +312,7 @@ impl Store {
             .map_err(err)?;
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(err)?;
-        migrate(&mut conn, path)?;
+        migrate(&mut conn, path, version)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: Arc::new(path.to_path_buf()),
@@ -372,8 +372,8 @@ impl Store {
 
 /// Refuses a file that is not a Fleetmend store this coordinator can open: one that is not
 /// SQLite at all, one with another program's tables (no schema version, yet objects), or
-/// one of a newer schema. A new, empty file is ours.
-pub(crate) fn check_ours(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+/// one of a newer schema. A new, empty file is ours. Returns its schema version.
+pub(crate) fn check_ours(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
     let err = |source| StoreError::Sqlite {
         path: path.to_path_buf(),
         source,
@@ -400,25 +400,15 @@ pub(crate) fn check_ours(conn: &Connection, path: &Path) -> Result<(), StoreErro
             });
         }
     }
-    Ok(())
+    Ok(version)
 }
 
-fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+/// Applies the migrations past `current`, the version [`check_ours`] read.
+fn migrate(conn: &mut Connection, path: &Path, current: i64) -> Result<(), StoreError> {
     let err = |source| StoreError::Sqlite {
         path: path.to_path_buf(),
         source,
     };
-    let current: i64 = conn
-        .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(err)?;
-    let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-    if current > known {
-        return Err(StoreError::TooNew {
-            path: path.to_path_buf(),
-            found: current,
-            known,
-        });
-    }
     for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         let tx = conn.transaction().map_err(err)?;
         tx.execute_batch(sql).map_err(err)?;
