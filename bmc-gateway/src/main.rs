@@ -49,7 +49,7 @@ enum Command {
     /// `--json` a TLS problem goes to stderr. Exit 1 when a BMC or the TLS files fail.
     Check {
         /// Time limit per BMC (`15s`, `500ms`, `1m`).
-        #[arg(long, default_value = "15s", value_parser = protocol::duration::parse)]
+        #[arg(long, default_value = "15s", value_parser = protocol::duration::limit)]
         timeout: Duration,
         /// Print JSON (one object per BMC) instead of a table.
         #[arg(long)]

@@ -384,6 +384,19 @@ pub mod duration {
         Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
     }
 
+    /// [`parse`] for a time limit on the command line (`--timeout`): zero is refused,
+    /// since nothing can answer within it and every request would fail as "timed out".
+    pub fn limit(s: &str) -> Result<Duration, String> {
+        let d = parse(s)?;
+        if d.is_zero() {
+            return Err(format!(
+                "{:?} is no time at all: a time limit must be above zero, e.g. 30s",
+                s.trim()
+            ));
+        }
+        Ok(d)
+    }
+
     /// The error for a duration written without a unit.
     pub fn bare_number(n: &str) -> String {
         format!(
@@ -594,6 +607,14 @@ key = "c.key"
             .unwrap_err()
             .to_string();
         assert!(e.contains("has no unit"), "{e}");
+    }
+
+    #[test]
+    fn a_time_limit_of_zero_is_refused() {
+        let e = duration::limit("0s").unwrap_err();
+        assert!(e.contains("\"0s\" is no time at all"), "{e}");
+        assert!(duration::limit("PT0S").is_err());
+        assert_eq!(duration::limit("2s").unwrap(), Duration::from_secs(2));
     }
 
     #[test]

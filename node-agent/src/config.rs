@@ -568,6 +568,15 @@ impl Config {
                 format!("{} is not an absolute path", root.display()),
             ));
         }
+        if let Err(e) = std::fs::read_dir(&root) {
+            return Err(invalid(
+                "root",
+                format!(
+                    "{} is not a directory this agent can read: {e}",
+                    root.display()
+                ),
+            ));
+        }
         let hostname = flags.hostname.clone().or(file.hostname);
         if let Some(h) = &hostname
             && protocol::identity::validate_name("hostname", h).is_err()
@@ -747,6 +756,7 @@ path = "//"
             ("report_interval = \"5 parsecs\"", "report_interval"),
             ("report_interval = \"1ms\"", "report_interval"),
             ("root = \"relative\"", "root"),
+            ("root = \"/nonexistent-fleetmend-root\"", "root"),
             ("nics = [\"../etc\"]", "nics"),
             ("[[mounts]]\npath = \"var\"", "mounts.path"),
             (
@@ -850,10 +860,11 @@ path = "//"
     fn flags_override_the_file() {
         let path = PathBuf::from("/x.toml");
         let file = FileConfig::parse(FULL, &path).unwrap();
+        let fixture = std::env::temp_dir();
         let flags = Settings {
             coordinator: Some("[::1]:9000".into()),
             report_interval: Some("250ms".into()),
-            root: Some("/tmp/fixture".into()),
+            root: Some(fixture.clone()),
             nics: vec!["bond0".into()],
             hostname: Some("node-7".into()),
             kubelet_url: Some("http://127.0.0.1:1/healthz".into()),
@@ -865,7 +876,7 @@ path = "//"
         assert_eq!(co.server_name, "::1");
         assert_eq!(co.ca, PathBuf::from("/etc/fleetmend/tls/ca.crt"));
         assert_eq!(c.report_interval, Duration::from_millis(250));
-        assert_eq!(c.root, PathBuf::from("/tmp/fixture"));
+        assert_eq!(c.root, fixture);
         assert_eq!(c.nics, ["bond0"]);
         assert_eq!(c.hostname.as_deref(), Some("node-7"));
         assert_eq!(c.kubelet.url.as_deref(), Some("http://127.0.0.1:1/healthz"));

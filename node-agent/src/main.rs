@@ -152,8 +152,8 @@ async fn run(cfg: Config, settings: Settings) -> ExitCode {
     ) {
         Ok(a) => a,
         Err(e) => {
+            // Logged once, as the coordinator does: stderr is the log under systemd.
             tracing::error!(error = %e, "cannot start");
-            eprintln!("node-agent: {e}");
             return ExitCode::from(e.exit_code());
         }
     };

@@ -59,6 +59,19 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(total).map_err(|e| format!("{text:?}: {e}"))
 }
 
+/// [`parse`] for a time limit on the command line (`--timeout`): zero is refused, since
+/// nothing can answer within it and every request would fail as "timed out".
+pub fn limit(s: &str) -> Result<Duration, String> {
+    let d = parse(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{:?} is no time at all: a time limit must be above zero, e.g. 15s",
+            s.trim()
+        ));
+    }
+    Ok(d)
+}
+
 /// Serde `deserialize_with` for an optional duration in a file, kept as text for [`parse`]
 /// (use with `#[serde(default)]`): a number (`report_interval = 5`) is refused saying that
 /// it has no unit, where serde alone would say "invalid type: integer 5, expected a string".
@@ -135,6 +148,15 @@ mod tests {
         for junk in ["", "s", "xyz", "1..5s", "-5s"] {
             assert!(parse(junk).is_err(), "{junk:?} parsed");
         }
+    }
+
+    #[test]
+    fn a_time_limit_of_zero_is_refused() {
+        let e = limit("0s").unwrap_err();
+        assert!(e.contains("\"0s\" is no time at all"), "{e}");
+        assert!(limit("0ms").is_err());
+        assert_eq!(limit("1ms").unwrap(), Duration::from_millis(1));
+        assert!(limit("5").unwrap_err().contains("has no unit"));
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub struct ConnectArgs {
     /// Time limit for connecting and for each request (`30s`, `2m`). A request that runs
     /// out of time may still be carried out by the coordinator.
     #[arg(long, env = protocol::env_var!(CTL, "TIMEOUT"), global = true, default_value = "30s",
-          value_parser = crate::config::duration::parse)]
+          value_parser = crate::config::duration::limit)]
     pub timeout: Duration,
     /// Which of the settings above came from the environment rather than a flag (filled
     /// by [`ConnectArgs::note_sources`]; empty means "from flags").

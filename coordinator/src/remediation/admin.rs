@@ -104,7 +104,10 @@ impl Remediation {
                     return bad("maximum-repair-queue-entries is too large");
                 }
                 key::MAX_ENTRIES => (key::MAX_ENTRIES, Some(value.to_string())),
-                key::WAIT_REBOOTING => (key::WAIT_REBOOTING, Some(value.to_string())),
+                key::WAIT_REBOOTING => match super::config::check_wait_rebooting(value) {
+                    Ok(()) => (key::WAIT_REBOOTING, Some(value.to_string())),
+                    Err(e) => return bad(format!("{}: {e}", key::WAIT_REBOOTING)),
+                },
                 other => {
                     return bad(format!(
                         "unknown constraint {other:?}; known: {}, {}",

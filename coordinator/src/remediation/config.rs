@@ -33,6 +33,21 @@ pub const DEFAULT_MAXIMUM_REPAIR_QUEUE_ENTRIES: u32 = 10;
 /// A machine that overran its goodbye grace, or has no Lease to confirm its death, gets
 /// five more minutes: a slow firmware POST of a large server takes that long.
 pub const DEFAULT_WAIT_SECONDS_TO_REPAIR_REBOOTING: u64 = 300;
+/// The longest `wait_seconds_to_repair_rebooting` taken: a week. A longer wait means "never
+/// repair a rebooting machine", which reads better as auto-repair off, and a typo's extra
+/// digits would otherwise hold repairs for years without a word.
+pub const MAX_WAIT_SECONDS_TO_REPAIR_REBOOTING: u64 = 7 * 24 * 3600;
+
+/// What is wrong with a `wait_seconds_to_repair_rebooting` of `secs`, if anything.
+pub fn check_wait_rebooting(secs: u64) -> Result<(), String> {
+    if secs > MAX_WAIT_SECONDS_TO_REPAIR_REBOOTING {
+        return Err(format!(
+            "{secs} is more than a week ({MAX_WAIT_SECONDS_TO_REPAIR_REBOOTING}); to stop \
+             repairing machines, turn auto-repair off instead"
+        ));
+    }
+    Ok(())
+}
 /// Bare metal: POST, firmware, PXE and a full boot take far longer than a cloud VM's
 /// 10 minutes (Cluster API's default).
 pub const DEFAULT_NODE_STARTUP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -503,6 +518,9 @@ impl RemediationConfig {
                 "must be at least 1: 0 would never enqueue anything",
             );
         }
+        if let Err(e) = check_wait_rebooting(self.wait_seconds_to_repair_rebooting) {
+            return err("wait_seconds_to_repair_rebooting".into(), &e);
+        }
         let l = &self.limits;
         for (key, v) in [
             ("limits.fleet_cap.count", l.fleet_cap.count),
@@ -619,6 +637,24 @@ mod tests {
         assert_eq!(c.auto_repair.not_having.roles, ["boot"]);
         assert!(c.maximum_repair_queue_entries > 0, "CKE's 0 never enqueues");
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_reboot_wait_of_more_than_a_week_is_refused() {
+        let ok = "wait_seconds_to_repair_rebooting = 604800";
+        assert_eq!(
+            RemediationConfig::from_toml(ok)
+                .unwrap()
+                .wait_seconds_to_repair_rebooting,
+            604_800
+        );
+        let e = RemediationConfig::from_toml("wait_seconds_to_repair_rebooting = 6048000")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("wait_seconds_to_repair_rebooting") && e.contains("more than a week"),
+            "{e}"
+        );
     }
 
     #[test]

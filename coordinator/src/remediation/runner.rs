@@ -912,6 +912,16 @@ mod tests {
             matches!(r, protocol::admin::AdminResponse::Error(_)),
             "{r:?}"
         );
+        let r = fx
+            .admin(R::SetConstraint {
+                name: "wait-seconds-to-repair-rebooting".into(),
+                value: 99_999_999,
+            })
+            .await;
+        let protocol::admin::AdminResponse::Error(e) = r else {
+            panic!("a wait of three years was taken: {r:?}");
+        };
+        assert!(e.reason.contains("more than a week"), "{e:?}");
     }
 
     #[tokio::test]

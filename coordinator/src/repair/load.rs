@@ -166,8 +166,11 @@ impl Parser<'_> {
             Value::Number(n) => {
                 if let Some(u) = n.as_u64() {
                     Ok(u)
-                } else if n.as_i64().is_some() {
+                } else if n.as_i64().is_some() || n.as_f64().is_some_and(|f| f < 0.0) {
                     Err(self.invalid(&at, format!("must not be negative, got {n}")))
+                } else if n.as_f64().is_some_and(|f| f.fract() == 0.0) {
+                    // Past u64, serde reads a float and would print it as `1e20`.
+                    Err(self.invalid(&at, "too large"))
                 } else {
                     Err(self.invalid(&at, format!("must be a whole number, got {n}")))
                 }
@@ -786,6 +789,27 @@ options:
             "eviction_timeout_seconds: 0",
         ));
         assert_eq!(key, "repair.eviction_timeout_seconds");
+    }
+
+    #[test]
+    fn numbers_past_the_largest_whole_number_are_too_large_and_not_printed_as_floats() {
+        let big = "command_timeout_seconds: 99999999999999999999";
+        let (key, message) = err_key(&CKE_CLUSTER_YML.replace("command_timeout_seconds: 10", big));
+        assert!(
+            key.ends_with("repair_steps[1].command_timeout_seconds"),
+            "{key}"
+        );
+        assert_eq!(message, "too large");
+        let (_, message) = err_key(&CKE_CLUSTER_YML.replace(
+            "command_timeout_seconds: 10",
+            "command_timeout_seconds: -99999999999999999999",
+        ));
+        assert!(message.contains("negative"), "{message}");
+        let (_, message) = err_key(&CKE_CLUSTER_YML.replace(
+            "command_timeout_seconds: 10",
+            "command_timeout_seconds: 1.5",
+        ));
+        assert!(message.contains("whole number, got 1.5"), "{message}");
     }
 
     #[test]
