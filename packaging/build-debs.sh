@@ -9,6 +9,7 @@
 # target/debian/; check them with `packaging/check-debs.sh --release`.
 # Usage: packaging/build-debs.sh [--no-build]   (--no-build: reuse target/<triple>/agent, target/release)
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 . packaging/lib.sh
 

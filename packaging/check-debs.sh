@@ -25,6 +25,7 @@
 # Writes the exposure scores to security.txt next to the (first) package.
 # Usage: packaging/check-debs.sh [--release] [DEB...]   (default: ${CARGO_TARGET_DIR:-target}/debian/fleetmend-*.deb)
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 . packaging/lib.sh
 

@@ -8,9 +8,13 @@
 # binds /dev/null over it; needs root), which shows what the parent-death-signal helper
 # costs per command.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 base=${1:?usage: scripts/bench-ab.sh BASE [ROUNDS]}
 rounds=${2:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
+git -C "$root" rev-parse --verify --quiet "$base^{commit}" >/dev/null ||
+  { echo "bench-ab: $base is not a git revision here (usage: scripts/bench-ab.sh BASE [ROUNDS])" >&2; exit 2; }
+case "$rounds" in ''|*[!0-9]*|0) echo "bench-ab: ROUNDS must be a whole number above 0, got $rounds" >&2; exit 2 ;; esac
 work=${BENCH_AB_DIR:-$root/target/bench-ab}
 export CARGO_TARGET_DIR=$work/target
 mkdir -p "$work"

@@ -6,6 +6,7 @@
 # decides by itself. Exit 0 when every failure ended as described.
 # Pass --keep to leave the fleet running (until Ctrl-C) for the commands it prints.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 
 have_ipmi_sim() {

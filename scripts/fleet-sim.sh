@@ -7,6 +7,7 @@
 #   scripts/fleet-sim.sh --agents 10000 --interval 5s --duration 60s [--json]
 # Set CARGO_TARGET_DIR to build elsewhere; FLEET_SIM_PROFILE=debug for a quick try.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 profile="${FLEET_SIM_PROFILE:-release}"
 flag=(); [ "$profile" = release ] && flag=(--release)

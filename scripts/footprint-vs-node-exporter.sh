@@ -28,6 +28,7 @@
 # Everything runs under a temporary directory on 127.0.0.1; every process it starts is
 # stopped on exit.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=60
@@ -35,12 +36,20 @@ agent_bin=
 bin_dir=
 while [ $# -gt 0 ]; do
     case "$1" in
-        --seconds) seconds=$2; shift 2 ;;
-        --agent-bin) agent_bin=$2; shift 2 ;;
-        --bin-dir) bin_dir=$2; shift 2 ;;
+        --seconds|--agent-bin|--bin-dir)
+            [ $# -ge 2 ] || { echo "footprint: $1 needs a value" >&2; exit 2; }
+            case "$1" in
+                --seconds) seconds=$2 ;;
+                --agent-bin) agent_bin=$2 ;;
+                --bin-dir) bin_dir=$2 ;;
+            esac
+            shift 2 ;;
         *) echo "usage: $0 [--seconds N] [--agent-bin PATH] [--bin-dir DIR]" >&2; exit 2 ;;
     esac
 done
+case "$seconds" in
+    ''|*[!0-9]*|0) echo "footprint: --seconds must be a whole number above 0, got '$seconds'" >&2; exit 2 ;;
+esac
 say() { echo "footprint: $*" >&2; }
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 

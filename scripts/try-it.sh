@@ -11,9 +11,12 @@
 # Everything runs under a temporary directory, on 127.0.0.1, on ports nobody else uses;
 # every process it starts is stopped on exit. Exit 0 when the walk worked.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin=$(cd "${1:-$root/target/debug}" && pwd)
+[ $# -le 1 ] || { echo "usage: scripts/try-it.sh [BIN_DIR]" >&2; exit 2; }
+bin=$(cd "${1:-$root/target/debug}" 2>/dev/null && pwd) ||
+    { echo "try-it: ${1:-$root/target/debug} is not a directory; run cargo build --workspace --bins" >&2; exit 1; }
 for b in coordinator coordinatorctl node-agent bmc-gateway; do
     [ -x "$bin/$b" ] || { echo "try-it: $bin/$b missing; run cargo build --workspace --bins" >&2; exit 1; }
 done

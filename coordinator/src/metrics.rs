@@ -43,10 +43,13 @@ pub fn refusal_label(code: RefusalCode) -> &'static str {
 pub const HANDSHAKE_FAILED: &str = "handshake-failed";
 
 /// Upper bounds (seconds) of the report-latency histograms: from a tenth of a millisecond
-/// (a report answered on a quiet coordinator, a round trip inside a rack) to a second (a
-/// coordinator or network in trouble; the agent's own timeout is longer).
-pub const LATENCY_BUCKETS: [f64; 12] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+/// (a report answered on a quiet coordinator, a round trip inside a rack) to ten seconds
+/// (the agent's own timeout). Half a second is a bound because `FleetmendReportsSlow`
+/// compares the p99 with it: between two bounds a quantile is interpolated, and a p99 of
+/// 0.3 s read as 0.85 s would page for nothing.
+pub const LATENCY_BUCKETS: [f64; 15] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0,
 ];
 
 /// A Prometheus histogram over [`LATENCY_BUCKETS`] that many tasks observe at once without
@@ -404,7 +407,7 @@ mod tests {
         h.observe(Duration::from_micros(50)); // first bucket
         h.observe(Duration::from_micros(100)); // on a bound: counted in it
         h.observe(Duration::from_millis(3)); // 0.005
-        h.observe(Duration::from_secs(2)); // above every bound
+        h.observe(Duration::from_secs(12)); // above every bound
         let mut out = String::new();
         h.render("x_seconds", "Help.", &mut out);
         let value = |series: &str| {
@@ -420,7 +423,7 @@ mod tests {
         assert_eq!(value("x_seconds_bucket{le=\"+Inf\"}"), "4");
         assert_eq!(value("x_seconds_count"), "4");
         let sum: f64 = value("x_seconds_sum").parse().unwrap();
-        assert!((sum - 2.00315).abs() < 1e-9, "{sum}");
+        assert!((sum - 12.00315).abs() < 1e-9, "{sum}");
         assert!(out.starts_with("# HELP x_seconds Help.\n# TYPE x_seconds histogram\n"));
         assert_eq!(h.count(), 4);
     }

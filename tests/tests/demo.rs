@@ -283,7 +283,8 @@ fn a_demo_whose_output_is_closed_stops_quietly_and_leaves_nothing_running() -> a
     // line, and the demo's next write fails.
     run.lines = mpsc::channel().1;
     let (code, _) = run.finish(Duration::from_secs(60))?;
-    assert_eq!(code, Some(0), "{}", run.seen.join("\n"));
+    // 141, as for a program SIGPIPE killed: it stopped before the end.
+    assert_eq!(code, Some(141), "{}", run.seen.join("\n"));
     run.assert_nothing_left()?;
     Ok(())
 }
@@ -302,7 +303,7 @@ fn with_the_stand_in_it_says_plainly_there_is_no_bmc_and_sigterm_stops_it() -> a
         .status()?;
     assert!(status.success());
     let (code, out) = run.finish(Duration::from_secs(30))?;
-    assert_eq!(code, Some(130), "{out}");
+    assert_eq!(code, Some(143), "{out}");
     assert!(!out.contains("bmc-gateway on"), "{out}");
     run.assert_nothing_left()?;
     Ok(())

@@ -449,7 +449,9 @@ impl FenceRunner {
             }) => Observation::Released {
                 done: false,
                 detail: format!(
-                    "{terminating_pods} pods terminating, {volume_attachments} VolumeAttachments"
+                    "{} terminating, {}",
+                    plural(terminating_pods, "pod", "pods"),
+                    plural(volume_attachments, "VolumeAttachment", "VolumeAttachments")
                 ),
             },
             Err(e) => kube(e),
@@ -511,6 +513,11 @@ fn proof_error(e: ProofError) -> PowerAnswer {
             detail, retriable, ..
         } => PowerAnswer::Failed { detail, retriable },
     }
+}
+
+/// `n` and the word for it: `1 pod`, `2 pods`, `0 pods`.
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 #[cfg(test)]

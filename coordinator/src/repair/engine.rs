@@ -453,6 +453,10 @@ impl Engine {
             }
             for (index, op, action, new) in effects {
                 if let Some(n) = new {
+                    let was = self.entries.get(&index).map(|o| o.status);
+                    if n.status.is_finished() && was != Some(n.status) {
+                        self.metrics.entry_finished(n.status);
+                    }
                     self.entries.insert(index, n);
                 }
                 let Some(e) = self.entries.get(&index).cloned() else {
@@ -662,6 +666,11 @@ mod tests {
             .await;
         h.wait(bad, "failed", |e| e.status == RepairStatus::Failed)
             .await;
+        let text = h.q.metrics_text();
+        for st in ["succeeded", "failed"] {
+            let line = format!("fleetmend_repair_entries_finished_total{{status=\"{st}\"}} 1\n");
+            assert!(text.contains(&line), "no {line:?} in\n{text}");
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while drainer.events().len() < 2 {
             assert!(

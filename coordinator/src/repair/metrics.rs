@@ -1,5 +1,5 @@
-//! The repair queue's `/metrics` series: entries by status, the enabled flag, and commands
-//! run by kind and result.
+//! The repair queue's `/metrics` series: entries by status, the enabled flag, entries that
+//! ended by status, and commands run by kind and result.
 //!
 //! The engine writes these after each pass and each command report; rendering happens on
 //! the `/metrics` request. This module keeps no other state and takes no decision.
@@ -21,6 +21,8 @@ struct MetricsState {
     deleting: u64,
     enabled: bool,
     commands: BTreeMap<(CommandKind, Outcome), u64>,
+    /// Entries that became `succeeded` and `failed`, in that order.
+    finished: [u64; 2],
 }
 
 impl RepairMetrics {
@@ -43,6 +45,17 @@ impl RepairMetrics {
         self.with(|m| *m.commands.entry((kind, outcome)).or_default() += 1);
     }
 
+    /// Counts one entry that became `status` (`succeeded` or `failed`). The gauge of
+    /// failed entries alone misses a failure when an older failed entry is deleted
+    /// between two scrapes; this counter does not.
+    pub(super) fn entry_finished(&self, status: RepairStatus) {
+        self.with(|m| match status {
+            RepairStatus::Succeeded => m.finished[0] += 1,
+            RepairStatus::Failed => m.finished[1] += 1,
+            _ => {}
+        });
+    }
+
     /// Prometheus text exposition lines (with HELP and TYPE).
     pub fn render(&self) -> String {
         use std::fmt::Write as _;
@@ -62,6 +75,11 @@ impl RepairMetrics {
             s.push_str("# HELP fleetmend_repair_entries_in_progress Entries being repaired (status processing).\n");
             s.push_str("# TYPE fleetmend_repair_entries_in_progress gauge\n");
             let _ = writeln!(s, "fleetmend_repair_entries_in_progress {}", m.by_status[1]);
+            s.push_str("# HELP fleetmend_repair_entries_finished_total Repair queue entries that ended, by status, since the coordinator started.\n");
+            s.push_str("# TYPE fleetmend_repair_entries_finished_total counter\n");
+            for (st, n) in [("succeeded", m.finished[0]), ("failed", m.finished[1])] {
+                let _ = writeln!(s, "fleetmend_repair_entries_finished_total{{status=\"{st}\"}} {n}");
+            }
             s.push_str("# HELP fleetmend_repair_commands_total Repair, health-check and success commands run, by result.\n");
             s.push_str("# TYPE fleetmend_repair_commands_total counter\n");
             for kind in [CommandKind::Repair, CommandKind::Health, CommandKind::Success] {

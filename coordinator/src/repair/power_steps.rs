@@ -267,7 +267,10 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
             (_, PowerOutcome::Done { detail, state, .. }) => (
                 CommandEnd {
                     ok: true,
-                    summary: format!("{}: done, power {state:?}{held}", b.name()),
+                    summary: format!(
+                        "{}: done (power read just after: {state:?}){held}",
+                        b.name()
+                    ),
                     output: detail,
                 },
                 Outcome::Ok,

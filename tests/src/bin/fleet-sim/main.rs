@@ -46,9 +46,20 @@ const GRACE_INTERVALS: u32 = 3;
 const USAGE: &str = "usage: fleet-sim [--agents N] [--interval 1s] [--duration 60s] \
 [--kill-percent 1] [--handshakes 64] [--json]";
 
+/// The options that take a value.
+const VALUED: &[&str] = &[
+    "--agents",
+    "--interval",
+    "--duration",
+    "--kill-percent",
+    "--handshakes",
+];
+
 /// Command-line options.
 #[derive(Debug, Clone)]
 struct Args {
+    /// `--help`: print the usage and exit 0.
+    help: bool,
     agents: usize,
     interval: Duration,
     duration: Duration,
@@ -60,6 +71,7 @@ struct Args {
 impl Default for Args {
     fn default() -> Self {
         Self {
+            help: false,
             agents: 1000,
             interval: Duration::from_secs(1),
             duration: Duration::from_secs(60),
@@ -86,7 +98,11 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Args> {
             continue;
         }
         if flag == "--help" || flag == "-h" {
-            bail!("{USAGE}");
+            a.help = true;
+            return Ok(a);
+        }
+        if !VALUED.contains(&flag.as_str()) {
+            bail!("unknown option {flag}\n{USAGE}");
         }
         let value = it
             .next()
@@ -117,6 +133,10 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    if args.help {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     if std::env::var_os("FLEETMEND_BIN_DIR").is_none() {
         eprintln!(
             "fleet-sim: set FLEETMEND_BIN_DIR to the directory of the coordinator and coordinatorctl \
@@ -308,8 +328,9 @@ async fn simulate(
     let w = window.as_secs_f64();
     let cpu = (c1 - c0).as_secs_f64();
 
-    // Kill 1 % at once, spread over the fleet, and time the coordinator's detection.
-    let killed = ((n as f64 * args.kill_percent / 100.0).round() as usize).min(n);
+    // Kill 1 % at once (at least one agent unless --kill-percent 0), spread over the fleet,
+    // and time the coordinator's detection.
+    let killed = kill_count(n, args.kill_percent);
     let step = n.checked_div(killed).unwrap_or(n);
     let victims: Vec<usize> = (0..killed).map(|k| k * step).collect();
     let before = wait_metrics(coord, Duration::ZERO, |_| true)
@@ -395,9 +416,26 @@ async fn simulate(
     })
 }
 
+/// How many of `n` agents `percent` % is: rounded, but at least one for any percentage
+/// above zero (1 % of 20 agents would otherwise kill none and measure nothing).
+fn kill_count(n: usize, percent: f64) -> usize {
+    if percent <= 0.0 {
+        return 0;
+    }
+    ((n as f64 * percent / 100.0).round() as usize).clamp(1, n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_small_fleet_still_loses_one_agent() {
+        assert_eq!(kill_count(20, 1.0), 1);
+        assert_eq!(kill_count(1000, 1.0), 10);
+        assert_eq!(kill_count(1000, 0.0), 0);
+        assert_eq!(kill_count(3, 100.0), 3);
+    }
 
     fn args(s: &str) -> anyhow::Result<Args> {
         parse_args(s.split_whitespace().map(String::from))
@@ -424,6 +462,8 @@ mod tests {
         assert!(args("--interval 0s").is_err());
         assert!(args("--kill-percent 101").is_err());
         assert!(args("--agents").is_err());
-        assert!(args("--bogus 1").is_err());
+        let e = args("--bogus").unwrap_err().to_string();
+        assert!(e.starts_with("unknown option --bogus"), "{e}");
+        assert!(args("--help").unwrap().help);
     }
 }

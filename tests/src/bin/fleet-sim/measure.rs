@@ -270,8 +270,12 @@ impl Results {
                 ),
             ),
             (
-                format!("detect {} agents killed at once", self.killed),
+                match self.killed {
+                    1 => "detect 1 agent killed".into(),
+                    k => format!("detect {k} agents killed at once"),
+                },
                 match self.detect_s {
+                    _ if self.killed == 0 => "none killed (--kill-percent 0)".into(),
                     Some(s) => format!(
                         "{s:.2} s (grace {:.1} s; then healthy: {}, others unreachable: {})",
                         self.unreachable_grace_s, self.healthy_after_kill, self.others_unreachable

@@ -29,7 +29,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -91,9 +91,12 @@ const DEAD_POD: (&str, &str, &str) = ("demo", "db-0", "db");
 
 /// Set by SIGINT, SIGTERM or SIGHUP, or when stdout is closed: every wait stops at once.
 static STOP: AtomicBool = AtomicBool::new(false);
-/// Set when stdout is closed (`| head`): the demo then stops quietly, with status 0, as
-/// Fleetmend's other programs do.
+/// Set when stdout is closed (`| head`): the demo then stops quietly, and exits as a
+/// program killed by SIGPIPE would (141): it did not finish.
 static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+/// The signal that stopped the demo; it exits with 128 plus it, as the shell reports a
+/// program the signal killed (130 for Ctrl-C, 143 for SIGTERM).
+static STOP_SIGNAL: AtomicU8 = AtomicU8::new(0);
 
 /// The demo was interrupted; everything it started is stopped on the way out.
 #[derive(Debug)]
@@ -138,13 +141,14 @@ fn catch_signals() -> anyhow::Result<()> {
         ))
     })?;
     std::thread::spawn(move || {
-        rt.block_on(async {
+        let signal = rt.block_on(async {
             tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-                _ = hup.recv() => {}
+                _ = int.recv() => 2u8, // SIGINT
+                _ = term.recv() => 15, // SIGTERM
+                _ = hup.recv() => 1, // SIGHUP
             }
         });
+        STOP_SIGNAL.store(signal, Ordering::SeqCst);
         STOP.store(true, Ordering::SeqCst);
     });
     Ok(())
@@ -808,8 +812,9 @@ const USAGE: &str = "usage: fleetmend-demo [--keep] [--stand-in]\n\n\
 The full-story Fleetmend demo on loopback (run it through scripts/demo.sh, which builds the\n\
 binaries first). --keep leaves the fleet running until Ctrl-C. --stand-in powers machines\n\
 with a stand-in script instead of a bmc-gateway and ipmi_sim (the default without ipmi_sim).\n\
-Exit 0 when every injected failure ended as described, 1 when one did not, 130 when\n\
-interrupted.";
+Exit 0 when every injected failure ended as described, 1 when one did not, 128 plus the\n\
+signal when stopped by one (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), 141 when its output\n\
+was closed (`| head`).";
 
 fn main() -> ExitCode {
     let (mut keep, mut stand_in) = (false, false);
@@ -830,10 +835,12 @@ fn main() -> ExitCode {
     match run(keep, stand_in) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
-        Err(e) if e.is::<Interrupted>() && STDOUT_GONE.load(Ordering::SeqCst) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Interrupted>() && STDOUT_GONE.load(Ordering::SeqCst) => {
+            ExitCode::from(128 + 13)
+        }
         Err(e) if e.is::<Interrupted>() => {
             eprintln!("fleetmend-demo: interrupted; everything it started is stopped");
-            ExitCode::from(130)
+            ExitCode::from(128 + STOP_SIGNAL.load(Ordering::SeqCst))
         }
         Err(e) => {
             eprintln!("fleetmend-demo: {e:#}");
