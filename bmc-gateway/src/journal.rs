@@ -106,9 +106,10 @@ pub struct Journal {
 pub fn interrupted(id: &str, fingerprint: &str) -> PowerOutcome {
     PowerOutcome::Failed {
         detail: format!(
-            "outcome unknown: the gateway restarted while request {id} ({fingerprint}) ran; \
+            "{}the gateway restarted while request {id} ({fingerprint}) ran; \
              it is not executed again. Read the machine's power state before deciding, and use \
-             a new request id to act again"
+             a new request id to act again",
+            protocol::gateway::OUTCOME_UNKNOWN
         ),
         retriable: false,
     }

@@ -295,13 +295,19 @@ pub fn derive(
                     obs.watching_since
                 };
                 let silent = elapsed(now, from);
-                if silent > cfg.unreachable_grace {
+                // Its agent may be waiting out a reconnect backoff drawn while this
+                // coordinator was down: a restart alone must not make machines unreachable.
+                let grace = cfg.unreachable_grace + protocol::AGENT_RECONNECT_MAX;
+                if silent > grace {
                     (
                         S::Unreachable,
                         format!(
-                            "no report since the coordinator started {} ago (grace {})",
+                            "no report since the coordinator started {} ago (grace {} after a \
+                             start: {} plus {} for agents to reconnect)",
                             secs(silent),
-                            secs(cfg.unreachable_grace)
+                            secs(grace),
+                            secs(cfg.unreachable_grace),
+                            secs(protocol::AGENT_RECONNECT_MAX)
                         ),
                     )
                 } else {
@@ -576,11 +582,12 @@ mod tests {
     }
 
     #[test]
-    fn after_restart_a_silent_machine_gets_one_grace_from_start() {
+    fn after_restart_a_silent_machine_gets_the_grace_and_the_agents_reconnect_time() {
         let c = Case::new();
         // Healthy since long before this coordinator started.
         let long_ago = c.start - SignedDuration::from_hours(5);
-        c.after(10);
+        // Past the grace, but its agent may still be waiting out a reconnect backoff.
+        c.after(70);
         assert_eq!(
             derive(
                 cur(MachineState::Healthy, long_ago),
@@ -599,7 +606,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(d.state, MachineState::Unreachable);
-        assert!(d.reason.contains("since the coordinator started"));
+        assert!(
+            d.reason.contains("since the coordinator started"),
+            "{}",
+            d.reason
+        );
+        assert!(
+            d.reason.contains("60.0s for agents to reconnect"),
+            "{}",
+            d.reason
+        );
     }
 
     #[test]

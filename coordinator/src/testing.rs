@@ -66,6 +66,8 @@ pub struct FakePower {
     script: Mutex<VecDeque<Result<PowerOutcome, PowerError>>>,
     default: Mutex<PowerOutcome>,
     hook: Mutex<Option<PowerHook>>,
+    /// How long each answer takes (a slow BMC).
+    delay: Mutex<std::time::Duration>,
 }
 
 impl Default for FakePower {
@@ -79,11 +81,18 @@ impl Default for FakePower {
                 detail: "fake".into(),
             }),
             hook: Mutex::default(),
+            delay: Mutex::default(),
         }
     }
 }
 
 impl FakePower {
+    /// Every answer takes `d` (a slow BMC); the request is recorded when it arrives.
+    pub fn slow(&self, d: std::time::Duration) -> &Self {
+        *lock(&self.delay) = d;
+        self
+    }
+
     /// A gateway answering every request with `outcome`.
     pub fn answering(outcome: PowerOutcome) -> Self {
         let me = Self::default();
@@ -127,7 +136,11 @@ impl PowerControl for FakePower {
         let answer = lock(&self.script)
             .pop_front()
             .unwrap_or_else(|| Ok(lock(&self.default).clone()));
+        let delay = *lock(&self.delay);
         Box::pin(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             answer.map(|outcome| PowerResponse {
                 id: req.id,
                 outcome,

@@ -12,7 +12,8 @@ pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest reconnect delay. After a long coordinator outage, 10 000 agents retrying at most
 /// once a minute (spread by jitter) are ~170 handshakes/s, which one coordinator absorbs,
 /// and every node is back within about a minute of the coordinator's return.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// The coordinator counts on this cap after its own restart (see the constant's doc).
+pub const MAX_BACKOFF: Duration = protocol::AGENT_RECONNECT_MAX;
 
 /// Exponential backoff state.
 #[derive(Debug, Clone)]

@@ -69,6 +69,30 @@ pub struct PowerResponse {
     pub outcome: PowerOutcome,
 }
 
+/// How the detail of a [`PowerOutcome::Failed`] begins when the gateway restarted while the
+/// request ran: whether it reached the BMC is unknown, and the id is not executed again.
+pub const OUTCOME_UNKNOWN: &str = "outcome unknown: ";
+
+impl PowerOutcome {
+    /// True for the answer to an id the gateway was running when it restarted
+    /// ([`OUTCOME_UNKNOWN`]): acting again needs a new id.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, PowerOutcome::Failed { detail, .. } if detail.starts_with(OUTCOME_UNKNOWN))
+    }
+}
+
+impl PowerAction {
+    /// True when doing the action twice leaves the machine as doing it once: power off,
+    /// power on and a fence (off, confirmed). A cycle or a status read is not (a second
+    /// cycle reboots again).
+    pub fn is_idempotent(self) -> bool {
+        matches!(
+            self,
+            PowerAction::Off | PowerAction::On | PowerAction::Fence
+        )
+    }
+}
+
 /// The result of a power action.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PowerOutcome {

@@ -41,6 +41,12 @@ pub use identity::{Identity, IdentityError, Role};
 /// is decoded.
 pub const PROTOCOL_VERSION: u16 = 1;
 
+/// The longest an agent waits between two connection attempts (its reconnect backoff's
+/// cap). After its own restart the coordinator gives a machine that reported to its
+/// earlier run this much more than the usual grace: the agent may be waiting out a backoff
+/// drawn while the coordinator was down.
+pub const AGENT_RECONNECT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// ALPN protocol id for every Fleetmend QUIC connection, so a Fleetmend endpoint never
 /// completes a handshake with some other QUIC application by accident.
 pub const ALPN: &[u8] = b"fleetmend/1";

@@ -179,6 +179,13 @@ impl PowerOffProof {
                 format!("BMC reports power {state:?} ({detail})"),
                 false,
             )),
+            // The gateway restarted while it ran the id: a fence or a read may be asked
+            // again under a new id (a new attempt), never taken as an answer.
+            (PowerAction::Fence | PowerAction::Status, PowerOutcome::Failed { detail, .. })
+                if resp.outcome.is_outcome_unknown() =>
+            {
+                Err(not(detail.clone(), true))
+            }
             (_, PowerOutcome::Failed { detail, retriable }) => Err(not(detail.clone(), *retriable)),
             (action, _) => Err(not(
                 format!("a {action:?} action never proves power-off"),

@@ -180,11 +180,7 @@ impl FenceRunner {
     /// id. Nothing is acted on until [`FenceRunner::advance`] or [`FenceRunner::run`].
     pub async fn start(&self, req: FenceRequest) -> Result<u64, FenceError> {
         let now = self.deps.clock.now();
-        let boot = self
-            .deps
-            .agents
-            .agent_health(&req.address)
-            .map(|h| h.boot_id);
+        let boot = self.deps.agents.boot_id(&req.address);
         let flow = Flow::new(
             &req.address,
             &req.serial,
@@ -392,6 +388,18 @@ impl FenceRunner {
             timeout_ms: ms((self.timeouts)(&flow.address).on),
         };
         match self.deps.power.power(req).await {
+            // The gateway restarted while it ran this id: it may or may not have reached the
+            // BMC. An off or an on may be done again, so it is a new attempt (a new id), as
+            // for a busy BMC; a machine is never left off on an unknown answer.
+            Ok(r) if r.outcome.is_outcome_unknown() && action.is_idempotent() => {
+                let PowerOutcome::Failed { detail, .. } = r.outcome else {
+                    unreachable!("outcome unknown is a failure")
+                };
+                PowerAnswer::Failed {
+                    detail,
+                    retriable: true,
+                }
+            }
             Ok(r) => match r.outcome {
                 PowerOutcome::Done { state, detail, .. } => PowerAnswer::Done { state, detail },
                 PowerOutcome::Failed { detail, retriable } => {
@@ -552,6 +560,9 @@ mod tests {
         release_refused: Mutex<bool>,
         plan: Mutex<Release>,
         lose_answers: Mutex<u32>,
+        /// The gateway restarts while running the first request of these actions: it
+        /// reaches the BMC, but the id answers "outcome unknown" from then on.
+        restart_during: Mutex<Vec<PowerAction>>,
         /// A crash dump: (started, "dump done" at, if ever), with a 60 s kdump_timeout.
         dump: Mutex<Option<(Timestamp, Option<Timestamp>)>>,
     }
@@ -598,6 +609,7 @@ mod tests {
                 release_refused: Mutex::default(),
                 plan: Mutex::new(Release::Taint),
                 lose_answers: Mutex::default(),
+                restart_during: Mutex::default(),
                 dump: Mutex::default(),
             })
         }
@@ -665,9 +677,22 @@ mod tests {
                 match rec.get(&req.id) {
                     Some(r) => r.clone(),
                     None => {
+                        let mut outcome = self.execute(&req);
+                        let mut restarts = self.restart_during.lock().unwrap();
+                        if let Some(i) = restarts.iter().position(|a| *a == req.action) {
+                            restarts.remove(i);
+                            outcome = PowerOutcome::Failed {
+                                detail: format!(
+                                    "{}the gateway restarted while request {} ran",
+                                    protocol::gateway::OUTCOME_UNKNOWN,
+                                    req.id
+                                ),
+                                retriable: false,
+                            };
+                        }
                         let r = PowerResponse {
                             id: req.id.clone(),
-                            outcome: self.execute(&req),
+                            outcome,
                         };
                         rec.insert(req.id.clone(), r.clone());
                         r
@@ -1053,6 +1078,29 @@ mod tests {
             .filter(|k| k.contains("-on-"))
             .count();
         assert_eq!(ons, 4, "three refused attempts, then the one that worked");
+    }
+
+    #[tokio::test]
+    async fn a_gateway_restart_during_the_off_or_the_on_is_a_new_attempt_not_a_machine_left_off() {
+        let r = rig();
+        *r.world.restart_during.lock().unwrap() = vec![PowerAction::Fence, PowerAction::On];
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        assert!(*r.world.on.lock().unwrap(), "the machine was left off");
+        // Each lost request reached the BMC and was done again: harmless for an off and
+        // an on. Nothing is released before the second off is confirmed.
+        let log = r.world.log();
+        assert_eq!(
+            (r.world.count("off"), r.world.count("on")),
+            (2, 2),
+            "{log:?}"
+        );
+        let first_release = log.iter().position(|l| l == "release").unwrap();
+        let first_on = log.iter().position(|l| l == "on").unwrap();
+        assert!(log[..first_release].iter().all(|l| l == "off"), "{log:?}");
+        assert!(log[first_on..].iter().all(|l| l != "release"), "{log:?}");
     }
 
     #[tokio::test]

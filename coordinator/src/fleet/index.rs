@@ -18,6 +18,8 @@ pub(super) struct Live {
     pub(super) last_report: Option<HealthReport>,
     pub(super) last_report_at: Option<Timestamp>,
     pub(super) boot_id: Option<String>,
+    /// The boot id in the store: the last one reported to this run or an earlier one.
+    pub(super) stored_boot_id: Option<String>,
     /// When the current boot id was first seen (coordinator clock).
     pub(super) boot_seen_at: Option<Timestamp>,
     /// The last silence that ended: (last report before it, first report after it).
@@ -64,6 +66,25 @@ impl Live {
                 ..h
             },
         });
+    }
+
+    /// The write that stores the boot id when it is not the stored one.
+    pub(super) fn boot_write(&mut self, address: &str) -> Option<super::sql::Write> {
+        let id = self.boot_id.clone()?;
+        if self.stored_boot_id.as_ref() == Some(&id) {
+            return None;
+        }
+        self.stored_boot_id = Some(id.clone());
+        Some(super::sql::Write::Boot {
+            address: address.to_string(),
+            boot_id: id,
+        })
+    }
+
+    /// The boot id last reported, to this run or (before the agent reconnected) an
+    /// earlier one.
+    pub(super) fn known_boot_id(&self) -> Option<&str> {
+        self.boot_id.as_deref().or(self.stored_boot_id.as_deref())
     }
 
     /// Records the boot id of a hello or report seen at `now`; true when it is a new boot.

@@ -131,7 +131,10 @@ impl Fleet {
                 state: m.state,
                 since: m.since,
                 reason: m.reason,
-                live: Live::default(),
+                live: Live {
+                    stored_boot_id: m.boot_id,
+                    ..Live::default()
+                },
             });
         }
         let started_at = clock.now();
@@ -322,7 +325,7 @@ impl Fleet {
         let _gate = self.gate.lock().await;
         let now = self.clock.now();
         let mut writes = Vec::new();
-        let entry = {
+        let entry = 'entry: {
             let mut inner = self.lock();
             if let Some(addr) = inner.by_hostname.get(hostname).cloned() {
                 let e = inner
@@ -332,6 +335,7 @@ impl Fleet {
                 if e.live.new_boot(&hello.boot_id, now) {
                     tracing::info!(machine = %addr, hostname, boot_id = %hello.boot_id, "machine rebooted");
                 }
+                writes.extend(e.live.boot_write(&addr));
                 e.live.agent_version = Some(hello.agent_version.clone());
                 e.live.connections += 1;
                 e.live.heard = None;
@@ -359,7 +363,8 @@ impl Fleet {
                         "registered address is not among the agent's addresses"
                     );
                 }
-                return Ok(addr);
+                // Known machine: only its boot id may need storing, after the lock.
+                break 'entry Err(addr);
             }
             // The address the host says it has, as an operator will type it in `machines
             // add`; the UDP source may be a NAT or a second interface.
@@ -408,7 +413,14 @@ impl Fleet {
                 at: now,
                 reason: e.reason.clone(),
             });
-            e
+            Ok(e)
+        };
+        let entry = match entry {
+            Ok(e) => e,
+            Err(known) => {
+                self.commit(writes, Vec::new(), Vec::new()).await?;
+                return Ok(known);
+            }
         };
         let address = entry.record.address.clone();
         self.commit(writes, vec![entry], Vec::new()).await?;
@@ -430,6 +442,7 @@ impl Fleet {
             if e.live.new_boot(&report.boot_id, now) {
                 tracing::info!(machine = %address, boot_id = %report.boot_id, "machine rebooted");
             }
+            writes.extend(e.live.boot_write(&address));
             let failing: Vec<String> = report
                 .failing()
                 .map(|c| format!("{}:{}", c.kind.as_str(), c.subject))
@@ -584,6 +597,18 @@ impl Fleet {
             connected: e.live.connections > 0,
             goodbye: e.live.goodbye,
         })
+    }
+
+    /// The boot id the machine's agent last reported, to this run or, before it reconnected
+    /// after a restart, to an earlier one (stored).
+    pub fn known_boot_id(&self, address: &str) -> Option<String> {
+        let inner = self.lock();
+        inner
+            .machines
+            .get(address)?
+            .live
+            .known_boot_id()
+            .map(String::from)
     }
 
     /// True when the last report arrived within the unreachable grace.
@@ -751,6 +776,32 @@ mod tests {
 
     fn state(f: &Fleet, a: &str) -> MachineState {
         f.machine(a).unwrap().state
+    }
+
+    #[tokio::test]
+    async fn the_last_boot_id_is_known_after_a_restart_before_the_agent_reconnects() {
+        // Trap: a power step started after a restart, before the agent reported again,
+        // took no boot id, and `@agent-healthy` passed without a reboot.
+        let fx = Fx::new();
+        let f = fx.fleet().await;
+        f.upsert(vec![rec("10.0.0.1", "web-1")]).await.unwrap();
+        assert_eq!(f.known_boot_id("10.0.0.1"), None);
+        f.agent_hello("web-1", &hello("web-1", "b1"), "10.0.0.1".parse().unwrap())
+            .await
+            .unwrap();
+        f.report("web-1", report("b1", true)).await.unwrap();
+        drop(f);
+        let f = fx.fleet().await;
+        assert_eq!(f.known_boot_id("10.0.0.1").as_deref(), Some("b1"));
+        assert!(
+            f.live("10.0.0.1").unwrap().boot_id.is_none(),
+            "live is this run's"
+        );
+        // A reboot is stored too.
+        f.report("web-1", report("b2", true)).await.unwrap();
+        drop(f);
+        let f = fx.fleet().await;
+        assert_eq!(f.known_boot_id("10.0.0.1").as_deref(), Some("b2"));
     }
 
     #[tokio::test]

@@ -64,6 +64,8 @@ pub(super) struct StoredMachine {
     pub(super) state: MachineState,
     pub(super) since: Timestamp,
     pub(super) reason: String,
+    /// The boot id its agent last reported, to this run or an earlier one.
+    pub(super) boot_id: Option<String>,
 }
 
 /// One database write, applied with others in one transaction.
@@ -77,6 +79,11 @@ pub(super) enum Write {
         to: MachineState,
         at: Timestamp,
         reason: String,
+    },
+    /// The machine's agent reported another boot id than the stored one.
+    Boot {
+        address: String,
+        boot_id: String,
     },
 }
 
@@ -133,6 +140,12 @@ pub(super) fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusq
             Write::Delete(address) => {
                 tx.execute("DELETE FROM machines WHERE address = ?1", [address])?;
             }
+            Write::Boot { address, boot_id } => {
+                tx.execute(
+                    "UPDATE machines SET boot_id = ?2 WHERE address = ?1",
+                    params![address, boot_id],
+                )?;
+            }
             Write::Transition {
                 address,
                 from,
@@ -163,7 +176,7 @@ pub(super) fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusq
 pub(super) fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<StoredMachine>> {
     let mut stmt = conn.prepare(
         "SELECT address, hostname, serial, rack, role, machine_type, labels, source, state, \
-         state_since_ms, state_reason FROM machines ORDER BY address",
+         state_since_ms, state_reason, boot_id FROM machines ORDER BY address",
     )?;
     let rows = stmt.query_map([], |r| {
         let labels: String = r.get(6)?;
@@ -185,6 +198,7 @@ pub(super) fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<Stor
             state: state.parse().unwrap_or(MachineState::Uninitialized),
             since: from_unix_ms(r.get(9)?),
             reason: r.get(10)?,
+            boot_id: r.get(11)?,
         })
     })?;
     rows.collect()

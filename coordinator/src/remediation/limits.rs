@@ -111,8 +111,14 @@ impl<'a> Limiter<'a> {
         let mut agents = 0;
         let mut silent = Vec::new();
         for m in &self.ctx.input.machines {
-            let Some(last) = m.last_report_at else {
-                continue;
+            let last = match m.last_report_at {
+                Some(last) => last,
+                // No report since this coordinator started, yet unreachable: it reported to
+                // an earlier run (nothing else turns unreachable unreported), and went
+                // silent with every other agent the restart cut off. Counted as silent
+                // since it turned unreachable, so a restart's burst is one burst.
+                None if m.state == MachineState::Unreachable && m.goodbye.is_none() => m.since,
+                None => continue,
             };
             if m.state == MachineState::Retired {
                 continue;
@@ -794,6 +800,29 @@ mod tests {
             i.control.outage_confirmed_at = Some(now - jiff::SignedDuration::from_hours(1))
         });
         assert_eq!(stale.held("r9.9").0, Rule::SelfIsolation);
+    }
+
+    #[test]
+    fn agents_silent_since_a_coordinator_restart_count_as_one_burst() {
+        // Trap: after a restart no machine has a report yet, and those whose agents are
+        // still in reconnect backoff turn unreachable together; skipping machines without
+        // a report since the start hid the burst and a live machine was fenced.
+        let mut c = case()
+            .roomy()
+            .no_kube()
+            .cfg(|c| c.wait_seconds_to_repair_rebooting = 0);
+        for r in 0..10 {
+            c = c.rack(&format!("r{r}"), 1);
+        }
+        for r in 0..10 {
+            c = c.on(&format!("r{r}.0"), |m, now| {
+                super::super::fixture::silent(m, now, 20);
+                m.last_report_at = None;
+            });
+        }
+        let (rule, sentence) = c.held("r3.0");
+        assert_eq!(rule, Rule::SelfIsolation, "{sentence}");
+        assert!(sentence.contains("10 of 10 agents"), "{sentence}");
     }
 
     #[test]

@@ -49,6 +49,13 @@ pub trait AgentHealthView: Send + Sync + 'static {
     /// The agent's state for the machine at `address`, `None` if it never reported.
     fn agent_health(&self, address: &str) -> Option<AgentHealth>;
 
+    /// The boot id the machine's agent last reported, also from before a coordinator
+    /// restart when the agent has not reported since: the boot a power step must see
+    /// replaced. Default: the live one.
+    fn boot_id(&self, address: &str) -> Option<String> {
+        self.agent_health(address).map(|h| h.boot_id)
+    }
+
     /// True when the machine's agent is known silent past its grace (state `unreachable`):
     /// nothing is asked of it before a fence. Default: not known.
     fn is_unreachable(&self, address: &str) -> bool {
@@ -696,6 +703,126 @@ mod tests {
         .await;
         assert!(!end.ok, "{end:?}");
         assert_eq!(gw.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_off_or_on_the_gateway_lost_in_a_restart_is_sent_again_but_a_cycle_is_not() {
+        let unknown = || {
+            Ok(PowerOutcome::Failed {
+                detail: format!(
+                    "{}the gateway restarted while request r1 ran",
+                    protocol::gateway::OUTCOME_UNKNOWN
+                ),
+                retriable: false,
+            })
+        };
+        let off = Timestamp::from_second(1_800_000_100).unwrap();
+        // A fence of a machine with nothing to release: the off and then the on are each
+        // lost once; both are sent again under new ids and the machine ends powered on.
+        let gw = Arc::new(FakePower::confirming_off(off));
+        gw.then(unknown());
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw.clone();
+        c.keep_off = Some(Arc::new(|_: &str| false));
+        let first = within(run(
+            CommandSpec::Builtin(Builtin::Fence),
+            CommandKind::Repair,
+            c.clone(),
+        ));
+        let (end, o) = first.await;
+        assert!(end.ok, "{end:?}");
+        assert_eq!(o, Outcome::Ok);
+        assert!(
+            end.summary.contains("sent again as r1-resend1"),
+            "{}",
+            end.summary
+        );
+        let gw2 = Arc::new(FakePower::answering(PowerOutcome::Done {
+            state: protocol::gateway::PowerState::On,
+            confirmed_off_unix_ms: None,
+            detail: "on".into(),
+        }));
+        gw2.then(unknown());
+        c.power = gw2.clone();
+        let (end, _) = within(run(
+            CommandSpec::Builtin(Builtin::PowerOn),
+            CommandKind::Repair,
+            c.clone(),
+        ))
+        .await;
+        assert!(end.ok, "{end:?}");
+        let ids: Vec<String> = gw2.requests().into_iter().map(|r| r.id).collect();
+        assert_eq!(ids, ["r1", "r1-resend1"]);
+        let ids: Vec<(String, PowerAction)> = gw
+            .requests()
+            .into_iter()
+            .map(|r| (r.id, r.action))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("r1".to_string(), PowerAction::Fence),
+                ("r1-resend1".to_string(), PowerAction::Fence),
+                ("r1-on".to_string(), PowerAction::On)
+            ]
+        );
+        // A cycle is not done twice on a guess: it fails, saying why.
+        let gw3 = Arc::new(FakePower::default());
+        gw3.then(unknown());
+        c.power = gw3.clone();
+        let (end, o) = within(run(
+            CommandSpec::Builtin(Builtin::PowerCycle),
+            CommandKind::Repair,
+            c.clone(),
+        ))
+        .await;
+        assert!(!end.ok && o == Outcome::Failed, "{end:?}");
+        assert!(end.output.contains("outcome unknown"), "{end:?}");
+        assert_eq!(gw3.requests().len(), 1);
+        // A gateway that keeps losing it: three resends, then the step fails.
+        let gw4 = Arc::new(FakePower::default());
+        for _ in 0..10 {
+            gw4.then(unknown());
+        }
+        c.power = gw4.clone();
+        let (end, _) = within(run(
+            CommandSpec::Builtin(Builtin::PowerOff),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(!end.ok, "{end:?}");
+        assert_eq!(gw4.requests().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_fence_with_nothing_to_release_whose_step_stops_mid_way_still_powers_on() {
+        // Trap: the entry is deleted (its step task dropped) between the off and the on;
+        // the machine stayed off with no record.
+        let off = Timestamp::from_second(1_800_000_100).unwrap();
+        let gw = Arc::new(FakePower::confirming_off(off));
+        gw.slow(Duration::from_millis(300));
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw.clone();
+        c.keep_off = Some(Arc::new(|_: &str| false));
+        let step = run(CommandSpec::Builtin(Builtin::Fence), CommandKind::Repair, c);
+        // Dropped while the off is under way.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), step)
+                .await
+                .is_err()
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while gw.requests().len() < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                gw.requests()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let sent: Vec<PowerAction> = gw.requests().into_iter().map(|r| r.action).collect();
+        assert_eq!(sent, [PowerAction::Fence, PowerAction::On]);
     }
 
     #[tokio::test]

@@ -412,7 +412,7 @@ impl Engine {
                     continue;
                 }
                 let agents = &self.deps.agents;
-                let boot_id = || agents.agent_health(&e.address).map(|h| h.boot_id);
+                let boot_id = || agents.boot_id(&e.address);
                 let Some((mut new, ev)) =
                     decide::transition(e, op, &action, now, &boot_id, &mut self.deps.rand)
                 else {

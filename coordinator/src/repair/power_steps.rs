@@ -25,6 +25,11 @@ pub(super) const HOLD_FIRST_PAUSE: Duration = Duration::from_secs(1);
 /// against a dead address.
 pub(super) const HOLD_MAX_PAUSE: Duration = Duration::from_secs(10);
 
+/// How many times an off, an on or a fence is sent again under a new id when the gateway
+/// answers that it restarted while running it ("outcome unknown"). More would only follow a
+/// gateway that keeps crashing.
+pub(super) const MAX_RESENDS: u32 = 3;
+
 /// How a power built-in waited for an unreachable gateway, for the summary.
 struct Held {
     since: tokio::time::Instant,
@@ -109,7 +114,48 @@ pub(super) async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
 /// `[fence] keep_off` keeps it off. The power-on is its own request (`<id>-on`), so a step
 /// run again after a restart fetches both answers instead of acting twice; it gets what is
 /// left of the step's time limit.
+///
+/// It runs as a task of its own, which the step only awaits: a step that is dropped (its
+/// entry deleted mid-way, or its time limit) leaves the off and the on to run to their end,
+/// as a fence flow does, so a machine is never left off because its entry went away.
 pub(super) async fn fence_without_release(ctx: &RunContext) -> (CommandEnd, Outcome) {
+    let awaited = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let guard = Awaited(awaited.clone());
+    let c = ctx.clone();
+    let task = tokio::spawn(async move {
+        let (end, outcome) = off_then_on(&c).await;
+        if !awaited.load(std::sync::atomic::Ordering::SeqCst) {
+            tracing::warn!(machine = %c.address, id = %c.request_id, ok = end.ok, summary = %end.summary, "@fence of a machine with nothing to release ran to its end after its step stopped (entry deleted or step timed out)");
+        }
+        (end, outcome)
+    });
+    let answer = task.await;
+    drop(guard);
+    match answer {
+        Ok(a) => a,
+        Err(e) => (
+            CommandEnd {
+                ok: false,
+                summary: format!("@fence: {e}"),
+                output: String::new(),
+            },
+            Outcome::Error,
+        ),
+    }
+}
+
+/// Clears its flag when dropped while the task it watches still runs: nobody awaits the
+/// task any more.
+struct Awaited(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// [`fence_without_release`]'s work: the confirmed off, then the on unless kept off.
+async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
     let started = tokio::time::Instant::now();
     let (off, outcome) = power(Builtin::Fence, ctx).await;
     if !off.ok {
@@ -176,6 +222,11 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     let deadline = ctx.timeout.map(|t| started + t);
     let mut held: Option<Held> = None;
     let mut pause = HOLD_FIRST_PAUSE;
+    // The id sent: the step's, then `<id>-resend<n>` after an "outcome unknown" answer.
+    // Derived, not drawn, so a step run again after a coordinator restart fetches the same
+    // answers instead of acting again.
+    let mut id = ctx.request_id.clone();
+    let mut resends = 0;
     let note = |held: &Option<Held>| {
         held.as_ref()
             .map(|h| format!(" ({})", h.describe()))
@@ -184,7 +235,7 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     let answer = loop {
         let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
         let req = PowerRequest {
-            id: ctx.request_id.clone(),
+            id: id.clone(),
             address: ctx.address.clone(),
             serial: ctx.serial.clone(),
             action,
@@ -237,10 +288,27 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                 tokio::time::sleep(wait).await;
                 pause = (pause * 2).min(HOLD_MAX_PAUSE);
             }
+            Ok(resp)
+                if resp.outcome.is_outcome_unknown()
+                    && action.is_idempotent()
+                    && resends < MAX_RESENDS =>
+            {
+                // The gateway restarted while it ran `id`: whether it reached the BMC is
+                // unknown. Doing an off or an on again is harmless; giving up would leave
+                // the machine as the crash left it, maybe off.
+                resends += 1;
+                id = format!("{}-resend{resends}", ctx.request_id);
+                tracing::warn!(machine = %ctx.address, id = %req.id, resend = %id, "power: the gateway restarted while it ran the request; sending it again under a new id");
+            }
             other => break (req, other),
         }
     };
-    let held = format!("{}{diagnostics}", note(&held));
+    let resent = if resends > 0 {
+        format!(" (sent again as {id}: the gateway restarted while it ran the first)")
+    } else {
+        String::new()
+    };
+    let held = format!("{resent}{}{diagnostics}", note(&held));
     let (req, answer) = answer;
     match answer {
         Err(e) => (

@@ -65,6 +65,10 @@ impl AgentHealthView for Fleet {
         })
     }
 
+    fn boot_id(&self, address: &str) -> Option<String> {
+        self.known_boot_id(address)
+    }
+
     fn is_unreachable(&self, address: &str) -> bool {
         self.machine(address)
             .is_some_and(|m| m.state == crate::health::MachineState::Unreachable)

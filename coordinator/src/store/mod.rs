@@ -77,6 +77,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "remediation_entries",
         include_str!("migrations/0010_remediation_entries.sql"),
     ),
+    (11, "boot_ids", include_str!("migrations/0011_boot_ids.sql")),
 ];
 
 /// Errors from the store.
