@@ -142,6 +142,9 @@ fn rebooting_wait(m: &Machine, ctx: &Ctx<'_>) -> Option<String> {
             },
             human(elapsed(ctx.now, at))
         ),
+        (None, false) if ctx.input.kube.is_none() => {
+            "has no Kubernetes view ([kubernetes] not configured)".to_string()
+        }
         (None, false) => "is not a Kubernetes node".to_string(),
         (None, true) => return None,
     };
@@ -593,7 +596,10 @@ mod tests {
         // Not a Kubernetes node: CKE's wait_seconds_to_repair_rebooting first.
         let (rule, s) = case().no_kube().machine("a").silent(200).held("a");
         assert_eq!(rule, Rule::WaitRebooting);
-        assert!(s.contains("is not a Kubernetes node"), "{s}");
+        assert!(
+            s.contains("has no Kubernetes view ([kubernetes] not configured)"),
+            "{s}"
+        );
         let p = case().no_kube().machine("a").silent(400).run();
         assert_eq!(p.admitted_addresses(), ["a"]);
         let s = &p.admitted[0].sentence;
