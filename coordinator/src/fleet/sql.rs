@@ -64,6 +64,9 @@ pub(super) struct StoredMachine {
     pub(super) state: MachineState,
     pub(super) since: Timestamp,
     pub(super) reason: String,
+    /// Its stored history has a report's state (healthy or unhealthy): its agent reported
+    /// at some time, perhaps before this coordinator started.
+    pub(super) reported: bool,
 }
 
 /// One database write, applied with others in one transaction.
@@ -163,7 +166,10 @@ pub(super) fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusq
 pub(super) fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<StoredMachine>> {
     let mut stmt = conn.prepare(
         "SELECT address, hostname, serial, rack, role, machine_type, labels, source, state, \
-         state_since_ms, state_reason FROM machines ORDER BY address",
+         state_since_ms, state_reason, \
+         EXISTS (SELECT 1 FROM machine_transitions t WHERE t.address = machines.address \
+                 AND t.to_state IN ('healthy', 'unhealthy')) \
+         FROM machines ORDER BY address",
     )?;
     let rows = stmt.query_map([], |r| {
         let labels: String = r.get(6)?;
@@ -185,6 +191,7 @@ pub(super) fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<Stor
             state: state.parse().unwrap_or(MachineState::Uninitialized),
             since: from_unix_ms(r.get(9)?),
             reason: r.get(10)?,
+            reported: r.get(11)?,
         })
     })?;
     rows.collect()
