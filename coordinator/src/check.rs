@@ -373,6 +373,12 @@ enum DbCopy {
 
 impl DbCopy {
     fn take(db: &Path) -> Self {
+        // A coordinator that holds this file under another name (a hard link or symlink)
+        // keeps its newest writes in that name's `-wal`, which a copy through this name
+        // does not read ("no such table"): say what the coordinator would say at start.
+        if let Err(e) = crate::store::lock::held_under_another_name(db) {
+            return Self::Failed(e.to_string());
+        }
         // An empty file is a store not yet initialised (created, then migrated at start).
         if std::fs::metadata(db).map_or(true, |m| m.len() == 0) {
             return Self::None;
@@ -705,6 +711,44 @@ mod tests {
         assert_eq!(lines.len(), 1);
         assert!(!lines[0].ok);
         assert!(render(&lines).contains("FAIL"));
+    }
+
+    #[test]
+    fn a_database_a_coordinator_holds_under_another_name_is_named_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        drop(crate::store::Store::open(&db).unwrap());
+        // As a running coordinator holds it (here: this process).
+        let _held = crate::store::lock::StoreLock::acquire(&db, false).unwrap();
+        let hard = dir.path().join("hard.db");
+        std::fs::hard_link(&db, &hard).unwrap();
+        let copy = DbCopy::take(&hard);
+        let e = check_database(&hard, &copy).unwrap_err();
+        assert!(
+            e.contains(&format!(
+                "is in use by another coordinator (pid {}) that opened the same file under another name",
+                std::process::id()
+            )),
+            "{e}"
+        );
+        let procedures = crate::repair::load::load_str(
+            "repair:\n  repair_procedures:\n  - machine_types: [lab]\n    repair_operations:\n    \
+             - operation: unhealthy\n      repair_steps:\n      - repair_command: [\"true\"]\n      \
+             health_check_command: [\"@agent-healthy\"]\n",
+            Path::new("r.yml"),
+        )
+        .unwrap()
+        .config;
+        let e = repair_against_store(&hard, &copy, &procedures)
+            .expect("a line")
+            .unwrap_err();
+        assert!(
+            e.contains("under another name") && !e.contains("no such table"),
+            "{e}"
+        );
+        // Under the holder's own name the check reads its copy as ever.
+        let copy = DbCopy::take(&db);
+        assert!(check_database(&db, &copy).unwrap().contains("writable"));
     }
 
     #[test]

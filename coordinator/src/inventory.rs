@@ -159,6 +159,33 @@ impl InventoryError {
     }
 }
 
+/// The longest machine type, rack and role, in characters: a name's length, as for a
+/// hostname (253). Generous for any naming scheme; a value of thousands of characters is a
+/// mistake (a pasted file, a runaway script) that would stretch every table and journal line.
+pub const MAX_NAME_CHARS: usize = 253;
+
+/// The longest serial number, in characters. Vendors' serials and asset tags are tens of
+/// characters; 253 leaves room for any composite asset id.
+pub const MAX_SERIAL_CHARS: usize = 253;
+
+/// The longest label key, in characters: the longest Kubernetes label key (a 253-character
+/// DNS prefix, `/`, a 63-character name), so node labels can be copied as they are.
+pub const MAX_LABEL_KEY_CHARS: usize = 317;
+
+/// The longest label value, in characters: as long as a pause reason, room for a sentence.
+pub const MAX_LABEL_VALUE_CHARS: usize = 1000;
+
+/// The start of a long value, quoted, for an error that must not repeat all of it.
+fn preview(v: &str) -> String {
+    const SHOWN: usize = 20;
+    if v.chars().count() <= SHOWN {
+        format!("{v:?}")
+    } else {
+        let start: String = v.chars().take(SHOWN).collect();
+        format!("{:?}", format!("{start}…"))
+    }
+}
+
 /// One machine as written in an inventory file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -202,26 +229,34 @@ impl InventoryEntry {
                 "machine type is required: it selects the repair procedure".into(),
             ));
         }
-        // A control character would break a table row or reach an operator's terminal as
-        // an escape sequence.
         let texts = [
-            ("serial", self.serial.as_str()),
-            ("rack", self.rack.as_str()),
-            ("role", self.role.as_str()),
-            ("machine type", self.machine_type.as_str()),
+            ("serial", self.serial.as_str(), MAX_SERIAL_CHARS),
+            ("rack", self.rack.as_str(), MAX_NAME_CHARS),
+            ("role", self.role.as_str(), MAX_NAME_CHARS),
+            ("machine type", self.machine_type.as_str(), MAX_NAME_CHARS),
         ];
-        let labels = self
-            .labels
-            .iter()
-            .flat_map(|(k, v)| [("label key", k.as_str()), ("label value", v.as_str())]);
-        if let Some((what, v)) = texts
-            .into_iter()
-            .chain(labels)
-            .find(|(_, v)| v.chars().any(char::is_control))
-        {
-            return Err(invalid(format!(
-                "{what} {v:?} contains a control character (a newline, a tab, an escape, …)"
-            )));
+        let labels = self.labels.iter().flat_map(|(k, v)| {
+            [
+                ("label key", k.as_str(), MAX_LABEL_KEY_CHARS),
+                ("label value", v.as_str(), MAX_LABEL_VALUE_CHARS),
+            ]
+        });
+        for (what, v, max) in texts.into_iter().chain(labels) {
+            // Counted first: a value of a million characters is not quoted back whole.
+            let n = v.chars().count();
+            if n > max {
+                return Err(invalid(format!(
+                    "{what} {} is {n} characters long; the limit is {max}",
+                    preview(v)
+                )));
+            }
+            // A control character would break a table row or reach an operator's terminal
+            // as an escape sequence.
+            if v.chars().any(char::is_control) {
+                return Err(invalid(format!(
+                    "{what} {v:?} contains a control character (a newline, a tab, an escape, …)"
+                )));
+            }
         }
         for k in self.labels.keys() {
             if k.is_empty() || k.contains('=') {
@@ -512,5 +547,64 @@ type = "qemu"
                 .to_string();
             assert!(e.contains(field) && e.contains("control character"), "{e}");
         }
+    }
+
+    #[test]
+    fn over_long_fields_are_refused_naming_the_field_and_the_limit() {
+        let spec = MachineSpec {
+            address: "10.0.2.1".into(),
+            hostname: "ok-1".into(),
+            serial: "s".repeat(MAX_SERIAL_CHARS),
+            rack: "r".repeat(MAX_NAME_CHARS),
+            role: "o".repeat(MAX_NAME_CHARS),
+            machine_type: "é".repeat(MAX_NAME_CHARS),
+            labels: vec![(
+                "k".repeat(MAX_LABEL_KEY_CHARS),
+                "v".repeat(MAX_LABEL_VALUE_CHARS),
+            )],
+        };
+        MachineRecord::from_spec(&spec, RecordSource::Admin)
+            .expect("at the limits (in characters)");
+        type Set = fn(&mut MachineSpec);
+        let cases: [(&str, usize, Set); 6] = [
+            ("machine type", MAX_NAME_CHARS, |s| {
+                s.machine_type = "t".repeat(100_000)
+            }),
+            ("rack", MAX_NAME_CHARS, |s| s.rack.push('r')),
+            ("role", MAX_NAME_CHARS, |s| s.role.push('o')),
+            ("serial", MAX_SERIAL_CHARS, |s| s.serial.push('s')),
+            ("label key", MAX_LABEL_KEY_CHARS, |s| {
+                s.labels[0].0.push('k')
+            }),
+            ("label value", MAX_LABEL_VALUE_CHARS, |s| {
+                s.labels[0].1.push('v')
+            }),
+        ];
+        for (field, max, set) in cases {
+            let mut sp = spec.clone();
+            set(&mut sp);
+            let e = MachineRecord::from_spec(&sp, RecordSource::Admin)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!("machine \"10.0.2.1\": {field} \""))
+                    && e.contains(&format!("characters long; the limit is {max}")),
+                "{e}"
+            );
+            assert!(e.len() < 200, "the value is not repeated whole: {e}");
+        }
+        // The inventory file read at start goes through the same check.
+        let text = format!(
+            "[[machines]]\naddress = \"10.0.2.1\"\nhostname = \"ok-1\"\ntype = \"{}\"\n",
+            "t".repeat(254)
+        );
+        let e = parse_inventory(&text, Path::new("inv.toml"), RecordSource::Inventory)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("machine 1 (counted from 1)")
+                && e.contains("machine type \"tttttttttttttttttttt…\" is 254 characters long; the limit is 253"),
+            "{e}"
+        );
     }
 }

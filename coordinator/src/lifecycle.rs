@@ -42,6 +42,19 @@ pub enum EntryCheckError {
         /// Serial in the inventory.
         recorded: String,
     },
+    /// The machine type given is not the machine's: it would run another hardware type's
+    /// repair procedure on it.
+    #[error(
+        "machine type {given:?} contradicts the inventory: machine {address} has type {recorded:?}, and {given:?} would run another type's repair procedure on it; give {recorded:?} or leave MACHINE_TYPE out (or fix the machine's record: `coordinatorctl machines add`, or the inventory file)"
+    )]
+    TypeMismatch {
+        /// The machine.
+        address: String,
+        /// Type typed.
+        given: String,
+        /// Type in the inventory.
+        recorded: String,
+    },
     /// No type was given and none is known.
     #[error("no machine type given for {0} and the inventory has none: give MACHINE_TYPE")]
     NoType(String),
@@ -59,7 +72,8 @@ pub enum EntryCheckError {
 
 /// Checks `entry` against the machine at its address and fills an empty serial and machine
 /// type from the record. `force` lets an unknown or retired address through (with what was
-/// typed); contradictions are refused even then.
+/// typed); contradictions (a serial or a machine type that is not the record's) are refused
+/// even then: the procedure a type selects is written for that hardware.
 pub fn check_entry(
     mut entry: AddRepairEntry,
     machine: Option<&MachineView>,
@@ -90,12 +104,19 @@ pub fn check_entry(
             recorded: recorded_serial.clone(),
         });
     }
-    // A type given is kept: CKE users name the procedure's type on purpose.
-    if entry.machine_type.is_empty() {
-        match &m.record.machine_type {
-            Some(t) => entry.machine_type = t.clone(),
-            None => return Err(EntryCheckError::NoType(entry.address)),
+    // CKE users name the type (its positional form): the record's is accepted, another is
+    // refused. A machine awaiting registration has none yet, so what was typed is kept.
+    match (&m.record.machine_type, entry.machine_type.is_empty()) {
+        (Some(t), true) => entry.machine_type = t.clone(),
+        (None, true) => return Err(EntryCheckError::NoType(entry.address)),
+        (Some(t), false) if entry.machine_type != *t => {
+            return Err(EntryCheckError::TypeMismatch {
+                address: entry.address,
+                given: entry.machine_type,
+                recorded: t.clone(),
+            });
         }
+        (_, false) => {}
     }
     Ok(entry)
 }
@@ -309,18 +330,47 @@ mod tests {
     }
 
     #[test]
-    fn a_contradicting_serial_is_refused_even_with_force_and_a_given_type_kept() {
+    fn a_contradicting_serial_is_refused_even_with_force() {
         let m = machine(MachineState::Healthy);
         assert!(matches!(
             check_entry(entry("worker", "OTHER"), Some(&m), true),
             Err(EntryCheckError::SerialMismatch { .. })
         ));
-        assert_eq!(
-            check_entry(entry("storage", "S1"), Some(&m), false)
-                .unwrap()
-                .machine_type,
-            "storage"
-        );
+    }
+
+    #[test]
+    fn a_contradicting_machine_type_is_refused_even_with_force() {
+        let m = machine(MachineState::Healthy);
+        for force in [false, true] {
+            let e = check_entry(entry("storage", "S1"), Some(&m), force).unwrap_err();
+            assert_eq!(
+                e,
+                EntryCheckError::TypeMismatch {
+                    address: "10.0.0.1".into(),
+                    given: "storage".into(),
+                    recorded: "worker".into(),
+                }
+            );
+            assert!(
+                e.to_string()
+                    .starts_with("machine type \"storage\" contradicts the inventory"),
+                "{e}"
+            );
+        }
+        // Retired with --force: still the record's type or none.
+        let retired = machine(MachineState::Retired);
+        assert!(matches!(
+            check_entry(entry("storage", ""), Some(&retired), true),
+            Err(EntryCheckError::TypeMismatch { .. })
+        ));
+        // The record's own type, as CKE's positional form gives it, is accepted.
+        let e = check_entry(entry("worker", "S1"), Some(&m), false).unwrap();
+        assert_eq!(e.machine_type, "worker");
+        // A machine awaiting registration has no type to contradict.
+        let mut unregistered = machine(MachineState::AwaitingRegistration);
+        unregistered.record.machine_type = None;
+        let e = check_entry(entry("storage", ""), Some(&unregistered), false).unwrap();
+        assert_eq!(e.machine_type, "storage");
     }
 
     #[test]

@@ -132,6 +132,32 @@ fn json_outputs_have_rfc3339_times_and_label_maps() -> anyhow::Result<()> {
     assert!(held.first_at <= held.last_at);
     let c: Constraints = serde_json::from_value(outputs[4].1.clone())?;
     assert!(c.maximum_repair_queue_entries > 0);
+    // `constraints set --json` prints the constraints in force after the change, as `show`.
+    let set: Constraints = coord.ctl_json(&[
+        "constraints",
+        "set",
+        "maximum-repair-queue-entries",
+        "7",
+        "--json",
+    ])?;
+    assert_eq!(set.maximum_repair_queue_entries, 7);
+    let shown: Constraints = coord.ctl_json(&["constraints", "show", "--json"])?;
+    assert_eq!(shown, set);
+    let out = coord.ctl(&["constraints", "set", "maximum-repair-queue-entries", "8"])?;
+    assert!(out.stdout.is_empty(), "quiet without --json, as ckecli");
+    // An empty listing is its header on stdout, as every listing prints.
+    let out = coord.ctl(&["fence", "list"])?;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "ID  MACHINE  NODE  STATE  SINCE  OFF  ON  FAILURE\n"
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let flows: Vec<Value> = coord.ctl_json(&["fence", "list", "--json"])?;
+    assert!(flows.is_empty());
     // The human output keeps its table.
     let out = coord.ctl(&["machines", "list"])?;
     assert!(String::from_utf8_lossy(&out.stdout).contains("10.0.3.1"));

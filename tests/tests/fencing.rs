@@ -463,6 +463,7 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     assert_eq!(flows.len(), 1, "{flows:#?}");
     assert_eq!(flows[0]["state"], "done", "{flows:#?}");
     assert_eq!(flows[0]["node"], HOST);
+    assert_eq!(flows[0]["failure"], Value::Null, "no failure: {flows:#?}");
     // One machine's flows, named by hostname; an address no machine has is refused (a
     // typo), not answered with an empty list.
     let mine: Vec<Value> = blocking(|| {
@@ -481,6 +482,7 @@ async fn a_dead_machine_is_fenced_released_after_off_powered_on_and_restored() -
     );
     let id = flows[0]["id"].to_string();
     let shown: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", &id, "--json"]))?;
+    assert_eq!(shown["failure"], Value::Null, "{shown:#}");
     let confirmed = shown["confirmed_off"].as_str().context("confirmed_off")?;
     assert!(confirmed.parse::<jiff::Timestamp>().is_ok(), "{confirmed}");
     let states: Vec<&str> = shown["steps"]

@@ -1,7 +1,8 @@
 //! The operator's experience, with real processes on loopback: per-program environment
-//! variables, `coordinatorctl`'s profile, client-side error messages, the machine
-//! lifecycle against the repair queue, `repair-queue add` checked against the inventory,
-//! `--version`, and writing into a closed pipe.
+//! variables (a bad one named as the variable, not its flag), `coordinatorctl`'s profile,
+//! client-side error messages, the machine lifecycle against the repair queue,
+//! `repair-queue add` checked against the inventory (address, serial, machine type),
+//! inventory field limits, `--version`, and writing into a closed pipe.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -95,6 +96,37 @@ fn ctl_variables_do_not_change_the_agent_but_agent_variables_do() -> anyhow::Res
         agent.log_text().contains("admin/tester"),
         "names the certificate it was given: {}",
         agent.log_text()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_bad_connection_setting_from_the_environment_names_the_variable() -> anyhow::Result<()> {
+    let out = command("coordinatorctl")
+        .env("FLEETMEND_CTL_TIMEOUT", "5")
+        .args(["machines", "list"])
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a usage error: {err}");
+    assert!(
+        err.contains("invalid value '5' in the environment variable FLEETMEND_CTL_TIMEOUT")
+            && err.contains("has no unit")
+            && !err.contains("'--timeout <TIMEOUT>'"),
+        "{err}"
+    );
+    // A flag given beside the variable is what was read, and what is named.
+    let out = command("coordinatorctl")
+        .env("FLEETMEND_CTL_TIMEOUT", "30s")
+        .args(["--timeout", "0s", "machines", "list"])
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid value '0s' for '--timeout <TIMEOUT>'")
+            && !err.contains("FLEETMEND_CTL_TIMEOUT"),
+        "{err}"
     );
     Ok(())
 }
@@ -280,6 +312,68 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
         ],
     )?;
     assert!(err.contains("contradicts the inventory"), "{err}");
+    // So is a machine type: `slow`'s procedure is for other hardware than 10.0.0.1's `qemu`,
+    // and --force, as for the serial, does not change that.
+    for force in [false, true] {
+        let mut args = vec!["repair-queue", "add"];
+        if force {
+            args.push("--force");
+        }
+        args.extend(["unreachable", "slow", "10.0.0.1"]);
+        let err = ctl_fails(&coord, &args)?;
+        assert!(
+            err.contains(
+                "machine type \"slow\" contradicts the inventory: machine 10.0.0.1 has type \"qemu\""
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("warning"), "nothing was queued: {err}");
+    }
+    let queued: Vec<serde_json::Value> = coord.ctl_json(&["repair-queue", "list", "--json"])?;
+    assert!(queued.is_empty(), "{queued:?}");
+    // A malformed address is refused before --force warns of anything.
+    let out = coord
+        .ctl_command(&[
+            "repair-queue",
+            "add",
+            "--force",
+            "unreachable",
+            "slow",
+            "010.000.001.011",
+        ])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("`010.000.001.011` is not an IP address"),
+        "{err}"
+    );
+    assert!(!err.contains("warning"), "{err}");
+
+    // Inventory fields have limits: an over-long type is refused by the coordinator, and
+    // the listing stays printable.
+    let long_type = "t".repeat(100_000);
+    let err = ctl_fails(
+        &coord,
+        &[
+            "machines",
+            "add",
+            "10.0.2.1",
+            "--hostname",
+            "ok-1",
+            "--type",
+            &long_type,
+        ],
+    )?;
+    assert!(
+        err.contains(
+            "machine type \"tttttttttttttttttttt…\" is 100000 characters long; the limit is 253"
+        ),
+        "{}",
+        &err[..err.len().min(500)]
+    );
+    let listed = coord.ctl(&["machines", "list"])?;
+    assert!(String::from_utf8_lossy(&listed.stdout).starts_with("ADDRESS"));
 
     // An admin-added machine under repair cannot be deleted without --force.
     coord.ctl(&[
@@ -293,8 +387,20 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
         "--type",
         "slow",
     ])?;
-    let added: serde_json::Value =
-        coord.ctl_json(&["repair-queue", "add", "unreachable", "10.0.0.9", "--json"])?;
+    let added = coord.ctl(&[
+        "repair-queue",
+        "add",
+        "--force",
+        "unreachable",
+        "10.0.0.9",
+        "--json",
+    ])?;
+    let warned = String::from_utf8_lossy(&added.stderr);
+    assert!(
+        warned.contains("warning: queued with --force: 10.0.0.9"),
+        "the warning follows the entry: {warned}"
+    );
+    let added: serde_json::Value = serde_json::from_slice(&added.stdout)?;
     assert_eq!(
         added["machine_type"], "slow",
         "type from the inventory: {added}"

@@ -1,6 +1,7 @@
 //! Issue 8's process-safety "must show", with real processes:
 //! - a second coordinator on the same database is refused, naming the lock file and the pid
-//!   holding it, while the first keeps serving;
+//!   holding it, while the first keeps serving; `coordinator check` of the same file under
+//!   another name (a hard link) names the holder too;
 //! - SIGKILL of the coordinator while a repair command runs (a script that records its pids
 //!   and sleeps), then a restart: exactly one copy of the command runs, and the entry's
 //!   history says the old process group was killed;
@@ -156,6 +157,33 @@ fn second_coordinator_on_one_database_is_refused_naming_the_lock_and_pid() -> an
         "names the holder {first}: {log}"
     );
     assert!(!log.contains("coordinator serving"), "{log}");
+    // `coordinator check` of a configuration that names the same file under another name (a
+    // hard link) says what a coordinator started with it would: the file is held, by whom.
+    // A copy through that name would miss the first one's newest writes, in its `-wal`.
+    let hard = coord.dir.join("hard.db");
+    std::fs::hard_link(coord.dir.join("coordinator.db"), &hard)?;
+    let cfg = variant_config(&coord, "hard.toml", Some(&hard))?;
+    let out = command("coordinator")
+        .arg("check")
+        .arg("--config")
+        .arg(&cfg)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(64), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("database")
+            && l.contains("FAIL")
+            && l.contains(&format!(
+                "is in use by another coordinator (pid {first}) that opened the same file under another name"
+            ))),
+        "{text}"
+    );
+    assert!(!text.contains("no such table"), "{text}");
     let (status, body) = coord.http_get("/healthz")?;
     assert_eq!(
         (status, body.trim()),

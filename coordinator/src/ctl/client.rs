@@ -88,6 +88,60 @@ const SETTINGS: &[(&str, &str, &str)] = &[
     ("key", "--key", protocol::env_var!(CTL, "KEY")),
 ];
 
+/// Every connection option clap may read from the environment: (flag, variable).
+const FROM_ENVIRONMENT: &[(&str, &str)] = &[
+    ("--profile", protocol::env_var!(CTL, "PROFILE")),
+    ("--server", protocol::env_var!(CTL, "SERVER")),
+    ("--server-name", protocol::env_var!(CTL, "SERVER_NAME")),
+    ("--ca", protocol::env_var!(CTL, "CA")),
+    ("--cert", protocol::env_var!(CTL, "CERT")),
+    ("--key", protocol::env_var!(CTL, "KEY")),
+    ("--timeout", protocol::env_var!(CTL, "TIMEOUT")),
+];
+
+/// clap's error for a bad value names the flag (`invalid value '5' for '--timeout
+/// <TIMEOUT>'`) even when the flag was not typed and clap took the value from the flag's
+/// environment variable. This names the variable instead, as errors of the settings resolved
+/// later do; `typed` is the command line. Any other error, or one about a flag that was
+/// typed, comes back unchanged.
+pub fn blame_environment(e: clap::Error, typed: &[std::ffi::OsString]) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return e;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return e;
+    };
+    // `--timeout <TIMEOUT>`
+    let flag = arg.split(' ').next().unwrap_or_default();
+    let Some((_, var)) = FROM_ENVIRONMENT.iter().find(|(f, _)| *f == flag) else {
+        return e;
+    };
+    let was_typed = typed.iter().any(|a| {
+        a.to_str()
+            .is_some_and(|a| a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
+    });
+    if was_typed {
+        return e;
+    }
+    let value = match e.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(v)) => v.clone(),
+        _ => String::new(),
+    };
+    let why = std::error::Error::source(&e)
+        .map(|s| format!(": {s}"))
+        .unwrap_or_default();
+    clap::Error::raw(
+        e.kind(),
+        format!(
+            "invalid value '{value}' in the environment variable {var} (read for {flag}, which was not given){why}\n\nFor more information, try '--help'.\n"
+        ),
+    )
+}
+
 /// Connection settings after merging flags, environment and profile.
 #[derive(Debug, Clone)]
 pub struct Resolved {

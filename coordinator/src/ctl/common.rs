@@ -226,37 +226,59 @@ pub fn shown(s: &str) -> std::borrow::Cow<'_, str> {
     )
 }
 
+/// The widest a column is padded to. A longer cell (an inventory field stored before the
+/// coordinator limited them, a long check detail) is still shown whole, but does not widen
+/// its column for every other row: its own row is pushed right instead, so one odd value
+/// does not turn the whole table into blank space.
+pub const MAX_COLUMN_WIDTH: usize = 80;
+
 /// Prints rows as a left-aligned table with a header. Control characters in a cell are
-/// shown escaped ([`shown`]).
+/// shown escaped ([`shown`]). Every cell is shown whole, whatever its length (`--json`
+/// gives the same values to scripts); columns are padded by hand to at most
+/// [`MAX_COLUMN_WIDTH`] characters.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| r.iter().map(|c| shown(c).into_owned()).collect())
         .collect();
-    let rows = &rows;
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for line in table_lines(header, &rows) {
+        println!("{line}");
+    }
+}
+
+/// The lines of [`print_table`], cells as given. Padding is written by hand, not with a
+/// format width: `format!`'s width is at most 65535 and panics past it.
+fn table_lines(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
-            if i < widths.len() {
-                widths[i] = widths[i].max(c.chars().count());
+            if let Some(w) = widths.get_mut(i) {
+                let len = c.chars().count();
+                if len <= MAX_COLUMN_WIDTH {
+                    *w = (*w).max(len);
+                }
             }
         }
     }
-    let line = |cells: Vec<&str>| {
+    let line = |cells: &[&str]| {
         let mut s = String::new();
         for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            s.push_str(c);
+            if i + 1 < cells.len() {
+                let w = widths.get(i).copied().unwrap_or(0);
+                let pad = w.saturating_sub(c.chars().count()) + 2;
+                s.extend(std::iter::repeat_n(' ', pad));
             }
         }
-        println!("{}", s.trim_end());
+        s.truncate(s.trim_end().len());
+        s
     };
-    line(header.to_vec());
+    let mut lines = vec![line(header)];
     for r in rows {
-        line(r.iter().map(String::as_str).collect());
+        let cells: Vec<&str> = r.iter().map(String::as_str).collect();
+        lines.push(line(&cells));
     }
+    lines
 }
 
 /// A Unix-millisecond time as scripts get it in `--json`: RFC 3339, UTC, milliseconds
@@ -381,6 +403,38 @@ mod tests {
         );
         let plain = anyhow::anyhow!("a").context("b");
         assert_eq!(error_line(&plain), "b: a");
+    }
+
+    #[test]
+    fn tables_pad_by_hand_and_show_long_cells_whole() {
+        let long = "t".repeat(100_000);
+        let rows = vec![
+            vec!["10.0.0.1".to_string(), long.clone(), "ok".to_string()],
+            vec!["10.0.0.2".to_string(), "qemu".to_string(), "ok".to_string()],
+        ];
+        // A width past 65535 made `format!` panic ("Formatting argument out of range").
+        let lines = table_lines(&["ADDRESS", "TYPE", "STATE"], &rows);
+        assert_eq!(lines[0], "ADDRESS   TYPE  STATE");
+        assert_eq!(lines[1], format!("10.0.0.1  {long}  ok"), "shown whole");
+        assert_eq!(
+            lines[2], "10.0.0.2  qemu  ok",
+            "a cell past the widest column does not widen it for the others"
+        );
+        let wide = "w".repeat(MAX_COLUMN_WIDTH);
+        let lines = table_lines(
+            &["A", "B"],
+            &[vec![wide.clone(), "x".into()], vec!["é".into(), "y".into()]],
+        );
+        assert_eq!(lines[1], format!("{wide}  x"));
+        assert_eq!(
+            lines[2],
+            format!("é{}  y", " ".repeat(MAX_COLUMN_WIDTH - 1))
+        );
+        assert_eq!(
+            table_lines(&["A", "B"], &[vec!["a".into()]])[1],
+            "a",
+            "a short row"
+        );
     }
 
     #[test]

@@ -94,9 +94,8 @@ impl CommandGroup for DiagnosticsCommand {
                 if json_out {
                     let v: Vec<_> = list.iter().map(summary_json).collect();
                     println!("{}", serde_json::to_string_pretty(&v)?);
-                } else if list.is_empty() {
-                    eprintln!("no diagnostics kept for this machine");
                 } else {
+                    // None kept: the header alone, as every listing prints.
                     summary_table(&list);
                 }
             }

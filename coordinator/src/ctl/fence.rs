@@ -1,8 +1,8 @@
 //! `coordinatorctl fence list|show ID`: the fence flows the coordinator ran or is running,
 //! and the committed steps of one (see docs/fencing.md). Read-only.
 //!
-//! Tables by default (times to the second); `--json` prints times as RFC 3339 strings with
-//! milliseconds.
+//! Tables by default (times to the second; no flows, the header alone); `--json` prints
+//! times as RFC 3339 strings with milliseconds.
 
 use anyhow::bail;
 use clap::Subcommand;
@@ -55,7 +55,8 @@ fn opt_time(ms: Option<i64>) -> Option<String> {
     ms.map(time)
 }
 
-/// One flow as JSON (times as RFC 3339 strings, `null` when not reached).
+/// One flow as JSON (times as RFC 3339 strings, `null` when not reached; `failure` is
+/// `null` when there is none).
 pub fn flow_json(f: &FenceFlowSummary) -> serde_json::Value {
     json!({
         "id": f.id,
@@ -63,7 +64,7 @@ pub fn flow_json(f: &FenceFlowSummary) -> serde_json::Value {
         "serial": f.serial,
         "node": f.node,
         "state": f.state,
-        "failure": f.failure,
+        "failure": (!f.failure.is_empty()).then_some(&f.failure),
         "release": f.release,
         "keep_off": f.keep_off,
         "state_since": precise(f.state_since_unix_ms),
@@ -133,14 +134,8 @@ impl CommandGroup for FenceCommand {
                 if json_out {
                     let v: Vec<_> = list.iter().map(flow_json).collect();
                     println!("{}", serde_json::to_string_pretty(&v)?);
-                } else if list.is_empty() {
-                    match &self {
-                        FenceCommand::List {
-                            machine: Some(m), ..
-                        } => eprintln!("no fence flows for {m}"),
-                        _ => eprintln!("no fence flows"),
-                    }
                 } else {
+                    // No flows: the header alone, as `repair-queue list` and `events` print.
                     flows_table(&list);
                 }
             }
@@ -168,5 +163,36 @@ impl CommandGroup for FenceCommand {
             other => bail!("unexpected answer from the coordinator: {other:?}"),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(failure: &str) -> FenceFlowSummary {
+        FenceFlowSummary {
+            id: 1,
+            address: "10.0.0.1".into(),
+            serial: "S1".into(),
+            node: "n1".into(),
+            state: "done".into(),
+            failure: failure.into(),
+            release: "taint".into(),
+            keep_off: false,
+            state_since_unix_ms: 1_795_414_698_418,
+            confirmed_off_unix_ms: None,
+            powered_on_unix_ms: None,
+        }
+    }
+
+    #[test]
+    fn no_failure_is_null_in_json() {
+        assert_eq!(flow_json(&flow(""))["failure"], serde_json::Value::Null);
+        assert_eq!(flow_json(&flow("BMC said no"))["failure"], "BMC said no");
+        assert_eq!(
+            flow_json(&flow(""))["confirmed_off"],
+            serde_json::Value::Null
+        );
     }
 }

@@ -117,10 +117,14 @@ pub fn command() -> clap::Command {
     cmd
 }
 
-/// Parses the process's command line (exits with clap's usage error or help) and notes
-/// which connection settings came from the environment.
+/// Parses the process's command line (exits with clap's usage error or help; a bad value
+/// clap read from a `FLEETMEND_CTL_*` variable is blamed on the variable, not its flag) and
+/// notes which connection settings came from the environment.
 pub fn parse() -> Cli {
-    let matches = command().get_matches();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = command()
+        .try_get_matches_from(&args)
+        .unwrap_or_else(|e| client::blame_environment(e, &args).exit());
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     cli.connect.note_sources(&matches);
     cli
@@ -181,6 +185,45 @@ mod tests {
         let mut cli = Cli::from_arg_matches(&m).unwrap();
         cli.connect.note_sources(&m);
         assert!(cli.connect.from_env.is_empty());
+    }
+
+    #[test]
+    fn a_bad_value_from_the_environment_names_the_variable_not_the_flag() {
+        // clap's own error for the value, as it is made when the value is typed; the
+        // environment cannot be set in a test (tests/tests/operator.rs runs the binary
+        // with FLEETMEND_CTL_TIMEOUT set).
+        let typed = |args: &[&str]| -> Vec<std::ffi::OsString> {
+            args.iter().map(std::ffi::OsString::from).collect()
+        };
+        let clap_error = command()
+            .try_get_matches_from(["coordinatorctl", "--timeout", "5", "machines", "list"])
+            .unwrap_err();
+        let flag_said = clap_error.to_string();
+        assert!(flag_said.contains("'--timeout <TIMEOUT>'"), "{flag_said}");
+        // Typed: unchanged.
+        let e = client::blame_environment(
+            clap_error,
+            &typed(&["coordinatorctl", "--timeout", "5", "machines", "list"]),
+        );
+        assert_eq!(e.to_string(), flag_said);
+        // Not typed: the value came from the variable.
+        let e = client::blame_environment(e, &typed(&["coordinatorctl", "machines", "list"]));
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(
+                "error: invalid value '5' in the environment variable FLEETMEND_CTL_TIMEOUT (read for --timeout, which was not given): "
+            ) && msg.contains("unit")
+                && msg.ends_with("For more information, try '--help'.\n"),
+            "{msg}"
+        );
+        assert!(!msg.contains("'--timeout <TIMEOUT>'"), "{msg}");
+        assert_eq!(e.exit_code(), 2, "a usage error, as before");
+        // `--timeout=5` is typed too.
+        let e = command()
+            .try_get_matches_from(["coordinatorctl", "--timeout=5", "machines", "list"])
+            .unwrap_err();
+        let e = client::blame_environment(e, &typed(&["coordinatorctl", "--timeout=5"]));
+        assert!(e.to_string().contains("'--timeout <TIMEOUT>'"), "{e}");
     }
 
     #[test]

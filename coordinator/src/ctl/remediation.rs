@@ -115,6 +115,9 @@ pub enum ConstraintsCommand {
         name: String,
         /// Its value.
         value: u64,
+        /// Print the constraints in force afterwards, as JSON (as `show --json`).
+        #[arg(long)]
+        json: bool,
     },
     /// Print the constraints in force.
     Show {
@@ -127,10 +130,11 @@ pub enum ConstraintsCommand {
 impl CommandGroup for ConstraintsCommand {
     async fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let (req, json, quiet) = match self {
-            ConstraintsCommand::Set { name, value } => (
+            // Quiet as `ckecli constraints set`, unless asked for JSON.
+            ConstraintsCommand::Set { name, value, json } => (
                 RemediationRequest::SetConstraint { name, value },
-                false,
-                true,
+                json,
+                !json,
             ),
             ConstraintsCommand::Show { json } => (RemediationRequest::Constraints, json, false),
         };

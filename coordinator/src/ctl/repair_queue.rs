@@ -23,9 +23,9 @@ use super::common::{CommandGroup, Ctx, Polling, fmt_time, print_table};
 pub enum RepairQueueCommand {
     /// Append a repair request for a machine: `add OPERATION [MACHINE_TYPE] ADDRESS [SERIAL]`.
     ///
-    /// The address must be a machine of the inventory (or pass --force); a serial that
-    /// contradicts the inventory is refused; a missing serial or machine type is taken from
-    /// the inventory.
+    /// The address must be a machine of the inventory (or pass --force); a serial or a
+    /// machine type that contradicts the inventory is refused, even with --force; a missing
+    /// serial or machine type is taken from the inventory.
     Add {
         /// Operation name, e.g. `unreachable`.
         operation: String,
@@ -154,11 +154,6 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
                 Some(a) => (machine_type, a),
                 None => (String::new(), machine_type),
             };
-            if force {
-                eprintln!(
-                    "coordinatorctl: warning: --force queues {address} even if the inventory does not know it or it is retired"
-                );
-            }
             let req = RepairQueueRequest::AddChecked {
                 entry: AddRepairEntry {
                     operation,
@@ -168,7 +163,18 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
                 },
                 force,
             };
-            match call(client, req).await? {
+            // The coordinator checks the arguments; the warning is for an entry it queued,
+            // not printed before a refusal of a malformed address or a contradiction.
+            let added = call(client, req).await?;
+            if let RepairQueueResponse::Added(e) = &added
+                && force
+            {
+                eprintln!(
+                    "coordinatorctl: warning: queued with --force: {} is repaired even if the inventory does not know it or it is retired",
+                    e.address
+                );
+            }
+            match added {
                 RepairQueueResponse::Added(e) if json => {
                     println!("{}", serde_json::to_string_pretty(&cke_json(&e))?)
                 }

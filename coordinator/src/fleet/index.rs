@@ -35,6 +35,8 @@ pub(super) struct Live {
     /// When the certificate the agent last connected with expires (seconds since the Unix
     /// epoch).
     pub(super) cert_not_after: Option<i64>,
+    /// The stored history says the agent reported before this coordinator started.
+    pub(super) reported_before_start: bool,
 }
 
 /// The received-datagram count of a late agent's connection: when first sampled (once the

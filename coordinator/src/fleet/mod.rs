@@ -133,6 +133,7 @@ impl Fleet {
                 reason: m.reason,
                 live: Live {
                     stored_boot_id: m.boot_id,
+                    reported_before_start: m.reported,
                     ..Live::default()
                 },
             });
@@ -151,6 +152,23 @@ impl Fleet {
     /// The health settings in force.
     pub fn config(&self) -> &HealthConfig {
         &self.cfg
+    }
+
+    /// When this registry was opened: reports before it are not known (they are kept in
+    /// memory only).
+    pub fn started_at(&self) -> Timestamp {
+        self.started_at
+    }
+
+    /// Whether `address`'s agent has ever reported: since this registry was opened, or
+    /// before (its stored history has a healthy or unhealthy state). False for an unknown
+    /// address.
+    pub fn ever_reported(&self, address: &str) -> bool {
+        self.lock().machines.get(address).is_some_and(|e| {
+            e.live.last_report_at.is_some()
+                || e.live.reported_before_start
+                || matches!(e.state, MachineState::Healthy | MachineState::Unhealthy)
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

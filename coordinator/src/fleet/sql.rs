@@ -66,6 +66,9 @@ pub(super) struct StoredMachine {
     pub(super) reason: String,
     /// The boot id its agent last reported, to this run or an earlier one.
     pub(super) boot_id: Option<String>,
+    /// Its stored history has a report's state (healthy or unhealthy): its agent reported
+    /// at some time, perhaps before this coordinator started.
+    pub(super) reported: bool,
 }
 
 /// One database write, applied with others in one transaction.
@@ -176,7 +179,10 @@ pub(super) fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusq
 pub(super) fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<StoredMachine>> {
     let mut stmt = conn.prepare(
         "SELECT address, hostname, serial, rack, role, machine_type, labels, source, state, \
-         state_since_ms, state_reason, boot_id FROM machines ORDER BY address",
+         state_since_ms, state_reason, boot_id, \
+         EXISTS (SELECT 1 FROM machine_transitions t WHERE t.address = machines.address \
+                 AND t.to_state IN ('healthy', 'unhealthy')) \
+         FROM machines ORDER BY address",
     )?;
     let rows = stmt.query_map([], |r| {
         let labels: String = r.get(6)?;
@@ -199,6 +205,7 @@ pub(super) fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<Stor
             since: from_unix_ms(r.get(9)?),
             reason: r.get(10)?,
             boot_id: r.get(11)?,
+            reported: r.get(12)?,
         })
     })?;
     rows.collect()

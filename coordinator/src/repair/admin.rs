@@ -120,13 +120,22 @@ pub fn counts<'a>(
     c
 }
 
-/// Refuses an `add` whose address is not an IP address or whose machine type and operation
-/// match no repair procedure.
+/// Refuses an `add` whose address is not an IP address, whose serial is longer than an
+/// inventory serial may be, or whose machine type and operation match no repair procedure.
 pub fn validate_add(config: &RepairConfig, add: &AddRepairEntry) -> Result<(), RepairQueueError> {
     if add.address.parse::<IpAddr>().is_err() {
         return Err(RepairQueueError::BadRequest(format!(
             "`{}` is not an IP address; the repair queue is keyed by machine address",
             add.address
+        )));
+    }
+    // A serial typed for a machine whose record has none (or for an unknown address) is
+    // kept as typed: the same limit as the inventory's.
+    let n = add.serial.chars().count();
+    if n > crate::inventory::MAX_SERIAL_CHARS {
+        return Err(RepairQueueError::BadRequest(format!(
+            "serial is {n} characters long; the limit is {}",
+            crate::inventory::MAX_SERIAL_CHARS
         )));
     }
     config
@@ -466,14 +475,25 @@ mod tests {
     }
 
     #[test]
-    fn add_refuses_a_bad_address_or_an_unknown_operation_and_writes_nothing() {
-        let p = queue().plan(vec![add("op", "node-1"), add("nope", "10.0.0.1")]);
+    fn add_refuses_a_bad_address_a_long_serial_or_an_unknown_operation_and_writes_nothing() {
+        let long_serial = RepairQueueRequest::Add(AddRepairEntry {
+            operation: "op".into(),
+            machine_type: "t".into(),
+            address: "10.0.0.2".into(),
+            serial: "s".repeat(crate::inventory::MAX_SERIAL_CHARS + 1),
+        });
+        let p = queue().plan(vec![
+            add("op", "node-1"),
+            add("nope", "10.0.0.1"),
+            long_serial,
+        ]);
         assert!(p.writes.is_empty());
-        for (r, want) in p
-            .replies
-            .iter()
-            .zip(["not an IP address", "no operation `nope`"])
-        {
+        assert_eq!(p.replies.len(), 3);
+        for (r, want) in p.replies.iter().zip([
+            "not an IP address",
+            "no operation `nope`",
+            "serial is 254 characters long; the limit is 253",
+        ]) {
             match r {
                 Reply::Now(Err(RepairQueueError::BadRequest(m))) => {
                     assert!(m.contains(want), "{m}")

@@ -43,10 +43,22 @@ pub struct AgentHealth {
     pub ok_since: Option<Timestamp>,
 }
 
+/// Why there is no [`AgentHealth`] for a machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoReport {
+    /// Its agent has never reported (the machine is uninitialized, awaiting registration,
+    /// or not in the inventory).
+    Never,
+    /// None since the coordinator started at this time. Reports are kept in memory only,
+    /// so one that came before, perhaps for hours, is not known any more.
+    SinceStart(Timestamp),
+}
+
 /// The foundation's live-health view, as the repair queue needs it. Implemented by the
 /// health module; faked in tests.
 pub trait AgentHealthView: Send + Sync + 'static {
-    /// The agent's state for the machine at `address`, `None` if it never reported.
+    /// The agent's state for the machine at `address`, `None` if it has not reported since
+    /// the coordinator started ([`AgentHealthView::no_report`] says whether it ever did).
     fn agent_health(&self, address: &str) -> Option<AgentHealth>;
 
     /// The boot id the machine's agent last reported, also from before a coordinator
@@ -54,6 +66,13 @@ pub trait AgentHealthView: Send + Sync + 'static {
     /// replaced. Default: the live one.
     fn boot_id(&self, address: &str) -> Option<String> {
         self.agent_health(address).map(|h| h.boot_id)
+    }
+
+    /// Why [`AgentHealthView::agent_health`] has nothing for `address`. Default: never
+    /// reported.
+    fn no_report(&self, address: &str) -> NoReport {
+        let _ = address;
+        NoReport::Never
     }
 
     /// True when the machine's agent is known silent past its grace (state `unreachable`):
@@ -211,7 +230,12 @@ fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
         )
     };
     let Some(h) = ctx.agents.agent_health(&ctx.address) else {
-        return fail("the agent has never reported".into());
+        return fail(match ctx.agents.no_report(&ctx.address) {
+            NoReport::Never => "the agent has never reported".into(),
+            NoReport::SinceStart(at) => {
+                format!("no report from the agent since the coordinator started at {at:.0}")
+            }
+        });
     };
     if h.last_report <= ctx.step_began {
         return fail(format!(
@@ -871,7 +895,32 @@ mod tests {
             !check(Some(ok.clone()), "b2").await.0.ok,
             "same boot id after a power step"
         );
-        assert!(!check(None, "").await.0.ok, "never reported");
+        let (end, _) = check(None, "").await;
+        assert!(!end.ok);
+        assert_eq!(end.summary, "the agent has never reported");
+        // No report since a restart: it may have reported for hours before.
+        struct Restarted(Timestamp);
+        impl AgentHealthView for Restarted {
+            fn agent_health(&self, _: &str) -> Option<AgentHealth> {
+                None
+            }
+            fn no_report(&self, _: &str) -> NoReport {
+                NoReport::SinceStart(self.0)
+            }
+        }
+        let mut c = ctx(None);
+        c.agents = Arc::new(Restarted(began));
+        let (end, _) = run(
+            CommandSpec::Builtin(Builtin::AgentHealthy),
+            CommandKind::Health,
+            c,
+        )
+        .await;
+        assert!(!end.ok);
+        assert_eq!(
+            end.summary,
+            format!("no report from the agent since the coordinator started at {began:.0}")
+        );
         let stale = AgentHealth {
             last_report: began,
             ..ok.clone()

@@ -43,7 +43,7 @@ mod tasks;
 pub mod wiring;
 
 pub use admin::{RepairQueueError, Requester};
-pub use command::{AgentHealth, AgentHealthView, NoAgents};
+pub use command::{AgentHealth, AgentHealthView, NoAgents, NoReport};
 pub use config::RepairConfig;
 pub use engine::{RepairDeps, RepairQueue};
 pub use load::load_file;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{AgentHealth, AgentHealthView};
+use super::command::{AgentHealth, AgentHealthView, NoReport};
 use super::engine::{RepairDeps, RepairQueue};
 use super::fencing::{FenceService, KeepOffOf, NodeLiveness};
 use super::load::{RepairConfigError, load_file};
@@ -72,6 +72,16 @@ impl AgentHealthView for Fleet {
     fn is_unreachable(&self, address: &str) -> bool {
         self.machine(address)
             .is_some_and(|m| m.state == crate::health::MachineState::Unreachable)
+    }
+
+    /// Reports are kept in memory, but the states they led to are stored: a machine whose
+    /// history has none has never reported.
+    fn no_report(&self, address: &str) -> NoReport {
+        if self.ever_reported(address) {
+            NoReport::SinceStart(self.started_at())
+        } else {
+            NoReport::Never
+        }
     }
 }
 
@@ -339,5 +349,106 @@ mod tests {
         assert_eq!(policy.timeouts("10.9.9.9").off, Duration::from_secs(60));
         assert!(policy.keep_off("10.0.0.2"));
         assert!(!policy.keep_off("10.0.0.1"));
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_reported_before_a_restart_is_not_said_to_have_never_reported() {
+        use protocol::messages::{AgentHello, CheckKind, CheckResult, CheckStatus, HealthReport};
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let clock = Arc::new(FakeClock::new("2026-01-01T00:00:00Z".parse().unwrap()));
+        let open = || async {
+            Fleet::open(
+                Store::open(&db).unwrap(),
+                clock.clone(),
+                HealthConfig::default(),
+            )
+            .await
+            .unwrap()
+        };
+        let rec = |address: &str, host: &str| MachineRecord {
+            address: address.into(),
+            hostname: host.into(),
+            serial: "S".into(),
+            rack: String::new(),
+            role: String::new(),
+            machine_type: Some("qemu".into()),
+            labels: BTreeMap::new(),
+            source: RecordSource::Admin,
+        };
+        let fleet = open().await;
+        fleet
+            .upsert(vec![rec("10.0.0.1", "a"), rec("10.0.0.2", "b")])
+            .await
+            .unwrap();
+        let hello = AgentHello {
+            hostname: "a".into(),
+            serial: "S".into(),
+            addresses: vec![],
+            agent_version: "0.1".into(),
+            boot_id: "b1".into(),
+        };
+        fleet
+            .agent_hello("a", &hello, "10.0.0.1".parse().unwrap())
+            .await
+            .unwrap();
+        let report = HealthReport {
+            seq: 1,
+            time_unix_ms: 0,
+            boot_id: "b1".into(),
+            checks: vec![CheckResult {
+                kind: CheckKind::Kubelet,
+                subject: "kubelet".into(),
+                status: CheckStatus::Ok,
+                detail: String::new(),
+            }],
+        };
+        fleet.report("a", report).await.unwrap();
+        assert!(fleet.agent_health("10.0.0.1").is_some());
+        drop(fleet);
+
+        // Hours later, a new coordinator: reports are memory, the states are not.
+        clock.advance(jiff::SignedDuration::from_hours(3));
+        let fleet = open().await;
+        assert_eq!(fleet.agent_health("10.0.0.1"), None);
+        assert_eq!(
+            fleet.no_report("10.0.0.1"),
+            NoReport::SinceStart(clock.now()),
+            "it reported before the restart"
+        );
+        assert_eq!(
+            fleet.no_report("10.0.0.2"),
+            NoReport::Never,
+            "still uninitialized"
+        );
+        // Maintenance and back hands it to health checks as `uninitialized`, reports or
+        // not: the stored history still says it reported, in this start and the next.
+        for state in [Some(crate::health::MachineState::Updating), None] {
+            fleet
+                .set_admin_state("10.0.0.1", state, "test")
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            fleet.machine("10.0.0.1").unwrap().state,
+            crate::health::MachineState::Uninitialized
+        );
+        assert_eq!(
+            fleet.no_report("10.0.0.1"),
+            NoReport::SinceStart(clock.now())
+        );
+        drop(fleet);
+        clock.advance(jiff::SignedDuration::from_hours(1));
+        let fleet = open().await;
+        assert_eq!(
+            fleet.no_report("10.0.0.1"),
+            NoReport::SinceStart(clock.now())
+        );
+        assert_eq!(fleet.no_report("10.0.0.2"), NoReport::Never);
+        assert_eq!(
+            fleet.no_report("10.9.9.9"),
+            NoReport::Never,
+            "no such machine"
+        );
     }
 }

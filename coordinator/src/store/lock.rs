@@ -169,6 +169,31 @@ fn flock_holder(proc_locks: &str, dev: u64, ino: u64) -> Option<u32> {
     })
 }
 
+/// The refusal [`StoreLock::acquire`] would give because another process holds `database`
+/// under another name (a symlink or a hard link to it), found without taking any lock:
+/// for `coordinator check`, which must not lock a running coordinator's store. A database
+/// held under this very name (the coordinator a check is usually run beside) is no refusal
+/// here: its lock file `<database>.lock` is held by the same process.
+pub fn held_under_another_name(database: &Path) -> Result<(), StoreError> {
+    let Ok(db) = std::fs::metadata(database) else {
+        return Ok(());
+    };
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    let Some(holder) = flock_holder(&locks, db.dev(), db.ino()) else {
+        return Ok(());
+    };
+    let this_name = std::fs::metadata(lock_path(database))
+        .ok()
+        .and_then(|m| flock_holder(&locks, m.dev(), m.ino()));
+    if this_name == Some(holder) {
+        return Ok(());
+    }
+    Err(StoreError::HeldUnderAnotherName {
+        database: database.to_path_buf(),
+        holder: Some(holder),
+    })
+}
+
 /// The pid a lock file names, if it holds one.
 pub fn holder_pid(text: &str) -> Option<u32> {
     text.trim().parse().ok()
@@ -278,7 +303,21 @@ mod tests {
                 assert!(msg.contains("symlink or hard link"), "{msg}");
             }
         }
+        // Seen without locking (for `coordinator check`): under the other names only.
+        assert!(
+            held_under_another_name(&db).is_ok(),
+            "the holder's own name"
+        );
+        for other in [&symlink, &hard] {
+            let err = held_under_another_name(other).unwrap_err();
+            assert!(
+                matches!(&err, StoreError::HeldUnderAnotherName { holder: Some(pid), .. } if *pid == std::process::id()),
+                "{}: {err:?}",
+                other.display()
+            );
+        }
         drop(held);
+        assert!(held_under_another_name(&hard).is_ok(), "nobody holds it");
         StoreLock::acquire(&hard, true).expect("free again once the holder is gone");
     }
 
