@@ -21,6 +21,7 @@ pub mod power;
 pub mod redfish;
 pub mod reload;
 pub mod service;
+pub mod state_lock;
 pub mod tls;
 
 use std::net::SocketAddr;
