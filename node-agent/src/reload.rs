@@ -126,6 +126,9 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
     if checks_changed {
         changed.push("checks");
     }
+    if cfg.actions != new.actions {
+        changed.push("actions");
+    }
     Ok(Reloaded {
         cfg: new,
         tls: new_tls,

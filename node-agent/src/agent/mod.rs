@@ -931,6 +931,44 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_that_changes_only_the_actions_says_so() {
+        let pki = pki("node-1");
+        let fx = NodeFixture::builder("node-1").build().unwrap();
+        let path = fx
+            .write_agent_config(&AgentConfig::new(
+                "127.0.0.1:7443",
+                &pki.ca,
+                &pki.cert,
+                &pki.key,
+            ))
+            .unwrap();
+        let load = || {
+            Config::load(&Settings {
+                config: Some(path.clone()),
+                ..Settings::default()
+            })
+            .unwrap()
+        };
+        let running = load();
+        let tls = TlsMaterial::load(&TlsFiles {
+            ca: pki.ca.clone(),
+            cert: pki.cert.clone(),
+            key: pki.key.clone(),
+        })
+        .unwrap();
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("\n[actions]\nrestart_command = [\"/usr/local/bin/restart-unit\"]\n");
+        std::fs::write(&path, text).unwrap();
+        let r = reload::prepare(&running, &tls, load()).unwrap();
+        assert_eq!(r.changed, ["actions"]);
+        assert!(!r.reconnect && !r.checks_changed);
+        assert_eq!(
+            r.cfg.actions.restart_command,
+            ["/usr/local/bin/restart-unit"]
+        );
+    }
+
+    #[test]
     fn a_reload_refuses_a_certificate_of_another_ca_as_the_start_does() {
         let pki = pki("node-1");
         let fx = NodeFixture::builder("node-1").build().unwrap();
