@@ -420,7 +420,8 @@ async fn agent_frame(
     ctx: &ServerCtx,
 ) -> Option<(u64, bool)> {
     let decoded = match read {
-        Ok(Some(payload)) => frame::decode_payload::<AgentMessage>(&payload),
+        // This release's messages and those of agents before report intervals.
+        Ok(Some(payload)) => protocol::messages::decode_agent_message(&payload),
         Ok(None) => {
             tracing::info!(machine = %agent.address, "agent closed its stream");
             return None;
