@@ -2,7 +2,10 @@
 //! - a report interval changed by SIGHUP takes effect at once, and the coordinator judges the
 //!   machine on the interval the agent announces in its reports, so a machine whose agent
 //!   moves to a longer interval is never called unreachable on the shorter one; an interval
-//!   over a minute is refused, at start and on reload.
+//!   over a minute is refused, at start and on reload;
+//! - one machine, one session: a second agent with the same certificate replaces the first
+//!   one's connection (logged with both peers and counted), and the goodbye of the replaced
+//!   agent does not stop the machine; the current agent's goodbye still does.
 
 use std::path::Path;
 use std::process::Command;
@@ -11,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use testkit::fixture::{AgentConfig, NodeFixture};
 use testkit::procs::{
-    Coordinator, CoordinatorOptions, Pki, Proc, command, inventory_toml, start_agent, wait_for,
+    Coordinator, CoordinatorOptions, Pki, Proc, command, inventory_toml, metric, start_agent,
+    wait_for,
 };
 
 /// Bound for anything the test causes (processes start in seconds on a loaded machine).
@@ -177,5 +181,67 @@ fn a_changed_report_interval_reaches_the_coordinator_at_once_and_is_judged_on() 
         err.contains("invalid setting `report_interval`") && err.contains("use at most 60s"),
         "{err}"
     );
+    Ok(())
+}
+
+#[test]
+fn a_second_agent_with_the_same_certificate_replaces_the_first_and_its_goodbye_is_ignored()
+-> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+            ..Default::default()
+        },
+    )?;
+    let fixture = NodeFixture::builder("node-1")
+        .nic("eth0")
+        .address("10.0.0.1".parse()?)
+        .build()?;
+    let tls = pki.issue("node", "node-1", &[])?;
+    // 10 s between reports: the replaced agent does not take the session back during the
+    // test (its next report would find its connection closed and reconnect).
+    let cfg_path = fixture.write_agent_config(
+        &AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+            .report_interval(Duration::from_secs(10)),
+    )?;
+    let mut first = start_agent("first", &cfg_path, &tmp.path().join("first.log"))?;
+    coord.wait_for_state("node-1", "healthy", SETTLE)?;
+    coord.wait_for_log(&["agent connected", "machine=10.0.0.1"], SETTLE)?;
+
+    // The same configuration, certificate and all, started again (a copied image).
+    let mut second = start_agent("second", &cfg_path, &tmp.path().join("second.log"))?;
+    let line = coord.wait_for_log(
+        &[
+            "replaced its open one",
+            "machine=10.0.0.1",
+            "new_peer=127.0.0.1:",
+            "old_peer=127.0.0.1:",
+        ],
+        SETTLE,
+    )?;
+    ensure!(line.contains("two agents using one certificate"), "{line}");
+    let replaced = metric(&coord.scrape()?, "fleetmend_agent_sessions_replaced_total");
+    ensure!(replaced == Some(1.0), "{replaced:?}");
+
+    // Ctrl-C of the replaced agent: its goodbye does not make the machine stopped.
+    let code = first.sigterm(SETTLE)?;
+    ensure!(code == Some(0), "first agent exited {code:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    let stopped = entered(&coord, "10.0.0.1", "stopped")?;
+    ensure!(
+        stopped.is_empty(),
+        "the replaced agent's goodbye stopped the machine: {stopped:?}\n{}",
+        coord.log_text()
+    );
+    ensure!(coord.machine("10.0.0.1")?.summary.state == "healthy");
+
+    // The current agent's goodbye is the machine's.
+    let code = second.sigterm(SETTLE)?;
+    ensure!(code == Some(0), "second agent exited {code:?}");
+    coord.wait_for_state("node-1", "stopped", SETTLE)?;
     Ok(())
 }
