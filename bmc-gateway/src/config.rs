@@ -361,9 +361,10 @@ impl BmcConfig {
         )
     }
 
-    /// Reads the password file (trailing newline stripped).
+    /// Reads the password file (trailing newline stripped); a FIFO or a device is refused,
+    /// not waited on.
     pub fn read_password(&self) -> Result<String, std::io::Error> {
-        let s = std::fs::read_to_string(&self.password_file)?;
+        let s = protocol::file::read_regular_to_string(&self.password_file)?;
         Ok(s.trim_end_matches(['\n', '\r']).to_string())
     }
 }
@@ -522,7 +523,7 @@ impl Config {
                                 ));
                             }
                             (Some(ca), false) => {
-                                if let Err(e) = std::fs::read(ca) {
+                                if let Err(e) = protocol::file::read_regular(ca) {
                                     return Err(bad(
                                         key("redfish.ca_file"),
                                         format!("cannot read {}: {e}", ca.display()),

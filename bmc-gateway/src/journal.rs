@@ -12,8 +12,10 @@
 //! hold (a torn tail after a kill mid-write, a zeroed block after a power loss) is skipped and
 //! counted, never fatal. The file is rewritten (compacted) to the newest [`crate::dedup::REMEMBERED_IDS`]
 //! finished ids at start and whenever it has grown to twice that, by writing a new file, fsyncing
-//! it and renaming it over the old one. This module keeps no request state in memory beyond
-//! what loading needs (see [`crate::dedup`]) and runs nothing.
+//! it and renaming it over the old one. The record is opened under the state directory's
+//! exclusive lock ([`crate::state_lock`]), held while it is open: one gateway per directory.
+//! This module keeps no request state in memory beyond what loading needs (see
+//! [`crate::dedup`]) and runs nothing.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -81,11 +83,26 @@ pub enum JournalError {
         /// Cause.
         source: std::io::Error,
     },
+    /// Another process (a second gateway) holds the state directory.
+    #[error(
+        "state_dir {dir} is in use by another bmc-gateway ({}, holding {lock}): two gateways on \
+         one state directory could each run a request id the other ran; stop the other, or give \
+         each its own state_dir",
+        holder.map_or("pid unknown".to_string(), |p| format!("pid {p}"))
+    )]
+    Locked {
+        /// The state directory.
+        dir: PathBuf,
+        /// Its lock file.
+        lock: PathBuf,
+        /// The pid written in the lock file by its holder.
+        holder: Option<u32>,
+    },
 }
 
 impl JournalError {
-    /// True when trying again may succeed (a full disk may be freed); the gateway refuses to
-    /// execute a request it could not record either way.
+    /// True when trying again may succeed (a full disk may be freed, the other gateway may
+    /// stop); the gateway refuses to execute a request it could not record either way.
     pub fn is_retriable(&self) -> bool {
         true
     }
@@ -94,6 +111,8 @@ impl JournalError {
 /// The open record file.
 #[derive(Debug)]
 pub struct Journal {
+    /// Held for as long as the record is open.
+    _lock: crate::state_lock::StateLock,
     dir: PathBuf,
     path: PathBuf,
     file: File,
@@ -152,6 +171,7 @@ impl Journal {
     /// ids.
     pub fn open(dir: &Path, capacity: usize) -> Result<(Self, Loaded), JournalError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let lock = crate::state_lock::StateLock::acquire(dir)?;
         let path = dir.join(FILE_NAME);
         let capacity = capacity.max(1);
         let (read, skipped) = match File::open(&path) {
@@ -178,6 +198,7 @@ impl Journal {
         }
         let file = rewrite(dir, &path, loaded.finished.iter().map(finished_record))?;
         let journal = Self {
+            _lock: lock,
             dir: dir.to_path_buf(),
             path,
             file,
@@ -422,6 +443,17 @@ mod tests {
         // "run" is still remembered (now interrupted) with the newest three.
         assert_eq!(ids(&l), ["run", "id37", "id38", "id39"][..].to_vec());
         assert_eq!(l.interrupted, ["run"]);
+    }
+
+    #[test]
+    fn a_second_record_on_the_same_directory_is_refused_while_the_first_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (j, _) = Journal::open(dir.path(), 10).unwrap();
+        let e = Journal::open(dir.path(), 10).unwrap_err();
+        assert!(matches!(e, JournalError::Locked { .. }), "{e}");
+        assert!(e.is_retriable());
+        drop(j);
+        Journal::open(dir.path(), 10).unwrap();
     }
 
     #[test]

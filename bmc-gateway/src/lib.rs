@@ -21,6 +21,7 @@ pub mod power;
 pub mod redfish;
 pub mod reload;
 pub mod service;
+pub mod state_lock;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -114,10 +115,12 @@ pub fn power_for(b: &BmcConfig, password: String) -> Result<Arc<dyn PowerControl
                     machine: b.machine.clone(),
                     detail: "no ca_file".into(),
                 })?;
-                Trust::Ca(std::fs::read(ca).map_err(|e| StartError::Bmc {
-                    machine: b.machine.clone(),
-                    detail: format!("ca_file {}: {e}", ca.display()),
-                })?)
+                Trust::Ca(
+                    protocol::file::read_regular(ca).map_err(|e| StartError::Bmc {
+                        machine: b.machine.clone(),
+                        detail: format!("ca_file {}: {e}", ca.display()),
+                    })?,
+                )
             };
             let auth = match r.auth.as_str() {
                 "basic" => AuthMode::Basic,

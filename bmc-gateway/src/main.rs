@@ -45,8 +45,10 @@ enum Command {
     /// Read the power state of every configured BMC and print a table.
     ///
     /// Also checks the TLS files as the start does (they load, the key is the certificate's,
-    /// it names a gateway and chains to `ca`) and prints a `tls` line under the table; with
-    /// `--json` a TLS problem goes to stderr. Exit 1 when a BMC or the TLS files fail.
+    /// it names a gateway and chains to `ca`) and prints a `tls` line under the table, then a
+    /// `state` line saying whether a running gateway holds `state_dir` (and its pid: a second
+    /// gateway on it refuses to start); with `--json` a TLS or state problem goes to stderr.
+    /// Exit 1 when a BMC or the TLS files fail, or the state directory cannot be looked at.
     Check {
         /// Time limit per BMC (`15s`, `500ms`, `1m`).
         #[arg(long, default_value = "15s", value_parser = protocol::duration::limit)]
@@ -81,8 +83,10 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check { timeout, json } => rt.block_on(async {
             let tls = bmc_gateway::tls::check(&cfg.tls);
+            let state = bmc_gateway::state_lock::holder(&cfg.state_dir);
             let rows = bmc_gateway::check(&cfg, timeout).await;
-            let healthy = tls.is_ok() && rows.iter().all(|r| r.result.is_ok());
+            let healthy =
+                tls.is_ok() && state.is_ok() && rows.iter().all(|r| r.result.is_ok());
             if !healthy {
                 // `check | head -1` closes stdout while printing: still fail.
                 protocol::telemetry::set_broken_pipe_exit(1);
@@ -107,9 +111,21 @@ fn main() -> ExitCode {
                 if let Err(e) = &tls {
                     eprintln!("bmc-gateway: tls: {e}");
                 }
+                match &state {
+                    Ok(Some(pid)) => eprintln!(
+                        "bmc-gateway: state_dir {} is held by the gateway with pid {pid}",
+                        cfg.state_dir.display()
+                    ),
+                    Ok(None) => {}
+                    Err(e) => eprintln!("bmc-gateway: state_dir: {e}"),
+                }
             } else {
                 print!("{}", bmc_gateway::render_check(&rows));
                 print!("{}", bmc_gateway::tls::render_check(&tls));
+                print!(
+                    "{}",
+                    bmc_gateway::state_lock::render_check(&cfg.state_dir, &state)
+                );
             }
             if healthy {
                 ExitCode::SUCCESS

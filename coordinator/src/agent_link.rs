@@ -120,19 +120,31 @@ impl AgentLinks {
         Arc::new(Self::default())
     }
 
-    /// Registers the connection of the agent of `address` (replacing an older one);
-    /// returns the session number to pass to [`AgentLinks::remove`].
-    pub fn insert(&self, address: &str, conn: Connection) -> u64 {
+    /// Registers the connection of the agent of `address` as its current session; returns
+    /// the session number to pass to [`AgentLinks::remove`] and [`AgentLinks::is_current`],
+    /// and the connection it replaced, if one was registered (the caller closes it: one
+    /// machine, one session).
+    pub fn insert(&self, address: &str, conn: Connection) -> (u64, Option<Connection>) {
         let n = {
             let mut next = self.next.lock().expect("links lock");
             *next += 1;
             *next
         };
-        self.links
+        let old = self
+            .links
             .lock()
             .expect("links lock")
             .insert(address.to_string(), (n, conn));
-        n
+        (n, old.map(|(_, c)| c))
+    }
+
+    /// True while session `n` is the current one of `address` (no newer one replaced it).
+    pub fn is_current(&self, address: &str, n: u64) -> bool {
+        self.links
+            .lock()
+            .expect("links lock")
+            .get(address)
+            .is_some_and(|(m, _)| *m == n)
     }
 
     /// Forgets session `n` of `address`, unless a newer session replaced it.

@@ -14,6 +14,14 @@
 //! session lasts, so the repair queue can open action streams on it; the coordinator
 //! accepts no stream an agent opens besides the first.
 //!
+//! One machine, one session: a newer connection with the machine's certificate replaces
+//! the open one, which is closed with a reason naming the newcomer, logged with both peers'
+//! addresses and counted (`fleetmend_agent_sessions_replaced_total`). Once is an agent back
+//! before its old connection timed out (a crash, a network break); again and again is two
+//! agents sharing one certificate (a cloned image, a copied certificate), which then take
+//! the session from each other. A goodbye read on a session that was replaced meanwhile
+//! changes nothing: the machine's current agent did not say it.
+//!
 //! This module moves frames and enforces who may say what; what a report means is
 //! [`crate::fleet`]'s business, what an admin request does is [`crate::admin`]'s.
 
@@ -46,6 +54,8 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(2);
 const CLOSE_OK: u32 = 0;
 /// QUIC application close code after a refusal.
 const CLOSE_REFUSED: u32 = 1;
+/// QUIC application close code of a session replaced by a newer one of the same machine.
+const CLOSE_REPLACED: u32 = 2;
 
 /// What every connection task needs.
 #[derive(Debug, Clone)]
@@ -348,8 +358,11 @@ async fn agent_hello(
             return None;
         }
     };
-    let link = ctx.links.insert(&address, conn.clone());
+    let (link, replaced) = ctx.links.insert(&address, conn.clone());
     tracing::info!(machine = %address, agent_version = %hello.agent_version, boot_id = %hello.boot_id, "agent connected");
+    if let Some(old) = replaced {
+        replace_session(&old, &address, &hostname, remote, ctx);
+    }
     if let Some(t) = protocol::transport::peer_not_after(&conn) {
         ctx.fleet.note_certificate(&hostname, t);
         crate::certs::agent_connected(&hostname, &address, t);
@@ -362,6 +375,30 @@ async fn agent_hello(
         recv,
         link,
     })
+}
+
+/// Closes `old`, the session of `address` that the connection from `remote` replaced, and
+/// says so: a warning with both peers' addresses and a count.
+fn replace_session(
+    old: &Connection,
+    address: &str,
+    hostname: &str,
+    remote: SocketAddr,
+    ctx: &ServerCtx,
+) {
+    ctx.metrics.agent_session_replaced();
+    tracing::warn!(
+        machine = %address,
+        hostname,
+        new_peer = %remote,
+        old_peer = %old.remote_address(),
+        "a new connection with this machine's certificate replaced its open one, now closed: \
+         an agent back before its old connection timed out, or, if this repeats, two agents \
+         using one certificate (a cloned image or a copied certificate)"
+    );
+    let reason =
+        format!("replaced by a newer connection of this machine's certificate from {remote}");
+    old.close(CLOSE_REPLACED.into(), reason.as_bytes());
 }
 
 /// An accepted agent's reports, each acknowledged, until it leaves or we shut down. This
@@ -420,7 +457,8 @@ async fn agent_frame(
     ctx: &ServerCtx,
 ) -> Option<(u64, bool)> {
     let decoded = match read {
-        Ok(Some(payload)) => frame::decode_payload::<AgentMessage>(&payload),
+        // This release's messages and those of agents before report intervals.
+        Ok(Some(payload)) => protocol::messages::decode_agent_message(&payload),
         Ok(None) => {
             tracing::info!(machine = %agent.address, "agent closed its stream");
             return None;
@@ -450,6 +488,15 @@ async fn agent_frame(
                 tracing::error!(machine = %address, error = %e, "cannot record state transition");
             }
             Some((seq, true))
+        }
+        AgentMessage::Goodbye(g) if !ctx.links.is_current(address, agent.link) => {
+            tracing::warn!(
+                machine = %address,
+                reason = ?g.reason,
+                peer = %agent.conn.remote_address(),
+                "goodbye on a connection that a newer one of this machine replaced; the machine's state is left as it is"
+            );
+            Some((0, false))
         }
         AgentMessage::Goodbye(g) => {
             tracing::info!(machine = %address, reason = ?g.reason, "agent said goodbye");

@@ -494,6 +494,12 @@ impl Config {
         if self.health.report_interval.is_zero() {
             return Err(invalid("health.report_interval", "must be greater than 0"));
         }
+        if self.health.report_interval > protocol::messages::MAX_REPORT_INTERVAL {
+            return Err(invalid(
+                "health.report_interval",
+                "must be at most 1m, the longest interval an agent accepts",
+            ));
+        }
         let h = self.health.resolved();
         if h.unreachable_grace < h.report_interval {
             return Err(invalid(
@@ -787,6 +793,18 @@ key = "c.key"
                 .to_string();
             assert!(e.contains(want), "{extra}: {e}");
         }
+    }
+
+    #[test]
+    fn a_report_interval_longer_than_an_agent_accepts_is_refused() {
+        let text = format!("{MINIMAL}\n[health]\nreport_interval = \"2m\"\n");
+        let e = Config::parse(&text, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("health.report_interval") && e.contains("at most 1m"),
+            "{e}"
+        );
     }
 
     #[test]

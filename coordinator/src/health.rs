@@ -48,6 +48,32 @@ pub struct HealthConfig {
     pub goodbye_grace: Duration,
 }
 
+impl HealthConfig {
+    /// The report interval a machine is judged on: the one its agent announced in its last
+    /// `report` (at most [`protocol::messages::MAX_REPORT_INTERVAL`]), else the configured
+    /// one (an agent from before the announcement, or no report yet).
+    pub fn interval_for(&self, report: Option<&HealthReport>) -> Duration {
+        report
+            .and_then(HealthReport::report_interval)
+            .unwrap_or(self.report_interval)
+    }
+
+    /// The silence after which a machine whose last report is `report` is unreachable: the
+    /// configured grace, or, when its agent announced a longer interval than the configured
+    /// one, the grace stretched in proportion (as many of the agent's intervals as the grace
+    /// holds of the configured one). Never shorter than the configured grace: a machine is
+    /// judged on the interval its agent keeps, not on one it was never told.
+    pub fn grace_for(&self, report: Option<&HealthReport>) -> Duration {
+        let interval = self.interval_for(report);
+        if interval <= self.report_interval || self.report_interval.is_zero() {
+            return self.unreachable_grace;
+        }
+        let stretched = self.unreachable_grace.as_nanos() * interval.as_nanos()
+            / self.report_interval.as_nanos();
+        Duration::from_nanos(u64::try_from(stretched).unwrap_or(u64::MAX))
+    }
+}
+
 impl Default for HealthConfig {
     fn default() -> Self {
         let report_interval = DEFAULT_REPORT_INTERVAL;
@@ -248,29 +274,37 @@ pub fn derive(
         }
     } else if let Some((at, report)) = obs.last_report {
         let silent = elapsed(now, at);
-        if silent > cfg.unreachable_grace {
+        let grace = cfg.grace_for(Some(report));
+        if silent > grace {
             // Heard from after its last report, yet silent: the agent is alive (its QUIC
             // stack answers keep-alives), so either it reports less often than this
             // coordinator expects (a report_interval that differs between the two configs
             // makes every machine flap) or it is stuck. An open connection alone says
             // nothing: a machine that lost power closes nothing, and its connection stays
             // until QUIC's idle timeout.
-            let open = if obs.heard_since_report {
+            let open = if !obs.heard_since_report {
+                String::new()
+            } else if let Some(announced) = report.report_interval() {
+                format!(
+                    "; its connection is alive (QUIC heard from it after that report), so the \
+                     agent runs but does not report, although it said it reports every {}: \
+                     the agent is stuck",
+                    secs(announced)
+                )
+            } else {
                 format!(
                     "; its connection is alive (QUIC heard from it after that report), so the \
                      agent runs but does not report: is its report_interval longer than this \
                      coordinator's ({})? Otherwise the agent is stuck",
                     secs(cfg.report_interval)
                 )
-            } else {
-                String::new()
             };
             (
                 S::Unreachable,
                 format!(
                     "no report for {} (grace {}){open}",
                     secs(silent),
-                    secs(cfg.unreachable_grace)
+                    secs(grace)
                 ),
             )
         } else if !report.all_ok() {
@@ -374,6 +408,7 @@ mod tests {
                     detail: "carrier down".into(),
                 },
             ],
+            report_interval_ms: 0,
         }
     }
 
@@ -495,6 +530,65 @@ mod tests {
             "{}",
             d.reason
         );
+    }
+
+    #[test]
+    fn a_machine_is_judged_on_the_longer_interval_its_agent_announced_never_a_shorter_one() {
+        let c = Case::new();
+        let at = c.now();
+        let announcing = |ms| HealthReport {
+            report_interval_ms: ms,
+            ..report(false)
+        };
+        // 30 s announced under a 5 s / 15 s coordinator: six intervals of the configured
+        // grace's three, 90 s.
+        let slow = announcing(30_000);
+        assert_eq!(cfg().grace_for(Some(&slow)), Duration::from_secs(90));
+        c.after(89);
+        let derived = |r: &HealthReport| {
+            derive(
+                cur(MachineState::Healthy, at),
+                &c.obs(Some((at, r))),
+                c.now(),
+                &cfg(),
+            )
+        };
+        assert_eq!(derived(&slow), None, "89 s of a 30 s agent is not silence");
+        // The same silence of an agent that did not say: unreachable on the configured grace.
+        assert_eq!(
+            derived(&report(false)).unwrap().state,
+            MachineState::Unreachable
+        );
+        c.after(2);
+        let d = derived(&slow).unwrap();
+        assert_eq!(d.state, MachineState::Unreachable);
+        assert!(
+            d.reason.contains("no report for 91.0s (grace 90.0s)"),
+            "{}",
+            d.reason
+        );
+        let open = Observation {
+            heard_since_report: true,
+            ..c.obs(Some((at, &slow)))
+        };
+        let d = derive(cur(MachineState::Healthy, at), &open, c.now(), &cfg()).unwrap();
+        assert!(
+            d.reason
+                .contains("although it said it reports every 30.0s: the agent is stuck"),
+            "{}",
+            d.reason
+        );
+        // A faster agent keeps the configured grace; an hour is taken as the one-minute
+        // maximum (three minutes of grace).
+        assert_eq!(
+            cfg().grace_for(Some(&announcing(1_000))),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            cfg().grace_for(Some(&announcing(3_600_000))),
+            Duration::from_secs(180)
+        );
+        assert_eq!(cfg().grace_for(None), Duration::from_secs(15));
     }
 
     #[test]

@@ -108,6 +108,8 @@ pub struct Metrics {
     open_admin: AtomicI64,
     accepted: AtomicU64,
     admin_requests: AtomicU64,
+    /// Agent sessions closed because a newer one of the same machine was accepted.
+    replaced: AtomicU64,
     refused: Mutex<BTreeMap<&'static str, u64>>,
     shutting_down: AtomicBool,
 }
@@ -163,6 +165,11 @@ impl Metrics {
     /// Records how long a report took from being read to its acknowledgement being written.
     pub fn report_answered(&self, took: std::time::Duration) {
         self.report_handling.observe(took);
+    }
+
+    /// Counts an agent session closed because a newer one of its machine was accepted.
+    pub fn agent_session_replaced(&self) {
+        self.replaced.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts an admin request.
@@ -231,6 +238,13 @@ impl Metrics {
              # TYPE fleetmend_connections_accepted_total counter\n\
              fleetmend_connections_accepted_total {}",
             self.accepted.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmend_agent_sessions_replaced_total Agent sessions closed because a newer connection with the same machine's certificate was accepted (an agent back before its old connection timed out, or, when it keeps rising, two agents sharing one certificate).\n\
+             # TYPE fleetmend_agent_sessions_replaced_total counter\n\
+             fleetmend_agent_sessions_replaced_total {}",
+            self.replaced.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             out,

@@ -21,6 +21,9 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/fleetmend/node-agent.toml";
 /// coordinator handles a 10 000-node fleet at 2 000 small reports per second.
 pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 
+/// The longest `report_interval` accepted (one minute): see the constant's reasons.
+pub use protocol::messages::MAX_REPORT_INTERVAL;
+
 /// kubelet's default healthz endpoint (`--healthz-port=10248`, loopback only).
 pub const DEFAULT_KUBELET_URL: &str = "http://127.0.0.1:10248/healthz";
 
@@ -557,6 +560,17 @@ impl Config {
                 format!("{report_interval:?} is too short; use at least 10ms"),
             ));
         }
+        if report_interval > MAX_REPORT_INTERVAL {
+            return Err(invalid(
+                "report_interval",
+                format!(
+                    "{} is too long; use at most {} (the coordinator calls a machine \
+                     unreachable after three intervals of silence)",
+                    protocol::duration::display(report_interval),
+                    protocol::duration::display(MAX_REPORT_INTERVAL)
+                ),
+            ));
+        }
         let root = flags
             .root
             .clone()
@@ -749,12 +763,28 @@ path = "//"
     }
 
     #[test]
+    fn a_report_interval_over_a_minute_is_refused_naming_the_key_and_the_limit() {
+        let e = parse("report_interval = \"1h\"").unwrap_err().to_string();
+        assert!(
+            e.contains("invalid setting `report_interval` (file /etc/fleetmend/node-agent.toml)")
+                && e.contains("3600s is too long; use at most 60s"),
+            "{e}"
+        );
+        assert_eq!(
+            parse("report_interval = \"1m\"").unwrap().report_interval,
+            MAX_REPORT_INTERVAL
+        );
+    }
+
+    #[test]
     fn invalid_values_name_their_key() {
         let cases = [
             ("coordinator = \"nohost\"", "coordinator"),
             ("coordinator = \"h:1\"\nca = \"/ca\"", "cert"),
             ("report_interval = \"5 parsecs\"", "report_interval"),
             ("report_interval = \"1ms\"", "report_interval"),
+            ("report_interval = \"1h\"", "report_interval"),
+            ("report_interval = \"1m 1s\"", "report_interval"),
             ("root = \"relative\"", "root"),
             ("root = \"/nonexistent-fleetmend-root\"", "root"),
             ("nics = [\"../etc\"]", "nics"),

@@ -1,10 +1,12 @@
 //! SIGHUP: read the configuration and the TLS files again and work out what the running
 //! agent may take from them.
 //!
-//! Everything but the node's identity can change while running: the report interval, the
-//! checks (NICs, mounts, kubelet, kdump, root), the coordinator's address and server name
-//! (the agent then reconnects at once) and the TLS files (a renewed certificate or CA
-//! reconnects at once too, so the coordinator sees it).
+//! Everything but the node's identity can change while running: the report interval (the
+//! agent then reports at once, so the coordinator learns the new interval from that report
+//! before the agent waits it out), the checks (NICs, mounts, kubelet, kdump, root), the
+//! `[actions]`, the coordinator's address and server name (the agent then reconnects at
+//! once) and the TLS files (a renewed certificate or CA reconnects at once too, so the
+//! coordinator sees it).
 //! A configuration that does not load, TLS files that do not load, a certificate that names
 //! another node, or one that does not chain to the configured CA (the start's check, see
 //! [`crate::agent::AgentError::ForeignCertificate`]) are refused as a whole: the running settings stay, and the refusal is
@@ -125,6 +127,9 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
     }
     if checks_changed {
         changed.push("checks");
+    }
+    if cfg.actions != new.actions {
+        changed.push("actions");
     }
     Ok(Reloaded {
         cfg: new,

@@ -152,6 +152,7 @@ mod tests {
                 status: CheckStatus::Fail,
                 detail: "carrier down".into(),
             }],
+            report_interval_ms: 5_000,
         }
     }
 

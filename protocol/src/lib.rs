@@ -9,7 +9,9 @@
 //! - behind the `pki` feature, the fleet certificate authority ([`pki`]),
 //! - behind the `telemetry` feature (or `telemetry-levels`, its regex-free filter for the
 //!   agent), one tracing initialisation for all binaries ([`telemetry`]),
-//! - behind the `http` feature, plain-HTTP serving with a header-read timeout ([`http`]).
+//! - behind the `http` feature, plain-HTTP serving with a header-read timeout ([`http`]),
+//! - reading a certificate, key or password file that refuses a FIFO or a device instead
+//!   of hanging on it ([`file`]).
 //!
 //! The message and framing modules do no I/O: they are tested without sockets. The crate
 //! deliberately knows nothing about what the coordinator does with a report.
@@ -17,6 +19,7 @@
 pub mod actions;
 pub mod admin;
 pub mod duration;
+pub mod file;
 pub mod frame;
 pub mod gateway;
 #[cfg(feature = "http")]

@@ -11,10 +11,23 @@
 //! These types are encoded with postcard, which is not self-describing: variants may only be
 //! appended, never reordered, and no `#[serde(flatten)]`, `untagged` or `skip_serializing_if`
 //! may be used on them. Their serde names are used for JSON output by the CLIs.
+//!
+//! A field added to an agent's message after the first release keeps the older encoding
+//! readable: [`v1`] holds the agent messages as agents before
+//! [`HealthReport::report_interval_ms`] encode them, [`decode_agent_message`] reads either,
+//! and an agent talking to a coordinator from before the field writes the [`v1`] form.
 
 use std::net::IpAddr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+/// The longest report interval an agent may use, and the longest a coordinator takes from a
+/// report. A coordinator judges a machine silent after three of its agent's intervals; at one
+/// minute that is three minutes, still well under the ten minutes (`goodbye_grace`) a
+/// machine that said goodbye may be away, and a dead machine is noticed within minutes, not
+/// hours. Longer intervals are refused by the agent's configuration.
+pub const MAX_REPORT_INTERVAL: Duration = Duration::from_secs(60);
 
 use crate::gateway::CoordinatorHello;
 
@@ -195,9 +208,21 @@ pub struct HealthReport {
     pub boot_id: String,
     /// One result per check and subject.
     pub checks: Vec<CheckResult>,
+    /// The agent's report interval when it sent this report, in milliseconds: its next
+    /// report is due within it. The coordinator judges the machine's silence on it (see
+    /// [`HealthReport::report_interval`]). 0 when the agent did not say: an agent from before
+    /// this field, or one talking to a coordinator from before it (see [`v1`]).
+    pub report_interval_ms: u64,
 }
 
 impl HealthReport {
+    /// The report interval the agent announced, at most [`MAX_REPORT_INTERVAL`]; `None` when
+    /// it did not say.
+    pub fn report_interval(&self) -> Option<Duration> {
+        (self.report_interval_ms > 0)
+            .then(|| Duration::from_millis(self.report_interval_ms).min(MAX_REPORT_INTERVAL))
+    }
+
     /// True when no check failed. `warn` and `unknown` do not make a machine unhealthy.
     pub fn all_ok(&self) -> bool {
         self.checks.iter().all(|c| c.status != CheckStatus::Fail)
@@ -294,6 +319,79 @@ pub enum GoodbyeReason {
     Reboot,
 }
 
+/// Reads an agent's message, as this release encodes it or as agents before
+/// [`HealthReport::report_interval_ms`] do ([`v1`]; read with no interval). The two cannot be
+/// mistaken for each other: a report of this release is a [`v1`] report with more bytes after
+/// it, which [`crate::decode_payload`] refuses, and a goodbye is the same in both.
+pub fn decode_agent_message(payload: &[u8]) -> Result<AgentMessage, crate::FrameError> {
+    crate::decode_payload::<AgentMessage>(payload).or_else(|e| {
+        crate::decode_payload::<v1::AgentMessage>(payload)
+            .map(AgentMessage::from)
+            .map_err(|_| e)
+    })
+}
+
+/// The agent messages of agents before [`HealthReport::report_interval_ms`], byte for byte
+/// (postcard writes a variant as its index and a struct as its fields in order): what such
+/// agents send, and what an agent sends to a coordinator from before the field, which
+/// refuses a report carrying it as malformed.
+pub mod v1 {
+    use serde::{Deserialize, Serialize};
+
+    use super::{CheckResult, Goodbye};
+
+    /// [`super::AgentMessage`] before report intervals.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub enum AgentMessage {
+        /// A periodic health report.
+        Report(HealthReport),
+        /// The agent is stopping on purpose.
+        Goodbye(Goodbye),
+    }
+
+    /// [`super::HealthReport`] without the report interval.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct HealthReport {
+        /// Increases by one per report within one agent process.
+        pub seq: u64,
+        /// When the checks ran, milliseconds since the Unix epoch, by the agent's clock.
+        pub time_unix_ms: u64,
+        /// The boot id at the time of the report.
+        pub boot_id: String,
+        /// One result per check and subject.
+        pub checks: Vec<CheckResult>,
+    }
+
+    impl From<super::AgentMessage> for AgentMessage {
+        fn from(m: super::AgentMessage) -> Self {
+            match m {
+                super::AgentMessage::Report(r) => AgentMessage::Report(HealthReport {
+                    seq: r.seq,
+                    time_unix_ms: r.time_unix_ms,
+                    boot_id: r.boot_id,
+                    checks: r.checks,
+                }),
+                super::AgentMessage::Goodbye(g) => AgentMessage::Goodbye(g),
+            }
+        }
+    }
+
+    impl From<AgentMessage> for super::AgentMessage {
+        fn from(m: AgentMessage) -> Self {
+            match m {
+                AgentMessage::Report(r) => super::AgentMessage::Report(super::HealthReport {
+                    seq: r.seq,
+                    time_unix_ms: r.time_unix_ms,
+                    boot_id: r.boot_id,
+                    checks: r.checks,
+                    report_interval_ms: 0,
+                }),
+                AgentMessage::Goodbye(g) => super::AgentMessage::Goodbye(g),
+            }
+        }
+    }
+}
+
 /// The coordinator's answer to each [`AgentMessage`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CoordinatorReply {
@@ -346,6 +444,71 @@ mod tests {
                 .unwrap_err()
                 .contains("start or done")
         );
+    }
+
+    fn report(report_interval_ms: u64) -> HealthReport {
+        HealthReport {
+            seq: 3,
+            time_unix_ms: 1_800_000_000_000,
+            boot_id: "b1".into(),
+            checks: vec![CheckResult {
+                kind: CheckKind::Disk,
+                subject: "/var".into(),
+                status: CheckStatus::Ok,
+                detail: String::new(),
+            }],
+            report_interval_ms,
+        }
+    }
+
+    #[test]
+    fn a_report_carries_its_interval_and_reports_of_agents_before_it_are_read() {
+        let with = AgentMessage::Report(report(30_000));
+        let frame = encode_frame(&with, MAX_FRAME_LEN).unwrap();
+        let back = decode_agent_message(&frame[4..]).unwrap();
+        assert_eq!(back, with);
+        let AgentMessage::Report(r) = back else {
+            unreachable!()
+        };
+        assert_eq!(r.report_interval(), Some(Duration::from_secs(30)));
+        // What a coordinator before the field does with it: refuse it as malformed.
+        assert!(decode_payload::<v1::AgentMessage>(&frame[4..]).is_err());
+
+        // An agent from before the field (or one talking to such a coordinator): read, with
+        // no interval, and readable by such a coordinator.
+        let old = v1::AgentMessage::from(with.clone());
+        let frame = encode_frame(&old, MAX_FRAME_LEN).unwrap();
+        assert_eq!(
+            decode_agent_message(&frame[4..]).unwrap(),
+            AgentMessage::Report(report(0))
+        );
+        assert_eq!(
+            decode_payload::<v1::AgentMessage>(&frame[4..]).unwrap(),
+            old
+        );
+        assert_eq!(report(0).report_interval(), None);
+        // A goodbye is the same in both.
+        let bye = AgentMessage::Goodbye(Goodbye {
+            reason: GoodbyeReason::Restart,
+        });
+        assert_eq!(
+            encode_frame(&bye, MAX_FRAME_LEN).unwrap(),
+            encode_frame(&v1::AgentMessage::from(bye.clone()), MAX_FRAME_LEN).unwrap()
+        );
+        // A frame that is neither says why the new form failed.
+        assert!(decode_agent_message(&[0, 1]).is_err());
+    }
+
+    #[test]
+    fn an_announced_interval_is_taken_up_to_the_maximum() {
+        assert_eq!(
+            report(3_600_000).report_interval(),
+            Some(MAX_REPORT_INTERVAL)
+        );
+        let js = serde_json::to_string(&report(2_000)).unwrap();
+        assert!(js.contains("\"report_interval_ms\":2000"), "{js}");
+        let back: HealthReport = serde_json::from_str(&js).unwrap();
+        assert_eq!(back, report(2_000));
     }
 
     #[test]

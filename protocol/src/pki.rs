@@ -171,7 +171,7 @@ impl Ca {
     pub fn load(dir: &Path) -> Result<Self, PkiError> {
         let read = |f: &str| {
             let p = dir.join(f);
-            std::fs::read_to_string(&p).map_err(|e| PkiError::BadCa {
+            crate::file::read_regular_to_string(&p).map_err(|e| PkiError::BadCa {
                 dir: dir.to_path_buf(),
                 detail: format!("cannot read {}: {e}", p.display()),
             })

@@ -82,6 +82,8 @@ pub struct HealthReport {
     pub boot_id: String,
     /// One result per check and subject.
     pub checks: Vec<protocol::messages::CheckResult>,
+    /// The agent's report interval in milliseconds; 0 when the agent did not say.
+    pub report_interval_ms: u64,
 }
 
 /// `machines show ADDRESS --json`.

@@ -678,13 +678,79 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
             .any(|l| l.starts_with("10.0.0.8") && l.contains("ERROR")),
         "{table}"
     );
-    // The TLS files "a", "b", "c" do not exist: said under the table.
+    // The TLS files "a", "b", "c" do not exist: said under the table, then the state line.
     assert!(
-        lines
-            .last()
-            .is_some_and(|l| l.starts_with("tls  FAIL  TLS files: ")),
+        lines[lines.len() - 2].starts_with("tls  FAIL  TLS files: "),
         "{table}"
     );
+    assert!(
+        lines.last().is_some_and(|l| l.starts_with("state  ")),
+        "{table}"
+    );
+    Ok(())
+}
+
+/// Two gateways on one `state_dir` would each run a request id the other ran: the second is
+/// refused (exit 1, as for any unusable state directory) naming the first's pid, and
+/// `bmc-gateway check` says who holds the directory; once the first is gone (even by
+/// SIGKILL) a gateway starts on it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_on_the_same_state_dir_is_refused_naming_the_holder() -> Result<()> {
+    let pki = TestPki::new()?;
+    let state = tempfile::tempdir()?;
+    let opts = GatewayOptions {
+        quic: None,
+        state_dir: Some(state.path().to_path_buf()),
+    };
+    let first = GatewayProc::start_with(&pki, "", opts.clone()).await?;
+    let pid = first.pid().context("first gateway's pid")?;
+    let refused = match GatewayProc::start_with(&pki, "", opts.clone()).await {
+        Ok(_) => anyhow::bail!("a second gateway started on the same state_dir"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(refused.contains("exited with exit status: 1"), "{refused}");
+    assert!(
+        refused.contains(&format!(
+            "state_dir {} is in use by another bmc-gateway (pid {pid}",
+            state.path().display()
+        )),
+        "{refused}"
+    );
+
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstate_dir = \"{}\"\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n",
+            state.path().display()
+        ),
+    )?;
+    let check = || async {
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::process::Command::new(testkit::bmc_sim::gateway_binary()?)
+                .args(["check", "--config"])
+                .arg(&cfg)
+                .output(),
+        )
+        .await
+        .context("check timed out")??;
+        Ok::<_, anyhow::Error>(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let out = check().await?;
+    assert!(
+        out.contains(&format!(
+            "state  held  {}: held by the gateway with pid {pid}",
+            state.path().display()
+        )),
+        "{out}"
+    );
+    first.kill().await?;
+    assert!(check().await?.contains("state  ok    "));
+    let again = GatewayProc::start_with(&pki, "", opts).await?;
+    let st = again.terminate().await?;
+    assert!(st.success(), "exit status {st}");
     Ok(())
 }
 

@@ -631,6 +631,7 @@ fn coordinator_load() -> anyhow::Result<()> {
                             status: CheckStatus::Ok,
                             detail: "up".into(),
                         }],
+                        report_interval_ms: 0,
                     };
                     let t0 = Instant::now();
                     write_msg(&mut s.send, &AgentMessage::Report(report), MAX_FRAME_LEN).await?;

@@ -725,3 +725,105 @@ fn a_fleet_sized_inventory_imports_in_one_request() -> anyhow::Result<()> {
     assert_eq!(coord.machines()?.len(), 5000);
     Ok(())
 }
+
+/// Runs `cmd` to its end within 20 s, failing (and killing it) if it hangs: its exit code
+/// and its stdout and stderr together.
+fn output_within(mut cmd: Command) -> anyhow::Result<(Option<i32>, String)> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let waited = wait_for("the command to end", Duration::from_secs(20), || {
+        child
+            .try_wait()
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "still running".to_string())
+    });
+    if waited.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        anyhow::bail!("{cmd:?} hung: {waited:?}");
+    }
+    let out = child.wait_with_output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code(), text))
+}
+
+/// A FIFO named as a CA, a key or a password file (a slip of `mkfifo`, a process
+/// substitution) is refused at once, naming it, instead of hanging the program on an open
+/// that waits for a writer: `coordinator check`, `bmc-gateway check` and `node-agent run`.
+#[test]
+fn a_fifo_named_as_a_certificate_or_password_file_is_refused_not_waited_on() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let fifo = tmp.path().join("fifo.pem");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    let said = |text: &str| text.contains(&fifo.display().to_string()) && text.contains("FIFO");
+
+    let coord = pki.issue("coordinator", "coord", &[])?;
+    let config = tmp.path().join("coordinator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "name = \"coord\"\nlisten = \"127.0.0.1:1\"\ndatabase = {:?}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            tmp.path().join("c.db").display().to_string(),
+            fifo.display().to_string(),
+            coord.cert.display().to_string(),
+            coord.key.display().to_string()
+        ),
+    )?;
+    let mut cmd = command("coordinator");
+    cmd.arg("check").arg("--config").arg(&config);
+    let (code, text) = output_within(cmd)?;
+    assert_eq!(code, Some(64), "{text}");
+    assert!(said(&text), "{text}");
+
+    let gw = tmp.path().join("gw.toml");
+    let base = format!(
+        "listen = \"127.0.0.1:1\"\nstate_dir = {:?}\n",
+        tmp.path().join("gw").display().to_string()
+    );
+    std::fs::write(
+        &gw,
+        format!(
+            "{base}[tls]\nca = {:?}\ncert = \"/x\"\nkey = \"/x\"\n",
+            fifo.display().to_string()
+        ),
+    )?;
+    let mut cmd = command("bmc-gateway");
+    cmd.arg("--config").arg(&gw).arg("check");
+    let (code, text) = output_within(cmd)?;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("tls  FAIL") && said(&text), "{text}");
+    std::fs::write(
+        &gw,
+        format!(
+            "{base}[tls]\nca = \"/x\"\ncert = \"/x\"\nkey = \"/x\"\n[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = {:?}\n",
+            fifo.display().to_string()
+        ),
+    )?;
+    let mut cmd = command("bmc-gateway");
+    cmd.arg("--config").arg(&gw).arg("check");
+    let (code, text) = output_within(cmd)?;
+    assert_eq!(code, Some(64), "{text}");
+    assert!(
+        text.contains("bmc[0].password_file") && said(&text),
+        "{text}"
+    );
+
+    let fixture = NodeFixture::builder("node-1").build()?;
+    let node = pki.issue("node", "node-1", &[])?;
+    let config = fixture.write_agent_config(&AgentConfig::new(
+        "127.0.0.1:1",
+        &fifo,
+        &node.cert,
+        &node.key,
+    ))?;
+    let mut cmd = command("node-agent");
+    cmd.arg("run").arg("--config").arg(&config);
+    let (code, text) = output_within(cmd)?;
+    assert!(code.is_some_and(|c| c != 0), "{code:?}: {text}");
+    assert!(said(&text), "{text}");
+    Ok(())
+}

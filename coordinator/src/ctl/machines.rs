@@ -260,8 +260,13 @@ fn print_detail(d: &MachineDetail) {
     }
     match (&d.last_report, d.last_report_unix_ms) {
         (Some(r), Some(at)) => {
+            // The interval the coordinator judges this machine's silence on.
+            let every = r
+                .report_interval()
+                .map(|d| format!(", reports every {}", protocol::duration::display(d)))
+                .unwrap_or_default();
             println!(
-                "last report: #{} at {} ({} ago)",
+                "last report: #{} at {} ({} ago){every}",
                 r.seq,
                 fmt_time(at),
                 fmt_age(at, now)

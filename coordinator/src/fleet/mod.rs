@@ -629,12 +629,13 @@ impl Fleet {
             .map(String::from)
     }
 
-    /// True when the last report arrived within the unreachable grace.
+    /// True when the last report arrived within the machine's unreachable grace.
     fn fresh(&self, e: &Entry) -> bool {
         let now = self.clock.now();
+        let grace = self.cfg.grace_for(e.live.last_report.as_ref());
         e.live.last_report_at.is_some_and(|at| {
             now.as_millisecond() - at.as_millisecond()
-                <= i64::try_from(self.cfg.unreachable_grace.as_millis()).unwrap_or(i64::MAX)
+                <= i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)
         })
     }
 
@@ -789,6 +790,7 @@ mod tests {
                 },
                 detail: "carrier".into(),
             }],
+            report_interval_ms: 0,
         }
     }
 

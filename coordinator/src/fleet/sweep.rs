@@ -14,8 +14,9 @@ impl Fleet {
     /// acknowledgement of its last reply (received within a round trip of the report) is in
     /// the count first sampled, and an agent that is alive but silent sends a keep-alive
     /// (after 10 s without sending) later. Agents that report on time are never sampled.
-    fn late_after(&self) -> Duration {
-        (self.cfg.report_interval * 3 / 2).max(Duration::from_secs(1))
+    /// The interval is the one the agent announced, if it did.
+    fn late_after(&self, e: &Entry) -> Duration {
+        (self.cfg.interval_for(e.live.last_report.as_ref()) * 3 / 2).max(Duration::from_secs(1))
     }
 
     /// The machines whose agent is connected but has not reported for a while (see
@@ -23,7 +24,6 @@ impl Fleet {
     /// Only the late ones, so the sweep reads no connection in a fleet that reports.
     pub fn silent_connected(&self) -> Vec<String> {
         let now = self.clock.now();
-        let late = self.late_after();
         self.lock()
             .machines
             .values()
@@ -31,7 +31,7 @@ impl Fleet {
                 e.live.connections > 0
                     && e.live
                         .last_report_at
-                        .is_some_and(|at| crate::health::elapsed(now, at) > late)
+                        .is_some_and(|at| crate::health::elapsed(now, at) > self.late_after(e))
             })
             .map(|e| e.record.address.clone())
             .collect()

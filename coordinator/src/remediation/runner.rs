@@ -734,6 +734,7 @@ mod tests {
                     status: CheckStatus::Fail,
                     detail: "healthz refused".into(),
                 }],
+                report_interval_ms: 0,
             };
             fleet.report("n1", report).await.unwrap();
             let rem = Remediation::open(store.clone(), clock.clone(), Self::at_once(rcfg), false)

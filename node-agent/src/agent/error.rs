@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use protocol::messages::Refusal;
+use protocol::messages::{Refusal, RefusalCode};
 use protocol::transport::TransportError;
+use tracing::{error, warn};
 
 use crate::config::ConfigError;
 use crate::node::NodeError;
@@ -95,4 +96,61 @@ pub(super) enum RoundError {
     ReplyTimeout { seq: u64, timeout: Duration },
     #[error(transparent)]
     Node(#[from] NodeError),
+}
+
+impl RoundError {
+    /// Logs the failure before a reconnect in `retry_in`; a refusal of this node's
+    /// `identity`, or of its certificate, is an error a person must act on.
+    pub(super) fn log(&self, retry_in: Duration, identity: &protocol::Identity) {
+        let e = self;
+        // To the millisecond: `1.213s`, not `1.213322628s`.
+        let retry = protocol::duration::display(retry_in);
+        let refusal = match e {
+            RoundError::Refused(r) | RoundError::Transport(TransportError::Refused(r)) => Some(r),
+            _ => None,
+        };
+        match refusal {
+            Some(r)
+                if matches!(
+                    r.code,
+                    RefusalCode::IdentityMismatch | RefusalCode::NotAuthorized
+                ) =>
+            {
+                error!(
+                    code = ?r.code,
+                    reason = %r.reason,
+                    identity = %identity,
+                    retry_in = %retry,
+                    "COORDINATOR REFUSED THIS NODE'S IDENTITY: reports are not being accepted; check the certificate, the hostname and the coordinator's inventory"
+                );
+            }
+            Some(r) => {
+                warn!(code = ?r.code, reason = %r.reason, retry_in = %retry, "coordinator refused");
+            }
+            None if matches!(
+                e,
+                RoundError::Transport(TransportError::CertificateRejected { .. })
+            ) =>
+            {
+                error!(
+                    error = %e,
+                    identity = %identity,
+                    retry_in = %retry,
+                    "COORDINATOR REJECTED THIS NODE'S CERTIFICATE: reports are not being accepted; issue the certificate from the coordinator's CA"
+                );
+            }
+            None if matches!(
+                e,
+                RoundError::Transport(TransportError::ServerCertificateRefused { .. })
+            ) =>
+            {
+                error!(
+                    error = %e,
+                    retry_in = %retry,
+                    "CANNOT VERIFY THE COORDINATOR'S CERTIFICATE: reports are not being sent; check `ca` and `server_name`"
+                );
+            }
+            None => warn!(error = %e, retry_in = %retry, "coordinator connection failed"),
+        }
+    }
 }

@@ -14,8 +14,15 @@
 //! system stops it).
 //!
 //! A reload request (SIGHUP, see [`crate::reload`]) is taken between reports: the new
-//! settings apply from the next report, a changed coordinator reconnects at once, and
-//! settings that cannot be applied are refused as a whole with an error log.
+//! settings apply from the next report, a changed coordinator reconnects at once, a changed
+//! report interval ends the wait at once (the report sent then tells the coordinator the
+//! new interval, and the next is due one new interval later), and settings that cannot be
+//! applied are refused as a whole with an error log.
+//!
+//! Every report carries the agent's interval, on which the coordinator judges the machine's
+//! silence. A coordinator from before that field refuses such a report as malformed; the
+//! agent then reports without it on its next connection (and tries again after any other
+//! failure, so an upgraded coordinator learns it).
 //!
 //! Every network step is bounded by a timeout, and the watchdog is pinged between steps,
 //! while waiting and during a step (connecting, reporting) up to [`STEP_LIMIT`], so a hung
@@ -150,6 +157,9 @@ pub struct Agent {
     alarm: crate::timer::Alarm,
     /// The boot id sent with every report.
     boot_id: node::BootIdFile,
+    /// The coordinator refused a report carrying the interval as malformed (a release from
+    /// before it): reports leave it out until a connection fails for another reason.
+    without_interval: bool,
 }
 
 impl std::fmt::Debug for Agent {
@@ -235,6 +245,7 @@ impl Agent {
             status: "",
             reloads: None,
             reconnect: false,
+            without_interval: false,
         })
     }
 
@@ -245,17 +256,21 @@ impl Agent {
     }
 
     /// Reads the configuration and TLS files again and applies them, or keeps the running
-    /// ones (error log) when they cannot be applied.
-    fn reload(&mut self) {
-        let Some(r) = &self.reloads else { return };
+    /// ones (error log) when they cannot be applied. True when the report interval changed.
+    fn reload(&mut self) -> bool {
+        let Some(r) = &self.reloads else {
+            return false;
+        };
         let prepared = (r.load)()
             .map_err(reload::ReloadError::from)
             .and_then(|new| reload::prepare(&self.cfg, &self.tls, new));
         match prepared {
             Err(e) => {
-                error!(error = %e, "reload refused; keeping the running configuration and TLS files")
+                error!(error = %e, "reload refused; keeping the running configuration and TLS files");
+                false
             }
             Ok(r) => {
+                let interval_changed = r.cfg.report_interval != self.cfg.report_interval;
                 if r.checks_changed {
                     self.checker = Checker::new(&r.cfg);
                 }
@@ -271,6 +286,7 @@ impl Agent {
                 self.tls = r.tls;
                 info!(changed = ?r.changed, "configuration and TLS files reloaded");
                 certs::warn_if_expiring(&self.tls, &self.coordinator.cert);
+                interval_changed
             }
         }
     }
@@ -283,7 +299,9 @@ impl Agent {
     }
 
     /// Sleeps `d`, pinging the watchdog often enough and taking reload requests; `false`
-    /// if `stop` fired.
+    /// if `stop` fired. A reload that changes the report interval ends the sleep early: the
+    /// agent reports (or reconnects) at once, so the coordinator hears the new interval
+    /// before the agent waits it out, and an old, longer wait is never slept to its end.
     async fn pause(&mut self, d: Duration, stop: &mut (impl Future<Output = ()> + Unpin)) -> bool {
         let until = Instant::now() + d;
         loop {
@@ -306,7 +324,9 @@ impl Agent {
                 _ = self.alarm.sleep(slice) => false,
             };
             if reload_requested {
-                self.reload();
+                if self.reload() {
+                    return true;
+                }
             } else {
                 self.notifier.watchdog();
             }
@@ -433,8 +453,15 @@ impl Agent {
             time_unix_ms,
             boot_id,
             checks,
+            report_interval_ms: u64::try_from(self.cfg.report_interval.as_millis())
+                .unwrap_or(u64::MAX),
         });
-        transport::write_msg(&mut link.session.send, &msg, MAX_FRAME_LEN).await?;
+        if self.without_interval {
+            let old = protocol::messages::v1::AgentMessage::from(msg);
+            transport::write_msg(&mut link.session.send, &old, MAX_FRAME_LEN).await?;
+        } else {
+            transport::write_msg(&mut link.session.send, &msg, MAX_FRAME_LEN).await?;
+        }
         let reply = tokio::time::timeout(
             self.opts.reply_timeout,
             transport::expect_msg::<CoordinatorReply>(&mut link.session.recv, MAX_FRAME_LEN),
@@ -456,58 +483,6 @@ impl Agent {
                 Ok(())
             }
             CoordinatorReply::Refused(r) => Err(RoundError::Refused(r)),
-        }
-    }
-
-    fn log_round_error(&self, e: &RoundError, retry_in: Duration) {
-        // To the millisecond: `1.213s`, not `1.213322628s`.
-        let retry = protocol::duration::display(retry_in);
-        let refusal = match e {
-            RoundError::Refused(r) | RoundError::Transport(TransportError::Refused(r)) => Some(r),
-            _ => None,
-        };
-        match refusal {
-            Some(r)
-                if matches!(
-                    r.code,
-                    RefusalCode::IdentityMismatch | RefusalCode::NotAuthorized
-                ) =>
-            {
-                error!(
-                    code = ?r.code,
-                    reason = %r.reason,
-                    identity = %self.tls.identity(),
-                    retry_in = %retry,
-                    "COORDINATOR REFUSED THIS NODE'S IDENTITY: reports are not being accepted; check the certificate, the hostname and the coordinator's inventory"
-                );
-            }
-            Some(r) => {
-                warn!(code = ?r.code, reason = %r.reason, retry_in = %retry, "coordinator refused");
-            }
-            None if matches!(
-                e,
-                RoundError::Transport(TransportError::CertificateRejected { .. })
-            ) =>
-            {
-                error!(
-                    error = %e,
-                    identity = %self.tls.identity(),
-                    retry_in = %retry,
-                    "COORDINATOR REJECTED THIS NODE'S CERTIFICATE: reports are not being accepted; issue the certificate from the coordinator's CA"
-                );
-            }
-            None if matches!(
-                e,
-                RoundError::Transport(TransportError::ServerCertificateRefused { .. })
-            ) =>
-            {
-                error!(
-                    error = %e,
-                    retry_in = %retry,
-                    "CANNOT VERIFY THE COORDINATOR'S CERTIFICATE: reports are not being sent; check `ca` and `server_name`"
-                );
-            }
-            None => warn!(error = %e, retry_in = %retry, "coordinator connection failed"),
         }
     }
 
@@ -566,7 +541,7 @@ impl Agent {
                     }
                     Some(Err(e)) => {
                         let d = backoff.next(rand::random::<f64>());
-                        self.log_round_error(&e, d);
+                        e.log(d, self.tls.identity());
                         self.notifier.watchdog();
                         if !self.pause(d, &mut *stop).await {
                             break 'run;
@@ -636,8 +611,9 @@ impl Agent {
                     if let Some(l) = link.take() {
                         l.close(b"report failed").await;
                     }
+                    self.note_failed_report(&e);
                     let d = backoff.next(rand::random::<f64>());
-                    self.log_round_error(&e, d);
+                    e.log(d, self.tls.identity());
                     self.set_status("reconnecting to coordinator");
                     self.notifier.watchdog();
                     if !self.pause(d, &mut *stop).await {
@@ -647,6 +623,21 @@ impl Agent {
             }
         }
         link
+    }
+
+    /// After a failed report: a refusal as malformed of a report carrying the interval is a
+    /// coordinator from before it, so the next reports leave it out; any other failure
+    /// tries it again on the next connection.
+    fn note_failed_report(&mut self, e: &RoundError) {
+        let malformed = matches!(e, RoundError::Refused(r) if r.code == RefusalCode::Malformed);
+        if malformed && !self.without_interval {
+            warn!(
+                "the coordinator cannot read reports that carry the report interval (a release \
+                 from before it?); reporting without it, so the coordinator judges this machine \
+                 on its own [health] report_interval: upgrade the coordinator"
+            );
+        }
+        self.without_interval = malformed;
     }
 
     async fn goodbye(&mut self, link: Option<Link>) {
@@ -689,7 +680,7 @@ mod tests {
 
     use protocol::messages::{AgentHello, CheckKind, CheckStatus, Refusal};
     use protocol::pki::{Ca, IssueOptions};
-    use protocol::transport::{accept_hello, read_msg, write_msg};
+    use protocol::transport::{accept_hello, read_payload, write_msg};
     use tokio::sync::{mpsc, oneshot};
 
     use super::*;
@@ -738,12 +729,15 @@ mod tests {
     }
 
     /// How the coordinator stand-in behaves.
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, Default)]
     struct Script {
         /// Refuse this many hellos (identity mismatch) before accepting.
         refuse_hellos: usize,
         /// Refuse the report with this sequence number (the connection is then closed).
         refuse_report: Option<u64>,
+        /// Be a coordinator from before report intervals: a report carrying one does not
+        /// decode there and is refused as malformed.
+        before_intervals: bool,
     }
 
     struct Pki {
@@ -829,16 +823,33 @@ mod tests {
                 };
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    while let Ok(Some(msg)) =
-                        read_msg::<AgentMessage>(&mut s.recv, MAX_FRAME_LEN).await
-                    {
+                    while let Ok(Some(payload)) = read_payload(&mut s.recv, MAX_FRAME_LEN).await {
+                        // A coordinator from before report intervals reads the old form
+                        // only; this release reads either.
+                        let old = protocol::decode_payload::<protocol::messages::v1::AgentMessage>(
+                            &payload,
+                        );
+                        let Ok(msg) = protocol::messages::decode_agent_message(&payload) else {
+                            return;
+                        };
                         let reply = match msg {
-                            AgentMessage::Report(r) if Some(r.seq) == script.refuse_report => {
+                            AgentMessage::Report(r)
+                                if Some(r.seq) == script.refuse_report
+                                    || (script.before_intervals && old.is_err()) =>
+                            {
                                 let _ = tx.send(Event::ReportRefused(r.seq));
-                                let refusal = CoordinatorReply::Refused(Refusal::new(
-                                    RefusalCode::BadRequest,
-                                    "test refuses this report",
-                                ));
+                                let refusal =
+                                    CoordinatorReply::Refused(if script.before_intervals {
+                                        Refusal::new(
+                                            RefusalCode::Malformed,
+                                            "agent message: trailing bytes",
+                                        )
+                                    } else {
+                                        Refusal::new(
+                                            RefusalCode::BadRequest,
+                                            "test refuses this report",
+                                        )
+                                    });
                                 let _ = write_msg(&mut s.send, &refusal, MAX_FRAME_LEN).await;
                                 let _ = s.send.finish();
                                 let _ = tokio::time::timeout(WAIT, s.send.stopped()).await;
@@ -931,6 +942,44 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_that_changes_only_the_actions_says_so() {
+        let pki = pki("node-1");
+        let fx = NodeFixture::builder("node-1").build().unwrap();
+        let path = fx
+            .write_agent_config(&AgentConfig::new(
+                "127.0.0.1:7443",
+                &pki.ca,
+                &pki.cert,
+                &pki.key,
+            ))
+            .unwrap();
+        let load = || {
+            Config::load(&Settings {
+                config: Some(path.clone()),
+                ..Settings::default()
+            })
+            .unwrap()
+        };
+        let running = load();
+        let tls = TlsMaterial::load(&TlsFiles {
+            ca: pki.ca.clone(),
+            cert: pki.cert.clone(),
+            key: pki.key.clone(),
+        })
+        .unwrap();
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("\n[actions]\nrestart_command = [\"/usr/local/bin/restart-unit\"]\n");
+        std::fs::write(&path, text).unwrap();
+        let r = reload::prepare(&running, &tls, load()).unwrap();
+        assert_eq!(r.changed, ["actions"]);
+        assert!(!r.reconnect && !r.checks_changed);
+        assert_eq!(
+            r.cfg.actions.restart_command,
+            ["/usr/local/bin/restart-unit"]
+        );
+    }
+
+    #[test]
     fn a_reload_refuses_a_certificate_of_another_ca_as_the_start_does() {
         let pki = pki("node-1");
         let fx = NodeFixture::builder("node-1").build().unwrap();
@@ -990,19 +1039,31 @@ mod tests {
     }
 
     fn start_agent(fx: &NodeFixture, pki: &Pki, addr: SocketAddr) -> Running {
+        start_agent_with(fx, pki, addr, Duration::from_millis(100), None)
+    }
+
+    /// Writes the agent's configuration with `interval` into the fixture and starts it,
+    /// taking reload requests from `reloads` when given (each re-reads that file).
+    fn start_agent_with(
+        fx: &NodeFixture,
+        pki: &Pki,
+        addr: SocketAddr,
+        interval: Duration,
+        reloads: Option<mpsc::UnboundedReceiver<()>>,
+    ) -> Running {
         let path = fx
             .write_agent_config(
                 &AgentConfig::new(&addr.to_string(), &pki.ca, &pki.cert, &pki.key)
-                    .report_interval(Duration::from_millis(100)),
+                    .report_interval(interval),
             )
             .unwrap();
-        let cfg = Config::load(&Settings {
+        let settings = Settings {
             config: Some(path),
             ..Settings::default()
-        })
-        .unwrap();
+        };
+        let cfg = Config::load(&settings).unwrap();
         let notifier = Arc::new(FakeNotifier::default());
-        let agent = Agent::new(
+        let mut agent = Agent::new(
             cfg.clone(),
             Checker::new(&cfg),
             notifier.clone(),
@@ -1010,6 +1071,12 @@ mod tests {
             test_opts(),
         )
         .unwrap();
+        if let Some(requests) = reloads {
+            agent = agent.with_reloads(Reloads {
+                requests,
+                load: Box::new(move || Config::load(&settings)),
+            });
+        }
         let (stop, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(agent.run(async move {
             let _ = rx.await;
@@ -1043,7 +1110,7 @@ mod tests {
             &pki.server,
             Script {
                 refuse_hellos: 1,
-                refuse_report: None,
+                ..Script::default()
             },
         );
         let agent = start_agent(&fx, &pki, addr);
@@ -1116,6 +1183,85 @@ mod tests {
         assert!(notifier.watchdog.load(Ordering::SeqCst) >= 4);
     }
 
+    /// The next report, skipping nothing else: a hello or a refusal here is a failure.
+    async fn next_report(rx: &mut mpsc::UnboundedReceiver<Event>) -> HealthReport {
+        match next(rx).await {
+            Event::Report(r) => r,
+            other => panic!("expected a report, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reload_that_changes_the_interval_reports_at_once_carrying_it() {
+        let pki = pki("node-6");
+        let fx = NodeFixture::builder("node-6").build().unwrap();
+        let (addr, mut rx, _ep) = coordinator(&pki.server, Script::default());
+        let (hup, reloads) = mpsc::unbounded_channel();
+        let agent = start_agent_with(&fx, &pki, addr, Duration::from_secs(5), Some(reloads));
+        assert!(matches!(next(&mut rx).await, Event::Hello(..)));
+        let first = next_report(&mut rx).await;
+        assert_eq!(
+            first.report_interval_ms, 5_000,
+            "every report says the interval"
+        );
+        // 5 s → 300 ms: the report comes at once (not after the 5 s wait already begun)
+        // and says 300 ms; the next one 300 ms later.
+        let interval = |ms| {
+            AgentConfig::new(&addr.to_string(), &pki.ca, &pki.cert, &pki.key)
+                .report_interval(Duration::from_millis(ms))
+        };
+        fx.write_agent_config(&interval(300)).unwrap();
+        let asked = Instant::now();
+        hup.send(()).unwrap();
+        let r = next_report(&mut rx).await;
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            asked.elapsed()
+        );
+        assert_eq!((r.seq, r.report_interval_ms), (2, 300));
+        let r = next_report(&mut rx).await;
+        assert_eq!((r.seq, r.report_interval_ms), (3, 300));
+        assert!(
+            asked.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            asked.elapsed()
+        );
+        // Longer again: the coordinator hears the new interval before the agent waits it.
+        fx.write_agent_config(&interval(20_000)).unwrap();
+        let asked = Instant::now();
+        hup.send(()).unwrap();
+        let r = next_report(&mut rx).await;
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            asked.elapsed()
+        );
+        assert_eq!(r.report_interval_ms, 20_000);
+        finish(agent).await;
+    }
+
+    #[tokio::test]
+    async fn a_coordinator_from_before_intervals_gets_reports_without_one() {
+        let pki = pki("node-7");
+        let fx = NodeFixture::builder("node-7").build().unwrap();
+        let script = Script {
+            before_intervals: true,
+            ..Script::default()
+        };
+        let (addr, mut rx, _ep) = coordinator(&pki.server, script);
+        let agent = start_agent(&fx, &pki, addr);
+        assert!(matches!(next(&mut rx).await, Event::Hello(..)));
+        assert!(matches!(next(&mut rx).await, Event::ReportRefused(1)));
+        assert!(matches!(next(&mut rx).await, Event::Hello(..)));
+        for seq in 2..=3 {
+            let r = next_report(&mut rx).await;
+            assert_eq!((r.seq, r.report_interval_ms), (seq, 0));
+        }
+        let (summary, _) = finish(agent).await;
+        assert_eq!(summary.connections, 2);
+    }
+
     #[tokio::test]
     async fn refused_report_reconnects_and_sequence_keeps_growing() {
         let pki = pki("node-2");
@@ -1123,8 +1269,8 @@ mod tests {
         let (addr, mut rx, _ep) = coordinator(
             &pki.server,
             Script {
-                refuse_hellos: 0,
                 refuse_report: Some(2),
+                ..Script::default()
             },
         );
         let agent = start_agent(&fx, &pki, addr);

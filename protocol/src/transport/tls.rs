@@ -73,7 +73,9 @@ fn pem_err(what: &'static str, path: &Path, detail: impl ToString) -> TransportE
 impl TlsMaterial {
     /// Loads the CA, certificate and key from PEM files.
     pub fn load(files: &TlsFiles) -> Result<Self, TransportError> {
-        let read = |what, path: &Path| std::fs::read(path).map_err(|e| pem_err(what, path, e));
+        // A FIFO or a device named by mistake is refused, never waited on.
+        let read =
+            |what, path: &Path| crate::file::read_regular(path).map_err(|e| pem_err(what, path, e));
         let ca = read("CA certificate", &files.ca)?;
         let cert = read("certificate", &files.cert)?;
         let key = read("private key", &files.key)?;

@@ -391,7 +391,8 @@ fn tls_config(cfg: &SabakanConfig) -> Result<rustls::ClientConfig, String> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     if let Some(path) = &cfg.ca_file {
-        let pem = std::fs::read(path).map_err(|e| format!("ca_file {}: {e}", path.display()))?;
+        let pem = protocol::file::read_regular(path)
+            .map_err(|e| format!("ca_file {}: {e}", path.display()))?;
         for c in CertificateDer::pem_slice_iter(&pem) {
             let c = c.map_err(|e| format!("ca_file {}: {e}", path.display()))?;
             roots

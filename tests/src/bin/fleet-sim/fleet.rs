@@ -177,7 +177,7 @@ async fn session(
     let mut seq = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
         seq += 1;
-        let report = AgentMessage::Report(report(seq));
+        let report = AgentMessage::Report(report(seq, agent.interval));
         let sent = Instant::now();
         write_msg(&mut s.send, &report, MAX_FRAME_LEN)
             .await
@@ -207,7 +207,7 @@ async fn session(
 
 /// What a node-agent with the default checks reports: kubelet, two NICs, two mounts and
 /// kdump, all fine (the coordinator's steady-state path: no transition, no disk write).
-fn report(seq: u64) -> HealthReport {
+fn report(seq: u64, interval: Duration) -> HealthReport {
     let check = |kind, subject: &str, detail: &str| CheckResult {
         kind,
         subject: subject.into(),
@@ -228,6 +228,8 @@ fn report(seq: u64) -> HealthReport {
             check(CheckKind::Disk, "/var/lib/kubelet", "12 % used"),
             check(CheckKind::Kdump, "kdump", "crash kernel loaded"),
         ],
+        // As a real agent announces its interval.
+        report_interval_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
     }
 }
 
