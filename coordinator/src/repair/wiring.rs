@@ -396,6 +396,7 @@ mod tests {
             seq: 1,
             time_unix_ms: 0,
             boot_id: "b1".into(),
+            report_interval_ms: 0,
             checks: vec![CheckResult {
                 kind: CheckKind::Kubelet,
                 subject: "kubelet".into(),
