@@ -85,23 +85,7 @@ pub fn holder(dir: &Path) -> Result<Option<u32>, String> {
             path.display()
         )
     })?;
-    Ok(flock_holder(&locks, meta.dev(), meta.ino()))
-}
-
-/// The pid holding a `flock` on the file `dev`/`ino`, from the text of `/proc/locks`
-/// (`1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF`, the device's major and minor in hex).
-fn flock_holder(proc_locks: &str, dev: u64, ino: u64) -> Option<u32> {
-    let want = format!(
-        "{:02x}:{:02x}:{ino}",
-        rustix::fs::major(dev),
-        rustix::fs::minor(dev)
-    );
-    proc_locks.lines().find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
-            .then(|| f.get(4)?.parse().ok())
-            .flatten()
-    })
+    Ok(protocol::file::flock_holder(&locks, meta.dev(), meta.ino()))
 }
 
 /// `check`'s line about the state directory, for a person: `state  ok  …` when no gateway
@@ -148,20 +132,6 @@ mod tests {
         drop(first);
         assert_eq!(holder(dir.path()), Ok(None));
         StateLock::acquire(dir.path()).unwrap();
-    }
-
-    #[test]
-    fn the_holder_is_read_from_proc_locks_by_device_and_inode() {
-        let locks = "1: POSIX  ADVISORY  WRITE 11 fd:01:99 0 EOF\n\
-                     2: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF\n";
-        let dev = rustix::fs::makedev(0xfd, 0x01);
-        assert_eq!(flock_holder(locks, dev, 1234), Some(4242));
-        assert_eq!(
-            flock_holder(locks, dev, 99),
-            None,
-            "a POSIX lock is not ours"
-        );
-        assert_eq!(flock_holder(locks, dev, 5), None);
     }
 
     #[test]

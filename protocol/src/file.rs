@@ -60,6 +60,24 @@ pub fn read_regular_to_string(path: &Path) -> io::Result<String> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "it is not UTF-8 text"))
 }
 
+/// The pid holding a `flock` on the file `dev`/`ino`, from the text of `/proc/locks`
+/// (`1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF`, the device's major and minor in hex):
+/// who holds a lock file, for the refusal of a second coordinator on one database or a second
+/// gateway on one state directory, and for the `check`s that take no lock.
+pub fn flock_holder(proc_locks: &str, dev: u64, ino: u64) -> Option<u32> {
+    let want = format!(
+        "{:02x}:{:02x}:{ino}",
+        rustix::fs::major(dev),
+        rustix::fs::minor(dev)
+    );
+    proc_locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+            .then(|| f.get(4)?.parse().ok())
+            .flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +128,24 @@ mod tests {
         assert_eq!(read_regular_to_string(&link).unwrap(), "secret\n");
         let missing = read_regular(&dir.path().join("nope")).unwrap_err();
         assert_eq!(missing.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn flock_holders_are_read_from_proc_locks_by_device_and_inode() {
+        let locks = "1: POSIX  ADVISORY  WRITE 11 fd:01:99 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 77 08:02:1234 0 EOF\n";
+        let dev = rustix::fs::makedev(0xfd, 0x01);
+        assert_eq!(flock_holder(locks, dev, 1234), Some(4242));
+        assert_eq!(
+            flock_holder(locks, dev, 99),
+            None,
+            "a POSIX lock is not a flock"
+        );
+        assert_eq!(
+            flock_holder(locks, rustix::fs::makedev(8, 2), 1234),
+            Some(77)
+        );
+        assert_eq!(flock_holder(locks, dev, 5), None);
     }
 }

@@ -143,7 +143,7 @@ fn lock_database(database: &Path, create: bool) -> Result<Option<Flock<File>>, S
             database: database.to_path_buf(),
             holder: file.metadata().ok().and_then(|m| {
                 let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-                flock_holder(&locks, m.dev(), m.ino())
+                protocol::file::flock_holder(&locks, m.dev(), m.ino())
             }),
         }),
         Err((_, errno)) => Err(StoreError::NotWritable {
@@ -151,22 +151,6 @@ fn lock_database(database: &Path, create: bool) -> Result<Option<Flock<File>>, S
             reason: format!("cannot lock it: {errno}"),
         }),
     }
-}
-
-/// The pid holding a `flock` on the file `dev`/`ino`, from the text of `/proc/locks`
-/// (`1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF`, the device's major and minor in hex).
-fn flock_holder(proc_locks: &str, dev: u64, ino: u64) -> Option<u32> {
-    let want = format!(
-        "{:02x}:{:02x}:{ino}",
-        nix::sys::stat::major(dev),
-        nix::sys::stat::minor(dev)
-    );
-    proc_locks.lines().find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
-            .then(|| f.get(4)?.parse().ok())
-            .flatten()
-    })
 }
 
 /// The refusal [`StoreLock::acquire`] would give because another process holds `database`
@@ -179,12 +163,12 @@ pub fn held_under_another_name(database: &Path) -> Result<(), StoreError> {
         return Ok(());
     };
     let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    let Some(holder) = flock_holder(&locks, db.dev(), db.ino()) else {
+    let Some(holder) = protocol::file::flock_holder(&locks, db.dev(), db.ino()) else {
         return Ok(());
     };
     let this_name = std::fs::metadata(lock_path(database))
         .ok()
-        .and_then(|m| flock_holder(&locks, m.dev(), m.ino()));
+        .and_then(|m| protocol::file::flock_holder(&locks, m.dev(), m.ino()));
     if this_name == Some(holder) {
         return Ok(());
     }
@@ -327,24 +311,5 @@ mod tests {
         let db = dir.path().join("c.db");
         let _held = StoreLock::acquire(&db, false).unwrap();
         assert!(!db.exists());
-    }
-
-    #[test]
-    fn flock_holders_are_read_from_proc_locks() {
-        let locks = "1: POSIX  ADVISORY  WRITE 11 fd:01:99 0 EOF\n\
-                     2: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF\n\
-                     3: FLOCK  ADVISORY  WRITE 77 08:02:1234 0 EOF\n";
-        let dev = nix::sys::stat::makedev(0xfd, 0x01);
-        assert_eq!(flock_holder(locks, dev, 1234), Some(4242));
-        assert_eq!(
-            flock_holder(locks, dev, 99),
-            None,
-            "a POSIX lock is SQLite's"
-        );
-        assert_eq!(
-            flock_holder(locks, nix::sys::stat::makedev(8, 2), 1234),
-            Some(77)
-        );
-        assert_eq!(flock_holder(locks, dev, 5), None);
     }
 }
