@@ -29,6 +29,7 @@ pub mod messages;
 #[cfg(feature = "pki")]
 pub mod pki;
 pub mod process_metrics;
+pub mod process_tree;
 #[cfg(feature = "telemetry-levels")]
 pub mod telemetry;
 #[cfg(feature = "transport")]

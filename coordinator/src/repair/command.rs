@@ -275,6 +275,15 @@ impl Drop for GroupGuard {
         if let Some(pgid) = self.pgid.take()
             && let Ok(raw) = i32::try_from(pgid)
         {
+            // What left the group (`setsid`), found under the leader while it runs.
+            for pid in protocol::process_tree::descendants(pgid) {
+                if let Ok(p) = i32::try_from(pid) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
             let _ = nix::sys::signal::killpg(
                 nix::unistd::Pid::from_raw(raw),
                 nix::sys::signal::Signal::SIGKILL,
@@ -569,9 +578,16 @@ mod tests {
 
     #[tokio::test]
     async fn timeout_kills_the_whole_process_group() {
+        for spawn in ["sleep 300", "setsid sleep 300"] {
+            timeout_kills(spawn).await;
+        }
+    }
+
+    /// `spawn` (a grandchild in the group, or one that left it) dies at the time limit.
+    async fn timeout_kills(spawn: &str) {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("grandchild.pid");
-        let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+        let script = format!("{spawn} & echo $! > {}; wait", pidfile.display());
         let started = std::time::Instant::now();
         let (end, o) = within(run(
             sh(&script),
@@ -596,7 +612,7 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(gone, "grandchild {pid} survived the timeout");
+        assert!(gone, "grandchild {pid} ({spawn}) survived the timeout");
     }
 
     #[tokio::test]

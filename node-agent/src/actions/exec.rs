@@ -5,7 +5,8 @@
 //! drops the run) the whole group is killed: a script's children (`( sleep 5; reboot ) &`)
 //! die with it instead of acting after the agent said the command was killed. A command that
 //! exits in time may leave children behind on purpose; those are not touched. A child that
-//! leaves the group (`setsid`) is beyond this.
+//! left the group (`setsid`) is killed too while the command still runs, found as its
+//! descendant ([`protocol::process_tree`]).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -75,7 +76,17 @@ impl GroupKill {
 impl Drop for GroupKill {
     fn drop(&mut self) {
         if let Some(pgid) = self.0.take() {
-            // ESRCH (the group is already gone) is the only expected error, and harmless.
+            // First what left the group (found under the leader while it runs), then the
+            // group. ESRCH (already gone) is the only expected error, and harmless.
+            let leader = u32::try_from(pgid.as_raw_nonzero().get()).unwrap_or(0);
+            for pid in protocol::process_tree::descendants(leader) {
+                if let Some(p) = i32::try_from(pid)
+                    .ok()
+                    .and_then(rustix::process::Pid::from_raw)
+                {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
+            }
             let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
         }
     }
@@ -228,6 +239,24 @@ mod tests {
             dead(pid),
             "the command's child {pid} outlived its time limit"
         );
+    }
+
+    #[tokio::test]
+    async fn the_time_limit_kills_a_child_that_left_the_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pid");
+        let script = format!("setsid sleep 30 & echo $! > {}; wait", file.display());
+        assert_eq!(
+            run(&sh(&script), Duration::from_millis(500), 100).await,
+            Ran::TimedOut
+        );
+        let pid = std::fs::read_to_string(&file).unwrap();
+        let pid = pid.trim();
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while !dead(pid) && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(dead(pid), "the setsid child {pid} outlived its time limit");
     }
 
     #[tokio::test]
