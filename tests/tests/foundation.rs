@@ -375,6 +375,72 @@ fn a_backup_taken_live_restores_under_a_new_identity() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A backup killed half-way (a cron job's timeout, the host going down) leaves nothing under
+/// the name asked for, only a `.<name>.partial-<pid>` file, so nobody later takes a torn
+/// copy for a backup; the next run makes a whole one.
+#[test]
+fn a_backup_killed_half_way_leaves_no_file_under_its_name() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "fleet.test")?;
+    let mut coord = coordinator(tmp.path(), &pki, &HOSTS[..1])?;
+    coord
+        .proc
+        .take()
+        .context("running")?
+        .sigterm(Duration::from_secs(10))?;
+    // A store large enough for the copy to take a while.
+    let db = rusqlite::Connection::open(coord.dir.join("coordinator.db"))?;
+    db.execute_batch(
+        "CREATE TABLE filler (b BLOB);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 96)
+         INSERT INTO filler SELECT randomblob(1048576) FROM n;",
+    )?;
+    drop(db);
+    let backups = tmp.path().join("backups");
+    std::fs::create_dir(&backups)?;
+    let to = backups.join("nightly.db");
+    let mut child = testkit::procs::command("coordinator")
+        .arg("--config")
+        .arg(&coord.config)
+        .args(["backup", "--to", &to.to_string_lossy()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let partial = backups.join(format!(".nightly.db.partial-{}", child.id()));
+    let deadline = std::time::Instant::now() + SETTLE;
+    while !partial.exists() {
+        assert!(
+            child.try_wait()?.is_none(),
+            "the backup ended before it was seen writing {}",
+            partial.display()
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {}",
+            partial.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill()?;
+    child.wait()?;
+    assert!(!to.exists(), "a torn copy under the name asked for");
+
+    let out = testkit::procs::command("coordinator")
+        .arg("--config")
+        .arg(&coord.config)
+        .args(["backup", "--to", &to.to_string_lossy()])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let copy = rusqlite::Connection::open(&to)?;
+    let rows: i64 = copy.query_row("SELECT count(*) FROM filler", [], |r| r.get(0))?;
+    assert_eq!(rows, 96);
+    Ok(())
+}
+
 #[test]
 fn unknown_host_awaits_registration_until_added() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

@@ -104,16 +104,19 @@ pub struct RestoreReport {
 
 impl std::fmt::Display for StoreSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = |n: u64| if n == 1 { "" } else { "s" };
         write!(
             f,
-            "store {} (schema {}): {} repair entries{}, {} fence flows",
+            "store {} (schema {}): {} repair entr{}{}, {} fence flow{}",
             self.store_id,
             self.schema_version,
             self.repair_entries,
+            if self.repair_entries == 1 { "y" } else { "ies" },
             self.newest_entry
                 .map(|n| format!(" (newest #{n})"))
                 .unwrap_or_default(),
-            self.fence_flows
+            self.fence_flows,
+            s(self.fence_flows)
         )
     }
 }
@@ -227,6 +230,36 @@ fn summary(c: &Connection) -> rusqlite::Result<StoreSummary> {
     })
 }
 
+/// Which of the store's companion files (`-wal`, `-shm`, `-journal`, `.lock`) `to` names,
+/// comparing whole paths once their directories are resolved.
+fn store_companion(database: &Path, to: &Path) -> Option<&'static str> {
+    let resolve = |p: &Path| -> Option<PathBuf> {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(dir.canonicalize().ok()?.join(p.file_name()?))
+    };
+    let (db, to) = (resolve(database)?, resolve(to)?);
+    ["-wal", "-shm", "-journal", ".lock"]
+        .into_iter()
+        .find(|suffix| {
+            let mut name = db.clone().into_os_string();
+            name.push(suffix);
+            PathBuf::from(name) == to
+        })
+        .map(|suffix| suffix.trim_start_matches(['-', '.']))
+}
+
+/// Whether `a` and `b` are one file (the same device and inode), through links or not.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// Copies the store at `database` to `to` (a new file), consistently, while a coordinator
 /// may be running on it: SQLite's `VACUUM INTO` reads one snapshot (WAL readers do not
 /// block the writer, nor it them).
@@ -240,6 +273,15 @@ pub fn backup(database: &Path, to: &Path) -> Result<BackupReport, BackupError> {
     if to.exists() {
         return Err(BackupError::BadInput(format!(
             "{} exists; a backup never overwrites: name a new file",
+            to.display()
+        )));
+    }
+    // The store's own companions do not exist while it is closed, but SQLite (the WAL,
+    // its index, a rollback journal) and the coordinator (its lock) make them at once:
+    // a backup written there would be taken for them, or deleted with them.
+    if let Some(companion) = store_companion(database, to) {
+        return Err(BackupError::BadInput(format!(
+            "{} is the store's {companion} file; name a file outside the store's names",
             to.display()
         )));
     }
@@ -262,19 +304,55 @@ pub fn backup(database: &Path, to: &Path) -> Result<BackupReport, BackupError> {
     c.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(&err)?;
     super::check_ours(&c, database)?;
-    let store = summary(&c).map_err(&err)?;
-    let target = to
+    // Written under a name of its own first, then linked to `to` once whole and on disk:
+    // a backup killed half-way never leaves a file under the name asked for, only
+    // `.<name>.partial-<pid>`, which says what it is.
+    let partial = dir.join(format!(
+        ".{}.partial-{}",
+        to.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let target = partial
         .to_str()
         .ok_or_else(|| BackupError::BadInput(format!("{}: not a UTF-8 path", to.display())))?;
+    let _ = std::fs::remove_file(&partial);
+    let cannot_write = |e: &dyn std::fmt::Display| {
+        BackupError::BadInput(format!("cannot write the backup {}: {e}", to.display()))
+    };
     // The target is what failed when VACUUM INTO fails to open it (a read-only place).
-    c.execute("VACUUM INTO ?1", [target])
+    let copied = c
+        .execute("VACUUM INTO ?1", [target])
         .map_err(|e| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly) => {
-                BackupError::BadInput(format!("cannot write the backup {}: {e}", to.display()))
+                cannot_write(&e)
             }
             _ => err(e).into(),
-        })?;
+        });
     drop(c);
+    let finished = copied.and_then(|_| {
+        // What the copy holds, read from the copy: the store may have moved on since.
+        let copy = Connection::open_with_flags(&partial, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(sqlite(&partial))?;
+        let store = summary(&copy).map_err(sqlite(&partial))?;
+        drop(copy);
+        std::fs::File::open(&partial)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| cannot_write(&e))?;
+        // A link never replaces a file that appeared at `to` meanwhile.
+        std::fs::hard_link(&partial, to).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => BackupError::BadInput(format!(
+                "{} exists; a backup never overwrites: name a new file",
+                to.display()
+            )),
+            _ => cannot_write(&e),
+        })?;
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        Ok(store)
+    });
+    let _ = std::fs::remove_file(&partial);
+    let store = finished?;
     let bytes = std::fs::metadata(to)
         .map_err(|e| BackupError::BadInput(format!("{}: {e}", to.display())))?
         .len();
@@ -296,8 +374,17 @@ pub fn restore(
 ) -> Result<RestoreReport, BackupError> {
     // The backup first: nothing is touched for a bad one.
     let bad = |m: String| BackupError::BadInput(format!("backup {}: {m}", from.display()));
-    if !from.is_file() {
+    if !from.exists() {
         return Err(bad("no such file".into()));
+    }
+    if !from.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    if same_file(from, database) {
+        return Err(bad(format!(
+            "is the database itself ({}); name a backup",
+            database.display()
+        )));
     }
     let src = Connection::open_with_flags(from, OpenFlags::SQLITE_OPEN_READ_ONLY)
         .map_err(|e| bad(e.to_string()))?;
@@ -426,10 +513,60 @@ mod tests {
     }
 
     #[test]
+    fn a_backup_is_never_written_over_the_stores_own_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let s = Store::open(&db).unwrap();
+        add_entry(&s, "10.0.0.1");
+        drop(s);
+        // The store is closed: its WAL and index do not exist, so "never overwrites" does
+        // not catch them; SQLite would remove the backup with them at close.
+        for (name, what) in [
+            ("c.db-wal", "wal"),
+            ("c.db-shm", "shm"),
+            ("c.db-journal", "journal"),
+        ] {
+            for to in [dir.path().join(name), dir.path().join(".").join(name)] {
+                let e = backup(&db, &to).unwrap_err();
+                assert!(e.is_bad_input(), "{e}");
+                assert!(
+                    e.to_string().contains(&format!("the store's {what} file")),
+                    "{e}"
+                );
+            }
+        }
+        // Relative to the working directory too.
+        let cwd = std::env::current_dir().unwrap();
+        let rel = Path::new("c.db-wal");
+        assert_eq!(
+            store_companion(&cwd.join("c.db"), rel),
+            Some("wal"),
+            "a relative path names the same file"
+        );
+        assert_eq!(store_companion(&db, &dir.path().join("c.db-wal.bak")), None);
+        let b = backup(&db, &dir.path().join("b.db")).unwrap();
+        assert!(
+            b.to_string()
+                .contains(": 1 repair entry (newest #1), 0 fence flows"),
+            "{b}"
+        );
+    }
+
+    #[test]
     fn bad_backups_are_refused_before_anything_is_touched() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("c.db");
         drop(Store::open(&db).unwrap());
+        let e = restore(&db, &db, 1).unwrap_err();
+        assert!(
+            e.is_bad_input() && e.to_string().contains("is the database itself"),
+            "{e}"
+        );
+        let e = restore(&db, Path::new("/dev/null"), 1).unwrap_err();
+        assert!(
+            e.is_bad_input() && e.to_string().contains("not a regular file"),
+            "{e}"
+        );
         let junk = dir.path().join("junk");
         std::fs::write(&junk, b"not a database at all, not even close to one").unwrap();
         let e = restore(&db, &junk, 1).unwrap_err();
