@@ -246,7 +246,7 @@ fn store_companion(database: &Path, to: &Path) -> Option<&'static str> {
         .find(|suffix| {
             let mut name = db.clone().into_os_string();
             name.push(suffix);
-            PathBuf::from(name) == to
+            name == to.as_os_str()
         })
         .map(|suffix| suffix.trim_start_matches(['-', '.']))
 }
