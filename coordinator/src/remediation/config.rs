@@ -406,15 +406,22 @@ pub enum Threshold {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum RawThreshold {
-    Count(u32),
+    Count(i64),
     Text(String),
+    // Anything else (a negative or fractional number, a boolean) gets a sentence that says
+    // what is expected instead of serde's "did not match any variant of untagged enum".
+    Other(serde::de::IgnoredAny),
 }
 
 impl TryFrom<RawThreshold> for Threshold {
     type Error = String;
     fn try_from(r: RawThreshold) -> Result<Self, String> {
+        let expected = "must be a count of machines (0 or more) or a percentage like \"40%\"";
         match r {
-            RawThreshold::Count(n) => Ok(Threshold::Count(n)),
+            RawThreshold::Count(n) => u32::try_from(n)
+                .map(Threshold::Count)
+                .map_err(|_| format!("{n} {expected}")),
+            RawThreshold::Other(_) => Err(expected.to_string()),
             RawThreshold::Text(s) => {
                 let bad = || format!("{s:?} is neither a count nor a percentage like \"40%\"");
                 match s.trim().strip_suffix('%') {
@@ -429,10 +436,12 @@ impl TryFrom<RawThreshold> for Threshold {
 impl Threshold {
     /// How many machines of `total` this allows. A percentage rounds down (Cluster API's
     /// rule) but never below one machine of a non-empty pool: 20 % of a pool of four would
-    /// otherwise be zero, and the gate would never let a single repair through.
+    /// otherwise be zero, and the gate would never let a single repair through. `"0%"`
+    /// allows none, as `0` does: it is written to stop the check's repairs.
     pub fn of(self, total: usize) -> usize {
         match self {
             Threshold::Count(n) => n as usize,
+            Threshold::Percent(0) => 0,
             Threshold::Percent(_) if total == 0 => 0,
             Threshold::Percent(p) => (total * p as usize / 100).max(1),
         }
@@ -794,6 +803,32 @@ escalation = { max_remediations = 2, window = "12h" }
         assert_eq!(Threshold::Percent(20).of(0), 0);
         assert_eq!(Threshold::Percent(40).of(5000), 2000);
         assert_eq!(Threshold::Count(3).of(5000), 3);
+    }
+
+    #[test]
+    fn zero_percent_allows_none_as_zero_does() {
+        assert_eq!(Threshold::Count(0).of(4), 0);
+        assert_eq!(Threshold::Percent(0).of(4), 0, "not raised to one machine");
+        assert_eq!(Threshold::Percent(0).of(5000), 0);
+    }
+
+    #[test]
+    fn a_threshold_that_is_no_count_says_what_is_expected() {
+        let hc = |v: &str| {
+            format!(
+                "[[health_checks]]\nname = \"r\"\nunhealthy_conditions = [{{ type = \"Ready\", \
+                 status = \"Unknown\", timeout = \"5m\" }}]\nmax_unhealthy = {v}\n"
+            )
+        };
+        for v in ["-1", "1.5", "true"] {
+            let e = RemediationConfig::from_toml(&hc(v))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("a percentage like"), "{v}: {e}");
+            assert!(!e.contains("untagged"), "{v}: {e}");
+        }
+        let ok = RemediationConfig::from_toml(&hc("2")).unwrap();
+        assert_eq!(ok.health_checks[0].max_unhealthy, Some(Threshold::Count(2)));
     }
 
     #[test]
