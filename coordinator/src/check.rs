@@ -641,7 +641,17 @@ fn check_kubeconfig(k: &crate::k8s::KubernetesConfig) -> Result<String, String> 
             path.display()
         ));
     }
-    Ok(format!("{}: context {context}", path.display()))
+    let ctx = format!("{}: context {context}", path.display());
+    // The same look the start would take a while to show (a `node-view-stale` hold): the
+    // address, the CA, the credentials and the RBAC, before the first machine needs them.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("{ctx}; cannot start a runtime to reach the API server: {e}"))?;
+    runtime
+        .block_on(crate::k8s::probe::probe(k))
+        .map(|ok| format!("{ctx}; {ok}"))
+        .map_err(|e| format!("{ctx}; {e}"))
 }
 
 /// The lines as a table for a person.

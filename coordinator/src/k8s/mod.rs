@@ -10,7 +10,8 @@
 //!
 //! Submodules: [`client`] (configuration, client, error mapping), [`selector`] (label
 //! selectors), [`cordon`] (whose cordon it is), [`decision`] (pure per-pod drain
-//! decisions), [`drain`], [`release`], [`view`], [`events`].
+//! decisions), [`drain`], [`release`], [`view`], [`events`], [`probe`] (`coordinator check`'s look at
+//! the API server).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ pub mod cordon;
 pub mod decision;
 pub mod drain;
 pub mod events;
+pub mod probe;
 pub mod release;
 pub mod selector;
 pub mod view;
@@ -168,6 +170,12 @@ pub trait NodeViewSource: Send + Sync + 'static {
     /// True when the snapshot was refreshed within `max_age` of `now`.
     fn is_fresh(&self, now: Timestamp, max_age: Duration) -> bool {
         self.snapshot().is_fresh(now, max_age)
+    }
+
+    /// Why the last refresh failed, while no later one has succeeded (`None` by default:
+    /// a source that cannot fail).
+    fn last_failure(&self) -> Option<String> {
+        None
     }
 }
 

@@ -185,6 +185,8 @@ pub struct NodeView {
     clock: Arc<dyn Clock>,
     current: Arc<RwLock<Arc<NodeViewSnapshot>>>,
     changed: Arc<Notify>,
+    /// Why the last refresh failed; cleared by one that succeeds.
+    failure: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for NodeView {
@@ -202,6 +204,7 @@ impl NodeView {
             clock,
             current: Arc::new(RwLock::new(Arc::new(NodeViewSnapshot::default()))),
             changed: Arc::new(Notify::new()),
+            failure: Arc::default(),
         }
     }
 
@@ -226,8 +229,21 @@ impl NodeView {
         self.snapshot().is_fresh(now, max_age)
     }
 
-    /// Lists Nodes and node Leases and replaces the snapshot.
+    /// Why the last refresh failed, while no later one has succeeded.
+    pub fn last_failure(&self) -> Option<String> {
+        self.failure.lock().expect("node view poisoned").clone()
+    }
+
+    /// Lists Nodes and node Leases and replaces the snapshot; a failure is kept for
+    /// [`NodeView::last_failure`] until a refresh succeeds.
     pub async fn refresh(&self) -> Result<Arc<NodeViewSnapshot>, KubeError> {
+        let r = self.list_all().await;
+        *self.failure.lock().expect("node view poisoned") =
+            r.as_ref().err().map(ToString::to_string);
+        r
+    }
+
+    async fn list_all(&self) -> Result<Arc<NodeViewSnapshot>, KubeError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
         let node_list = nodes
@@ -366,6 +382,10 @@ fn readiness_changed(old: &NodeViewSnapshot, new: &NodeViewSnapshot) -> bool {
 impl NodeViewSource for NodeView {
     fn snapshot(&self) -> Arc<NodeViewSnapshot> {
         NodeView::snapshot(self)
+    }
+
+    fn last_failure(&self) -> Option<String> {
+        NodeView::last_failure(self)
     }
 }
 

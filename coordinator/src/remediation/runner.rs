@@ -414,7 +414,11 @@ impl LoopState {
                 }
             });
         }
-        *shared.last() = status_of(shared, &pass, now);
+        let mut status = status_of(shared, &pass, now);
+        if let Some((v, _)) = &deps.view {
+            explain_stale_view(&mut status, v.last_failure());
+        }
+        *shared.last() = status;
         self.prune(shared, &cfg, now).await
     }
 
@@ -624,6 +628,18 @@ pub(super) fn line(d: &Decision) -> JournalLine {
         rule: d.rule.as_str().into(),
         operation: journal::operation(d).map(str::to_string),
         sentence: d.sentence.clone(),
+    }
+}
+
+/// A holding `node-view-stale` says why the view is stale, when the last refresh failed:
+/// "never loaded" alone leaves an operator guessing between an address, a CA, credentials
+/// and RBAC, while the API server's own answer names the one.
+fn explain_stale_view(status: &mut RemediationStatus, failure: Option<String>) {
+    let Some(failure) = failure else { return };
+    for l in &mut status.limits {
+        if l.rule == Rule::NodeViewStale.as_str() && l.holding {
+            l.sentence = format!("{}; the last refresh failed: {failure}", l.sentence);
+        }
     }
 }
 

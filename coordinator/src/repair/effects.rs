@@ -323,6 +323,7 @@ impl Effects {
         );
         let h = tokio::spawn(
             async move {
+                let mut last_error = None;
                 let end = loop {
                     if let Some(f) = &fence
                         && let Some(why) = f.liveness.dead(&address)
@@ -364,6 +365,21 @@ impl Effects {
                         }
                         Err(err) if err.is_retriable() => {
                             tracing::warn!(%node, error = %err, "repair: drain pass failed; retrying");
+                            // Once per distinct error: "draining" alone would not say the
+                            // API server is what the entry waits for.
+                            let err = err.to_string();
+                            if last_error.as_ref() != Some(&err) {
+                                let note = HistoryEvent::new(
+                                    "drain-pass-failed",
+                                    format!("node {node}: {err}; retrying"),
+                                );
+                                let _ = tx.send(Event::Note {
+                                    index,
+                                    generation,
+                                    event: note,
+                                });
+                                last_error = Some(err);
+                            }
                         }
                         Err(err) => break DrainEnd::Abandoned(err.to_string()),
                     }

@@ -1,0 +1,233 @@
+//! The `[kubernetes]` section on day one: an API server that cannot be reached, that refuses
+//! the coordinator's identity (403, RBAC missing) or that answers again. `coordinator check`
+//! must say what is wrong and where before the start, and the running coordinator must say
+//! why it holds (`remediation status`) and recover by itself.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::Value;
+use testkit::fake_k8s::{FakeK8s, Fault, NodeSeed};
+use testkit::procs::{Coordinator, CoordinatorOptions, Pki, free_tcp_port, wait_for};
+
+/// Bound for anything a test waits on (node view refreshes every 300 ms here).
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// A repair whose one step drains the machine's node first; its command leaves a mark.
+const REPAIR_YML: &str = r#"
+repair:
+  max_concurrent_repairs: 10
+  evict_retries: 0
+  evict_interval: 0
+  eviction_timeout_seconds: 60
+  repair_procedures:
+    - machine_types: ["worker"]
+      repair_operations:
+        - operation: "unhealthy"
+          repair_steps:
+            - repair_command: ["sh", "-c", "echo x >> @D@/repaired-$1", "repair"]
+              need_drain: true
+          health_check_command: ["sh", "-c", "echo true"]
+"#;
+
+fn start(dir: &Path, kubeconfig: &Path) -> Result<Coordinator> {
+    let pki = Pki::create(&dir.join("pki"), "k8s.test")?;
+    let repair = dir.join("cluster.yml");
+    std::fs::write(
+        &repair,
+        REPAIR_YML.replace("@D@", &dir.display().to_string()),
+    )?;
+    let opts = CoordinatorOptions {
+        extra: format!(
+            "[repair]\nconfig = {:?}\n\n\
+             [kubernetes]\nkubeconfig = {:?}\nrequest_timeout = \"2s\"\nnode_view_refresh = \"300ms\"\n\n\
+             [remediation]\ninterval = \"300ms\"\n",
+            repair.display().to_string(),
+            kubeconfig.display().to_string()
+        ),
+        ..Default::default()
+    };
+    Coordinator::start(&dir.join("coord"), &pki, &opts)
+}
+
+/// `coordinator check`'s `kubernetes` line and exit code.
+fn check(coord: &Coordinator) -> Result<(Option<i32>, String)> {
+    let out = testkit::procs::command("coordinator")
+        .arg("check")
+        .arg("--config")
+        .arg(&coord.config)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("kubernetes"))
+        .unwrap_or_default()
+        .to_string();
+    Ok((out.status.code(), line))
+}
+
+fn forbid_nodes(fake: &FakeK8s) {
+    fake.inject(Fault {
+        path_contains: Some("/api/v1/nodes".into()),
+        method: Some("GET".into()),
+        status: 403,
+        message: "nodes is forbidden: User \"system:serviceaccount:fleetmend:coordinator\" \
+                  cannot list resource \"nodes\""
+            .into(),
+        times: None,
+    });
+}
+
+/// A kubeconfig that parses and names its context but whose API server cannot be used was
+/// "ok" in `coordinator check`: the operator learnt of it from a `node-view-stale` hold
+/// when the first machine died.
+#[test]
+fn check_reaches_the_api_server_and_names_what_is_wrong() -> Result<()> {
+    let fake = FakeK8s::start_background()?;
+    let tmp = tempfile::tempdir()?;
+    let coord = start(tmp.path(), fake.kubeconfig())?;
+
+    let (code, line) = check(&coord)?;
+    assert_eq!(code, Some(0), "{line}");
+    assert!(line.contains("may list Nodes"), "{line}");
+
+    forbid_nodes(&fake);
+    let (code, line) = check(&coord)?;
+    assert_eq!(code, Some(64), "{line}");
+    assert!(line.contains(&fake.url()), "names the server: {line}");
+    assert!(
+        line.contains("403") && line.contains("cannot list resource"),
+        "{line}"
+    );
+    assert!(line.contains("docs/kubernetes.md#rbac"), "{line}");
+    fake.clear_faults();
+
+    // A kubeconfig pointing at a port where nothing listens.
+    let port = free_tcp_port();
+    let closed = tmp.path().join("closed.yaml");
+    let text = std::fs::read_to_string(fake.kubeconfig())?;
+    std::fs::write(
+        &closed,
+        text.replace(&fake.url(), &format!("http://127.0.0.1:{port}")),
+    )?;
+    let config = std::fs::read_to_string(&coord.config)?;
+    std::fs::write(
+        &coord.config,
+        config.replace(
+            &format!("{:?}", fake.kubeconfig().display().to_string()),
+            &format!("{:?}", closed.display().to_string()),
+        ),
+    )?;
+    let (code, line) = check(&coord)?;
+    assert_eq!(code, Some(64), "{line}");
+    assert!(
+        line.contains(&format!("127.0.0.1:{port}")) && line.contains("Connection refused"),
+        "{line}"
+    );
+    Ok(())
+}
+
+/// The node-view-stale limit of `remediation status`.
+fn view_limit(coord: &Coordinator) -> Result<Value> {
+    let s: Value = coord.ctl_json(&["remediation", "status", "--json"])?;
+    s["limits"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["rule"] == "node-view-stale"))
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no node-view-stale limit in {s}"))
+}
+
+/// A coordinator whose identity may not list Nodes held with "Kubernetes view never loaded"
+/// and nothing else: the 403 and its message were only in the log.
+#[test]
+fn a_refused_view_says_why_it_holds_and_recovers_when_the_api_answers() -> Result<()> {
+    let fake = FakeK8s::start_background()?;
+    forbid_nodes(&fake);
+    let tmp = tempfile::tempdir()?;
+    let coord = start(tmp.path(), fake.kubeconfig())?;
+
+    let l = wait_for("node-view-stale names the 403", SETTLE, || {
+        let l = view_limit(&coord).map_err(|e| e.to_string())?;
+        let s = l["sentence"].as_str().unwrap_or_default();
+        if l["holding"] == true && s.contains("403") && s.contains("cannot list resource") {
+            Ok(l)
+        } else {
+            Err(l.to_string())
+        }
+    })?;
+    assert!(
+        l["sentence"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("list nodes"),
+        "{l}"
+    );
+
+    fake.clear_faults();
+    wait_for("the view is fresh again", SETTLE, || {
+        let l = view_limit(&coord).map_err(|e| e.to_string())?;
+        if l["holding"] == false && !l.to_string().contains("403") {
+            Ok(())
+        } else {
+            Err(l.to_string())
+        }
+    })?;
+    Ok(())
+}
+
+/// An entry whose machine's Node cannot be looked up (403) held "processing, step 0,
+/// waiting" with nothing in its history: the reason was only in the coordinator's log.
+#[test]
+fn an_entry_that_cannot_look_up_its_node_holds_and_says_why() -> Result<()> {
+    let fake = FakeK8s::start_background()?;
+    fake.add_node(NodeSeed::new("node-1", "10.0.0.1"));
+    forbid_nodes(&fake);
+    let tmp = tempfile::tempdir()?;
+    let coord = start(tmp.path(), fake.kubeconfig())?;
+    let out = coord.ctl(&[
+        "repair-queue",
+        "add",
+        "--force",
+        "unhealthy",
+        "worker",
+        "10.0.0.1",
+    ])?;
+    let index = String::from_utf8(out.stdout)?.trim().to_string();
+    let history = |coord: &Coordinator| -> Result<String, String> {
+        let v: Value = coord
+            .ctl_json(&["repair-queue", "show", &index, "--json"])
+            .map_err(|e| e.to_string())?;
+        Ok(v["history"].to_string())
+    };
+    let h = wait_for("node-lookup-failed in the history", SETTLE, || {
+        let h = history(&coord)?;
+        if h.contains("node-lookup-failed") && h.contains("403") {
+            Ok(h)
+        } else {
+            Err(h)
+        }
+    })?;
+    // Once per distinct error, however many retries.
+    std::thread::sleep(Duration::from_secs(6));
+    let h2 = history(&coord).map_err(anyhow::Error::msg)?;
+    assert_eq!(h2.matches("node-lookup-failed").count(), 1, "{h2}");
+    assert!(
+        !tmp.path().join("repaired-10.0.0.1").exists(),
+        "ran without its drain: {h}"
+    );
+
+    fake.clear_faults();
+    wait_for("the entry succeeds once the API answers", SETTLE, || {
+        let v: Value = coord
+            .ctl_json(&["repair-queue", "show", &index, "--json"])
+            .map_err(|e| e.to_string())?;
+        if v["status"] == "succeeded" {
+            Ok(())
+        } else {
+            Err(v["history"].to_string())
+        }
+    })?;
+    assert!(tmp.path().join("repaired-10.0.0.1").exists());
+    Ok(())
+}
