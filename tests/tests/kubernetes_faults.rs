@@ -231,3 +231,39 @@ fn an_entry_that_cannot_look_up_its_node_holds_and_says_why() -> Result<()> {
     assert!(tmp.path().join("repaired-10.0.0.1").exists());
     Ok(())
 }
+
+/// A node cordoned by Fleetmend whose entry is gone (the uncordon at the entry's end gave up
+/// while the API server was down, or the coordinator was killed between the end and the
+/// uncordon) stayed cordoned for good: nothing looked at it again, across restarts too.
+/// An admin's cordon (no Fleetmend annotation) is never touched.
+#[test]
+fn a_cordon_no_entry_owns_is_lifted_and_an_admins_is_kept() -> Result<()> {
+    let fake = FakeK8s::start_background()?;
+    fake.add_node(
+        NodeSeed::new("node-1", "10.0.0.1")
+            .cordoned()
+            .annotation("fleetmend.io/cordoned-by", "fleetmend-coordinator"),
+    );
+    fake.add_node(NodeSeed::new("node-2", "10.0.0.2").cordoned());
+    let tmp = tempfile::tempdir()?;
+    let coord = start(tmp.path(), fake.kubeconfig())?;
+    let unschedulable = |n: &str| {
+        fake.node(n)
+            .is_some_and(|v| v["spec"]["unschedulable"] == true)
+    };
+    wait_for("node-1 uncordoned", Duration::from_secs(60), || {
+        if unschedulable("node-1") {
+            Err("still cordoned".to_string())
+        } else {
+            Ok(())
+        }
+    })?;
+    let n1 = fake.node("node-1").unwrap_or_default();
+    assert!(
+        n1["metadata"]["annotations"]["fleetmend.io/cordoned-by"].is_null(),
+        "{n1}"
+    );
+    assert!(unschedulable("node-2"), "an admin's cordon stays");
+    coord.wait_for_log(&["no active entry; uncordoning it"], SETTLE)?;
+    Ok(())
+}

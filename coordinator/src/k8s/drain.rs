@@ -495,6 +495,15 @@ impl Drainer for KubeDrainer {
         Box::pin(self.drain_pass(node, opts))
     }
 
+    fn cordoned_by_us(&self) -> Vec<String> {
+        let snap = self.view.snapshot();
+        snap.nodes
+            .values()
+            .filter(|n| n.cordoned_by_us)
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
     fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), KubeError>> {
         Box::pin(async move {
             self.last_blocked

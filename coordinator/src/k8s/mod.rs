@@ -113,6 +113,12 @@ pub trait Drainer: Send + Sync + 'static {
         opts: &'a DrainOptions,
     ) -> BoxFuture<'a, Result<DrainProgress, KubeError>>;
 
+    /// Nodes the current node view shows cordoned by Fleetmend (the cordon annotation), for
+    /// the repair queue's sweep of cordons no entry owns any more. Empty without a view.
+    fn cordoned_by_us(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Uncordons `node` if, and only if, the cordon is ours.
     fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), KubeError>>;
 
