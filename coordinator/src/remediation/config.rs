@@ -266,6 +266,20 @@ impl Default for AutoRepair {
 /// Why a `having` without states is refused: it would match every machine.
 pub const NO_HAVING_STATES: &str = "having.states must name at least one state, e.g. [\"unhealthy\", \"unreachable\"]: without one, every machine (healthy ones included) is a candidate";
 
+/// Why `having` and `not_having` are refused when `not_having.states` names every state
+/// `having` asks for: no machine can match both, so auto-repair would never propose one
+/// while its status says it is on.
+pub fn states_excluded(having: &MachineFilter, not_having: &MachineFilter) -> Option<String> {
+    let all =
+        !having.states.is_empty() && having.states.iter().all(|s| not_having.states.contains(s));
+    all.then(|| {
+        "notHaving.states excludes every state having.states names, so no machine can ever be \
+         a candidate; to stop auto-repair, disable it (enabled = false or \
+         `coordinatorctl auto-repair disable`)"
+            .to_string()
+    })
+}
+
 /// sabakan's `MachineParams`: states, roles, racks, labels. Empty fields say nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -511,6 +525,16 @@ impl RemediationConfig {
                 message: message.to_string(),
             })
         };
+        if let Some(m) = states_excluded(&self.auto_repair.having, &self.auto_repair.not_having) {
+            return err("auto_repair.not_having.states".into(), &m);
+        }
+        if self.limits.correlated_failure.machines == 1 {
+            return err(
+                "limits.correlated_failure.machines".into(),
+                "must be at least 2: with 1 every failed machine is an infrastructure event, \
+                 so nothing is ever repaired",
+            );
+        }
         if self.lease_stale.is_zero() {
             return err("lease_stale".into(), "must be greater than 0");
         }
@@ -803,6 +827,30 @@ escalation = { max_remediations = 2, window = "12h" }
         assert_eq!(Threshold::Percent(20).of(0), 0);
         assert_eq!(Threshold::Percent(40).of(5000), 2000);
         assert_eq!(Threshold::Count(3).of(5000), 3);
+    }
+
+    #[test]
+    fn contradictions_that_would_never_repair_are_refused_with_their_key() {
+        for (text, key) in [
+            (
+                "[auto_repair]\nhaving = { states = [\"unhealthy\"] }\n\
+                 not_having = { states = [\"unhealthy\", \"unreachable\"] }\n",
+                "auto_repair.not_having.states",
+            ),
+            (
+                "[limits]\ncorrelated_failure = { machines = 1, window = \"1m\" }\n",
+                "limits.correlated_failure.machines",
+            ),
+        ] {
+            let e = RemediationConfig::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("ever"), "{text}: {e}");
+        }
+        // One state left over is a working filter.
+        RemediationConfig::from_toml(
+            "[auto_repair]\nhaving = { states = [\"unhealthy\", \"unreachable\"] }\n\
+             not_having = { states = [\"unhealthy\"] }\n",
+        )
+        .unwrap();
     }
 
     #[test]
