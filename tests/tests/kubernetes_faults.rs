@@ -163,6 +163,15 @@ fn a_refused_view_says_why_it_holds_and_recovers_when_the_api_answers() -> Resul
             .contains("list nodes"),
         "{l}"
     );
+    let m = coord.scrape()?;
+    assert!(
+        m.contains("fleetmend_kubernetes_view_refresh_failing 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("fleetmend_kubernetes_view_refreshed_timestamp_seconds 0.000"),
+        "{m}"
+    );
 
     fake.clear_faults();
     wait_for("the view is fresh again", SETTLE, || {
@@ -173,6 +182,11 @@ fn a_refused_view_says_why_it_holds_and_recovers_when_the_api_answers() -> Resul
             Err(l.to_string())
         }
     })?;
+    let m = coord.scrape()?;
+    assert!(
+        m.contains("fleetmend_kubernetes_view_refresh_failing 0"),
+        "{m}"
+    );
     Ok(())
 }
 

@@ -379,6 +379,31 @@ fn readiness_changed(old: &NodeViewSnapshot, new: &NodeViewSnapshot) -> bool {
             .any(|(name, n)| old.nodes.get(name).is_none_or(|o| o.ready != n.ready))
 }
 
+/// Whether the coordinator can read the cluster, with or without `[remediation]`: a view
+/// that stopped refreshing holds every decision that needs it and every drain's node
+/// lookup, so it must be seen before a machine dies.
+impl crate::metrics::MetricsSource for NodeView {
+    fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let refreshed = self
+            .snapshot()
+            .refreshed_at
+            .map_or(0.0, |t| t.as_millisecond() as f64 / 1000.0);
+        let _ = write!(
+            out,
+            "# HELP fleetmend_kubernetes_view_refresh_failing 1 while the node view's last refresh \
+             (Nodes and node Leases) failed.\n\
+             # TYPE fleetmend_kubernetes_view_refresh_failing gauge\n\
+             fleetmend_kubernetes_view_refresh_failing {}\n\
+             # HELP fleetmend_kubernetes_view_refreshed_timestamp_seconds When the node view was last \
+             refreshed from the API server, Unix seconds (0: never).\n\
+             # TYPE fleetmend_kubernetes_view_refreshed_timestamp_seconds gauge\n\
+             fleetmend_kubernetes_view_refreshed_timestamp_seconds {refreshed:.3}\n",
+            u8::from(self.last_failure().is_some())
+        );
+    }
+}
+
 impl NodeViewSource for NodeView {
     fn snapshot(&self) -> Arc<NodeViewSnapshot> {
         NodeView::snapshot(self)
