@@ -93,7 +93,7 @@ impl Default for KubernetesConfig {
 pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, KubeError> {
     let config = load_config(cfg).await?;
     kube::Client::try_from(config)
-        .map_err(|e| KubeError::Refused(format!("cannot build Kubernetes client: {e}")))
+        .map_err(|e| KubeError::Config(format!("cannot build Kubernetes client: {e}")))
 }
 
 /// The client configuration `cfg` names (kubeconfig, context or in-cluster account), with
@@ -106,19 +106,19 @@ pub async fn load_config(cfg: &KubernetesConfig) -> Result<kube::Config, KubeErr
     let mut config = match &cfg.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                KubeError::Refused(format!("cannot read kubeconfig {}: {e}", path.display()))
+                KubeError::Config(format!("cannot read kubeconfig {}: {e}", path.display()))
             })?;
             kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
                 .map_err(|e| {
-                    KubeError::Refused(format!("kubeconfig {} is unusable: {e}", path.display()))
+                    KubeError::Config(format!("kubeconfig {} is unusable: {e}", path.display()))
                 })?
         }
         None if cfg.context.is_some() => kube::Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| KubeError::Refused(format!("kubeconfig is unusable: {e}")))?,
+            .map_err(|e| KubeError::Config(format!("kubeconfig is unusable: {e}")))?,
         None => kube::Config::infer().await.map_err(|e| {
-            KubeError::Refused(format!(
+            KubeError::Config(format!(
                 "no Kubernetes configuration found (kubernetes.kubeconfig, KUBECONFIG, \
                  ~/.kube/config or in-cluster service account): {e}"
             ))

@@ -217,7 +217,7 @@ impl KubeDrainer {
             Err(e) if is_not_found(&e) || is_conflict(&e) => PodOutcome::Going,
             Err(e) => match map_err(&format!("delete pod {}", pod.key()), e) {
                 KubeError::Unavailable(m) => PodOutcome::Unavailable(m),
-                KubeError::Refused(m) => PodOutcome::Stop(m),
+                KubeError::Refused(m) | KubeError::Config(m) => PodOutcome::Stop(m),
             },
         }
     }
@@ -257,7 +257,7 @@ impl KubeDrainer {
                 Err(e) => {
                     return match map_err(&format!("evict {}", pod.key()), e) {
                         KubeError::Unavailable(m) => PodOutcome::Unavailable(m),
-                        KubeError::Refused(m) => PodOutcome::Stop(m),
+                        KubeError::Refused(m) | KubeError::Config(m) => PodOutcome::Stop(m),
                     };
                 }
             };

@@ -83,6 +83,10 @@ pub enum KubeError {
     /// The API server refused the request for a reason retrying will not fix.
     #[error("Kubernetes API refused: {0}")]
     Refused(String),
+    /// The client could not be built from the `[kubernetes]` section (kubeconfig, context,
+    /// in-cluster account): no API server was asked.
+    #[error("Kubernetes client configuration: {0}")]
+    Config(String),
 }
 
 impl KubeError {
