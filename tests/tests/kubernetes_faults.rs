@@ -281,3 +281,44 @@ fn a_cordon_no_entry_owns_is_lifted_and_an_admins_is_kept() -> Result<()> {
     coord.wait_for_log(&["no active entry; uncordoning it"], SETTLE)?;
     Ok(())
 }
+
+/// While the API server refuses every Node list, the watch retried about once a second
+/// (kube's backoff did not grow), each retry a request and an ERROR line, all night. It now
+/// backs off (1 s doubling to a minute); the poller goes on at `node_view_refresh`.
+#[test]
+fn a_failing_node_watch_backs_off() -> Result<()> {
+    let fake = FakeK8s::start_background()?;
+    fake.inject(Fault {
+        path_contains: Some("/api/v1/nodes".into()),
+        method: Some("GET".into()),
+        status: 503,
+        message: "etcd leader changed".into(),
+        times: None,
+    });
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "k8s.test")?;
+    let opts = CoordinatorOptions {
+        extra: format!(
+            "[kubernetes]\nkubeconfig = {:?}\nnode_view_refresh = \"30s\"\n",
+            fake.kubeconfig().display().to_string()
+        ),
+        ..Default::default()
+    };
+    let _coord = Coordinator::start(&tmp.path().join("coord"), &pki, &opts)?;
+    let lists = || {
+        fake.requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == "/api/v1/nodes")
+            .count()
+    };
+    let start = lists();
+    std::thread::sleep(Duration::from_secs(14));
+    let n = lists() - start;
+    // Backing off: attempts near 1, 3, 7 and 15 s (and kube's own waits on top); without
+    // it, about one a second.
+    assert!(
+        n <= 6,
+        "{n} Node lists in 14 s while the API server answered 503"
+    );
+    Ok(())
+}

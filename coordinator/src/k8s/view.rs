@@ -43,6 +43,16 @@ pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// of two list calls, where one per event would load the API server exactly when it is busy.
 pub const WATCH_REFRESH_GAP: Duration = Duration::from_secs(1);
 
+/// The watch's own wait after a failure, doubled after each failure in a row up to
+/// [`WATCH_RETRY_MAX`] and back to this after an event. kube's backoff alone retried about
+/// once a second for as long as the API server refused or was down (a log line each time,
+/// 86,000 a day); the watch only speeds the poller up, which goes on meanwhile.
+pub const WATCH_RETRY_MIN: Duration = Duration::from_secs(1);
+
+/// Longest wait between two watch attempts while they fail: a minute, so a recovered API
+/// server is watched again within a minute, and polled within `node_view_refresh`.
+pub const WATCH_RETRY_MAX: Duration = Duration::from_secs(60);
+
 /// One condition of a Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConditionView {
@@ -303,18 +313,32 @@ impl NodeView {
                 .boxed();
             let mut pending = false;
             let mut last = tokio::time::Instant::now();
+            let mut retry = WATCH_RETRY_MIN;
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     ev = events.next() => match ev {
                         None => return,
-                        Some(Ok(Event::Apply(n) | Event::InitApply(n))) => {
-                            pending |= view.ready_differs(&n);
+                        // `Init` starts every attempt, so only what a listing or a watch
+                        // delivered shows the API server answering again.
+                        Some(Ok(Event::Init)) => {}
+                        Some(Ok(ev)) => {
+                            retry = WATCH_RETRY_MIN;
+                            match ev {
+                                Event::Apply(n) | Event::InitApply(n) => {
+                                    pending |= view.ready_differs(&n);
+                                }
+                                Event::Delete(_) => pending = true,
+                                Event::Init | Event::InitDone => {}
+                            }
                         }
-                        Some(Ok(Event::Delete(_))) => pending = true,
-                        Some(Ok(Event::Init | Event::InitDone)) => {}
                         Some(Err(error)) => {
-                            tracing::debug!(%error, "node watch failed; retrying (polling goes on)");
+                            tracing::debug!(%error, ?retry, "node watch failed; retrying (polling goes on)");
+                            tokio::select! {
+                                _ = cancel.cancelled() => return,
+                                _ = tokio::time::sleep(retry) => {}
+                            }
+                            retry = (retry * 2).min(WATCH_RETRY_MAX);
                         }
                     },
                     _ = tokio::time::sleep_until(last + WATCH_REFRESH_GAP), if pending => {
