@@ -322,3 +322,76 @@ fn a_failing_node_watch_backs_off() -> Result<()> {
     );
     Ok(())
 }
+
+/// A coordinator killed mid-drain (a budget holds the last pod) resumes the drain after
+/// its restart, keeps its cordon while it does, and uncordons the node when the entry ends.
+#[test]
+fn a_coordinator_killed_mid_drain_resumes_it_and_uncordons_at_the_end() -> Result<()> {
+    let fake = FakeK8s::start_background()?;
+    fake.add_namespace("prod", &[]);
+    fake.add_node(NodeSeed::new("node-1", "10.0.0.1"));
+    fake.add_pod(
+        testkit::fake_k8s::PodSeed::new("prod", "db-0", "node-1")
+            .owner("StatefulSet", "db")
+            .label("app", "db"),
+    );
+    fake.add_pdb(
+        "prod",
+        "db",
+        serde_json::json!({"matchLabels": {"app": "db"}}),
+        0,
+    );
+    let tmp = tempfile::tempdir()?;
+    let mut coord = start(tmp.path(), fake.kubeconfig())?;
+    let out = coord.ctl(&[
+        "repair-queue",
+        "add",
+        "--force",
+        "unhealthy",
+        "worker",
+        "10.0.0.1",
+    ])?;
+    let index = String::from_utf8(out.stdout)?.trim().to_string();
+    let cordoned = |fake: &FakeK8s| {
+        fake.node("node-1")
+            .is_some_and(|v| v["spec"]["unschedulable"] == true)
+    };
+    wait_for("node-1 cordoned by the drain", SETTLE, || {
+        if cordoned(&fake) {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    })?;
+    coord.proc.take().expect("running").sigkill();
+    coord.restart()?;
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        cordoned(&fake),
+        "the drain's cordon stays while the entry drains"
+    );
+    assert!(
+        !tmp.path().join("repaired-10.0.0.1").exists(),
+        "ran before its drain"
+    );
+    fake.set_disruptions_allowed("prod", "db", 1);
+    wait_for("the entry succeeds", SETTLE, || {
+        let v: Value = coord
+            .ctl_json(&["repair-queue", "show", &index, "--json"])
+            .map_err(|e| e.to_string())?;
+        if v["status"] == "succeeded" {
+            Ok(())
+        } else {
+            Err(v["history"].to_string())
+        }
+    })?;
+    assert!(tmp.path().join("repaired-10.0.0.1").exists());
+    wait_for("node-1 uncordoned", SETTLE, || {
+        if cordoned(&fake) {
+            Err("still cordoned".to_string())
+        } else {
+            Ok(())
+        }
+    })?;
+    Ok(())
+}
