@@ -340,6 +340,17 @@ impl LoopState {
         gather::add_dumps(&mut input, deps.kdump.as_ref());
         input.sabakan = sabakan.map(|s| s.facts(&cfg.auto_repair, &input.machines, view));
         let mut pass = super::decide(&input, &cfg, now);
+        let view_failure = deps.view.as_ref().and_then(|(v, _)| v.last_failure());
+        if let Some(why) = &view_failure {
+            // The journal says why the view is stale, as `remediation status` does.
+            for d in pass
+                .held
+                .iter_mut()
+                .filter(|d| d.rule == Rule::NodeViewStale)
+            {
+                d.sentence = format!("{}; the last refresh failed: {why}", d.sentence);
+            }
+        }
         for e in deleted {
             pass.findings.push(Decision {
                 at: now,
@@ -415,9 +426,7 @@ impl LoopState {
             });
         }
         let mut status = status_of(shared, &pass, now);
-        if let Some((v, _)) = &deps.view {
-            explain_stale_view(&mut status, v.last_failure());
-        }
+        explain_stale_view(&mut status, view_failure);
         *shared.last() = status;
         self.prune(shared, &cfg, now).await
     }
@@ -815,6 +824,33 @@ mod tests {
         async fn admin(&self, req: R) -> protocol::admin::AdminResponse {
             self.rem.handle_admin(req).await
         }
+    }
+
+    /// A hold on a stale view named no reason in `events`; the view's last failure is the
+    /// reason (a 403, a refused connection).
+    #[tokio::test]
+    async fn a_hold_on_a_stale_view_says_why_the_view_is_stale() {
+        let mut fx = Fx::new().await;
+        let view = Arc::new(crate::testing::FakeNodeView::default());
+        view.fail(Some(
+            "Kubernetes API refused: list nodes: 403 nodes is forbidden",
+        ));
+        fx.deps.view = Some((view, Duration::from_secs(30)));
+        // The agent falls silent: unreachable, which only the view may confirm as dead.
+        fx.clock.advance(SignedDuration::from_secs(60));
+        fx.deps.fleet.sweep().await.unwrap();
+        fx.passes(1).await;
+        let lines = fx.lines().await;
+        let held = lines
+            .iter()
+            .find(|l| l.rule == "node-view-stale")
+            .unwrap_or_else(|| panic!("no node-view-stale line: {lines:#?}"));
+        assert!(
+            held.sentence.contains("the last refresh failed")
+                && held.sentence.contains("403 nodes is forbidden"),
+            "{}",
+            held.sentence
+        );
     }
 
     #[tokio::test]
