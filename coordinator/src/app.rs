@@ -317,6 +317,9 @@ impl App {
             metrics_sources.push(r.metrics());
         }
         metrics_sources.push(fence_metrics);
+        if let Some((k, _)) = &kube {
+            metrics_sources.push(Arc::new(k.node_view().clone()));
+        }
         let cert_metrics = crate::certs::CertificateMetrics::new(tls.expiry(), fleet.clone());
         metrics_sources.push(cert_metrics.clone());
         let tls_reloader = Arc::new(crate::certs::TlsReloader::new(

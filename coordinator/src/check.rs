@@ -122,7 +122,48 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
     if let Some(k) = &config.kubernetes {
         out.push(line("kubernetes", check_kubeconfig(k)));
     }
+    if let Some(rem) = &config.remediation
+        && let Some(r) = check_sabakan(rem)
+    {
+        out.push(line("sabakan", r));
+    }
     out
+}
+
+/// With auto-repair reading sabakan: one `searchMachines` with the file's `having` /
+/// `notHaving`, as the loop would ask. A sabakan that cannot be read holds every
+/// auto-repair (`sabakan-unavailable`); better to learn it here than from the journal.
+fn check_sabakan(rem: &crate::remediation::RemediationConfig) -> Option<Result<String, String>> {
+    use crate::remediation::sabakan::{Source, client};
+    let ar = &rem.auto_repair;
+    let cfg = match (&ar.source, &ar.sabakan) {
+        (Source::Sabakan, Some(cfg)) if ar.enabled => cfg,
+        _ => return None,
+    };
+    let ask = || -> Result<String, String> {
+        let c = client::SabakanClient::new(cfg).map_err(|e| e.to_string())?;
+        let vars = client::variables(&ar.having, &ar.not_having)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a runtime to reach sabakan: {e}"))?;
+        let found = runtime.block_on(c.search(&vars)).map_err(|e| {
+            let e = e.to_string();
+            let at = if e.contains(c.url()) {
+                String::new()
+            } else {
+                format!("sabakan at {}: ", c.url())
+            };
+            format!("{at}{e}; auto-repair would hold (sabakan-unavailable)")
+        })?;
+        let s = if found.len() == 1 { "" } else { "s" };
+        Ok(format!(
+            "sabakan at {} answered: {} machine{s} match having/notHaving now",
+            c.url(),
+            found.len()
+        ))
+    };
+    Some(ask())
 }
 
 /// The fit checks' failures (`power`, `remediation`), for the log at start: a coordinator
@@ -641,7 +682,17 @@ fn check_kubeconfig(k: &crate::k8s::KubernetesConfig) -> Result<String, String> 
             path.display()
         ));
     }
-    Ok(format!("{}: context {context}", path.display()))
+    let ctx = format!("{}: context {context}", path.display());
+    // The same look the start would take a while to show (a `node-view-stale` hold): the
+    // address, the CA, the credentials and the RBAC, before the first machine needs them.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("{ctx}; cannot start a runtime to reach the API server: {e}"))?;
+    runtime
+        .block_on(crate::k8s::probe::probe(k))
+        .map(|ok| format!("{ctx}; {ok}"))
+        .map_err(|e| format!("{ctx}; {e}"))
 }
 
 /// The lines as a table for a person.

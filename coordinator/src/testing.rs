@@ -420,9 +420,15 @@ impl NodeRelease for FakeNodeRelease {
 pub struct FakeNodeView {
     current: Mutex<Arc<NodeViewSnapshot>>,
     reads: Mutex<u64>,
+    failure: Mutex<Option<String>>,
 }
 
 impl FakeNodeView {
+    /// Sets (or, with `None`, clears) the last refresh's failure.
+    pub fn fail(&self, failure: Option<&str>) {
+        *lock(&self.failure) = failure.map(str::to_string);
+    }
+
     /// Replaces the snapshot.
     pub fn set(&self, snapshot: NodeViewSnapshot) {
         *lock(&self.current) = Arc::new(snapshot);
@@ -438,6 +444,10 @@ impl NodeViewSource for FakeNodeView {
     fn snapshot(&self) -> Arc<NodeViewSnapshot> {
         *lock(&self.reads) += 1;
         lock(&self.current).clone()
+    }
+
+    fn last_failure(&self) -> Option<String> {
+        lock(&self.failure).clone()
     }
 }
 

@@ -1068,6 +1068,8 @@ repair:
             };
             assert!(err.contains("exit status: 64"), "{err}");
             assert!(err.contains(needle), "{needle:?} not in {err}");
+            // No API server was asked: the message must not blame one.
+            assert!(!err.contains("API refused"), "{err}");
         }
         Ok(())
     }

@@ -288,3 +288,46 @@ fn an_https_sabakan_is_read_with_its_ca_file_and_an_untrusted_one_holds() -> any
     assert!(env.entries()?.is_empty(), "nothing enqueued");
     Ok(())
 }
+
+/// `coordinator check` of `env`'s configuration: its exit code and `sabakan` line.
+fn check_sabakan_line(env: &Env) -> anyhow::Result<(Option<i32>, String)> {
+    let out = testkit::procs::command("coordinator")
+        .arg("check")
+        .arg("--config")
+        .arg(&env.coord.config)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("sabakan"))
+        .unwrap_or_default()
+        .to_string();
+    Ok((out.status.code(), format!("{line}\n{text}")))
+}
+
+/// A sabakan that answers with GraphQL errors, or a URL where nothing listens, passed
+/// `coordinator check` (it did not look): the operator learnt of it from
+/// `sabakan-unavailable` holds after the start.
+#[test]
+fn check_asks_sabakan_and_names_what_is_wrong() -> anyhow::Result<()> {
+    let sabakan = FakeSabakan::start(vec![
+        SabakanMachine::new("SN-A", "10.0.3.1", 1).state("UNHEALTHY", Duration::from_secs(90)),
+    ])?;
+    let env = Env::start(&sabakan.url())?;
+    let (code, line) = check_sabakan_line(&env)?;
+    assert_eq!(code, Some(0), "{line}");
+    assert!(line.contains("answered: 1 machine match"), "{line}");
+
+    sabakan.set_fault(Some(Fault::GraphQl("etcdserver: request timed out".into())));
+    let (code, line) = check_sabakan_line(&env)?;
+    assert_eq!(code, Some(64), "{line}");
+    assert!(
+        line.contains("etcdserver: request timed out") && line.contains(&sabakan.url()),
+        "{line}"
+    );
+    drop(sabakan);
+    let (code, line) = check_sabakan_line(&env)?;
+    assert_eq!(code, Some(64), "{line}");
+    assert!(line.contains("cannot reach sabakan"), "{line}");
+    Ok(())
+}

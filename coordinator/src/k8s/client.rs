@@ -91,6 +91,14 @@ impl Default for KubernetesConfig {
 
 /// Builds the client from `cfg`, with kube's silent retries turned off.
 pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, KubeError> {
+    let config = load_config(cfg).await?;
+    kube::Client::try_from(config)
+        .map_err(|e| KubeError::Config(format!("cannot build Kubernetes client: {e}")))
+}
+
+/// The client configuration `cfg` names (kubeconfig, context or in-cluster account), with
+/// kube's silent retries turned off and `request_timeout` applied.
+pub async fn load_config(cfg: &KubernetesConfig) -> Result<kube::Config, KubeError> {
     let options = kube::config::KubeConfigOptions {
         context: cfg.context.clone(),
         ..Default::default()
@@ -98,19 +106,19 @@ pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, KubeEr
     let mut config = match &cfg.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                KubeError::Refused(format!("cannot read kubeconfig {}: {e}", path.display()))
+                KubeError::Config(format!("cannot read kubeconfig {}: {e}", path.display()))
             })?;
             kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
                 .map_err(|e| {
-                    KubeError::Refused(format!("kubeconfig {} is unusable: {e}", path.display()))
+                    KubeError::Config(format!("kubeconfig {} is unusable: {e}", path.display()))
                 })?
         }
         None if cfg.context.is_some() => kube::Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| KubeError::Refused(format!("kubeconfig is unusable: {e}")))?,
+            .map_err(|e| KubeError::Config(format!("kubeconfig is unusable: {e}")))?,
         None => kube::Config::infer().await.map_err(|e| {
-            KubeError::Refused(format!(
+            KubeError::Config(format!(
                 "no Kubernetes configuration found (kubernetes.kubeconfig, KUBECONFIG, \
                  ~/.kube/config or in-cluster service account): {e}"
             ))
@@ -119,10 +127,27 @@ pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, KubeEr
     // Our retry policy, not kube's: see the module documentation.
     config.default_retry = false;
     let timeout = cfg.request_timeout.max(Duration::from_secs(1));
+    config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
-    kube::Client::try_from(config)
-        .map_err(|e| KubeError::Refused(format!("cannot build Kubernetes client: {e}")))
+    Ok(config)
+}
+
+/// `err` followed by each of its sources that says something new, joined by `: `. kube's
+/// transport errors say only "client error (Connect)" themselves; the cause (connection
+/// refused, an unknown certificate issuer, a timeout) is in their sources.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = err.to_string();
+    let mut next = err.source();
+    while let Some(e) = next {
+        let part = e.to_string();
+        if !part.is_empty() && !s.contains(&part) {
+            s.push_str(": ");
+            s.push_str(&part);
+        }
+        next = e.source();
+    }
+    s
 }
 
 /// HTTP status and message of an API error, if the error is an API answer.
@@ -145,7 +170,7 @@ pub fn map_err(what: &str, err: kube::Error) -> KubeError {
         }
         kube::Error::Api(s) => KubeError::Refused(format!("{what}: {} {}", s.code, s.message)),
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
-            KubeError::Unavailable(format!("{what}: {err}"))
+            KubeError::Unavailable(format!("{what}: {}", error_chain(&err)))
         }
         // A body that does not parse usually means a proxy or a half-up API server answered.
         kube::Error::SerdeError(_) => KubeError::Unavailable(format!("{what}: {err}")),

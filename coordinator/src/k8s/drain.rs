@@ -217,7 +217,7 @@ impl KubeDrainer {
             Err(e) if is_not_found(&e) || is_conflict(&e) => PodOutcome::Going,
             Err(e) => match map_err(&format!("delete pod {}", pod.key()), e) {
                 KubeError::Unavailable(m) => PodOutcome::Unavailable(m),
-                KubeError::Refused(m) => PodOutcome::Stop(m),
+                KubeError::Refused(m) | KubeError::Config(m) => PodOutcome::Stop(m),
             },
         }
     }
@@ -257,7 +257,7 @@ impl KubeDrainer {
                 Err(e) => {
                     return match map_err(&format!("evict {}", pod.key()), e) {
                         KubeError::Unavailable(m) => PodOutcome::Unavailable(m),
-                        KubeError::Refused(m) => PodOutcome::Stop(m),
+                        KubeError::Refused(m) | KubeError::Config(m) => PodOutcome::Stop(m),
                     };
                 }
             };
@@ -493,6 +493,15 @@ impl Drainer for KubeDrainer {
         opts: &'a DrainOptions,
     ) -> BoxFuture<'a, Result<DrainProgress, KubeError>> {
         Box::pin(self.drain_pass(node, opts))
+    }
+
+    fn cordoned_by_us(&self) -> Vec<String> {
+        let snap = self.view.snapshot();
+        snap.nodes
+            .values()
+            .filter(|n| n.cordoned_by_us)
+            .map(|n| n.name.clone())
+            .collect()
     }
 
     fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), KubeError>> {

@@ -10,7 +10,8 @@
 //!
 //! Submodules: [`client`] (configuration, client, error mapping), [`selector`] (label
 //! selectors), [`cordon`] (whose cordon it is), [`decision`] (pure per-pod drain
-//! decisions), [`drain`], [`release`], [`view`], [`events`].
+//! decisions), [`drain`], [`release`], [`view`], [`events`], [`probe`] (`coordinator check`'s look at
+//! the API server).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ pub mod cordon;
 pub mod decision;
 pub mod drain;
 pub mod events;
+pub mod probe;
 pub mod release;
 pub mod selector;
 pub mod view;
@@ -81,6 +83,10 @@ pub enum KubeError {
     /// The API server refused the request for a reason retrying will not fix.
     #[error("Kubernetes API refused: {0}")]
     Refused(String),
+    /// The client could not be built from the `[kubernetes]` section (kubeconfig, context,
+    /// in-cluster account): no API server was asked.
+    #[error("Kubernetes client configuration: {0}")]
+    Config(String),
 }
 
 impl KubeError {
@@ -110,6 +116,12 @@ pub trait Drainer: Send + Sync + 'static {
         node: &'a str,
         opts: &'a DrainOptions,
     ) -> BoxFuture<'a, Result<DrainProgress, KubeError>>;
+
+    /// Nodes the current node view shows cordoned by Fleetmend (the cordon annotation), for
+    /// the repair queue's sweep of cordons no entry owns any more. Empty without a view.
+    fn cordoned_by_us(&self) -> Vec<String> {
+        Vec::new()
+    }
 
     /// Uncordons `node` if, and only if, the cordon is ours.
     fn uncordon_if_ours<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), KubeError>>;
@@ -168,6 +180,12 @@ pub trait NodeViewSource: Send + Sync + 'static {
     /// True when the snapshot was refreshed within `max_age` of `now`.
     fn is_fresh(&self, now: Timestamp, max_age: Duration) -> bool {
         self.snapshot().is_fresh(now, max_age)
+    }
+
+    /// Why the last refresh failed, while no later one has succeeded (`None` by default:
+    /// a source that cannot fail).
+    fn last_failure(&self) -> Option<String> {
+        None
     }
 }
 

@@ -43,6 +43,16 @@ pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// of two list calls, where one per event would load the API server exactly when it is busy.
 pub const WATCH_REFRESH_GAP: Duration = Duration::from_secs(1);
 
+/// The watch's own wait after a failure, doubled after each failure in a row up to
+/// [`WATCH_RETRY_MAX`] and back to this after an event. kube's backoff alone retried about
+/// once a second for as long as the API server refused or was down (a log line each time,
+/// 86,000 a day); the watch only speeds the poller up, which goes on meanwhile.
+pub const WATCH_RETRY_MIN: Duration = Duration::from_secs(1);
+
+/// Longest wait between two watch attempts while they fail: a minute, so a recovered API
+/// server is watched again within a minute, and polled within `node_view_refresh`.
+pub const WATCH_RETRY_MAX: Duration = Duration::from_secs(60);
+
 /// One condition of a Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConditionView {
@@ -185,6 +195,8 @@ pub struct NodeView {
     clock: Arc<dyn Clock>,
     current: Arc<RwLock<Arc<NodeViewSnapshot>>>,
     changed: Arc<Notify>,
+    /// Why the last refresh failed; cleared by one that succeeds.
+    failure: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for NodeView {
@@ -202,6 +214,7 @@ impl NodeView {
             clock,
             current: Arc::new(RwLock::new(Arc::new(NodeViewSnapshot::default()))),
             changed: Arc::new(Notify::new()),
+            failure: Arc::default(),
         }
     }
 
@@ -226,8 +239,21 @@ impl NodeView {
         self.snapshot().is_fresh(now, max_age)
     }
 
-    /// Lists Nodes and node Leases and replaces the snapshot.
+    /// Why the last refresh failed, while no later one has succeeded.
+    pub fn last_failure(&self) -> Option<String> {
+        self.failure.lock().expect("node view poisoned").clone()
+    }
+
+    /// Lists Nodes and node Leases and replaces the snapshot; a failure is kept for
+    /// [`NodeView::last_failure`] until a refresh succeeds.
     pub async fn refresh(&self) -> Result<Arc<NodeViewSnapshot>, KubeError> {
+        let r = self.list_all().await;
+        *self.failure.lock().expect("node view poisoned") =
+            r.as_ref().err().map(ToString::to_string);
+        r
+    }
+
+    async fn list_all(&self) -> Result<Arc<NodeViewSnapshot>, KubeError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
         let node_list = nodes
@@ -287,18 +313,32 @@ impl NodeView {
                 .boxed();
             let mut pending = false;
             let mut last = tokio::time::Instant::now();
+            let mut retry = WATCH_RETRY_MIN;
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     ev = events.next() => match ev {
                         None => return,
-                        Some(Ok(Event::Apply(n) | Event::InitApply(n))) => {
-                            pending |= view.ready_differs(&n);
+                        // `Init` starts every attempt, so only what a listing or a watch
+                        // delivered shows the API server answering again.
+                        Some(Ok(Event::Init)) => {}
+                        Some(Ok(ev)) => {
+                            retry = WATCH_RETRY_MIN;
+                            match ev {
+                                Event::Apply(n) | Event::InitApply(n) => {
+                                    pending |= view.ready_differs(&n);
+                                }
+                                Event::Delete(_) => pending = true,
+                                Event::Init | Event::InitDone => {}
+                            }
                         }
-                        Some(Ok(Event::Delete(_))) => pending = true,
-                        Some(Ok(Event::Init | Event::InitDone)) => {}
                         Some(Err(error)) => {
-                            tracing::debug!(%error, "node watch failed; retrying (polling goes on)");
+                            tracing::debug!(%error, ?retry, "node watch failed; retrying (polling goes on)");
+                            tokio::select! {
+                                _ = cancel.cancelled() => return,
+                                _ = tokio::time::sleep(retry) => {}
+                            }
+                            retry = (retry * 2).min(WATCH_RETRY_MAX);
                         }
                     },
                     _ = tokio::time::sleep_until(last + WATCH_REFRESH_GAP), if pending => {
@@ -363,9 +403,38 @@ fn readiness_changed(old: &NodeViewSnapshot, new: &NodeViewSnapshot) -> bool {
             .any(|(name, n)| old.nodes.get(name).is_none_or(|o| o.ready != n.ready))
 }
 
+/// Whether the coordinator can read the cluster, with or without `[remediation]`: a view
+/// that stopped refreshing holds every decision that needs it and every drain's node
+/// lookup, so it must be seen before a machine dies.
+impl crate::metrics::MetricsSource for NodeView {
+    fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let refreshed = self
+            .snapshot()
+            .refreshed_at
+            .map_or(0.0, |t| t.as_millisecond() as f64 / 1000.0);
+        let _ = write!(
+            out,
+            "# HELP fleetmend_kubernetes_view_refresh_failing 1 while the node view's last refresh \
+             (Nodes and node Leases) failed.\n\
+             # TYPE fleetmend_kubernetes_view_refresh_failing gauge\n\
+             fleetmend_kubernetes_view_refresh_failing {}\n\
+             # HELP fleetmend_kubernetes_view_refreshed_timestamp_seconds When the node view was last \
+             refreshed from the API server, Unix seconds (0: never).\n\
+             # TYPE fleetmend_kubernetes_view_refreshed_timestamp_seconds gauge\n\
+             fleetmend_kubernetes_view_refreshed_timestamp_seconds {refreshed:.3}\n",
+            u8::from(self.last_failure().is_some())
+        );
+    }
+}
+
 impl NodeViewSource for NodeView {
     fn snapshot(&self) -> Arc<NodeViewSnapshot> {
         NodeView::snapshot(self)
+    }
+
+    fn last_failure(&self) -> Option<String> {
+        NodeView::last_failure(self)
     }
 }
 

@@ -266,6 +266,20 @@ impl Default for AutoRepair {
 /// Why a `having` without states is refused: it would match every machine.
 pub const NO_HAVING_STATES: &str = "having.states must name at least one state, e.g. [\"unhealthy\", \"unreachable\"]: without one, every machine (healthy ones included) is a candidate";
 
+/// Why `having` and `not_having` are refused when `not_having.states` names every state
+/// `having` asks for: no machine can match both, so auto-repair would never propose one
+/// while its status says it is on.
+pub fn states_excluded(having: &MachineFilter, not_having: &MachineFilter) -> Option<String> {
+    let all =
+        !having.states.is_empty() && having.states.iter().all(|s| not_having.states.contains(s));
+    all.then(|| {
+        "notHaving.states excludes every state having.states names, so no machine can ever be \
+         a candidate; to stop auto-repair, disable it (enabled = false or \
+         `coordinatorctl auto-repair disable`)"
+            .to_string()
+    })
+}
+
 /// sabakan's `MachineParams`: states, roles, racks, labels. Empty fields say nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -406,15 +420,22 @@ pub enum Threshold {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum RawThreshold {
-    Count(u32),
+    Count(i64),
     Text(String),
+    // Anything else (a negative or fractional number, a boolean) gets a sentence that says
+    // what is expected instead of serde's "did not match any variant of untagged enum".
+    Other(serde::de::IgnoredAny),
 }
 
 impl TryFrom<RawThreshold> for Threshold {
     type Error = String;
     fn try_from(r: RawThreshold) -> Result<Self, String> {
+        let expected = "must be a count of machines (0 or more) or a percentage like \"40%\"";
         match r {
-            RawThreshold::Count(n) => Ok(Threshold::Count(n)),
+            RawThreshold::Count(n) => u32::try_from(n)
+                .map(Threshold::Count)
+                .map_err(|_| format!("{n} {expected}")),
+            RawThreshold::Other(_) => Err(expected.to_string()),
             RawThreshold::Text(s) => {
                 let bad = || format!("{s:?} is neither a count nor a percentage like \"40%\"");
                 match s.trim().strip_suffix('%') {
@@ -429,10 +450,12 @@ impl TryFrom<RawThreshold> for Threshold {
 impl Threshold {
     /// How many machines of `total` this allows. A percentage rounds down (Cluster API's
     /// rule) but never below one machine of a non-empty pool: 20 % of a pool of four would
-    /// otherwise be zero, and the gate would never let a single repair through.
+    /// otherwise be zero, and the gate would never let a single repair through. `"0%"`
+    /// allows none, as `0` does: it is written to stop the check's repairs.
     pub fn of(self, total: usize) -> usize {
         match self {
             Threshold::Count(n) => n as usize,
+            Threshold::Percent(0) => 0,
             Threshold::Percent(_) if total == 0 => 0,
             Threshold::Percent(p) => (total * p as usize / 100).max(1),
         }
@@ -502,6 +525,16 @@ impl RemediationConfig {
                 message: message.to_string(),
             })
         };
+        if let Some(m) = states_excluded(&self.auto_repair.having, &self.auto_repair.not_having) {
+            return err("auto_repair.not_having.states".into(), &m);
+        }
+        if self.limits.correlated_failure.machines == 1 {
+            return err(
+                "limits.correlated_failure.machines".into(),
+                "must be at least 2: with 1 every failed machine is an infrastructure event, \
+                 so nothing is ever repaired",
+            );
+        }
         if self.lease_stale.is_zero() {
             return err("lease_stale".into(), "must be greater than 0");
         }
@@ -794,6 +827,56 @@ escalation = { max_remediations = 2, window = "12h" }
         assert_eq!(Threshold::Percent(20).of(0), 0);
         assert_eq!(Threshold::Percent(40).of(5000), 2000);
         assert_eq!(Threshold::Count(3).of(5000), 3);
+    }
+
+    #[test]
+    fn contradictions_that_would_never_repair_are_refused_with_their_key() {
+        for (text, key) in [
+            (
+                "[auto_repair]\nhaving = { states = [\"unhealthy\"] }\n\
+                 not_having = { states = [\"unhealthy\", \"unreachable\"] }\n",
+                "auto_repair.not_having.states",
+            ),
+            (
+                "[limits]\ncorrelated_failure = { machines = 1, window = \"1m\" }\n",
+                "limits.correlated_failure.machines",
+            ),
+        ] {
+            let e = RemediationConfig::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("ever"), "{text}: {e}");
+        }
+        // One state left over is a working filter.
+        RemediationConfig::from_toml(
+            "[auto_repair]\nhaving = { states = [\"unhealthy\", \"unreachable\"] }\n\
+             not_having = { states = [\"unhealthy\"] }\n",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn zero_percent_allows_none_as_zero_does() {
+        assert_eq!(Threshold::Count(0).of(4), 0);
+        assert_eq!(Threshold::Percent(0).of(4), 0, "not raised to one machine");
+        assert_eq!(Threshold::Percent(0).of(5000), 0);
+    }
+
+    #[test]
+    fn a_threshold_that_is_no_count_says_what_is_expected() {
+        let hc = |v: &str| {
+            format!(
+                "[[health_checks]]\nname = \"r\"\nunhealthy_conditions = [{{ type = \"Ready\", \
+                 status = \"Unknown\", timeout = \"5m\" }}]\nmax_unhealthy = {v}\n"
+            )
+        };
+        for v in ["-1", "1.5", "true"] {
+            let e = RemediationConfig::from_toml(&hc(v))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("a percentage like"), "{v}: {e}");
+            assert!(!e.contains("untagged"), "{v}: {e}");
+        }
+        let ok = RemediationConfig::from_toml(&hc("2")).unwrap();
+        assert_eq!(ok.health_checks[0].max_unhealthy, Some(Threshold::Count(2)));
     }
 
     #[test]

@@ -340,6 +340,17 @@ impl LoopState {
         gather::add_dumps(&mut input, deps.kdump.as_ref());
         input.sabakan = sabakan.map(|s| s.facts(&cfg.auto_repair, &input.machines, view));
         let mut pass = super::decide(&input, &cfg, now);
+        let view_failure = deps.view.as_ref().and_then(|(v, _)| v.last_failure());
+        if let Some(why) = &view_failure {
+            // The journal says why the view is stale, as `remediation status` does.
+            for d in pass
+                .held
+                .iter_mut()
+                .filter(|d| d.rule == Rule::NodeViewStale)
+            {
+                d.sentence = format!("{}; the last refresh failed: {why}", d.sentence);
+            }
+        }
         for e in deleted {
             pass.findings.push(Decision {
                 at: now,
@@ -414,7 +425,9 @@ impl LoopState {
                 }
             });
         }
-        *shared.last() = status_of(shared, &pass, now);
+        let mut status = status_of(shared, &pass, now);
+        explain_stale_view(&mut status, view_failure);
+        *shared.last() = status;
         self.prune(shared, &cfg, now).await
     }
 
@@ -627,6 +640,18 @@ pub(super) fn line(d: &Decision) -> JournalLine {
     }
 }
 
+/// A holding `node-view-stale` says why the view is stale, when the last refresh failed:
+/// "never loaded" alone leaves an operator guessing between an address, a CA, credentials
+/// and RBAC, while the API server's own answer names the one.
+fn explain_stale_view(status: &mut RemediationStatus, failure: Option<String>) {
+    let Some(failure) = failure else { return };
+    for l in &mut status.limits {
+        if l.rule == Rule::NodeViewStale.as_str() && l.holding {
+            l.sentence = format!("{}; the last refresh failed: {failure}", l.sentence);
+        }
+    }
+}
+
 fn status_of(shared: &Shared, pass: &Pass, now: Timestamp) -> RemediationStatus {
     let mut s = super::admin::switch_status(shared);
     s.last_pass_unix_ms = u64::try_from(to_unix_ms(now)).ok();
@@ -799,6 +824,33 @@ mod tests {
         async fn admin(&self, req: R) -> protocol::admin::AdminResponse {
             self.rem.handle_admin(req).await
         }
+    }
+
+    /// A hold on a stale view named no reason in `events`; the view's last failure is the
+    /// reason (a 403, a refused connection).
+    #[tokio::test]
+    async fn a_hold_on_a_stale_view_says_why_the_view_is_stale() {
+        let mut fx = Fx::new().await;
+        let view = Arc::new(crate::testing::FakeNodeView::default());
+        view.fail(Some(
+            "Kubernetes API refused: list nodes: 403 nodes is forbidden",
+        ));
+        fx.deps.view = Some((view, Duration::from_secs(30)));
+        // The agent falls silent: unreachable, which only the view may confirm as dead.
+        fx.clock.advance(SignedDuration::from_secs(60));
+        fx.deps.fleet.sweep().await.unwrap();
+        fx.passes(1).await;
+        let lines = fx.lines().await;
+        let held = lines
+            .iter()
+            .find(|l| l.rule == "node-view-stale")
+            .unwrap_or_else(|| panic!("no node-view-stale line: {lines:#?}"));
+        assert!(
+            held.sentence.contains("the last refresh failed")
+                && held.sentence.contains("403 nodes is forbidden"),
+            "{}",
+            held.sentence
+        );
     }
 
     #[tokio::test]

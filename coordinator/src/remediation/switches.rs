@@ -93,6 +93,9 @@ impl Variables {
                 super::config::NO_HAVING_STATES
             ));
         }
+        if let Some(m) = super::config::states_excluded(&vars.having, &vars.not_having) {
+            return Err(format!("auto-repair variables: {m}"));
+        }
         Ok(vars)
     }
 }
@@ -273,5 +276,14 @@ mod tests {
         // What get-variables prints, set-variables takes back.
         let parsed = Variables::parse(&v.to_string()).unwrap();
         assert_eq!(parsed.having, base.auto_repair.having);
+    }
+
+    #[test]
+    fn variables_whose_not_having_excludes_every_state_are_refused() {
+        let e = Variables::parse(
+            r#"{"having": {"states": ["unhealthy"]}, "notHaving": {"states": ["unhealthy"]}}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("no machine can ever be a candidate"), "{e}");
     }
 }

@@ -8,6 +8,7 @@
 //! this module decides nothing and writes nothing to the queue's tables (a spawned command
 //! records only its own process group, through [`super::orphans::GroupLedger`]).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -323,6 +324,7 @@ impl Effects {
         );
         let h = tokio::spawn(
             async move {
+                let mut last_error = None;
                 let end = loop {
                     if let Some(f) = &fence
                         && let Some(why) = f.liveness.dead(&address)
@@ -364,6 +366,21 @@ impl Effects {
                         }
                         Err(err) if err.is_retriable() => {
                             tracing::warn!(%node, error = %err, "repair: drain pass failed; retrying");
+                            // Once per distinct error: "draining" alone would not say the
+                            // API server is what the entry waits for.
+                            let err = err.to_string();
+                            if last_error.as_ref() != Some(&err) {
+                                let note = HistoryEvent::new(
+                                    "drain-pass-failed",
+                                    format!("node {node}: {err}; retrying"),
+                                );
+                                let _ = tx.send(Event::Note {
+                                    index,
+                                    generation,
+                                    event: note,
+                                });
+                                last_error = Some(err);
+                            }
                         }
                         Err(err) => break DrainEnd::Abandoned(err.to_string()),
                     }
@@ -444,6 +461,32 @@ impl Effects {
             }
             .in_current_span(),
         );
+    }
+
+    /// Uncordons every node the view shows cordoned by Fleetmend that no active entry
+    /// drains (`busy`: their nodes, and the nodes of their addresses). The uncordon at an
+    /// entry's end gives up after [`UNCORDON_ATTEMPTS`], and a coordinator killed between
+    /// an entry's end and its uncordon never makes it; without this sweep such a node stayed
+    /// cordoned until a person noticed the lost capacity. Only our cordon is touched
+    /// (`uncordon_if_ours`), never an admin's. Returns the nodes it uncordons.
+    pub(super) fn uncordon_leftovers(&self, busy: &HashSet<String>) -> Vec<String> {
+        let left: Vec<String> = self
+            .drainer
+            .cordoned_by_us()
+            .into_iter()
+            .filter(|n| !busy.contains(n))
+            .collect();
+        for node in &left {
+            tracing::warn!(%node, "repair: node cordoned by Fleetmend with no active entry; uncordoning it");
+            self.uncordon(node.clone());
+        }
+        left
+    }
+
+    /// The node of `address` as the view knows it, for [`Self::uncordon_leftovers`]'s
+    /// `busy`.
+    pub(super) fn known_node(&self, address: &str) -> Option<String> {
+        self.drainer.known_node(address)
     }
 
     /// Uncordons `node` if the cordon is ours, retrying while the API server is down.

@@ -54,6 +54,12 @@ const ADMIN_BATCH: usize = 512;
 /// up the node → drain) runs again at once; the bound keeps a bug from spinning the loop.
 const MAX_PASSES: usize = 8;
 
+/// How often the engine looks for nodes cordoned by Fleetmend that no active entry drains
+/// (an uncordon that gave up while the API server was down, or one a crash cut off). Longer
+/// than an entry's own uncordon retries (5 × 5 s), so the sweep does not race them; short
+/// enough that a node's capacity comes back within a minute of the API server.
+const LEFTOVER_CORDON_SWEEP: Duration = Duration::from_secs(30);
+
 /// Everything the engine needs from the rest of the coordinator.
 pub struct RepairDeps {
     /// The store (migrated).
@@ -260,9 +266,13 @@ impl Engine {
     ) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let first = tokio::time::Instant::now() + LEFTOVER_CORDON_SWEEP;
+        let mut sweep = tokio::time::interval_at(first, LEFTOVER_CORDON_SWEEP);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                _ = sweep.tick() => self.sweep_cordons(),
                 msg = rx.recv() => {
                     let Some(first) = msg else { break };
                     let mut batch = vec![first];
@@ -288,6 +298,20 @@ impl Engine {
         }
         self.tasks.abort_all();
         tracing::info!("repair queue stopped");
+    }
+
+    /// Uncordons Fleetmend's cordons that no active entry owns (see
+    /// [`Effects::uncordon_leftovers`]); decided from the engine's own entries, so an entry
+    /// added meanwhile is seen.
+    fn sweep_cordons(&self) {
+        let mut busy = std::collections::HashSet::new();
+        for e in self.entries.values().filter(|e| e.is_active() || e.deleted) {
+            if !e.nodename.is_empty() {
+                busy.insert(e.nodename.clone());
+            }
+            busy.extend(self.effects.known_node(&e.address));
+        }
+        self.effects.uncordon_leftovers(&busy);
     }
 
     fn event(&mut self, ev: Event) {

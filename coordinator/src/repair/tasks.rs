@@ -63,6 +63,8 @@ pub(super) struct Runtime {
     pub(super) health_task: Option<AbortHandle>,
     /// The last health check's (passed, summary), to record only changes in the history.
     pub(super) last_health: Option<(bool, String)>,
+    /// The last failed node lookup's error, to record only changes in the history.
+    pub(super) last_node_error: Option<String>,
 }
 
 impl Runtime {
@@ -164,6 +166,17 @@ impl Tasks {
                     Ok(None) => NodeObs::NotANode,
                     Err(e) => {
                         tracing::warn!(index, error = %e, "repair: node lookup failed; will retry");
+                        // The entry holds until the lookup succeeds; its history says why,
+                        // once per distinct error, so `repair-queue show` is not silent.
+                        if rt.last_node_error.as_ref() != Some(&e) {
+                            let detail = format!(
+                                "cannot tell whether the machine is a Kubernetes node, so the \
+                                 entry holds (never runs a step without its drain) and retries: {e}"
+                            );
+                            self.pending_history
+                                .push((index, HistoryEvent::new("node-lookup-failed", detail)));
+                            rt.last_node_error = Some(e);
+                        }
                         NodeObs::Unknown
                     }
                 };
