@@ -532,6 +532,16 @@ impl Config {
                             }
                             (None, true) => {}
                         },
+                        // A CA file or `insecure` says the operator expects TLS: plain
+                        // HTTP would send the credentials in clear text instead.
+                        "http" if r.ca_file.is_some() || r.insecure => {
+                            return Err(bad(
+                                key("redfish.scheme"),
+                                "\"http\" uses no TLS, yet ca_file or insecure is set; \
+                                 use scheme = \"https\" (the default), or drop them for plain HTTP"
+                                    .into(),
+                            ));
+                        }
                         "http" => {}
                         other => {
                             return Err(bad(
@@ -740,6 +750,21 @@ ca_file = "@CA@"
                 .unwrap_err()
             ),
             "bmc[0].redfish.insecure"
+        );
+        // scheme = "http" with TLS settings: a mistake, refused rather than sent in clear.
+        for tls in ["insecure = true\n", "ca_file = \"@CA@\"\n"] {
+            assert_eq!(
+                key_of(
+                    f.parse(&format!("{base}[bmc.redfish]\nscheme = \"http\"\n{tls}"))
+                        .unwrap_err()
+                ),
+                "bmc[0].redfish.scheme",
+                "{tls}"
+            );
+        }
+        assert!(
+            f.parse(&format!("{base}[bmc.redfish]\nscheme = \"http\"\n"))
+                .is_ok()
         );
     }
 
