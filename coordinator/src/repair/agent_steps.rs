@@ -358,6 +358,7 @@ mod tests {
             entry_index: 0,
             fence: None,
             keep_off: None,
+            fence_timeouts: None,
         }
     }
 

@@ -173,6 +173,9 @@ pub struct RunContext {
     pub fence: Option<Arc<FenceService>>,
     /// `[fence] keep_off` for an `@fence` with nothing to release; `None` = keep off.
     pub keep_off: Option<super::fencing::KeepOffOf>,
+    /// `[fence]` `off_timeout`/`on_timeout` for an `@fence` with nothing to release; `None`
+    /// = the step's limit alone.
+    pub fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
 }
 
 /// Runs a command of `kind` and says how it ended.
@@ -515,6 +518,7 @@ mod tests {
             entry_index: 0,
             fence: None,
             keep_off: None,
+            fence_timeouts: None,
         }
     }
 
@@ -743,6 +747,39 @@ mod tests {
         .await;
         assert!(!end.ok, "{end:?}");
         assert_eq!(gw.requests().len(), 1);
+    }
+
+    /// `[fence] off_timeout = "15s"` with a 120 s step: the off used to get the step's whole
+    /// limit, so a BMC that never read off failed the step after 118 s, not 15 s.
+    #[tokio::test]
+    async fn a_fence_with_nothing_to_release_keeps_the_fence_off_and_on_limits() {
+        let off = Timestamp::from_second(1_800_000_100).unwrap();
+        let gw = Arc::new(FakePower::confirming_off(off));
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw.clone();
+        c.keep_off = Some(Arc::new(|_: &str| false));
+        c.fence_timeouts = Some(Arc::new(|_: &str| crate::fence::flow::FenceTimeouts {
+            off: Duration::from_secs(5),
+            on: Duration::from_secs(7),
+            ..Default::default()
+        }));
+        let (end, _) = within(run(
+            CommandSpec::Builtin(Builtin::Fence),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(end.ok, "{end:?}");
+        let sent: Vec<(PowerAction, u64)> = gw
+            .requests()
+            .into_iter()
+            .map(|r| (r.action, r.timeout_ms))
+            .collect();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert_eq!(sent[0].0, PowerAction::Fence);
+        assert!((4_000..=5_000).contains(&sent[0].1), "{sent:?}");
+        assert_eq!(sent[1].0, PowerAction::On);
+        assert!((6_000..=7_000).contains(&sent[1].1), "{sent:?}");
     }
 
     #[tokio::test]

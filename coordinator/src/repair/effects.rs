@@ -56,6 +56,8 @@ pub(super) struct Effects {
     fence: Option<Fencing>,
     /// `[fence] keep_off` for an `@fence` with nothing to release.
     keep_off: Option<super::fencing::KeepOffOf>,
+    /// `[fence]` limits for an `@fence` with nothing to release.
+    fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
 }
 
 /// What effects need for fencing: the flows, and whether a node is dead.
@@ -79,6 +81,7 @@ impl Effects {
         store_id: String,
         fence: Option<Fencing>,
         keep_off: Option<super::fencing::KeepOffOf>,
+        fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
     ) -> Self {
         Self {
             drainer,
@@ -91,6 +94,7 @@ impl Effects {
             store_id,
             fence,
             keep_off,
+            fence_timeouts,
         }
     }
 
@@ -247,6 +251,7 @@ impl Effects {
             entry_index: e.index,
             fence: self.fence.as_ref().map(|f| f.service.clone()),
             keep_off: self.keep_off.clone(),
+            fence_timeouts: self.fence_timeouts.clone(),
         }
     }
 

@@ -83,6 +83,10 @@ pub struct RepairDeps {
     /// that is not a node, or no cluster): powered on after its confirmed off unless this
     /// says to keep it off. `None` = keep every such machine off.
     pub keep_off: Option<super::fencing::KeepOffOf>,
+    /// `[fence]` `off_timeout` and `on_timeout` per machine, for an `@fence` with nothing
+    /// to release: its off and its on each get the smaller of this and what is left of the
+    /// step's limit. `None` = the step's limit alone.
+    pub fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
 }
 
 impl RepairDeps {
@@ -106,6 +110,7 @@ impl RepairDeps {
             rand: Box::new(|n| if n == 0 { 0 } else { rand::random_range(0..n) }),
             fence: None,
             keep_off: None,
+            fence_timeouts: None,
         }
     }
 }
@@ -162,6 +167,7 @@ impl RepairQueue {
                     liveness: liveness.clone(),
                 }),
             deps.keep_off.clone(),
+            deps.fence_timeouts.clone(),
         );
         let engine = Engine {
             deps,

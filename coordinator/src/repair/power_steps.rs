@@ -157,7 +157,14 @@ impl Drop for Awaited {
 /// [`fence_without_release`]'s work: the confirmed off, then the on unless kept off.
 async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
     let started = tokio::time::Instant::now();
-    let (off, outcome) = power(Builtin::Fence, ctx).await;
+    let limits = ctx.fence_timeouts.as_ref().map(|t| t(&ctx.address));
+    // `[fence] off_timeout` bounds the off as it bounds a flow's: a BMC that accepts the off
+    // but never reads off fails the step then, not when the step's limit runs out.
+    let off_ctx = RunContext {
+        timeout: within(ctx.timeout, limits.map(|l| l.off)),
+        ..ctx.clone()
+    };
+    let (off, outcome) = power(Builtin::Fence, &off_ctx).await;
     if !off.ok {
         return (off, outcome);
     }
@@ -174,7 +181,10 @@ async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
     }
     let on_ctx = RunContext {
         request_id: format!("{}-on", ctx.request_id),
-        timeout: ctx.timeout.map(|t| t.saturating_sub(started.elapsed())),
+        timeout: within(
+            ctx.timeout.map(|t| t.saturating_sub(started.elapsed())),
+            limits.map(|l| l.on),
+        ),
         ..ctx.clone()
     };
     let (on, outcome) = power(Builtin::PowerOn, &on_ctx).await;
@@ -191,6 +201,14 @@ async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
             .join("\n"),
     };
     (end, outcome)
+}
+
+/// The smaller of the step's limit and a `[fence]` limit, either of which may be absent.
+fn within(step: Option<Duration>, fence: Option<Duration>) -> Option<Duration> {
+    match (step, fence) {
+        (Some(s), Some(f)) => Some(s.min(f)),
+        (s, f) => s.or(f),
+    }
 }
 
 /// The part of `left` a power request gives the gateway: all but a tenth, at most 2 s, kept
