@@ -592,10 +592,19 @@ impl RedfishPowerControl {
     }
 
     async fn state_now(&self) -> Result<PowerState, BmcError> {
-        let (_, v) = self.read_system().await?;
-        Ok(parse_power_state(
-            json_str(&v, &["PowerState"]).unwrap_or(""),
-        ))
+        let (path, v) = self.read_system().await?;
+        // A system that does not say its power state (absent or null) can never be confirmed
+        // off: an error naming it, rather than a silent "unknown" that only fences discover.
+        match json_str(&v, &["PowerState"]) {
+            Some(s) => Ok(parse_power_state(s)),
+            None => Err(BmcError::Protocol {
+                bmc: self.t.name.clone(),
+                what: format!("GET {path}"),
+                detail: "the ComputerSystem has no PowerState (absent or null), so power off \
+                         can never be confirmed; is redfish.system the right system?"
+                    .into(),
+            }),
+        }
     }
 }
 
@@ -790,6 +799,8 @@ mod tests {
             return StatusCode::UNAUTHORIZED.into_response();
         }
         let p = f.power.lock().unwrap().clone();
+        // Empty: a system that does not say its power state (null).
+        let p = if p.is_empty() { Value::Null } else { p.into() };
         axum::Json(json!({
             "PowerState": p,
             "Actions": {"#ComputerSystem.Reset": {
@@ -898,6 +909,24 @@ mod tests {
             [
                 "login", "ForceOff", "task1", "task2", "On", "task1", "task2", "logout 1"
             ]
+        );
+    }
+
+    /// A ComputerSystem with `"PowerState": null` read as "unknown" with no word of why:
+    /// `check` passed it (exit 0) and every fence timed out "still reads unknown".
+    #[tokio::test]
+    async fn a_system_without_a_power_state_is_an_error_naming_it() {
+        let fake = Arc::new(Fake::default());
+        let addr = serve(fake).await;
+        let e = tokio::time::timeout(Duration::from_secs(20), client(addr, "pw").power_state())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, BmcError::Protocol { .. }), "{e}");
+        assert!(
+            e.to_string().contains("/redfish/v1/Systems/s1")
+                && e.to_string().contains("no PowerState"),
+            "{e}"
         );
     }
 
