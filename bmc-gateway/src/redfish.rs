@@ -270,6 +270,25 @@ fn error_message(body: &str) -> String {
     b
 }
 
+/// What a connection error most likely means in configuration terms, from its text: the
+/// HTTP stack's words ("tls handshake eof", "UnknownIssuer") name no setting.
+fn connect_hint(https: bool, detail: &str) -> Option<&'static str> {
+    let d = detail.to_ascii_lowercase();
+    if https && d.contains("unknownissuer") {
+        Some("the BMC's certificate does not chain to redfish.ca_file")
+    } else if https && d.contains("notvalidforname") {
+        Some("the BMC's certificate does not name the configured host")
+    } else if https && (d.contains("tls handshake eof") || d.contains("invalidcontenttype")) {
+        Some("the BMC may speak plain HTTP on this port: check the port and redfish.scheme")
+    } else if !https
+        && (d.contains("connection reset") || d.contains("connection closed before message"))
+    {
+        Some("the BMC may speak only HTTPS on this port: redfish.scheme is \"http\"")
+    } else {
+        None
+    }
+}
+
 impl RedfishPowerControl {
     /// Builds the client. Fails when the TLS configuration cannot be built.
     pub fn new(t: RedfishTarget) -> Result<Self, BmcError> {
@@ -315,6 +334,12 @@ impl RedfishPowerControl {
                 detail.push_str(": ");
                 detail.push_str(&s.to_string());
                 src = s.source();
+            }
+            let https = !matches!(self.t.trust, Trust::PlainHttp);
+            if let Some(h) = connect_hint(https, &detail) {
+                detail.push_str(" (");
+                detail.push_str(h);
+                detail.push(')');
             }
             BmcError::Unreachable {
                 bmc: self.t.name.clone(),
@@ -928,6 +953,38 @@ mod tests {
                 && e.to_string().contains("no PowerState"),
             "{e}"
         );
+    }
+
+    /// An https/http mix-up or an untrusted certificate said only "tls handshake eof",
+    /// "Connection reset by peer" or "UnknownIssuer", naming no setting.
+    #[test]
+    fn connection_errors_name_the_setting_to_check() {
+        let cases = [
+            (
+                true,
+                "client error (Connect): invalid peer certificate: UnknownIssuer",
+                "redfish.ca_file",
+            ),
+            (
+                true,
+                "client error (Connect): tls handshake eof",
+                "plain HTTP",
+            ),
+            (
+                false,
+                "connection error: Connection reset by peer (os error 104)",
+                "only HTTPS",
+            ),
+        ];
+        for (https, detail, hint) in cases {
+            let got = connect_hint(https, detail).unwrap_or_default();
+            assert!(got.contains(hint), "{detail}: {got:?}");
+        }
+        assert_eq!(
+            connect_hint(true, "tcp connect error: Connection refused"),
+            None
+        );
+        assert_eq!(connect_hint(false, "tls handshake eof"), None);
     }
 
     #[tokio::test]
