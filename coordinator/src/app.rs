@@ -259,6 +259,7 @@ impl App {
                             metrics: fence_metrics.clone(),
                         }),
                     fence_policy.clone(),
+                    kdump.clone(),
                     repair_stop.clone(),
                 )
                 .await?;

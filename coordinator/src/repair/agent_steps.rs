@@ -359,6 +359,7 @@ mod tests {
             fence: None,
             keep_off: None,
             fence_timeouts: None,
+            kdump: None,
         }
     }
 

@@ -58,6 +58,8 @@ pub(super) struct Effects {
     keep_off: Option<super::fencing::KeepOffOf>,
     /// `[fence]` limits for an `@fence` with nothing to release.
     fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
+    /// Crash dumps, for an `@fence` with nothing to release.
+    kdump: Option<Arc<dyn crate::fence::kdump::KdumpView>>,
 }
 
 /// What effects need for fencing: the flows, and whether a node is dead.
@@ -82,6 +84,7 @@ impl Effects {
         fence: Option<Fencing>,
         keep_off: Option<super::fencing::KeepOffOf>,
         fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
+        kdump: Option<Arc<dyn crate::fence::kdump::KdumpView>>,
     ) -> Self {
         Self {
             drainer,
@@ -95,6 +98,7 @@ impl Effects {
             fence,
             keep_off,
             fence_timeouts,
+            kdump,
         }
     }
 
@@ -252,6 +256,7 @@ impl Effects {
             fence: self.fence.as_ref().map(|f| f.service.clone()),
             keep_off: self.keep_off.clone(),
             fence_timeouts: self.fence_timeouts.clone(),
+            kdump: self.kdump.clone(),
         }
     }
 

@@ -87,6 +87,10 @@ pub struct RepairDeps {
     /// to release: its off and its on each get the smaller of this and what is left of the
     /// step's limit. `None` = the step's limit alone.
     pub fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
+    /// What the machines' kdump initramfs said, for an `@fence` with nothing to release: a
+    /// dumping machine is not powered off until its dump is done or its kdump timeout
+    /// passes. `None` = no dump is ever known.
+    pub kdump: Option<Arc<dyn crate::fence::kdump::KdumpView>>,
 }
 
 impl RepairDeps {
@@ -111,6 +115,7 @@ impl RepairDeps {
             fence: None,
             keep_off: None,
             fence_timeouts: None,
+            kdump: None,
         }
     }
 }
@@ -168,6 +173,7 @@ impl RepairQueue {
                 }),
             deps.keep_off.clone(),
             deps.fence_timeouts.clone(),
+            deps.kdump.clone(),
         );
         let engine = Engine {
             deps,

@@ -158,13 +158,21 @@ impl Drop for Awaited {
 async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
     let started = tokio::time::Instant::now();
     let limits = ctx.fence_timeouts.as_ref().map(|t| t(&ctx.address));
+    let waited = match wait_for_dump(ctx, started).await {
+        Ok(w) => w,
+        Err(end) => return (end, Outcome::Failed),
+    };
     // `[fence] off_timeout` bounds the off as it bounds a flow's: a BMC that accepts the off
     // but never reads off fails the step then, not when the step's limit runs out.
     let off_ctx = RunContext {
-        timeout: within(ctx.timeout, limits.map(|l| l.off)),
+        timeout: within(
+            ctx.timeout.map(|t| t.saturating_sub(started.elapsed())),
+            limits.map(|l| l.off),
+        ),
         ..ctx.clone()
     };
-    let (off, outcome) = power(Builtin::Fence, &off_ctx).await;
+    let (mut off, outcome) = power(Builtin::Fence, &off_ctx).await;
+    off.summary = format!("{waited}{}", off.summary);
     if !off.ok {
         return (off, outcome);
     }
@@ -201,6 +209,62 @@ async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
             .join("\n"),
     };
     (end, outcome)
+}
+
+/// How often a fence of a dumping machine reads the kdump view again.
+///
+/// 1 s: the view is in memory, and "dump done" then starts the off within a second.
+const DUMP_POLL: Duration = Duration::from_secs(1);
+
+/// Holds the off of a machine whose kdump initramfs said "dumping" (a power-off would lose
+/// the dump) until "dump done", the dump no longer reported, or its kdump timeout; says how
+/// long it waited (empty when it did not). Fails, with nothing powered off, when the step's
+/// limit runs out first.
+async fn wait_for_dump(
+    ctx: &RunContext,
+    started: tokio::time::Instant,
+) -> Result<String, CommandEnd> {
+    use crate::fence::kdump::DumpSeen;
+    let Some(view) = &ctx.kdump else {
+        return Ok(String::new());
+    };
+    let mut waited = false;
+    while let DumpSeen::Dumping {
+        started: at,
+        timeout,
+    } = view.dump(&ctx.address)
+    {
+        let ends = jiff::SignedDuration::try_from(timeout)
+            .ok()
+            .and_then(|d| at.checked_add(d).ok())
+            .unwrap_or(jiff::Timestamp::MAX);
+        if jiff::Timestamp::now() >= ends {
+            break;
+        }
+        if ctx
+            .timeout
+            .is_some_and(|t| started.elapsed() + DUMP_POLL > t)
+        {
+            return Err(CommandEnd {
+                ok: false,
+                summary: format!(
+                    "@fence: the machine is still writing its crash dump (dumping since {at}, \
+                     kdump timeout at {ends}); nothing powered off within the step's time limit"
+                ),
+                output: String::new(),
+            });
+        }
+        waited = true;
+        tokio::time::sleep(DUMP_POLL).await;
+    }
+    Ok(if waited {
+        format!(
+            "waited {} s for the machine's crash dump to end; ",
+            started.elapsed().as_secs()
+        )
+    } else {
+        String::new()
+    })
 }
 
 /// The smaller of the step's limit and a `[fence]` limit, either of which may be absent.

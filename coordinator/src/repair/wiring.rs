@@ -199,6 +199,7 @@ pub async fn start_for_app(
     actions: Arc<dyn AgentActions>,
     fencing: Option<FenceWiring>,
     policy: FencePolicy,
+    kdump: Arc<dyn crate::fence::kdump::KdumpView>,
     shutdown: CancellationToken,
 ) -> Result<(RepairQueue, JoinHandle<()>), RepairStartError> {
     let loaded = load_file(path)?;
@@ -251,6 +252,7 @@ pub async fn start_for_app(
         Arc::new(move |address: &str| p.keep_off(address))
     });
     deps.fence_timeouts = Some(Arc::new(move |address: &str| policy.timeouts(address)));
+    deps.kdump = Some(kdump);
     let (queue, join) = RepairQueue::start(deps, shutdown).await?;
     tracing::info!(file = %path.display(), "repair queue started");
     Ok((queue, join))
