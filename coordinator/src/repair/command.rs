@@ -806,8 +806,8 @@ mod tests {
         }
     }
 
-    /// A machine that is not a node, whose kdump initramfs said "dumping": `@fence` powered
-    /// it off at once, losing the dump. It now waits for "dump done" (or the kdump timeout),
+    /// A machine that is not a node, whose kdump initramfs said "dumping": `@fence` (and
+    /// `@power-cycle`, `@power-off`) powered it off at once, losing the dump. It now waits for "dump done" (or the kdump timeout),
     /// and powers nothing off if the step's limit comes first.
     #[tokio::test]
     async fn a_fence_with_nothing_to_release_waits_for_a_dump_in_progress() {
@@ -847,6 +847,22 @@ mod tests {
             end.summary
         );
         assert!(gw.requests().is_empty(), "{:?}", gw.requests());
+
+        // `@power-cycle` and `@power-off` of a dumping machine wait as well.
+        for b in [Builtin::PowerCycle, Builtin::PowerOff] {
+            let gw = Arc::new(FakePower::confirming_off(off));
+            let mut c = ctx(Some(Duration::from_millis(1500)));
+            c.power = gw.clone();
+            c.kdump = Some(Arc::new(DumpFor(u32::MAX.into())));
+            let (end, _) = within(run(CommandSpec::Builtin(b), CommandKind::Repair, c)).await;
+            assert!(!end.ok, "{end:?}");
+            assert!(
+                end.summary.starts_with(b.name()) && end.summary.contains("crash dump"),
+                "{}",
+                end.summary
+            );
+            assert!(gw.requests().is_empty(), "{:?}", gw.requests());
+        }
     }
 
     #[tokio::test]

@@ -158,8 +158,9 @@ impl Drop for Awaited {
 async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
     let started = tokio::time::Instant::now();
     let limits = ctx.fence_timeouts.as_ref().map(|t| t(&ctx.address));
-    let waited = match wait_for_dump(ctx, started).await {
-        Ok(w) => w,
+    let waited = match wait_for_dump(Builtin::Fence, ctx, started).await {
+        Ok(Some(w)) => format!("{w}; "),
+        Ok(None) => String::new(),
         Err(end) => return (end, Outcome::Failed),
     };
     // `[fence] off_timeout` bounds the off as it bounds a flow's: a BMC that accepts the off
@@ -218,15 +219,16 @@ const DUMP_POLL: Duration = Duration::from_secs(1);
 
 /// Holds the off of a machine whose kdump initramfs said "dumping" (a power-off would lose
 /// the dump) until "dump done", the dump no longer reported, or its kdump timeout; says how
-/// long it waited (empty when it did not). Fails, with nothing powered off, when the step's
+/// long it waited (`None` when it did not). Fails, with nothing powered off, when the step's
 /// limit runs out first.
 async fn wait_for_dump(
+    b: Builtin,
     ctx: &RunContext,
     started: tokio::time::Instant,
-) -> Result<String, CommandEnd> {
+) -> Result<Option<String>, CommandEnd> {
     use crate::fence::kdump::DumpSeen;
     let Some(view) = &ctx.kdump else {
-        return Ok(String::new());
+        return Ok(None);
     };
     let mut waited = false;
     while let DumpSeen::Dumping {
@@ -248,8 +250,9 @@ async fn wait_for_dump(
             return Err(CommandEnd {
                 ok: false,
                 summary: format!(
-                    "@fence: the machine is still writing its crash dump (dumping since {at}, \
-                     kdump timeout at {ends}); nothing powered off within the step's time limit"
+                    "{}: the machine is still writing its crash dump (dumping since {at}, \
+                     kdump timeout at {ends}); nothing powered off within the step's time limit",
+                    b.name()
                 ),
                 output: String::new(),
             });
@@ -257,14 +260,12 @@ async fn wait_for_dump(
         waited = true;
         tokio::time::sleep(DUMP_POLL).await;
     }
-    Ok(if waited {
+    Ok(waited.then(|| {
         format!(
-            "waited {} s for the machine's crash dump to end; ",
+            "waited {} s for the machine's crash dump to end",
             started.elapsed().as_secs()
         )
-    } else {
-        String::new()
-    })
+    }))
 }
 
 /// The smaller of the step's limit and a `[fence]` limit, either of which may be absent.
@@ -296,6 +297,16 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     // Evidence before force: the agent's diagnostics, if it is there to give them, within a
     // short bound that never delays the action much (and counts against the step's limit).
     let started = tokio::time::Instant::now();
+    // A power-off or cycle during a crash dump would lose the dump: wait for it to end, as
+    // a fence does (an `@fence` waited before it got here).
+    let dump = if matches!(b, Builtin::PowerCycle | Builtin::PowerOff) {
+        match wait_for_dump(b, ctx, started).await {
+            Ok(w) => w.map(|w| format!(" ({w})")).unwrap_or_default(),
+            Err(end) => return (end, Outcome::Failed),
+        }
+    } else {
+        String::new()
+    };
     let diagnostics = if matches!(b, Builtin::PowerCycle | Builtin::PowerOff | Builtin::Fence) {
         super::agent_steps::diagnostics_before_power(ctx).await
     } else {
@@ -390,7 +401,7 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     } else {
         String::new()
     };
-    let held = format!("{resent}{}{diagnostics}", note(&held));
+    let held = format!("{resent}{}{dump}{diagnostics}", note(&held));
     let (req, answer) = answer;
     match answer {
         Err(e) => (
