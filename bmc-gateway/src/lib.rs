@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod pace;
 pub mod power;
 pub mod redfish;
+pub mod redfish_tls;
 pub mod reload;
 pub mod service;
 pub mod state_lock;
