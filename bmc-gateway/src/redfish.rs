@@ -474,7 +474,17 @@ impl RedfishPowerControl {
         loop {
             let v = {
                 let mut cached = self.cached.lock().await;
-                self.get_json(&mut cached, task).await?
+                match self.get_json(&mut cached, task).await {
+                    // A task monitor is deleted once its task is done (Redfish spec: a GET
+                    // then answers 404); a fast BMC deletes it before the first poll. The
+                    // reset was accepted: what it did is read from the power state after.
+                    Err(BmcError::Refused { detail, .. }) if detail.starts_with("HTTP 404") => {
+                        return Ok(format!(
+                            "{what}: accepted; task {task} already gone (HTTP 404), taken as finished"
+                        ));
+                    }
+                    r => r?,
+                }
             };
             let state = json_str(&v, &["TaskState"]).unwrap_or("").to_string();
             match state.as_str() {
@@ -670,6 +680,8 @@ mod tests {
         power: StdMutex<String>,
         calls: StdMutex<Vec<String>>,
         task_reads: StdMutex<u32>,
+        /// Answer resets with a task that is already gone (404).
+        task_gone: StdMutex<bool>,
     }
 
     const TOKEN: &str = "tok-123";
@@ -741,7 +753,14 @@ mod tests {
         *f.task_reads.lock().unwrap() = 0;
         (
             StatusCode::ACCEPTED,
-            [("Location", "/redfish/v1/TaskService/Tasks/7")],
+            [(
+                "Location",
+                if *f.task_gone.lock().unwrap() {
+                    "/redfish/v1/TaskService/Tasks/gone"
+                } else {
+                    "/redfish/v1/TaskService/Tasks/7"
+                },
+            )],
             "{}",
         )
             .into_response()
@@ -848,6 +867,23 @@ mod tests {
                 && e.to_string().contains("no PowerState"),
             "{e}"
         );
+    }
+
+    /// A BMC that applied the off and deleted its task monitor before the first poll: the
+    /// 404 made the fence fail as "refused" with the machine already off.
+    #[tokio::test]
+    async fn a_task_gone_before_its_first_poll_is_taken_as_finished() {
+        let fake = Arc::new(Fake::default());
+        *fake.power.lock().unwrap() = "On".into();
+        *fake.task_gone.lock().unwrap() = true;
+        let addr = serve(fake.clone()).await;
+        let c = client(addr, "pw");
+        let said = tokio::time::timeout(Duration::from_secs(20), c.chassis(ChassisOp::Off))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(said.contains("already gone (HTTP 404)"), "{said}");
+        assert_eq!(c.power_state().await, Ok(PowerState::Off));
     }
 
     #[tokio::test]
