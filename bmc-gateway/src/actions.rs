@@ -163,6 +163,16 @@ async fn run_inner(
             }
         }
     };
+    // A BMC may take long to answer (a Redfish task it makes us follow): a timeout then says
+    // the request went out, not that the BMC never answered anything.
+    let before = match action {
+        PowerAction::Cycle => format!("{}; ", seen.lock().expect("not poisoned")),
+        _ => String::new(),
+    };
+    note(format!(
+        "{before}power {} sent; the BMC has not finished answering it",
+        op.as_str()
+    ));
     let said = match power.chassis(op).await {
         Ok(said) => said,
         Err(e) => return failed(&e, &format!("power {}", op.as_str())),
@@ -202,6 +212,9 @@ async fn fence(
     let mut attempts = 0u32;
     let said = loop {
         attempts += 1;
+        if attempts == 1 {
+            note("power off sent; the BMC has not finished answering it".into());
+        }
         match power.chassis(ChassisOp::Off).await {
             Ok(s) => break s,
             Err(e) if e.is_retriable() => note(format!(
@@ -412,6 +425,27 @@ mod tests {
         };
         assert!(retriable);
         assert!(detail.contains("off timed out after 50 ms"), "{detail}");
+        // The request went out: the detail says so instead of "no answer from the BMC yet".
+        assert!(
+            detail.contains("power off sent; the BMC has not finished answering it"),
+            "{detail}"
+        );
+    }
+
+    /// A Redfish BMC that accepts the reset with a task it never completes: the fence's
+    /// timeout said "last seen: no answer from the BMC yet", as if nothing had been sent.
+    #[tokio::test]
+    async fn a_fence_whose_off_is_never_answered_says_the_off_was_sent() {
+        let p = FakePower::new(PowerState::On).with_delay(Duration::from_secs(5));
+        let o = go(&p, PowerAction::Fence, 50).await;
+        let PowerOutcome::Failed { detail, .. } = o else {
+            panic!("{o:?}")
+        };
+        assert!(detail.contains("fence timed out after 50 ms"), "{detail}");
+        assert!(
+            detail.contains("last seen: power off sent; the BMC has not finished answering it"),
+            "{detail}"
+        );
     }
 
     #[tokio::test]

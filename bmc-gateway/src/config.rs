@@ -439,6 +439,21 @@ impl Config {
             if b.host.trim().is_empty() {
                 return Err(bad(key("host"), "must not be empty".into()));
             }
+            // A URL or `host:port` here made requests to "https://https//…" or "h:443:443".
+            let ipv6 = b.host.parse::<std::net::Ipv6Addr>().is_ok();
+            if b.host.contains('/') || (b.host.contains(':') && !ipv6) {
+                return Err(bad(
+                    key("host"),
+                    format!(
+                        "{:?} is not a host name or address: the port goes in port, \
+                         http/https in redfish.scheme",
+                        b.host
+                    ),
+                ));
+            }
+            if b.port == Some(0) {
+                return Err(bad(key("port"), "0 is not a port".into()));
+            }
             match b.read_password() {
                 Err(e) => {
                     return Err(bad(
@@ -532,6 +547,16 @@ impl Config {
                             }
                             (None, true) => {}
                         },
+                        // A CA file or `insecure` says the operator expects TLS: plain
+                        // HTTP would send the credentials in clear text instead.
+                        "http" if r.ca_file.is_some() || r.insecure => {
+                            return Err(bad(
+                                key("redfish.scheme"),
+                                "\"http\" uses no TLS, yet ca_file or insecure is set; \
+                                 use scheme = \"https\" (the default), or drop them for plain HTTP"
+                                    .into(),
+                            ));
+                        }
                         "http" => {}
                         other => {
                             return Err(bad(
@@ -740,6 +765,36 @@ ca_file = "@CA@"
                 .unwrap_err()
             ),
             "bmc[0].redfish.insecure"
+        );
+        // A URL or host:port as host, and port 0: refused, naming the key.
+        for (line, k) in [
+            ("host = \"https://h\"", "bmc[0].host"),
+            ("host = \"h:443\"", "bmc[0].host"),
+            ("host = \"h\"\nport = 0", "bmc[0].port"),
+        ] {
+            let b = base.replace("host = \"h\"", line);
+            let text = format!("{b}[bmc.redfish]\ninsecure = true\n");
+            assert_eq!(key_of(f.parse(&text).unwrap_err()), k, "{line}");
+        }
+        let b = base.replace("host = \"h\"", "host = \"fd00::1\"");
+        assert!(
+            f.parse(&format!("{b}[bmc.redfish]\ninsecure = true\n"))
+                .is_ok()
+        );
+        // scheme = "http" with TLS settings: a mistake, refused rather than sent in clear.
+        for tls in ["insecure = true\n", "ca_file = \"@CA@\"\n"] {
+            assert_eq!(
+                key_of(
+                    f.parse(&format!("{base}[bmc.redfish]\nscheme = \"http\"\n{tls}"))
+                        .unwrap_err()
+                ),
+                "bmc[0].redfish.scheme",
+                "{tls}"
+            );
+        }
+        assert!(
+            f.parse(&format!("{base}[bmc.redfish]\nscheme = \"http\"\n"))
+                .is_ok()
         );
     }
 

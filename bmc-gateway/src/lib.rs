@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod pace;
 pub mod power;
 pub mod redfish;
+pub mod redfish_tls;
 pub mod reload;
 pub mod service;
 pub mod state_lock;
@@ -129,7 +130,7 @@ pub fn power_for(b: &BmcConfig, password: String) -> Result<Arc<dyn PowerControl
             };
             let p = RedfishPowerControl::new(RedfishTarget {
                 name: b.describe(),
-                authority: format!("{}:{}", b.host, b.port()),
+                authority: authority(&b.host, b.port()),
                 trust,
                 username: b.username.clone(),
                 password,
@@ -272,6 +273,14 @@ pub async fn run(
     Ok(())
 }
 
+/// `host:port` for a URL: an IPv6 address is bracketed (`[fd00::1]:443`).
+fn authority(host: &str, port: u16) -> String {
+    match host.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{host}]:{port}"),
+        Err(_) => format!("{host}:{port}"),
+    }
+}
+
 /// One row of `bmc-gateway check`.
 #[derive(Debug, Clone)]
 pub struct CheckRow {
@@ -367,6 +376,14 @@ pub fn render_check(rows: &[CheckRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An IPv6 BMC address made "fd00::1:443", which no URL parser reads as host and port.
+    #[test]
+    fn an_ipv6_bmc_address_is_bracketed_in_urls() {
+        assert_eq!(authority("fd00::1", 443), "[fd00::1]:443");
+        assert_eq!(authority("10.0.0.1", 443), "10.0.0.1:443");
+        assert_eq!(authority("bmc-1.example", 8443), "bmc-1.example:8443");
+    }
 
     #[test]
     fn check_table_aligns() {

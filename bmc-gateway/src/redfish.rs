@@ -8,19 +8,17 @@
 //! ends, and authenticates with Basic auth or a SessionService login (`X-Auth-Token`) when the
 //! service offers one. It does not decide what an action means (see [`crate::actions`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use reqwest::{Method, StatusCode};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
+use crate::redfish_tls::connect_hint;
+pub use crate::redfish_tls::{Trust, rustls_config};
 
 /// How often a returned Task, or the power state during an off-then-on cycle, is polled.
 ///
@@ -31,17 +29,6 @@ pub const TASK_POLL: Duration = Duration::from_secs(1);
 ///
 /// 60 s, like a fence: past that the BMC is not applying the off and powering on would be wrong.
 pub const CYCLE_OFF_WAIT: Duration = Duration::from_secs(60);
-
-/// How to trust the BMC's certificate.
-#[derive(Debug, Clone)]
-pub enum Trust {
-    /// Plain HTTP (no TLS at all).
-    PlainHttp,
-    /// Certificates must chain to these CA certificates (PEM).
-    Ca(Vec<u8>),
-    /// Accept any certificate (logged loudly at start).
-    Insecure,
-}
 
 /// How to authenticate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,80 +79,6 @@ pub struct RedfishPowerControl {
     base: String,
     client: reqwest::Client,
     cached: Mutex<Cached>,
-}
-
-/// Accepts any server certificate but still checks handshake signatures (for `insecure`).
-#[derive(Debug)]
-struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// Builds the rustls client configuration for a trust setting (TLS 1.2 and 1.3: BMCs rarely
-/// speak 1.3), with the ring provider.
-pub fn rustls_config(trust: &Trust) -> Result<rustls::ClientConfig, String> {
-    use rustls::pki_types::pem::PemObject;
-    let provider = protocol::transport::provider();
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let cfg = match trust {
-        Trust::Ca(pem) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for c in CertificateDer::pem_slice_iter(pem) {
-                let c = c.map_err(|e| format!("CA file: {e}"))?;
-                roots.add(c).map_err(|e| format!("CA file: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err("CA file holds no certificate".into());
-            }
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
-        Trust::Insecure | Trust::PlainHttp => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
-            .with_no_client_auth(),
-    };
-    Ok(cfg)
 }
 
 fn json_str<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
@@ -315,6 +228,12 @@ impl RedfishPowerControl {
                 detail.push_str(": ");
                 detail.push_str(&s.to_string());
                 src = s.source();
+            }
+            let https = !matches!(self.t.trust, Trust::PlainHttp);
+            if let Some(h) = connect_hint(https, &detail) {
+                detail.push_str(" (");
+                detail.push_str(h);
+                detail.push(')');
             }
             BmcError::Unreachable {
                 bmc: self.t.name.clone(),
@@ -555,7 +474,17 @@ impl RedfishPowerControl {
         loop {
             let v = {
                 let mut cached = self.cached.lock().await;
-                self.get_json(&mut cached, task).await?
+                match self.get_json(&mut cached, task).await {
+                    // A task monitor is deleted once its task is done (Redfish spec: a GET
+                    // then answers 404); a fast BMC deletes it before the first poll. The
+                    // reset was accepted: what it did is read from the power state after.
+                    Err(BmcError::Refused { detail, .. }) if detail.starts_with("HTTP 404") => {
+                        return Ok(format!(
+                            "{what}: accepted; task {task} already gone (HTTP 404), taken as finished"
+                        ));
+                    }
+                    r => r?,
+                }
             };
             let state = json_str(&v, &["TaskState"]).unwrap_or("").to_string();
             match state.as_str() {
@@ -592,10 +521,19 @@ impl RedfishPowerControl {
     }
 
     async fn state_now(&self) -> Result<PowerState, BmcError> {
-        let (_, v) = self.read_system().await?;
-        Ok(parse_power_state(
-            json_str(&v, &["PowerState"]).unwrap_or(""),
-        ))
+        let (path, v) = self.read_system().await?;
+        // A system that does not say its power state (absent or null) can never be confirmed
+        // off: an error naming it, rather than a silent "unknown" that only fences discover.
+        match json_str(&v, &["PowerState"]) {
+            Some(s) => Ok(parse_power_state(s)),
+            None => Err(BmcError::Protocol {
+                bmc: self.t.name.clone(),
+                what: format!("GET {path}"),
+                detail: "the ComputerSystem has no PowerState (absent or null), so power off \
+                         can never be confirmed; is redfish.system the right system?"
+                    .into(),
+            }),
+        }
     }
 }
 
@@ -669,6 +607,7 @@ impl PowerControl for RedfishPowerControl {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::Mutex as StdMutex;
 
     use axum::Router;
@@ -741,6 +680,8 @@ mod tests {
         power: StdMutex<String>,
         calls: StdMutex<Vec<String>>,
         task_reads: StdMutex<u32>,
+        /// Answer resets with a task that is already gone (404).
+        task_gone: StdMutex<bool>,
     }
 
     const TOKEN: &str = "tok-123";
@@ -790,6 +731,8 @@ mod tests {
             return StatusCode::UNAUTHORIZED.into_response();
         }
         let p = f.power.lock().unwrap().clone();
+        // Empty: a system that does not say its power state (null).
+        let p = if p.is_empty() { Value::Null } else { p.into() };
         axum::Json(json!({
             "PowerState": p,
             "Actions": {"#ComputerSystem.Reset": {
@@ -810,7 +753,14 @@ mod tests {
         *f.task_reads.lock().unwrap() = 0;
         (
             StatusCode::ACCEPTED,
-            [("Location", "/redfish/v1/TaskService/Tasks/7")],
+            [(
+                "Location",
+                if *f.task_gone.lock().unwrap() {
+                    "/redfish/v1/TaskService/Tasks/gone"
+                } else {
+                    "/redfish/v1/TaskService/Tasks/7"
+                },
+            )],
             "{}",
         )
             .into_response()
@@ -899,6 +849,41 @@ mod tests {
                 "login", "ForceOff", "task1", "task2", "On", "task1", "task2", "logout 1"
             ]
         );
+    }
+
+    /// A ComputerSystem with `"PowerState": null` read as "unknown" with no word of why:
+    /// `check` passed it (exit 0) and every fence timed out "still reads unknown".
+    #[tokio::test]
+    async fn a_system_without_a_power_state_is_an_error_naming_it() {
+        let fake = Arc::new(Fake::default());
+        let addr = serve(fake).await;
+        let e = tokio::time::timeout(Duration::from_secs(20), client(addr, "pw").power_state())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, BmcError::Protocol { .. }), "{e}");
+        assert!(
+            e.to_string().contains("/redfish/v1/Systems/s1")
+                && e.to_string().contains("no PowerState"),
+            "{e}"
+        );
+    }
+
+    /// A BMC that applied the off and deleted its task monitor before the first poll: the
+    /// 404 made the fence fail as "refused" with the machine already off.
+    #[tokio::test]
+    async fn a_task_gone_before_its_first_poll_is_taken_as_finished() {
+        let fake = Arc::new(Fake::default());
+        *fake.power.lock().unwrap() = "On".into();
+        *fake.task_gone.lock().unwrap() = true;
+        let addr = serve(fake.clone()).await;
+        let c = client(addr, "pw");
+        let said = tokio::time::timeout(Duration::from_secs(20), c.chassis(ChassisOp::Off))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(said.contains("already gone (HTTP 404)"), "{said}");
+        assert_eq!(c.power_state().await, Ok(PowerState::Off));
     }
 
     #[tokio::test]

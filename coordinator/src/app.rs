@@ -258,10 +258,8 @@ impl App {
                             policy: fence_policy.clone(),
                             metrics: fence_metrics.clone(),
                         }),
-                    {
-                        let p = fence_policy.clone();
-                        Arc::new(move |address: &str| p.keep_off(address))
-                    },
+                    fence_policy.clone(),
+                    kdump.clone(),
                     repair_stop.clone(),
                 )
                 .await?;

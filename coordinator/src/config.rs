@@ -507,6 +507,12 @@ impl Config {
                 "must be at least one report interval, or every machine would flap to unreachable",
             ));
         }
+        self.kdump
+            .validate()
+            .map_err(|message| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            })?;
         if let Some(r) = &self.remediation {
             r.validate().map_err(|e| ConfigError::Parse {
                 path: path.to_path_buf(),

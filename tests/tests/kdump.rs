@@ -299,6 +299,31 @@ fn the_packaged_wrapper_sends_both_phases_and_never_fails_the_dump() -> anyhow::
     Ok(())
 }
 
+/// The settings file is sourced by `sh`: an unclosed quote or an `exit` in it used to end the
+/// wrapper with that status (2, 3), and kexec-tools skips the dump when `kdump_pre` fails.
+#[test]
+fn a_settings_file_the_shell_cannot_read_never_fails_the_dump() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    for (name, body) in [
+        (
+            "quote.env",
+            "FLEETMEND_AGENT_COORDINATOR=\"127.0.0.1:7443\n",
+        ),
+        ("exits.env", "exit 3\n"),
+    ] {
+        let env = tmp.path().join(name);
+        std::fs::write(&env, body)?;
+        let out = wrapper(&env, &["start"]);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("does not read as settings") && stderr(&out).contains(name),
+            "{name}: {}",
+            stderr(&out)
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn a_dumping_machine_whose_agent_reports_again_is_no_longer_held_down() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

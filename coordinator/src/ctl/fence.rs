@@ -21,8 +21,8 @@ pub enum FenceCommand {
         /// Only the flows of this machine (address or hostname).
         #[arg(long, value_parser = NonEmptyStringValueParser::new())]
         machine: Option<String>,
-        /// How many at most.
-        #[arg(long, default_value_t = 50)]
+        /// How many at most (1 or more).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// Print JSON.
         #[arg(long)]
@@ -184,6 +184,17 @@ mod tests {
             confirmed_off_unix_ms: None,
             powered_on_unix_ms: None,
         }
+    }
+
+    /// `--limit 0` printed the header alone, as if there were no flows.
+    #[test]
+    fn a_zero_limit_is_refused() {
+        use clap::Parser;
+        let parse = |n: &str| {
+            crate::ctl::Cli::try_parse_from(["coordinatorctl", "fence", "list", "--limit", n])
+        };
+        assert!(parse("0").is_err());
+        assert!(parse("1").is_ok());
     }
 
     #[test]

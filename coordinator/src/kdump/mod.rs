@@ -72,6 +72,24 @@ fn durations<'de, D: serde::Deserializer<'de>>(
 }
 
 impl KdumpConfig {
+    /// Every limit above zero: a zero limit would let the power-off of a dumping machine go
+    /// ahead at once, losing the dump the notice was sent to protect. Says which key.
+    pub fn validate(&self) -> Result<(), String> {
+        let zero = "must be greater than 0 (a zero limit powers a dumping machine off at once \
+                    and loses its dump)";
+        if self.timeout.is_zero() {
+            return Err(format!("key `kdump.timeout`: {zero}"));
+        }
+        match self
+            .timeout_by_machine_type
+            .iter()
+            .find(|(_, d)| d.is_zero())
+        {
+            Some((t, _)) => Err(format!("key `kdump.timeout_by_machine_type.{t}`: {zero}")),
+            None => Ok(()),
+        }
+    }
+
     /// The dump time limit of a machine of type `machine_type`.
     pub fn timeout_for(&self, machine_type: Option<&str>) -> Duration {
         machine_type
@@ -276,6 +294,21 @@ mod tests {
         assert_eq!(KdumpConfig::default().timeout, DEFAULT_KDUMP_TIMEOUT);
         let e =
             toml::from_str::<KdumpConfig>("[timeout_by_machine_type]\nx = \"soon\"\n").unwrap_err();
+        // A zero limit was accepted: every dump then lost to a power-off at once.
+        for (text, key) in [
+            ("timeout = \"0s\"\n", "`kdump.timeout`"),
+            (
+                "[timeout_by_machine_type]\nbig-mem = \"0s\"\n",
+                "`kdump.timeout_by_machine_type.big-mem`",
+            ),
+        ] {
+            let e = toml::from_str::<KdumpConfig>(text)
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(e.contains(key), "{e}");
+        }
+        assert_eq!(KdumpConfig::default().validate(), Ok(()));
         assert!(e.to_string().contains("machine type x"), "{e}");
         assert!(toml::from_str::<KdumpConfig>("wait = \"1m\"\n").is_err());
     }

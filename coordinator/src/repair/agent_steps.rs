@@ -358,6 +358,8 @@ mod tests {
             entry_index: 0,
             fence: None,
             keep_off: None,
+            fence_timeouts: None,
+            kdump: None,
         }
     }
 

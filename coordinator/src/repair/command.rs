@@ -173,6 +173,12 @@ pub struct RunContext {
     pub fence: Option<Arc<FenceService>>,
     /// `[fence] keep_off` for an `@fence` with nothing to release; `None` = keep off.
     pub keep_off: Option<super::fencing::KeepOffOf>,
+    /// `[fence]` `off_timeout`/`on_timeout` for an `@fence` with nothing to release; `None`
+    /// = the step's limit alone.
+    pub fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
+    /// Crash dumps: an `@fence` with nothing to release waits for a dumping machine's dump
+    /// (see [`super::power_steps`]); `None` = no dump is ever known.
+    pub kdump: Option<Arc<dyn crate::fence::kdump::KdumpView>>,
 }
 
 /// Runs a command of `kind` and says how it ended.
@@ -515,6 +521,8 @@ mod tests {
             entry_index: 0,
             fence: None,
             keep_off: None,
+            fence_timeouts: None,
+            kdump: None,
         }
     }
 
@@ -743,6 +751,118 @@ mod tests {
         .await;
         assert!(!end.ok, "{end:?}");
         assert_eq!(gw.requests().len(), 1);
+    }
+
+    /// `[fence] off_timeout = "15s"` with a 120 s step: the off used to get the step's whole
+    /// limit, so a BMC that never read off failed the step after 118 s, not 15 s.
+    #[tokio::test]
+    async fn a_fence_with_nothing_to_release_keeps_the_fence_off_and_on_limits() {
+        let off = Timestamp::from_second(1_800_000_100).unwrap();
+        let gw = Arc::new(FakePower::confirming_off(off));
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw.clone();
+        c.keep_off = Some(Arc::new(|_: &str| false));
+        c.fence_timeouts = Some(Arc::new(|_: &str| crate::fence::flow::FenceTimeouts {
+            off: Duration::from_secs(5),
+            on: Duration::from_secs(7),
+            ..Default::default()
+        }));
+        let (end, _) = within(run(
+            CommandSpec::Builtin(Builtin::Fence),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(end.ok, "{end:?}");
+        let sent: Vec<(PowerAction, u64)> = gw
+            .requests()
+            .into_iter()
+            .map(|r| (r.action, r.timeout_ms))
+            .collect();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert_eq!(sent[0].0, PowerAction::Fence);
+        assert!((4_000..=5_000).contains(&sent[0].1), "{sent:?}");
+        assert_eq!(sent[1].0, PowerAction::On);
+        assert!((6_000..=7_000).contains(&sent[1].1), "{sent:?}");
+    }
+
+    /// "Dumping" for its first `dumping_reads` reads, then "dump done".
+    struct DumpFor(std::sync::atomic::AtomicU32);
+
+    impl crate::fence::kdump::KdumpView for DumpFor {
+        fn dump(&self, _address: &str) -> crate::fence::kdump::DumpSeen {
+            use std::sync::atomic::Ordering;
+            let left = self.0.load(Ordering::SeqCst);
+            if left == 0 {
+                return crate::fence::kdump::DumpSeen::Done {
+                    at: Timestamp::now(),
+                };
+            }
+            self.0.store(left - 1, Ordering::SeqCst);
+            crate::fence::kdump::DumpSeen::Dumping {
+                started: Timestamp::now(),
+                timeout: Duration::from_secs(600),
+            }
+        }
+    }
+
+    /// A machine that is not a node, whose kdump initramfs said "dumping": `@fence` (and
+    /// `@power-cycle`, `@power-off`) powered it off at once, losing the dump. It now waits for "dump done" (or the kdump timeout),
+    /// and powers nothing off if the step's limit comes first.
+    #[tokio::test]
+    async fn a_fence_with_nothing_to_release_waits_for_a_dump_in_progress() {
+        let off = Timestamp::from_second(1_800_000_100).unwrap();
+        let gw = Arc::new(FakePower::confirming_off(off));
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw.clone();
+        c.keep_off = Some(Arc::new(|_: &str| false));
+        c.kdump = Some(Arc::new(DumpFor(2.into())));
+        let t = std::time::Instant::now();
+        let (end, _) = within(run(
+            CommandSpec::Builtin(Builtin::Fence),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(end.ok, "{end:?}");
+        assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(end.summary.contains("crash dump to end"), "{}", end.summary);
+        assert_eq!(gw.requests().len(), 2);
+
+        // Still dumping when the step's limit comes: nothing is sent.
+        let gw = Arc::new(FakePower::confirming_off(off));
+        let mut c = ctx(Some(Duration::from_millis(1500)));
+        c.power = gw.clone();
+        c.kdump = Some(Arc::new(DumpFor(u32::MAX.into())));
+        let (end, _) = within(run(
+            CommandSpec::Builtin(Builtin::Fence),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(!end.ok, "{end:?}");
+        assert!(
+            end.summary.contains("still writing its crash dump"),
+            "{}",
+            end.summary
+        );
+        assert!(gw.requests().is_empty(), "{:?}", gw.requests());
+
+        // `@power-cycle` and `@power-off` of a dumping machine wait as well.
+        for b in [Builtin::PowerCycle, Builtin::PowerOff] {
+            let gw = Arc::new(FakePower::confirming_off(off));
+            let mut c = ctx(Some(Duration::from_millis(1500)));
+            c.power = gw.clone();
+            c.kdump = Some(Arc::new(DumpFor(u32::MAX.into())));
+            let (end, _) = within(run(CommandSpec::Builtin(b), CommandKind::Repair, c)).await;
+            assert!(!end.ok, "{end:?}");
+            assert!(
+                end.summary.starts_with(b.name()) && end.summary.contains("crash dump"),
+                "{}",
+                end.summary
+            );
+            assert!(gw.requests().is_empty(), "{:?}", gw.requests());
+        }
     }
 
     #[tokio::test]

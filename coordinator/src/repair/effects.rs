@@ -57,6 +57,10 @@ pub(super) struct Effects {
     fence: Option<Fencing>,
     /// `[fence] keep_off` for an `@fence` with nothing to release.
     keep_off: Option<super::fencing::KeepOffOf>,
+    /// `[fence]` limits for an `@fence` with nothing to release.
+    fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
+    /// Crash dumps, for an `@fence` with nothing to release.
+    kdump: Option<Arc<dyn crate::fence::kdump::KdumpView>>,
 }
 
 /// What effects need for fencing: the flows, and whether a node is dead.
@@ -80,6 +84,8 @@ impl Effects {
         store_id: String,
         fence: Option<Fencing>,
         keep_off: Option<super::fencing::KeepOffOf>,
+        fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
+        kdump: Option<Arc<dyn crate::fence::kdump::KdumpView>>,
     ) -> Self {
         Self {
             drainer,
@@ -92,6 +98,8 @@ impl Effects {
             store_id,
             fence,
             keep_off,
+            fence_timeouts,
+            kdump,
         }
     }
 
@@ -248,6 +256,8 @@ impl Effects {
             entry_index: e.index,
             fence: self.fence.as_ref().map(|f| f.service.clone()),
             keep_off: self.keep_off.clone(),
+            fence_timeouts: self.fence_timeouts.clone(),
+            kdump: self.kdump.clone(),
         }
     }
 

@@ -89,6 +89,14 @@ pub struct RepairDeps {
     /// that is not a node, or no cluster): powered on after its confirmed off unless this
     /// says to keep it off. `None` = keep every such machine off.
     pub keep_off: Option<super::fencing::KeepOffOf>,
+    /// `[fence]` `off_timeout` and `on_timeout` per machine, for an `@fence` with nothing
+    /// to release: its off and its on each get the smaller of this and what is left of the
+    /// step's limit. `None` = the step's limit alone.
+    pub fence_timeouts: Option<super::fencing::FenceTimeoutsOf>,
+    /// What the machines' kdump initramfs said, for an `@fence` with nothing to release: a
+    /// dumping machine is not powered off until its dump is done or its kdump timeout
+    /// passes. `None` = no dump is ever known.
+    pub kdump: Option<Arc<dyn crate::fence::kdump::KdumpView>>,
 }
 
 impl RepairDeps {
@@ -112,6 +120,8 @@ impl RepairDeps {
             rand: Box::new(|n| if n == 0 { 0 } else { rand::random_range(0..n) }),
             fence: None,
             keep_off: None,
+            fence_timeouts: None,
+            kdump: None,
         }
     }
 }
@@ -168,6 +178,8 @@ impl RepairQueue {
                     liveness: liveness.clone(),
                 }),
             deps.keep_off.clone(),
+            deps.fence_timeouts.clone(),
+            deps.kdump.clone(),
         );
         let engine = Engine {
             deps,

@@ -71,6 +71,10 @@ pub enum FenceEnd {
 /// Whether the machine at an address stays off after its fence (`[fence] keep_off`).
 pub type KeepOffOf = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
+/// The `[fence]` time limits of the machine at an address (its machine type's, its
+/// gateway's, or the section's).
+pub type FenceTimeoutsOf = Arc<dyn Fn(&str) -> crate::fence::flow::FenceTimeouts + Send + Sync>;
+
 /// Fence flows for the repair queue (see the module doc).
 pub struct FenceService {
     runner: Arc<FenceRunner>,

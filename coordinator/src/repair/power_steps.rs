@@ -157,7 +157,23 @@ impl Drop for Awaited {
 /// [`fence_without_release`]'s work: the confirmed off, then the on unless kept off.
 async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
     let started = tokio::time::Instant::now();
-    let (off, outcome) = power(Builtin::Fence, ctx).await;
+    let limits = ctx.fence_timeouts.as_ref().map(|t| t(&ctx.address));
+    let waited = match wait_for_dump(Builtin::Fence, ctx, started).await {
+        Ok(Some(w)) => format!("{w}; "),
+        Ok(None) => String::new(),
+        Err(end) => return (end, Outcome::Failed),
+    };
+    // `[fence] off_timeout` bounds the off as it bounds a flow's: a BMC that accepts the off
+    // but never reads off fails the step then, not when the step's limit runs out.
+    let off_ctx = RunContext {
+        timeout: within(
+            ctx.timeout.map(|t| t.saturating_sub(started.elapsed())),
+            limits.map(|l| l.off),
+        ),
+        ..ctx.clone()
+    };
+    let (mut off, outcome) = power(Builtin::Fence, &off_ctx).await;
+    off.summary = format!("{waited}{}", off.summary);
     if !off.ok {
         return (off, outcome);
     }
@@ -174,7 +190,10 @@ async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
     }
     let on_ctx = RunContext {
         request_id: format!("{}-on", ctx.request_id),
-        timeout: ctx.timeout.map(|t| t.saturating_sub(started.elapsed())),
+        timeout: within(
+            ctx.timeout.map(|t| t.saturating_sub(started.elapsed())),
+            limits.map(|l| l.on),
+        ),
         ..ctx.clone()
     };
     let (on, outcome) = power(Builtin::PowerOn, &on_ctx).await;
@@ -191,6 +210,70 @@ async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
             .join("\n"),
     };
     (end, outcome)
+}
+
+/// How often a fence of a dumping machine reads the kdump view again.
+///
+/// 1 s: the view is in memory, and "dump done" then starts the off within a second.
+const DUMP_POLL: Duration = Duration::from_secs(1);
+
+/// Holds the off of a machine whose kdump initramfs said "dumping" (a power-off would lose
+/// the dump) until "dump done", the dump no longer reported, or its kdump timeout; says how
+/// long it waited (`None` when it did not). Fails, with nothing powered off, when the step's
+/// limit runs out first.
+async fn wait_for_dump(
+    b: Builtin,
+    ctx: &RunContext,
+    started: tokio::time::Instant,
+) -> Result<Option<String>, CommandEnd> {
+    use crate::fence::kdump::DumpSeen;
+    let Some(view) = &ctx.kdump else {
+        return Ok(None);
+    };
+    let mut waited = false;
+    while let DumpSeen::Dumping {
+        started: at,
+        timeout,
+    } = view.dump(&ctx.address)
+    {
+        let ends = jiff::SignedDuration::try_from(timeout)
+            .ok()
+            .and_then(|d| at.checked_add(d).ok())
+            .unwrap_or(jiff::Timestamp::MAX);
+        if jiff::Timestamp::now() >= ends {
+            break;
+        }
+        if ctx
+            .timeout
+            .is_some_and(|t| started.elapsed() + DUMP_POLL > t)
+        {
+            return Err(CommandEnd {
+                ok: false,
+                summary: format!(
+                    "{}: the machine is still writing its crash dump (dumping since {at}, \
+                     kdump timeout at {ends}); nothing powered off within the step's time limit",
+                    b.name()
+                ),
+                output: String::new(),
+            });
+        }
+        waited = true;
+        tokio::time::sleep(DUMP_POLL).await;
+    }
+    Ok(waited.then(|| {
+        format!(
+            "waited {} s for the machine's crash dump to end",
+            started.elapsed().as_secs()
+        )
+    }))
+}
+
+/// The smaller of the step's limit and a `[fence]` limit, either of which may be absent.
+fn within(step: Option<Duration>, fence: Option<Duration>) -> Option<Duration> {
+    match (step, fence) {
+        (Some(s), Some(f)) => Some(s.min(f)),
+        (s, f) => s.or(f),
+    }
 }
 
 /// The part of `left` a power request gives the gateway: all but a tenth, at most 2 s, kept
@@ -214,6 +297,16 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     // Evidence before force: the agent's diagnostics, if it is there to give them, within a
     // short bound that never delays the action much (and counts against the step's limit).
     let started = tokio::time::Instant::now();
+    // A power-off or cycle during a crash dump would lose the dump: wait for it to end, as
+    // a fence does (an `@fence` waited before it got here).
+    let dump = if matches!(b, Builtin::PowerCycle | Builtin::PowerOff) {
+        match wait_for_dump(b, ctx, started).await {
+            Ok(w) => w.map(|w| format!(" ({w})")).unwrap_or_default(),
+            Err(end) => return (end, Outcome::Failed),
+        }
+    } else {
+        String::new()
+    };
     let diagnostics = if matches!(b, Builtin::PowerCycle | Builtin::PowerOff | Builtin::Fence) {
         super::agent_steps::diagnostics_before_power(ctx).await
     } else {
@@ -308,7 +401,7 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     } else {
         String::new()
     };
-    let held = format!("{resent}{}{diagnostics}", note(&held));
+    let held = format!("{resent}{}{dump}{diagnostics}", note(&held));
     let (req, answer) = answer;
     match answer {
         Err(e) => (

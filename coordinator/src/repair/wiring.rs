@@ -198,7 +198,8 @@ pub async fn start_for_app(
     power: Arc<dyn PowerControl>,
     actions: Arc<dyn AgentActions>,
     fencing: Option<FenceWiring>,
-    keep_off: KeepOffOf,
+    policy: FencePolicy,
+    kdump: Arc<dyn crate::fence::kdump::KdumpView>,
     shutdown: CancellationToken,
 ) -> Result<(RepairQueue, JoinHandle<()>), RepairStartError> {
     let loaded = load_file(path)?;
@@ -246,7 +247,12 @@ pub async fn start_for_app(
     let mut deps = RepairDeps::new(store, Arc::new(loaded.config), clock, drainer, power, fleet);
     deps.actions = actions;
     deps.fence = fence;
-    deps.keep_off = Some(keep_off);
+    deps.keep_off = Some({
+        let p = policy.clone();
+        Arc::new(move |address: &str| p.keep_off(address))
+    });
+    deps.fence_timeouts = Some(Arc::new(move |address: &str| policy.timeouts(address)));
+    deps.kdump = Some(kdump);
     let (queue, join) = RepairQueue::start(deps, shutdown).await?;
     tracing::info!(file = %path.display(), "repair queue started");
     Ok((queue, join))
