@@ -60,6 +60,11 @@ const MAX_PASSES: usize = 8;
 /// enough that a node's capacity comes back within a minute of the API server.
 const LEFTOVER_CORDON_SWEEP: Duration = Duration::from_secs(30);
 
+/// The first such sweep after a start, once the node view has had time to load: a cordon a
+/// crash left between an entry's end and its uncordon is lifted within seconds of the
+/// restart, not half a minute.
+const LEFTOVER_CORDON_FIRST: Duration = Duration::from_secs(5);
+
 /// Everything the engine needs from the rest of the coordinator.
 pub struct RepairDeps {
     /// The store (migrated).
@@ -278,7 +283,7 @@ impl Engine {
     ) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let first = tokio::time::Instant::now() + LEFTOVER_CORDON_SWEEP;
+        let first = tokio::time::Instant::now() + LEFTOVER_CORDON_FIRST;
         let mut sweep = tokio::time::interval_at(first, LEFTOVER_CORDON_SWEEP);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
