@@ -119,6 +119,9 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         }
     }
     out.push(line("database", check_database(&config.database, &copy)));
+    for r in check_gateways(&config) {
+        out.push(line("gateway", r));
+    }
     if let Some(k) = &config.kubernetes {
         out.push(line("kubernetes", check_kubeconfig(k)));
     }
@@ -128,6 +131,63 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         out.push(line("sabakan", r));
     }
     out
+}
+
+/// How long `check` waits for each gateway's handshake and hello.
+const GATEWAY_PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Each `[[gateways.targets]]` reached as a power request would reach it (QUIC, both
+/// certificates, the hello) with no request sent, so no BMC is touched: a gateway that
+/// does not answer at its address, is not the gateway its `server_name` names, or refuses
+/// this coordinator's certificate fails here instead of at the first repair. Nothing
+/// without gateways, or when the coordinator's TLS files do not load (the `tls` line says
+/// why).
+fn check_gateways(config: &Config) -> Vec<Result<String, String>> {
+    let targets = match &config.gateways {
+        Some(g) if !g.targets.is_empty() => g.targets.clone(),
+        _ => return Vec::new(),
+    };
+    let Ok(tls) = TlsMaterial::load(&TlsFiles {
+        ca: config.tls.ca.clone(),
+        cert: config.tls.cert.clone(),
+        key: config.tls.key.clone(),
+    }) else {
+        return Vec::new();
+    };
+    let name = config
+        .name
+        .clone()
+        .unwrap_or_else(|| tls.identity().name.clone());
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return vec![Err(format!(
+                "cannot start a runtime to reach the gateways: {e}"
+            ))];
+        }
+    };
+    let gateways = crate::gateway::QuicGateways::new(
+        std::sync::Arc::new(std::sync::RwLock::new(tls)),
+        name,
+        targets,
+        std::sync::Arc::new(|_: &str| None),
+    );
+    runtime
+        .block_on(gateways.probe(GATEWAY_PROBE_LIMIT))
+        .into_iter()
+        .map(|(t, r)| {
+            r.map(|()| {
+                format!(
+                    "{} at {} ({}) answered and accepted this coordinator's certificate",
+                    t.name, t.address, t.server_name
+                )
+            })
+            .map_err(|e| format!("{e}; power actions through it would fail or hold"))
+        })
+        .collect()
 }
 
 /// With auto-repair reading sabakan: one `searchMachines` with the file's `having` /

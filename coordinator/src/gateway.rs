@@ -253,6 +253,41 @@ impl QuicGateways {
         Ok(session.conn)
     }
 
+    /// Connects to every configured gateway at once, as a power request would (QUIC, both
+    /// certificates, the hello), within `limit` each, and sends no request: no BMC is
+    /// touched. For `coordinator check`: whether each gateway answers at its address, is
+    /// the gateway its `server_name` says, and accepts this coordinator's certificate.
+    pub async fn probe(&self, limit: Duration) -> Vec<(&GatewayTarget, Result<(), PowerError>)> {
+        let each = (0..self.targets.len()).map(|i| async move {
+            let t = &self.targets[i];
+            let r = match tokio::time::timeout(limit, self.connection(i, true)).await {
+                Ok(Ok(conn)) => {
+                    conn.close(0u32.into(), b"check");
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(unreachable(
+                    t,
+                    &format!("no answer within {} s", limit.as_secs_f64()),
+                )),
+            };
+            (t, r)
+        });
+        let out = futures::future::join_all(each).await;
+        // The closes reach the gateways before the caller's runtime ends, so they log a
+        // closed connection, not a lost one.
+        let endpoints: Vec<quinn::Endpoint> = self
+            .conns
+            .lock()
+            .await
+            .drain()
+            .map(|(_, (e, _))| e)
+            .collect();
+        let idle = futures::future::join_all(endpoints.iter().map(|e| e.wait_idle()));
+        let _ = tokio::time::timeout(Duration::from_secs(1), idle).await;
+        out
+    }
+
     /// Sends `req` and reads the answer. On error, says whether anything was sent: `false`
     /// only when no stream could be opened.
     async fn exchange(

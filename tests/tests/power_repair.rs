@@ -152,6 +152,63 @@ async fn repair_steps_power_off_then_on_through_the_gateway() -> Result<()> {
         metrics.contains("fleetmend_gateway_action_duration_seconds"),
         "{metrics}"
     );
+
+    // `coordinator check` reaches the gateway as a power request would, sending none: ok
+    // with the gateway running; a port nobody listens on and a `server_name` the gateway's
+    // certificate does not carry each fail the `gateway` line (exit 64), naming the gateway.
+    let config = std::fs::read_to_string(&coord.config)?;
+    let before = sim.events().len();
+    let variants = [
+        ("as configured", config.clone(), None),
+        (
+            "nothing listening",
+            config.replace(
+                &gw.quic.to_string(),
+                &format!("127.0.0.1:{}", testkit::procs::free_udp_port()),
+            ),
+            Some("nothing listens on"),
+        ),
+        (
+            "another server_name",
+            config.replace(
+                "server_name = \"127.0.0.1\"",
+                "server_name = \"gw.elsewhere.test\"",
+            ),
+            Some("gw.elsewhere.test"),
+        ),
+    ];
+    for (what, text, failure) in variants {
+        let path = dir.join(format!("check-{}.toml", what.replace(' ', "-")));
+        std::fs::write(&path, text)?;
+        let out = testkit::procs::command("coordinator")
+            .arg("check")
+            .arg("--config")
+            .arg(&path)
+            .output()?;
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        let line = said
+            .lines()
+            .find(|l| l.starts_with("gateway "))
+            .with_context(|| format!("{what}: no gateway line in\n{said}"))?
+            .to_string();
+        match failure {
+            None => {
+                assert_eq!(out.status.code(), Some(0), "{what}:\n{said}");
+                assert!(
+                    line.contains("ok") && line.contains(&format!("{RACK} at {}", gw.quic)),
+                    "{what}: {line}"
+                );
+            }
+            Some(words) => {
+                assert_eq!(out.status.code(), Some(64), "{what}:\n{said}");
+                assert!(
+                    line.contains("FAIL") && line.contains(RACK) && line.contains(words),
+                    "{what}: {line}"
+                );
+            }
+        }
+    }
+    assert_eq!(sim.events().len(), before, "the check touched the BMC");
     Ok(())
 }
 
