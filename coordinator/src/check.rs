@@ -404,10 +404,20 @@ fn remediation_coverage(
             )
         })
         .collect();
+    let ar = &rem.auto_repair;
+    // With sabakan, which states machines may be in is sabakan's answer at each pass: the
+    // auto-repair operations are checked then (held `enqueue-refused` when a procedure is
+    // missing), not here.
+    let from_sabakan = if ar.enabled && ar.source == crate::remediation::sabakan::Source::Sabakan {
+        "; auto-repair's operations come from sabakan's states and are checked at each pass"
+    } else {
+        ""
+    };
     if missing.is_empty() {
+        let n = needed.len();
         Ok(format!(
-            "each operation remediation may enqueue has a procedure ({} type/operation pairs)",
-            needed.len()
+            "each operation remediation may enqueue has a procedure ({n} type/operation pair{}){from_sabakan}",
+            if n == 1 { "" } else { "s" }
         ))
     } else {
         Err(format!(
@@ -1009,6 +1019,21 @@ mod tests {
         // Auto-repair off: nothing is needed from it.
         let ok = remediation_coverage(&rem("[auto_repair]\nenabled = false\n"), &repair, &machines);
         assert!(ok.is_ok(), "{ok:?}");
+        // Reading sabakan: its states are sabakan's answer at each pass, which the line says
+        // instead of a count of pairs it never looked at.
+        let ok = remediation_coverage(
+            &rem(
+                "[auto_repair]\nsource = \"sabakan\"\nsabakan = { url = \"http://127.0.0.1:1/graphql\" }\n",
+            ),
+            &repair,
+            &machines,
+        )
+        .unwrap();
+        assert!(
+            ok.contains("(0 type/operation pairs)")
+                && ok.contains("auto-repair's operations come from sabakan's states"),
+            "{ok}"
+        );
     }
 
     #[test]

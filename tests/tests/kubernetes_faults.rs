@@ -103,6 +103,24 @@ fn check_reaches_the_api_server_and_names_what_is_wrong() -> Result<()> {
     assert!(line.contains("docs/kubernetes.md#rbac"), "{line}");
     fake.clear_faults();
 
+    // Something that is not an API server (another HTTP service, a wrong path prefix):
+    // every API server has Nodes, so a 404 for their list says the address is wrong.
+    fake.inject(Fault {
+        path_contains: Some("/api/v1/nodes".into()),
+        method: Some("GET".into()),
+        status: 404,
+        message: "the server could not find the requested resource".into(),
+        times: None,
+    });
+    let (code, line) = check(&coord)?;
+    assert_eq!(code, Some(64), "{line}");
+    assert!(
+        line.contains("does not look like a Kubernetes API server")
+            && line.contains("kubeconfig's `server`"),
+        "{line}"
+    );
+    fake.clear_faults();
+
     // A kubeconfig pointing at a port where nothing listens.
     let port = free_tcp_port();
     let closed = tmp.path().join("closed.yaml");

@@ -67,10 +67,43 @@ fn explain(server: &str, what: &str, err: &kube::Error) -> String {
              bind it the ClusterRole in docs/kubernetes.md#rbac",
             s.message
         ),
+        // Nodes and node Leases exist on every API server: a 404 for the list itself means
+        // the address is something else (another HTTP service, a wrong path prefix).
+        kube::Error::Api(s) if s.code == 404 => format!(
+            "{server} answered 404 to {what} ({}): it does not look like a Kubernetes API \
+             server; check the kubeconfig's `server` (host, port and any path prefix)",
+            body_gist(&s.message)
+        ),
         kube::Error::Api(s) => format!("API server {server}: {what}: {} {}", s.code, s.message),
         other => format!(
             "cannot {what} at API server {server}: {}",
             error_chain(other)
         ),
+    }
+}
+
+/// A response body as one short line for a check line: an HTML page is named as such, other
+/// text is cut at its first line and 120 characters.
+fn body_gist(body: &str) -> String {
+    let body = body.trim();
+    if body.starts_with('<') {
+        return "an HTML page".into();
+    }
+    let first = body.lines().next().unwrap_or("").trim_end();
+    match first.char_indices().nth(120) {
+        Some((i, _)) => format!("{}…", &first[..i]),
+        None => first.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::body_gist;
+
+    #[test]
+    fn a_body_is_shown_as_one_short_line() {
+        assert_eq!(body_gist("<!DOCTYPE HTML>\n<html>…</html>"), "an HTML page");
+        assert_eq!(body_gist(" not found \n more"), "not found");
+        assert_eq!(body_gist(&"x".repeat(200)).chars().count(), 121);
     }
 }
