@@ -151,20 +151,46 @@ pub fn run_ok(cmd: &mut Command) -> anyhow::Result<Output> {
     Ok(out)
 }
 
-/// A free loopback UDP port (QUIC). Racy by nature; good enough on a test machine.
+/// A free loopback UDP port (QUIC), for a server a test may stop and start again on it.
 pub fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("bind an ephemeral UDP port")
-        .port()
+    free_port(|p| UdpSocket::bind(("127.0.0.1", p)).is_ok())
 }
 
 /// A free loopback TCP port (HTTP).
 pub fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("bind an ephemeral TCP port")
-        .port()
+    free_port(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+}
+
+/// Where test servers' ports come from: below the kernel's ephemeral range (32768–60999 on
+/// Linux by default), which is where every client socket (an agent's, coordinatorctl's, a
+/// coordinator's gateway client) gets its port. With ports from that range, a server a test
+/// stopped and starts again on its port (a gateway outage) could find it taken by some
+/// client in between ("Address already in use"); here no client is ever given one.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A port of [`TEST_PORTS`] that `free` says is free now and that this process has not
+/// handed out before (so two servers of one test binary never share one, even when the
+/// first is down for a restart).
+fn free_port(free: impl Fn(u16) -> bool) -> u16 {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let span = u64::from(TEST_PORTS.end - TEST_PORTS.start);
+    // Start somewhere different in each process (test binaries run one after another, and a
+    // developer may run two at once), then walk the range.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let start = (u64::from(std::process::id()) * 7919 + u64::from(nanos)) % span;
+    for i in 0..span {
+        let port = TEST_PORTS.start + ((start + i * 37) % span) as u16;
+        if !given.contains(&port) && free(port) {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port in {TEST_PORTS:?}");
 }
 
 /// A certificate, its key, and the CA that signed it.
