@@ -57,14 +57,26 @@ fn end(ok: bool, summary: String, output: String, outcome: Outcome) -> (CommandE
     )
 }
 
+/// An agent's detail as a one-line summary and the lines after it (a failed command's
+/// output), which the entry's history shows under the event instead of in its line.
+fn split_detail(detail: &str) -> (&str, String) {
+    match detail.split_once('\n') {
+        Some((first, rest)) => (first.trim_end(), rest.to_string()),
+        None => (detail, String::new()),
+    }
+}
+
 fn failed(step: &AgentStep, status: ActionStatus) -> (CommandEnd, Outcome) {
     match status {
-        ActionStatus::Failed { code, detail } => end(
-            false,
-            format!("{step}: the agent answered {}: {detail}", code.as_str()),
-            String::new(),
-            Outcome::Failed,
-        ),
+        ActionStatus::Failed { code, detail } => {
+            let (first, output) = split_detail(&detail);
+            end(
+                false,
+                format!("{step}: the agent answered {}: {first}", code.as_str()),
+                output,
+                Outcome::Failed,
+            )
+        }
         other => end(
             false,
             format!("{step}: unexpected answer from the agent: {other:?}"),
@@ -108,12 +120,10 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
     match answer {
         Err(e) => end(false, format!("{step}: {e}"), String::new(), outcome(&e)),
         Ok(a) => match a.status {
-            Some(ActionStatus::Done { detail }) => end(
-                true,
-                format!("{step}: {detail}"),
-                String::new(),
-                Outcome::Ok,
-            ),
+            Some(ActionStatus::Done { detail }) => {
+                let (first, output) = split_detail(&detail);
+                end(true, format!("{step}: {first}"), output, Outcome::Ok)
+            }
             Some(ActionStatus::Diagnostics(bundle)) => {
                 let Some(shelf) = &ctx.diagnostics else {
                     return end(
@@ -480,5 +490,27 @@ mod tests {
             started.elapsed() < Duration::from_secs(1),
             "waited for a missing agent"
         );
+    }
+
+    #[tokio::test]
+    async fn a_failed_commands_output_goes_under_the_event_not_into_its_line() {
+        let refused = Arc::new(Scripted {
+            status: ActionStatus::Failed {
+                code: ActionFailure::CommandFailed,
+                detail: "restart-unit kubelet: `restart kubelet` exit status: 1\n1\n2\n3\n--- stderr ---\nJob failed".into(),
+            },
+            asked: Mutex::new(Vec::new()),
+        });
+        let (end, _) = run(
+            AgentStep::RestartUnit("kubelet".into()),
+            &ctx(refused, Arc::new(Reported)),
+        )
+        .await;
+        assert!(!end.ok);
+        assert_eq!(
+            end.summary,
+            "@restart-unit kubelet: the agent answered command-failed: restart-unit kubelet: `restart kubelet` exit status: 1"
+        );
+        assert_eq!(end.output, "1\n2\n3\n--- stderr ---\nJob failed");
     }
 }

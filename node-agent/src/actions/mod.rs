@@ -62,8 +62,11 @@ pub struct ActionServer {
     reboots: mpsc::UnboundedSender<RebootOrder>,
 }
 
-/// How a restart or reboot command's run reads as an answer.
-pub fn command_status(what: &str, argv: &[String], ran: Ran) -> ActionStatus {
+/// How a restart or reboot command's run under `timeout` reads as an answer. The detail's
+/// first line says what happened; a failed command's output follows on the next lines
+/// (stdout, then stderr after a marker), so the coordinator can keep it apart from the
+/// one-line summary.
+pub fn command_status(what: &str, argv: &[String], timeout: Duration, ran: Ran) -> ActionStatus {
     let cmd = argv.join(" ");
     match ran {
         Ran::Exited {
@@ -77,20 +80,32 @@ pub fn command_status(what: &str, argv: &[String], ran: Ran) -> ActionStatus {
             status,
             stdout,
             stderr,
+            truncated,
             ..
-        } => ActionStatus::Failed {
-            code: ActionFailure::CommandFailed,
-            detail: format!(
-                "{what}: `{cmd}` {status}: {} {}",
-                stderr.trim(),
-                stdout.trim()
-            )
-            .trim_end()
-            .to_string(),
-        },
+        } => {
+            let mut detail = format!("{what}: `{cmd}` {status}");
+            if !stdout.trim().is_empty() {
+                detail.push('\n');
+                if truncated {
+                    detail.push_str("[… earlier output cut]\n");
+                }
+                detail.push_str(stdout.trim_end());
+            }
+            if !stderr.trim().is_empty() {
+                detail.push_str("\n--- stderr ---\n");
+                detail.push_str(stderr.trim_end());
+            }
+            ActionStatus::Failed {
+                code: ActionFailure::CommandFailed,
+                detail,
+            }
+        }
         Ran::TimedOut => ActionStatus::Failed {
             code: ActionFailure::TimedOut,
-            detail: format!("{what}: `{cmd}` did not finish in time and was killed"),
+            detail: format!(
+                "{what}: `{cmd}` did not finish within {} ([actions] command_timeout) and was killed",
+                protocol::duration::display(timeout)
+            ),
         },
         Ran::NotStarted(e) => ActionStatus::Failed {
             code: ActionFailure::Error,
@@ -242,7 +257,12 @@ impl ActionServer {
                 argv.push(unit.clone());
                 info!(id, %unit, command = %argv.join(" "), "restarting unit as the coordinator asked");
                 let ran = exec::run(&argv, cfg.command_timeout, COMMAND_OUTPUT_KEPT).await;
-                let status = command_status(&format!("restart-unit {unit}"), &argv, ran);
+                let status = command_status(
+                    &format!("restart-unit {unit}"),
+                    &argv,
+                    cfg.command_timeout,
+                    ran,
+                );
                 match &status {
                     ActionStatus::Failed { detail, .. } => {
                         warn!(id, %unit, %detail, "unit restart failed")
@@ -413,6 +433,35 @@ mod tests {
                 .iter()
                 .any(|l| l == &format!("{} action refused", Level::WARN)),
             "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn a_failed_commands_answer_says_what_on_its_first_line_and_its_output_below() {
+        let argv = vec!["restart".to_string(), "kubelet".to_string()];
+        let ran = Ran::Exited {
+            success: false,
+            status: "exit status: 1".into(),
+            stdout: "17\n18\n".into(),
+            stderr: "Job for kubelet failed\n".into(),
+            truncated: true,
+        };
+        let timeout = Duration::from_secs(5);
+        let status = command_status("restart-unit kubelet", &argv, timeout, ran);
+        let ActionStatus::Failed { detail, .. } = status else {
+            panic!("{status:?}");
+        };
+        assert_eq!(
+            detail,
+            "restart-unit kubelet: `restart kubelet` exit status: 1\n[… earlier output cut]\n17\n18\n--- stderr ---\nJob for kubelet failed"
+        );
+        let status = command_status("reboot", &argv, timeout, Ran::TimedOut);
+        let ActionStatus::Failed { detail, .. } = status else {
+            panic!("{status:?}");
+        };
+        assert_eq!(
+            detail,
+            "reboot: `restart kubelet` did not finish within 5s ([actions] command_timeout) and was killed"
         );
     }
 }
