@@ -133,6 +133,10 @@ impl ActionServer {
 
     /// Applies reloaded settings to the next requests.
     pub fn set_config(&self, cfg: ActionsConfig) {
+        self.ledger
+            .lock()
+            .expect("ledger lock")
+            .move_to(&cfg.state_dir);
         *self.cfg.lock().expect("actions config lock") = cfg;
     }
 
@@ -463,5 +467,37 @@ mod tests {
             detail,
             "reboot: `restart kubelet` did not finish within 5s ([actions] command_timeout) and was killed"
         );
+    }
+
+    #[test]
+    fn a_reloaded_state_dir_keeps_the_reboot_record_there_and_remembers_the_old_one() {
+        let (old, new) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let cfg = |dir: &std::path::Path| ActionsConfig {
+            reboot: true,
+            state_dir: dir.to_path_buf(),
+            ..ActionsConfig::default()
+        };
+        std::fs::write(
+            new.path().join("reboot-requests"),
+            "r0\treboot command ran\n",
+        )
+        .unwrap();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let server = ActionServer::new(cfg(old.path()), old.path().to_path_buf(), tx.clone());
+        server.record_reboot("r1").unwrap();
+        server.set_config(cfg(new.path()));
+        server.record_reboot("r2").unwrap();
+        let kept = std::fs::read_to_string(new.path().join("reboot-requests")).unwrap();
+        for id in ["r0\t", "r1\t", "r2\t"] {
+            assert!(kept.contains(id), "{id} missing from {kept:?}");
+        }
+        // After a restart on the new directory, every id is still known.
+        let restarted = ActionServer::new(cfg(new.path()), new.path().to_path_buf(), tx);
+        for id in ["r0", "r1", "r2"] {
+            assert!(
+                matches!(restarted.ledger.lock().unwrap().begin(id), Begin::Seen(_)),
+                "{id}"
+            );
+        }
     }
 }
