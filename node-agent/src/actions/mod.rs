@@ -122,6 +122,7 @@ impl ActionServer {
         reboots: mpsc::UnboundedSender<RebootOrder>,
     ) -> Self {
         let ledger = Ledger::load(&cfg.state_dir);
+        warn_if_reboots_cannot_be_recorded(&cfg);
         Self {
             cfg: Mutex::new(cfg),
             root,
@@ -137,6 +138,7 @@ impl ActionServer {
             .lock()
             .expect("ledger lock")
             .move_to(&cfg.state_dir);
+        warn_if_reboots_cannot_be_recorded(&cfg);
         *self.cfg.lock().expect("actions config lock") = cfg;
     }
 
@@ -310,6 +312,30 @@ impl ActionServer {
         };
         ledger.finish(id, status.clone());
         Err(status)
+    }
+}
+
+/// With `reboot = true`, says at start and at each reload when `state_dir` cannot be
+/// written: every reboot asked for would be refused, and the operator should learn that
+/// now rather than from a repair at night.
+fn warn_if_reboots_cannot_be_recorded(cfg: &ActionsConfig) {
+    if !cfg.reboot {
+        return;
+    }
+    let dir = &cfg.state_dir;
+    let writable = std::fs::create_dir_all(dir).and_then(|()| {
+        rustix::fs::access(
+            dir,
+            rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+        )
+        .map_err(std::io::Error::from)
+    });
+    if let Err(e) = writable {
+        warn!(
+            state_dir = %dir.display(),
+            error = %e,
+            "reboot is allowed but actions.state_dir cannot be written: every reboot the coordinator asks for will be refused; point it at a directory this agent may write"
+        );
     }
 }
 
@@ -499,5 +525,48 @@ mod tests {
                 "{id}"
             );
         }
+    }
+
+    #[test]
+    fn an_unwritable_state_dir_with_reboots_allowed_is_said_at_start_and_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the directory should be: it can be neither created nor written.
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, "").unwrap();
+        let cfg = ActionsConfig {
+            reboot: true,
+            state_dir: file.clone(),
+            ..ActionsConfig::default()
+        };
+        let warned = |lines: &Lines| {
+            lines
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains("actions.state_dir cannot be written"))
+                .count()
+        };
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let logs: &'static Lines = Box::leak(Box::default());
+        let server = tracing::subscriber::with_default(logs, || {
+            ActionServer::new(cfg.clone(), dir.path().to_path_buf(), tx)
+        });
+        assert_eq!(warned(logs), 1);
+        tracing::subscriber::with_default(logs, || server.set_config(cfg.clone()));
+        assert_eq!(warned(logs), 2);
+        // Reboots not allowed, or a directory it may write: nothing to say.
+        let quiet = |cfg: ActionsConfig| {
+            tracing::subscriber::with_default(logs, || server.set_config(cfg));
+        };
+        quiet(ActionsConfig {
+            reboot: false,
+            ..cfg.clone()
+        });
+        quiet(ActionsConfig {
+            state_dir: dir.path().join("state"),
+            ..cfg
+        });
+        assert_eq!(warned(logs), 2);
     }
 }
