@@ -122,7 +122,7 @@ impl ActionServer {
         reboots: mpsc::UnboundedSender<RebootOrder>,
     ) -> Self {
         let ledger = Ledger::load(&cfg.state_dir);
-        warn_if_reboots_cannot_be_recorded(&cfg);
+        warn_about_unusable_settings(&cfg);
         Self {
             cfg: Mutex::new(cfg),
             root,
@@ -138,7 +138,7 @@ impl ActionServer {
             .lock()
             .expect("ledger lock")
             .move_to(&cfg.state_dir);
-        warn_if_reboots_cannot_be_recorded(&cfg);
+        warn_about_unusable_settings(&cfg);
         *self.cfg.lock().expect("actions config lock") = cfg;
     }
 
@@ -315,10 +315,42 @@ impl ActionServer {
     }
 }
 
-/// With `reboot = true`, says at start and at each reload when `state_dir` cannot be
-/// written: every reboot asked for would be refused, and the operator should learn that
-/// now rather than from a repair at night.
-fn warn_if_reboots_cannot_be_recorded(cfg: &ActionsConfig) {
+/// Whether `program` names a file that could be run: a path as it is, a bare name looked
+/// up in `PATH` as the command would be.
+fn runnable(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return executable(std::path::Path::new(program));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path).any(|d| executable(&d.join(program)))
+}
+
+/// Says at start and at each reload what would make an allowed action fail whenever it is
+/// asked for, so the operator learns it now rather than from a repair at night: a restart
+/// or reboot command whose program cannot be run, and (with `reboot = true`) a `state_dir`
+/// that cannot be written, which refuses every reboot.
+fn warn_about_unusable_settings(cfg: &ActionsConfig) {
+    let commands = [
+        (
+            !cfg.allowed_units.is_empty(),
+            "actions.restart_command",
+            &cfg.restart_command,
+        ),
+        (cfg.reboot, "actions.reboot_command", &cfg.reboot_command),
+    ];
+    for (used, key, argv) in commands {
+        if let Some(program) = argv.first().filter(|p| used && !runnable(p)) {
+            warn!(
+                key,
+                program = %program,
+                "an action's program cannot be run (not found or not executable): the coordinator's requests for it will fail"
+            );
+        }
+    }
     if !cfg.reboot {
         return;
     }
@@ -536,6 +568,8 @@ mod tests {
         let cfg = ActionsConfig {
             reboot: true,
             state_dir: file.clone(),
+            restart_command: vec!["true".into()],
+            reboot_command: vec!["true".into()],
             ..ActionsConfig::default()
         };
         let warned = |lines: &Lines| {
@@ -568,5 +602,50 @@ mod tests {
             ..cfg
         });
         assert_eq!(warned(logs), 2);
+    }
+
+    #[test]
+    fn an_action_program_that_cannot_be_run_is_said_at_start_and_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_executable = dir.path().join("restart");
+        std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
+        let cfg = ActionsConfig {
+            reboot: true,
+            state_dir: dir.path().join("state"),
+            restart_command: vec![not_executable.display().to_string()],
+            reboot_command: vec!["fleetmend-no-such-program".into()],
+            ..ActionsConfig::default()
+        };
+        let said = |lines: &Lines| {
+            lines
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains("an action's program cannot be run"))
+                .count()
+        };
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let logs: &'static Lines = Box::leak(Box::default());
+        let server = tracing::subscriber::with_default(logs, || {
+            ActionServer::new(cfg.clone(), dir.path().to_path_buf(), tx)
+        });
+        assert_eq!(said(logs), 2);
+        // Runnable programs (a path, a name in PATH), or actions not allowed: nothing to say.
+        tracing::subscriber::with_default(logs, || {
+            server.set_config(ActionsConfig {
+                restart_command: vec!["/bin/sh".into()],
+                reboot_command: vec!["sh".into()],
+                ..cfg.clone()
+            });
+            server.set_config(ActionsConfig {
+                allowed_units: Vec::new(),
+                reboot: false,
+                ..cfg.clone()
+            });
+        });
+        assert_eq!(said(logs), 2);
+        tracing::subscriber::with_default(logs, || server.set_config(cfg));
+        assert_eq!(said(logs), 4);
     }
 }
