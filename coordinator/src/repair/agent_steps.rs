@@ -31,6 +31,12 @@ pub const DIAGNOSTICS_BEFORE_POWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// polling the in-memory view faster costs nothing and makes the step end promptly.
 const REBOOT_POLL: Duration = Duration::from_millis(500);
 
+/// How often `@reboot` asks again, under the same id, once the agent reports from the same
+/// boot after accepting: the agent acts at most once per id and answers with the reboot
+/// command's failure if it failed, so a refused or failed `systemctl reboot` ends the step
+/// within seconds instead of after its whole limit (up to 15 min). Asking costs one stream.
+const REBOOT_REASK: Duration = Duration::from_secs(5);
+
 /// Pause before asking again after the connection broke mid-request.
 const RESEND_PAUSE: Duration = Duration::from_secs(1);
 
@@ -232,6 +238,7 @@ async fn reboot(
     let mut asked = false;
     let mut first = true;
     let started = tokio::time::Instant::now();
+    let mut last_asked = started;
     loop {
         if let Some(h) = ctx.agents.agent_health(&ctx.address)
             && h.boot_id != before
@@ -296,6 +303,30 @@ async fn reboot(
                 },
             }
             first = false;
+            last_asked = tokio::time::Instant::now();
+        } else if last_asked.elapsed() >= REBOOT_REASK
+            && ctx.agents.agent_health(&ctx.address).is_some_and(|h| {
+                // Still the same boot: the agent knows the id (its memory, or the reboot
+                // record written before the command ran), so asking again cannot reboot twice.
+                h.boot_id == before && h.last_report > ctx.step_began
+            })
+        {
+            last_asked = tokio::time::Instant::now();
+            if let Ok(ActionAnswer {
+                status: Some(s @ ActionStatus::Failed { .. }),
+                ..
+            }) = ctx
+                .actions
+                .act(
+                    &ctx.address,
+                    &ctx.request_id,
+                    step.action(),
+                    left.min(REBOOT_REASK),
+                )
+                .await
+            {
+                return failed(&step, s);
+            }
         }
         tokio::time::sleep(REBOOT_POLL.min(left)).await;
     }
@@ -512,5 +543,77 @@ mod tests {
             "@restart-unit kubelet: the agent answered command-failed: restart-unit kubelet: `restart kubelet` exit status: 1"
         );
         assert_eq!(end.output, "1\n2\n3\n--- stderr ---\nJob failed");
+    }
+
+    /// Answers each request with the next scripted status (the last one again when done).
+    struct Sequence(Mutex<Vec<Option<ActionStatus>>>);
+
+    impl AgentActions for Sequence {
+        fn act(
+            &self,
+            _address: &str,
+            _id: &str,
+            _action: AgentAction,
+            _timeout: Duration,
+        ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
+            let mut next = self.0.lock().unwrap();
+            let status = if next.len() > 1 {
+                next.remove(0)
+            } else {
+                next[0].clone()
+            };
+            Box::pin(async move {
+                Ok(ActionAnswer {
+                    accepted: true,
+                    status,
+                })
+            })
+        }
+    }
+
+    /// An agent reporting from boot `b1` after the step began.
+    struct SameBoot;
+
+    impl AgentHealthView for SameBoot {
+        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
+            Some(AgentHealth {
+                boot_id: "b1".into(),
+                last_report: Timestamp::from_second(1_800_000_010).unwrap(),
+                ok_since: None,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reboot_command_that_failed_after_the_accept_ends_the_step_with_its_failure() {
+        let agent = Arc::new(Sequence(Mutex::new(vec![
+            None,
+            Some(ActionStatus::Failed {
+                code: ActionFailure::CommandFailed,
+                detail:
+                    "this reboot request failed earlier: reboot: `systemctl reboot` exit status: 1"
+                        .into(),
+            }),
+        ])));
+        let mut c = ctx(agent, Arc::new(SameBoot));
+        c.timeout = Some(Duration::from_secs(600));
+        let started = tokio::time::Instant::now();
+        let (end, outcome) =
+            tokio::time::timeout(Duration::from_secs(20), run(AgentStep::Reboot, &c))
+                .await
+                .expect("the step waited for a new boot after the reboot command failed");
+        assert!(!end.ok);
+        assert_eq!(outcome, Outcome::Failed);
+        assert!(
+            end.summary
+                .contains("failed earlier: reboot: `systemctl reboot` exit status: 1"),
+            "{}",
+            end.summary
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "waited {:?} for a new boot",
+            started.elapsed()
+        );
     }
 }
