@@ -9,14 +9,14 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use protocol::admin::repair::{
-    AddRepairEntry, RepairEntry, RepairEntryDetail, RepairQueueRequest, RepairQueueResponse,
-    RepairStatus,
+    AddRepairEntry, RepairEntry, RepairEntryDetail, RepairHistoryRecord, RepairQueueRequest,
+    RepairQueueResponse, RepairStatus,
 };
 use protocol::admin::{AdminRequest, AdminResponse};
 use serde_json::json;
 
 use super::client::AdminClient;
-use super::common::{CommandGroup, Ctx, Polling, fmt_time, print_table};
+use super::common::{CommandGroup, Ctx, Polling, fmt_time, print_table, shown};
 
 /// Repair queue commands (as `ckecli repair-queue`).
 #[derive(Debug, Subcommand)]
@@ -484,19 +484,8 @@ fn print_detail(d: &RepairEntryDetail) {
     }
     println!("history:");
     for h in &d.history {
-        println!(
-            "  {}  {:<10} step {} {:<8} {:<20} {}",
-            fmt_time(h.at_unix_ms),
-            h.status.as_str(),
-            h.step,
-            h.step_status.as_str(),
-            h.event,
-            h.detail
-        );
-        if !h.output.is_empty() {
-            for line in h.output.lines() {
-                println!("      | {line}");
-            }
+        for line in history_lines(h) {
+            println!("{line}");
         }
     }
     if !d.diagnostics.is_empty() {
@@ -506,6 +495,23 @@ fn print_detail(d: &RepairEntryDetail) {
         );
         super::diagnostics::summary_table(&d.diagnostics);
     }
+}
+
+/// One history event as `show` prints it: its line, then its output's lines under it.
+/// Details and output come from commands and agents, so control characters (a terminal
+/// escape sequence in a command's output) are shown escaped, and the detail stays one line.
+fn history_lines(h: &RepairHistoryRecord) -> Vec<String> {
+    let mut lines = vec![format!(
+        "  {}  {:<10} step {} {:<8} {:<20} {}",
+        fmt_time(h.at_unix_ms),
+        h.status.as_str(),
+        h.step,
+        h.step_status.as_str(),
+        shown(&h.event),
+        shown(&h.detail)
+    )];
+    lines.extend(h.output.lines().map(|l| format!("      | {}", shown(l))));
+    lines
 }
 
 /// Parses a CKE JSON entry back (used by tests to prove the shape round-trips).
@@ -521,6 +527,30 @@ pub fn parse_cke_index(v: &serde_json::Value) -> anyhow::Result<u64> {
 mod tests {
     use super::*;
     use protocol::admin::repair::RepairStepStatus;
+
+    #[test]
+    fn history_shows_command_output_under_its_event_with_control_characters_escaped() {
+        let h = RepairHistoryRecord {
+            at_unix_ms: 0,
+            status: RepairStatus::Failed,
+            step: 0,
+            step_status: RepairStepStatus::Watching,
+            event: "failed".into(),
+            detail: "exit status 1\u{1b}[2J".into(),
+            output: "line 1\n\u{1b}]0;owned\u{7}line 2\n--- stderr ---\noops".into(),
+        };
+        let lines = history_lines(&h);
+        assert_eq!(lines.len(), 5, "{lines:?}");
+        assert!(
+            lines[0].ends_with("exit status 1\\u{1b}[2J"),
+            "{}",
+            lines[0]
+        );
+        assert_eq!(lines[1], "      | line 1");
+        assert_eq!(lines[2], "      | \\u{1b}]0;owned\\u{7}line 2");
+        assert_eq!(lines[4], "      | oops");
+        assert!(lines.iter().all(|l| !l.chars().any(char::is_control)));
+    }
 
     #[test]
     fn counts_are_singular_for_one() {

@@ -31,6 +31,12 @@ pub const DIAGNOSTICS_BEFORE_POWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// polling the in-memory view faster costs nothing and makes the step end promptly.
 const REBOOT_POLL: Duration = Duration::from_millis(500);
 
+/// How often `@reboot` asks again, under the same id, once the agent reports from the same
+/// boot after accepting: the agent acts at most once per id and answers with the reboot
+/// command's failure if it failed, so a refused or failed `systemctl reboot` ends the step
+/// within seconds instead of after its whole limit (up to 15 min). Asking costs one stream.
+const REBOOT_REASK: Duration = Duration::from_secs(5);
+
 /// Pause before asking again after the connection broke mid-request.
 const RESEND_PAUSE: Duration = Duration::from_secs(1);
 
@@ -57,14 +63,26 @@ fn end(ok: bool, summary: String, output: String, outcome: Outcome) -> (CommandE
     )
 }
 
+/// An agent's detail as a one-line summary and the lines after it (a failed command's
+/// output), which the entry's history shows under the event instead of in its line.
+fn split_detail(detail: &str) -> (&str, String) {
+    match detail.split_once('\n') {
+        Some((first, rest)) => (first.trim_end(), rest.to_string()),
+        None => (detail, String::new()),
+    }
+}
+
 fn failed(step: &AgentStep, status: ActionStatus) -> (CommandEnd, Outcome) {
     match status {
-        ActionStatus::Failed { code, detail } => end(
-            false,
-            format!("{step}: the agent answered {}: {detail}", code.as_str()),
-            String::new(),
-            Outcome::Failed,
-        ),
+        ActionStatus::Failed { code, detail } => {
+            let (first, output) = split_detail(&detail);
+            end(
+                false,
+                format!("{step}: the agent answered {}: {first}", code.as_str()),
+                output,
+                Outcome::Failed,
+            )
+        }
         other => end(
             false,
             format!("{step}: unexpected answer from the agent: {other:?}"),
@@ -108,12 +126,10 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
     match answer {
         Err(e) => end(false, format!("{step}: {e}"), String::new(), outcome(&e)),
         Ok(a) => match a.status {
-            Some(ActionStatus::Done { detail }) => end(
-                true,
-                format!("{step}: {detail}"),
-                String::new(),
-                Outcome::Ok,
-            ),
+            Some(ActionStatus::Done { detail }) => {
+                let (first, output) = split_detail(&detail);
+                end(true, format!("{step}: {first}"), output, Outcome::Ok)
+            }
             Some(ActionStatus::Diagnostics(bundle)) => {
                 let Some(shelf) = &ctx.diagnostics else {
                     return end(
@@ -222,6 +238,7 @@ async fn reboot(
     let mut asked = false;
     let mut first = true;
     let started = tokio::time::Instant::now();
+    let mut last_asked = started;
     loop {
         if let Some(h) = ctx.agents.agent_health(&ctx.address)
             && h.boot_id != before
@@ -286,6 +303,30 @@ async fn reboot(
                 },
             }
             first = false;
+            last_asked = tokio::time::Instant::now();
+        } else if last_asked.elapsed() >= REBOOT_REASK
+            && ctx.agents.agent_health(&ctx.address).is_some_and(|h| {
+                // Still the same boot: the agent knows the id (its memory, or the reboot
+                // record written before the command ran), so asking again cannot reboot twice.
+                h.boot_id == before && h.last_report > ctx.step_began
+            })
+        {
+            last_asked = tokio::time::Instant::now();
+            if let Ok(ActionAnswer {
+                status: Some(s @ ActionStatus::Failed { .. }),
+                ..
+            }) = ctx
+                .actions
+                .act(
+                    &ctx.address,
+                    &ctx.request_id,
+                    step.action(),
+                    left.min(REBOOT_REASK),
+                )
+                .await
+            {
+                return failed(&step, s);
+            }
         }
         tokio::time::sleep(REBOOT_POLL.min(left)).await;
     }
@@ -479,6 +520,100 @@ mod tests {
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "waited for a missing agent"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_commands_output_goes_under_the_event_not_into_its_line() {
+        let refused = Arc::new(Scripted {
+            status: ActionStatus::Failed {
+                code: ActionFailure::CommandFailed,
+                detail: "restart-unit kubelet: `restart kubelet` exit status: 1\n1\n2\n3\n--- stderr ---\nJob failed".into(),
+            },
+            asked: Mutex::new(Vec::new()),
+        });
+        let (end, _) = run(
+            AgentStep::RestartUnit("kubelet".into()),
+            &ctx(refused, Arc::new(Reported)),
+        )
+        .await;
+        assert!(!end.ok);
+        assert_eq!(
+            end.summary,
+            "@restart-unit kubelet: the agent answered command-failed: restart-unit kubelet: `restart kubelet` exit status: 1"
+        );
+        assert_eq!(end.output, "1\n2\n3\n--- stderr ---\nJob failed");
+    }
+
+    /// Answers each request with the next scripted status (the last one again when done).
+    struct Sequence(Mutex<Vec<Option<ActionStatus>>>);
+
+    impl AgentActions for Sequence {
+        fn act(
+            &self,
+            _address: &str,
+            _id: &str,
+            _action: AgentAction,
+            _timeout: Duration,
+        ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
+            let mut next = self.0.lock().unwrap();
+            let status = if next.len() > 1 {
+                next.remove(0)
+            } else {
+                next[0].clone()
+            };
+            Box::pin(async move {
+                Ok(ActionAnswer {
+                    accepted: true,
+                    status,
+                })
+            })
+        }
+    }
+
+    /// An agent reporting from boot `b1` after the step began.
+    struct SameBoot;
+
+    impl AgentHealthView for SameBoot {
+        fn agent_health(&self, _address: &str) -> Option<AgentHealth> {
+            Some(AgentHealth {
+                boot_id: "b1".into(),
+                last_report: Timestamp::from_second(1_800_000_010).unwrap(),
+                ok_since: None,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reboot_command_that_failed_after_the_accept_ends_the_step_with_its_failure() {
+        let agent = Arc::new(Sequence(Mutex::new(vec![
+            None,
+            Some(ActionStatus::Failed {
+                code: ActionFailure::CommandFailed,
+                detail:
+                    "this reboot request failed earlier: reboot: `systemctl reboot` exit status: 1"
+                        .into(),
+            }),
+        ])));
+        let mut c = ctx(agent, Arc::new(SameBoot));
+        c.timeout = Some(Duration::from_secs(600));
+        let started = tokio::time::Instant::now();
+        let (end, outcome) =
+            tokio::time::timeout(Duration::from_secs(20), run(AgentStep::Reboot, &c))
+                .await
+                .expect("the step waited for a new boot after the reboot command failed");
+        assert!(!end.ok);
+        assert_eq!(outcome, Outcome::Failed);
+        assert!(
+            end.summary
+                .contains("failed earlier: reboot: `systemctl reboot` exit status: 1"),
+            "{}",
+            end.summary
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "waited {:?} for a new boot",
+            started.elapsed()
         );
     }
 }

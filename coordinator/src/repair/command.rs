@@ -359,21 +359,26 @@ fn resolve_program(program: &str) -> Option<PathBuf> {
         .find(|p| runnable(p))
 }
 
-async fn read_capped<R: AsyncRead + Unpin>(mut r: R) -> (Vec<u8>, bool) {
-    let mut kept = Vec::new();
+/// Reads `r` to its end into `kept` (at most [`OUTPUT_LIMIT`] bytes) and whether more came;
+/// what was read stays kept if this is dropped half-way.
+async fn read_capped<R: AsyncRead + Unpin>(mut r: R, kept: &mut (Vec<u8>, bool)) {
     let mut buf = [0u8; 8192];
-    let mut truncated = false;
     loop {
         match r.read(&mut buf).await {
-            Ok(0) | Err(_) => return (kept, truncated),
+            Ok(0) | Err(_) => return,
             Ok(n) => {
-                let room = OUTPUT_LIMIT.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-                truncated |= n > room;
+                let room = OUTPUT_LIMIT.saturating_sub(kept.0.len());
+                kept.0.extend_from_slice(&buf[..n.min(room)]);
+                kept.1 |= n > room;
             }
         }
     }
 }
+
+/// How long output is still read once the command has exited. What it wrote is in the
+/// pipe already and read at once; a child it left running (`tool &`) may hold the pipe
+/// open for ever, and the step must not wait for it until its time limit.
+const OUTPUT_AFTER_EXIT: Duration = Duration::from_millis(500);
 
 fn text(bytes: &[u8], truncated: bool) -> String {
     let mut s = String::from_utf8_lossy(bytes).into_owned();
@@ -438,16 +443,30 @@ pub async fn run_external(
     }
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
+    let (mut out, mut err) = ((Vec::new(), false), (Vec::new(), false));
+    let (exited_tx, exited_rx) = tokio::sync::oneshot::channel::<()>();
     let work = async {
-        let (out, err, status) =
-            tokio::join!(read_capped(stdout), read_capped(stderr), child.wait());
-        (out, err, status)
+        let waiting = async {
+            let status = child.wait().await;
+            let _ = exited_tx.send(());
+            status
+        };
+        let reading = async {
+            tokio::select! {
+                _ = async { tokio::join!(read_capped(stdout, &mut out), read_capped(stderr, &mut err)) } => {}
+                _ = async {
+                    let _ = exited_rx.await;
+                    tokio::time::sleep(OUTPUT_AFTER_EXIT).await;
+                } => {}
+            }
+        };
+        tokio::join!(waiting, reading).0
     };
     let finished = match timeout {
         Some(t) => tokio::time::timeout(t, work).await.ok(),
         None => Some(work.await),
     };
-    let Some(((out, out_trunc), (err, err_trunc), status)) = finished else {
+    let Some(status) = finished else {
         drop(guard);
         let secs = timeout.map(|t| t.as_secs_f64()).unwrap_or(0.0);
         return (
@@ -461,6 +480,7 @@ pub async fn run_external(
     };
     guard.pgid = None;
     drop(guard);
+    let ((out, out_trunc), (err, err_trunc)) = (out, err);
     let mut output = text(&out, out_trunc);
     if !err.is_empty() {
         output.push_str(STDERR_MARKER);
@@ -560,6 +580,26 @@ mod tests {
         }
         let (end, _) = within(run(sh("echo true"), CommandKind::Repair, ctx(t))).await;
         assert!(end.ok);
+    }
+
+    #[tokio::test]
+    async fn a_command_that_exits_leaving_a_child_on_its_output_ends_with_its_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pid");
+        // The child inherits stdout and stderr and keeps them open past the command's exit.
+        let script = format!("echo started; sleep 30 & echo $! > {}", file.display());
+        let (end, o) = within(run(
+            sh(&script),
+            CommandKind::Repair,
+            ctx(Some(Duration::from_secs(10))),
+        ))
+        .await;
+        let pid = std::fs::read_to_string(&file).unwrap();
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status();
+        assert_eq!(o, Outcome::Ok, "{end:?}");
+        assert_eq!(end.output, "started\n");
     }
 
     #[tokio::test]

@@ -35,32 +35,63 @@ pub enum Ran {
     NotStarted(String),
 }
 
-/// Keeps the last `keep` bytes read from `r`, and whether anything was dropped.
-async fn read_tail<R: AsyncRead + Unpin>(mut r: R, keep: usize) -> (Vec<u8>, bool) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let mut dropped = false;
-    loop {
-        match r.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                buf.extend_from_slice(&chunk[..n]);
-                // Drain in big steps so a long output costs O(n), not O(n²).
-                if buf.len() > keep.saturating_mul(2).max(16 * 1024) {
-                    let cut = buf.len() - keep;
-                    buf.drain(..cut);
-                    dropped = true;
+/// The last `keep` bytes read from a command's stdout or stderr, and whether anything was
+/// dropped.
+struct Tail {
+    buf: Vec<u8>,
+    keep: usize,
+    dropped: bool,
+}
+
+impl Tail {
+    fn new(keep: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            keep,
+            dropped: false,
+        }
+    }
+
+    /// Reads `r` to its end; what was read stays kept if this is dropped half-way.
+    async fn fill<R: AsyncRead + Unpin>(&mut self, r: Option<R>) {
+        let Some(mut r) = r else { return };
+        let mut chunk = [0u8; 8192];
+        loop {
+            match r.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    // Drain in big steps so a long output costs O(n), not O(n²).
+                    if self.buf.len() > self.keep.saturating_mul(2).max(16 * 1024) {
+                        self.cut();
+                    }
                 }
             }
         }
     }
-    if buf.len() > keep {
-        let cut = buf.len() - keep;
-        buf.drain(..cut);
-        dropped = true;
+
+    fn cut(&mut self) {
+        if self.buf.len() > self.keep {
+            let cut = self.buf.len() - self.keep;
+            self.buf.drain(..cut);
+            self.dropped = true;
+        }
     }
-    (buf, dropped)
+
+    fn text(mut self) -> (String, bool) {
+        self.cut();
+        (
+            String::from_utf8_lossy(&self.buf).into_owned(),
+            self.dropped,
+        )
+    }
 }
+
+/// How long output is still read once the command has exited. What it wrote before it
+/// exited is in the pipe already and read at once; a child it left running (a daemon a
+/// restart script started) may hold the pipe open for ever, and its output is not the
+/// command's.
+const OUTPUT_AFTER_EXIT: Duration = Duration::from_millis(500);
 
 /// Kills the command's process group when dropped, unless [`GroupKill::disarm`]ed: at the
 /// time limit, and when the run itself is dropped (the agent stopping).
@@ -122,22 +153,26 @@ pub async fn run(argv: &[String], timeout: Duration, keep: usize) -> Ran {
     );
     let out = child.stdout.take();
     let err = child.stderr.take();
+    let (mut o, mut e) = (Tail::new(keep), Tail::new(4096));
+    let (exited_tx, exited_rx) = tokio::sync::oneshot::channel::<()>();
     let work = async {
-        let (o, e) = tokio::join!(
-            async {
-                match out {
-                    Some(o) => read_tail(o, keep).await,
-                    None => (Vec::new(), false),
-                }
-            },
-            async {
-                match err {
-                    Some(e) => read_tail(e, 4096).await,
-                    None => (Vec::new(), false),
-                }
+        let waiting = async {
+            let status = child.wait().await;
+            let _ = exited_tx.send(());
+            status
+        };
+        // A child the command left running may hold its stdout or stderr open: once the
+        // command has exited, what it wrote is read and the rest is not waited for.
+        let reading = async {
+            tokio::select! {
+                _ = async { tokio::join!(o.fill(out), e.fill(err)) } => {}
+                _ = async {
+                    let _ = exited_rx.await;
+                    tokio::time::sleep(OUTPUT_AFTER_EXIT).await;
+                } => {}
             }
-        );
-        (child.wait().await, o, e)
+        };
+        tokio::join!(waiting, reading).0
     };
     let done = tokio::time::timeout(timeout, work).await;
     if done.is_ok() {
@@ -151,14 +186,18 @@ pub async fn run(argv: &[String], timeout: Duration, keep: usize) -> Ran {
             let _ = tokio::time::timeout(REAP_TIMEOUT, child.wait()).await;
             Ran::TimedOut
         }
-        Ok((Err(e), _, _)) => Ran::NotStarted(format!("cannot wait for {program}: {e}")),
-        Ok((Ok(st), (o, truncated), (e, _))) => Ran::Exited {
-            success: st.success(),
-            status: st.to_string(),
-            stdout: String::from_utf8_lossy(&o).into_owned(),
-            stderr: String::from_utf8_lossy(&e).into_owned(),
-            truncated,
-        },
+        Ok(Err(e)) => Ran::NotStarted(format!("cannot wait for {program}: {e}")),
+        Ok(Ok(st)) => {
+            let (stdout, truncated) = o.text();
+            let (stderr, _) = e.text();
+            Ran::Exited {
+                success: st.success(),
+                status: st.to_string(),
+                stdout,
+                stderr,
+                truncated,
+            }
+        }
     }
 }
 
@@ -268,6 +307,38 @@ mod tests {
             run(&sh(&script), Duration::from_secs(10), 100).await,
             Ran::Exited { success: true, .. }
         ));
+        let pid = std::fs::read_to_string(&file).unwrap();
+        let pid = pid.trim().to_string();
+        assert!(
+            !dead(&pid),
+            "a command that exited in time had its child killed"
+        );
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status();
+    }
+
+    #[tokio::test]
+    async fn a_command_that_exits_leaving_a_child_on_its_output_is_done_not_timed_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pid");
+        // The child inherits stdout and stderr and keeps them open past the command's exit.
+        let script = format!("echo started; sleep 30 & echo $! > {}", file.display());
+        let started = std::time::Instant::now();
+        let ran = run(&sh(&script), Duration::from_secs(10), 100).await;
+        let Ran::Exited {
+            success: true,
+            stdout,
+            ..
+        } = ran
+        else {
+            panic!("{ran:?}");
+        };
+        assert_eq!(stdout, "started\n");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "waited for the child"
+        );
         let pid = std::fs::read_to_string(&file).unwrap();
         let pid = pid.trim().to_string();
         assert!(

@@ -99,6 +99,24 @@ impl Ledger {
         }
     }
 
+    /// Keeps the reboot record in `state_dir` from now on (a reload changed it): the records
+    /// found there are read, and the ones known so far are kept too and written there with
+    /// the next record, so a request seen in either directory is not carried out again.
+    pub fn move_to(&mut self, state_dir: &Path) {
+        if state_dir == self.state_dir {
+            return;
+        }
+        let moved = Self::load(state_dir);
+        let mine = std::mem::replace(&mut self.reboots, moved.reboots);
+        for r in mine {
+            if !self.reboots.iter().any(|(i, _)| *i == r.0) {
+                self.reboots.push(r);
+            }
+        }
+        self.unread = moved.unread;
+        self.state_dir = state_dir.to_path_buf();
+    }
+
     /// Looks `id` up; a new id is marked in progress.
     pub fn begin(&mut self, id: &str) -> Begin {
         if let Some(tx) = self.seen.get(id) {

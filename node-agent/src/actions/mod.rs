@@ -62,8 +62,11 @@ pub struct ActionServer {
     reboots: mpsc::UnboundedSender<RebootOrder>,
 }
 
-/// How a restart or reboot command's run reads as an answer.
-pub fn command_status(what: &str, argv: &[String], ran: Ran) -> ActionStatus {
+/// How a restart or reboot command's run under `timeout` reads as an answer. The detail's
+/// first line says what happened; a failed command's output follows on the next lines
+/// (stdout, then stderr after a marker), so the coordinator can keep it apart from the
+/// one-line summary.
+pub fn command_status(what: &str, argv: &[String], timeout: Duration, ran: Ran) -> ActionStatus {
     let cmd = argv.join(" ");
     match ran {
         Ran::Exited {
@@ -77,20 +80,32 @@ pub fn command_status(what: &str, argv: &[String], ran: Ran) -> ActionStatus {
             status,
             stdout,
             stderr,
+            truncated,
             ..
-        } => ActionStatus::Failed {
-            code: ActionFailure::CommandFailed,
-            detail: format!(
-                "{what}: `{cmd}` {status}: {} {}",
-                stderr.trim(),
-                stdout.trim()
-            )
-            .trim_end()
-            .to_string(),
-        },
+        } => {
+            let mut detail = format!("{what}: `{cmd}` {status}");
+            if !stdout.trim().is_empty() {
+                detail.push('\n');
+                if truncated {
+                    detail.push_str("[… earlier output cut]\n");
+                }
+                detail.push_str(stdout.trim_end());
+            }
+            if !stderr.trim().is_empty() {
+                detail.push_str("\n--- stderr ---\n");
+                detail.push_str(stderr.trim_end());
+            }
+            ActionStatus::Failed {
+                code: ActionFailure::CommandFailed,
+                detail,
+            }
+        }
         Ran::TimedOut => ActionStatus::Failed {
             code: ActionFailure::TimedOut,
-            detail: format!("{what}: `{cmd}` did not finish in time and was killed"),
+            detail: format!(
+                "{what}: `{cmd}` did not finish within {} ([actions] command_timeout) and was killed",
+                protocol::duration::display(timeout)
+            ),
         },
         Ran::NotStarted(e) => ActionStatus::Failed {
             code: ActionFailure::Error,
@@ -107,6 +122,7 @@ impl ActionServer {
         reboots: mpsc::UnboundedSender<RebootOrder>,
     ) -> Self {
         let ledger = Ledger::load(&cfg.state_dir);
+        warn_about_unusable_settings(&cfg);
         Self {
             cfg: Mutex::new(cfg),
             root,
@@ -118,6 +134,11 @@ impl ActionServer {
 
     /// Applies reloaded settings to the next requests.
     pub fn set_config(&self, cfg: ActionsConfig) {
+        self.ledger
+            .lock()
+            .expect("ledger lock")
+            .move_to(&cfg.state_dir);
+        warn_about_unusable_settings(&cfg);
         *self.cfg.lock().expect("actions config lock") = cfg;
     }
 
@@ -242,7 +263,12 @@ impl ActionServer {
                 argv.push(unit.clone());
                 info!(id, %unit, command = %argv.join(" "), "restarting unit as the coordinator asked");
                 let ran = exec::run(&argv, cfg.command_timeout, COMMAND_OUTPUT_KEPT).await;
-                let status = command_status(&format!("restart-unit {unit}"), &argv, ran);
+                let status = command_status(
+                    &format!("restart-unit {unit}"),
+                    &argv,
+                    cfg.command_timeout,
+                    ran,
+                );
                 match &status {
                     ActionStatus::Failed { detail, .. } => {
                         warn!(id, %unit, %detail, "unit restart failed")
@@ -286,6 +312,62 @@ impl ActionServer {
         };
         ledger.finish(id, status.clone());
         Err(status)
+    }
+}
+
+/// Whether `program` names a file that could be run: a path as it is, a bare name looked
+/// up in `PATH` as the command would be.
+fn runnable(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return executable(std::path::Path::new(program));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path).any(|d| executable(&d.join(program)))
+}
+
+/// Says at start and at each reload what would make an allowed action fail whenever it is
+/// asked for, so the operator learns it now rather than from a repair at night: a restart
+/// or reboot command whose program cannot be run, and (with `reboot = true`) a `state_dir`
+/// that cannot be written, which refuses every reboot.
+fn warn_about_unusable_settings(cfg: &ActionsConfig) {
+    let commands = [
+        (
+            !cfg.allowed_units.is_empty(),
+            "actions.restart_command",
+            &cfg.restart_command,
+        ),
+        (cfg.reboot, "actions.reboot_command", &cfg.reboot_command),
+    ];
+    for (used, key, argv) in commands {
+        if let Some(program) = argv.first().filter(|p| used && !runnable(p)) {
+            warn!(
+                key,
+                program = %program,
+                "an action's program cannot be run (not found or not executable): the coordinator's requests for it will fail"
+            );
+        }
+    }
+    if !cfg.reboot {
+        return;
+    }
+    let dir = &cfg.state_dir;
+    let writable = std::fs::create_dir_all(dir).and_then(|()| {
+        rustix::fs::access(
+            dir,
+            rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+        )
+        .map_err(std::io::Error::from)
+    });
+    if let Err(e) = writable {
+        warn!(
+            state_dir = %dir.display(),
+            error = %e,
+            "reboot is allowed but actions.state_dir cannot be written: every reboot the coordinator asks for will be refused; point it at a directory this agent may write"
+        );
     }
 }
 
@@ -414,5 +496,156 @@ mod tests {
                 .any(|l| l == &format!("{} action refused", Level::WARN)),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn a_failed_commands_answer_says_what_on_its_first_line_and_its_output_below() {
+        let argv = vec!["restart".to_string(), "kubelet".to_string()];
+        let ran = Ran::Exited {
+            success: false,
+            status: "exit status: 1".into(),
+            stdout: "17\n18\n".into(),
+            stderr: "Job for kubelet failed\n".into(),
+            truncated: true,
+        };
+        let timeout = Duration::from_secs(5);
+        let status = command_status("restart-unit kubelet", &argv, timeout, ran);
+        let ActionStatus::Failed { detail, .. } = status else {
+            panic!("{status:?}");
+        };
+        assert_eq!(
+            detail,
+            "restart-unit kubelet: `restart kubelet` exit status: 1\n[… earlier output cut]\n17\n18\n--- stderr ---\nJob for kubelet failed"
+        );
+        let status = command_status("reboot", &argv, timeout, Ran::TimedOut);
+        let ActionStatus::Failed { detail, .. } = status else {
+            panic!("{status:?}");
+        };
+        assert_eq!(
+            detail,
+            "reboot: `restart kubelet` did not finish within 5s ([actions] command_timeout) and was killed"
+        );
+    }
+
+    #[test]
+    fn a_reloaded_state_dir_keeps_the_reboot_record_there_and_remembers_the_old_one() {
+        let (old, new) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let cfg = |dir: &std::path::Path| ActionsConfig {
+            reboot: true,
+            state_dir: dir.to_path_buf(),
+            ..ActionsConfig::default()
+        };
+        std::fs::write(
+            new.path().join("reboot-requests"),
+            "r0\treboot command ran\n",
+        )
+        .unwrap();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let server = ActionServer::new(cfg(old.path()), old.path().to_path_buf(), tx.clone());
+        server.record_reboot("r1").unwrap();
+        server.set_config(cfg(new.path()));
+        server.record_reboot("r2").unwrap();
+        let kept = std::fs::read_to_string(new.path().join("reboot-requests")).unwrap();
+        for id in ["r0\t", "r1\t", "r2\t"] {
+            assert!(kept.contains(id), "{id} missing from {kept:?}");
+        }
+        // After a restart on the new directory, every id is still known.
+        let restarted = ActionServer::new(cfg(new.path()), new.path().to_path_buf(), tx);
+        for id in ["r0", "r1", "r2"] {
+            assert!(
+                matches!(restarted.ledger.lock().unwrap().begin(id), Begin::Seen(_)),
+                "{id}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unwritable_state_dir_with_reboots_allowed_is_said_at_start_and_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the directory should be: it can be neither created nor written.
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, "").unwrap();
+        let cfg = ActionsConfig {
+            reboot: true,
+            state_dir: file.clone(),
+            restart_command: vec!["true".into()],
+            reboot_command: vec!["true".into()],
+            ..ActionsConfig::default()
+        };
+        let warned = |lines: &Lines| {
+            lines
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains("actions.state_dir cannot be written"))
+                .count()
+        };
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let logs: &'static Lines = Box::leak(Box::default());
+        let server = tracing::subscriber::with_default(logs, || {
+            ActionServer::new(cfg.clone(), dir.path().to_path_buf(), tx)
+        });
+        assert_eq!(warned(logs), 1);
+        tracing::subscriber::with_default(logs, || server.set_config(cfg.clone()));
+        assert_eq!(warned(logs), 2);
+        // Reboots not allowed, or a directory it may write: nothing to say.
+        let quiet = |cfg: ActionsConfig| {
+            tracing::subscriber::with_default(logs, || server.set_config(cfg));
+        };
+        quiet(ActionsConfig {
+            reboot: false,
+            ..cfg.clone()
+        });
+        quiet(ActionsConfig {
+            state_dir: dir.path().join("state"),
+            ..cfg
+        });
+        assert_eq!(warned(logs), 2);
+    }
+
+    #[test]
+    fn an_action_program_that_cannot_be_run_is_said_at_start_and_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_executable = dir.path().join("restart");
+        std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
+        let cfg = ActionsConfig {
+            reboot: true,
+            state_dir: dir.path().join("state"),
+            restart_command: vec![not_executable.display().to_string()],
+            reboot_command: vec!["fleetmend-no-such-program".into()],
+            ..ActionsConfig::default()
+        };
+        let said = |lines: &Lines| {
+            lines
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains("an action's program cannot be run"))
+                .count()
+        };
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let logs: &'static Lines = Box::leak(Box::default());
+        let server = tracing::subscriber::with_default(logs, || {
+            ActionServer::new(cfg.clone(), dir.path().to_path_buf(), tx)
+        });
+        assert_eq!(said(logs), 2);
+        // Runnable programs (a path, a name in PATH), or actions not allowed: nothing to say.
+        tracing::subscriber::with_default(logs, || {
+            server.set_config(ActionsConfig {
+                restart_command: vec!["/bin/sh".into()],
+                reboot_command: vec!["sh".into()],
+                ..cfg.clone()
+            });
+            server.set_config(ActionsConfig {
+                allowed_units: Vec::new(),
+                reboot: false,
+                ..cfg.clone()
+            });
+        });
+        assert_eq!(said(logs), 2);
+        tracing::subscriber::with_default(logs, || server.set_config(cfg));
+        assert_eq!(said(logs), 4);
     }
 }

@@ -510,7 +510,8 @@ impl Agent {
         let cfg = self.actions.config();
         info!(id = %order.id, command = %cfg.reboot_command.join(" "), "rebooting as the coordinator asked");
         let ran = actions::exec::run(&cfg.reboot_command, cfg.command_timeout, 2048).await;
-        let status = actions::command_status("reboot", &cfg.reboot_command, ran);
+        let status =
+            actions::command_status("reboot", &cfg.reboot_command, cfg.command_timeout, ran);
         if let protocol::actions::ActionStatus::Failed { detail, .. } = &status {
             error!(id = %order.id, %detail, "reboot command failed; carrying on");
         }
