@@ -35,6 +35,40 @@ pub fn descendants(pid: u32) -> Vec<u32> {
     found
 }
 
+/// How long a command's output is still read once the command has exited. What it wrote is
+/// in the pipe already and read at once; a child it left running (`tool &`, a daemon a
+/// restart script started) may hold the pipe open for ever, and its output is not the
+/// command's.
+#[cfg(feature = "transport")]
+pub const OUTPUT_AFTER_EXIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Waits for `child` to exit while `read` reads its stdout and stderr; once it has exited,
+/// `read` gets [`OUTPUT_AFTER_EXIT`] more and is then dropped, so a child the command left
+/// running with its output open neither holds the caller until its time limit nor makes a
+/// command that ended look timed out. (Behind the `transport` feature, which brings tokio.)
+#[cfg(feature = "transport")]
+pub async fn wait_reading_output(
+    child: &mut tokio::process::Child,
+    read: impl std::future::Future<Output = ()>,
+) -> std::io::Result<std::process::ExitStatus> {
+    let (exited_tx, exited_rx) = tokio::sync::oneshot::channel::<()>();
+    let waiting = async {
+        let status = child.wait().await;
+        let _ = exited_tx.send(());
+        status
+    };
+    let reading = async {
+        tokio::select! {
+            _ = read => {}
+            _ = async {
+                let _ = exited_rx.await;
+                tokio::time::sleep(OUTPUT_AFTER_EXIT).await;
+            } => {}
+        }
+    };
+    tokio::join!(waiting, reading).0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

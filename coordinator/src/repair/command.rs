@@ -375,11 +375,6 @@ async fn read_capped<R: AsyncRead + Unpin>(mut r: R, kept: &mut (Vec<u8>, bool))
     }
 }
 
-/// How long output is still read once the command has exited. What it wrote is in the
-/// pipe already and read at once; a child it left running (`tool &`) may hold the pipe
-/// open for ever, and the step must not wait for it until its time limit.
-const OUTPUT_AFTER_EXIT: Duration = Duration::from_millis(500);
-
 fn text(bytes: &[u8], truncated: bool) -> String {
     let mut s = String::from_utf8_lossy(bytes).into_owned();
     if truncated {
@@ -444,24 +439,11 @@ pub async fn run_external(
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let (mut out, mut err) = ((Vec::new(), false), (Vec::new(), false));
-    let (exited_tx, exited_rx) = tokio::sync::oneshot::channel::<()>();
-    let work = async {
-        let waiting = async {
-            let status = child.wait().await;
-            let _ = exited_tx.send(());
-            status
-        };
-        let reading = async {
-            tokio::select! {
-                _ = async { tokio::join!(read_capped(stdout, &mut out), read_capped(stderr, &mut err)) } => {}
-                _ = async {
-                    let _ = exited_rx.await;
-                    tokio::time::sleep(OUTPUT_AFTER_EXIT).await;
-                } => {}
-            }
-        };
-        tokio::join!(waiting, reading).0
-    };
+    // A child the command left running may hold its output open: read until the command
+    // exits, and a little after (protocol::process_tree::OUTPUT_AFTER_EXIT).
+    let work = protocol::process_tree::wait_reading_output(&mut child, async {
+        tokio::join!(read_capped(stdout, &mut out), read_capped(stderr, &mut err));
+    });
     let finished = match timeout {
         Some(t) => tokio::time::timeout(t, work).await.ok(),
         None => Some(work.await),

@@ -87,12 +87,6 @@ impl Tail {
     }
 }
 
-/// How long output is still read once the command has exited. What it wrote before it
-/// exited is in the pipe already and read at once; a child it left running (a daemon a
-/// restart script started) may hold the pipe open for ever, and its output is not the
-/// command's.
-const OUTPUT_AFTER_EXIT: Duration = Duration::from_millis(500);
-
 /// Kills the command's process group when dropped, unless [`GroupKill::disarm`]ed: at the
 /// time limit, and when the run itself is dropped (the agent stopping).
 struct GroupKill(Option<rustix::process::Pid>);
@@ -154,26 +148,12 @@ pub async fn run(argv: &[String], timeout: Duration, keep: usize) -> Ran {
     let out = child.stdout.take();
     let err = child.stderr.take();
     let (mut o, mut e) = (Tail::new(keep), Tail::new(4096));
-    let (exited_tx, exited_rx) = tokio::sync::oneshot::channel::<()>();
-    let work = async {
-        let waiting = async {
-            let status = child.wait().await;
-            let _ = exited_tx.send(());
-            status
-        };
-        // A child the command left running may hold its stdout or stderr open: once the
-        // command has exited, what it wrote is read and the rest is not waited for.
-        let reading = async {
-            tokio::select! {
-                _ = async { tokio::join!(o.fill(out), e.fill(err)) } => {}
-                _ = async {
-                    let _ = exited_rx.await;
-                    tokio::time::sleep(OUTPUT_AFTER_EXIT).await;
-                } => {}
-            }
-        };
-        tokio::join!(waiting, reading).0
-    };
+    // A child the command left running may hold its stdout or stderr open: once the
+    // command has exited, what it wrote is read and the rest is not waited for
+    // (protocol::process_tree::OUTPUT_AFTER_EXIT).
+    let work = protocol::process_tree::wait_reading_output(&mut child, async {
+        tokio::join!(o.fill(out), e.fill(err));
+    });
     let done = tokio::time::timeout(timeout, work).await;
     if done.is_ok() {
         group.disarm();
