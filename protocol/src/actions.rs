@@ -110,10 +110,22 @@ pub enum ActionStatus {
     Diagnostics(DiagnosticsBundle),
 }
 
+/// How the detail of a [`ActionStatus::Failed`] begins when the agent stopped (was killed,
+/// crashed or restarted) while it ran the request's command: whether the action took effect
+/// is unknown, and the agent does not run the id again. The code stays
+/// [`ActionFailure::Error`], which coordinators from before this marker read as a failure.
+pub const OUTCOME_UNKNOWN: &str = "outcome unknown: ";
+
 impl ActionStatus {
     /// True for a status after which nothing more is sent for the request.
     pub fn is_final(&self) -> bool {
         !matches!(self, ActionStatus::Accepted)
+    }
+
+    /// True for the answer to an id whose command the agent was running when it stopped
+    /// ([`OUTCOME_UNKNOWN`]): acting again needs a new id.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, ActionStatus::Failed { detail, .. } if detail.starts_with(OUTCOME_UNKNOWN))
     }
 }
 

@@ -69,6 +69,53 @@ pub async fn wait_reading_output(
     tokio::join!(waiting, reading).0
 }
 
+/// Finds `program` as `execvp` would (a path as given, else along `PATH`), so that a
+/// missing program is reported as such before it is started through a helper (whose exit
+/// status would otherwise stand for it).
+pub fn resolve_program(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &std::path::Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = std::path::PathBuf::from(program);
+        return runnable(&p).then_some(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| runnable(p))
+}
+
+/// `setpriv` from util-linux, when it is installed and knows `--pdeathsig`; looked up once.
+///
+/// Why a helper program: the parent-death signal (`PR_SET_PDEATHSIG`) must be set by the
+/// child itself, between `fork` and `exec`. The workspace forbids `unsafe`, and
+/// `CommandExt::pre_exec` is unsafe; `setpriv --pdeathsig KILL -- CMD` sets it and then
+/// execs the command, keeping the pid (so a recorded process group stays the command's).
+/// The kernel sends the signal when the *thread* that spawned the child ends, and only to
+/// the command's first process: callers spawn from threads that live as long as they do,
+/// and keep their own defences for what the command forked.
+pub fn pdeathsig_helper() -> Option<&'static std::path::Path> {
+    static HELPER: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    HELPER
+        .get_or_init(|| {
+            ["/usr/bin/setpriv", "/bin/setpriv"]
+                .into_iter()
+                .map(std::path::PathBuf::from)
+                .find(|p| {
+                    std::process::Command::new(p)
+                        .arg("--help")
+                        .stdin(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .output()
+                        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--pdeathsig"))
+                })
+        })
+        .as_deref()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -100,11 +100,12 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
         return reboot(ctx, deadline, limit).await;
     }
     let started = tokio::time::Instant::now();
+    let mut id = ctx.request_id.clone();
     let answer = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match ctx
             .actions
-            .act(&ctx.address, &ctx.request_id, step.action(), left)
+            .act(&ctx.address, &id, step.action(), left)
             .await
         {
             Err(AgentActionError::NotConnected { .. })
@@ -116,8 +117,27 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
                 tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "agent step: connection lost; asking again with the same id");
                 tokio::time::sleep(RESEND_PAUSE.min(left)).await;
             }
+            Ok(ActionAnswer {
+                status: Some(s), ..
+            }) if s.is_outcome_unknown()
+                && matches!(step, AgentStep::RestartUnit(_))
+                && id == ctx.request_id
+                && !left.is_zero() =>
+            {
+                // The agent stopped while it ran the restart and does not run that id again.
+                // A second restart leaves the unit as one does; giving up would leave it as
+                // the crash left it. Once only: an agent that dies in every restart must not
+                // be restarted in a loop.
+                id = format!("{}-resend1", ctx.request_id);
+                tracing::warn!(machine = %ctx.address, id = %ctx.request_id, resend = %id, "agent step: the agent stopped while it ran the restart; asking again under a new id");
+            }
             other => break other,
         }
+    };
+    let resent = if id == ctx.request_id {
+        String::new()
+    } else {
+        format!(" (sent again as {id}: the agent stopped while it ran the first, outcome unknown)")
     };
     let outcome = |e: &AgentActionError| match e {
         AgentActionError::Timeout { .. } => Outcome::Timeout,
@@ -128,7 +148,12 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
         Ok(a) => match a.status {
             Some(ActionStatus::Done { detail }) => {
                 let (first, output) = split_detail(&detail);
-                end(true, format!("{step}: {first}"), output, Outcome::Ok)
+                end(
+                    true,
+                    format!("{step}: {first}{resent}"),
+                    output,
+                    Outcome::Ok,
+                )
             }
             Some(ActionStatus::Diagnostics(bundle)) => {
                 let Some(shelf) = &ctx.diagnostics else {
@@ -171,7 +196,11 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
                     ),
                 }
             }
-            Some(other) => failed(&step, other),
+            Some(other) => {
+                let (mut e, outcome) = failed(&step, other);
+                e.summary.push_str(&resent);
+                (e, outcome)
+            }
             None => end(
                 false,
                 format!("{step}: the agent accepted the request but gave no result"),
@@ -545,17 +574,20 @@ mod tests {
         assert_eq!(end.output, "1\n2\n3\n--- stderr ---\nJob failed");
     }
 
-    /// Answers each request with the next scripted status (the last one again when done).
-    struct Sequence(Mutex<Vec<Option<ActionStatus>>>);
+    /// Answers each request with the next scripted status (the last one again when done),
+    /// and records the ids asked.
+    #[derive(Default)]
+    struct Sequence(Mutex<Vec<Option<ActionStatus>>>, Mutex<Vec<String>>);
 
     impl AgentActions for Sequence {
         fn act(
             &self,
             _address: &str,
-            _id: &str,
+            id: &str,
             _action: AgentAction,
             _timeout: Duration,
         ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
+            self.1.lock().unwrap().push(id.to_string());
             let mut next = self.0.lock().unwrap();
             let status = if next.len() > 1 {
                 next.remove(0)
@@ -586,7 +618,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_reboot_command_that_failed_after_the_accept_ends_the_step_with_its_failure() {
-        let agent = Arc::new(Sequence(Mutex::new(vec![
+        let agent = Arc::new(Sequence(
+            Mutex::new(vec![
             None,
             Some(ActionStatus::Failed {
                 code: ActionFailure::CommandFailed,
@@ -594,7 +627,9 @@ mod tests {
                     "this reboot request failed earlier: reboot: `systemctl reboot` exit status: 1"
                         .into(),
             }),
-        ])));
+        ]),
+            Mutex::default(),
+        ));
         let mut c = ctx(agent, Arc::new(SameBoot));
         c.timeout = Some(Duration::from_secs(600));
         let started = tokio::time::Instant::now();
@@ -615,5 +650,42 @@ mod tests {
             "waited {:?} for a new boot",
             started.elapsed()
         );
+    }
+
+    #[tokio::test]
+    async fn a_restart_the_agent_was_killed_in_is_asked_again_once_under_a_new_id() {
+        let unknown = Some(ActionStatus::Failed {
+            code: ActionFailure::Error,
+            detail: format!(
+                "{}restart-unit kubelet: the agent stopped",
+                protocol::actions::OUTCOME_UNKNOWN
+            ),
+        });
+        let done = Some(ActionStatus::Done {
+            detail: "restart-unit kubelet: exit status: 0".into(),
+        });
+        let agent = Arc::new(Sequence(
+            Mutex::new(vec![unknown.clone(), done]),
+            Mutex::default(),
+        ));
+        let c = ctx(agent.clone(), Arc::new(Reported));
+        let (end, outcome) = run(AgentStep::RestartUnit("kubelet".into()), &c).await;
+        assert_eq!(outcome, Outcome::Ok, "{}", end.summary);
+        assert!(
+            end.summary.contains("sent again as db-e1-r0-a0-resend1"),
+            "{}",
+            end.summary
+        );
+        assert_eq!(
+            *agent.1.lock().unwrap(),
+            ["db-e1-r0-a0", "db-e1-r0-a0-resend1"]
+        );
+        // Unknown again: the step fails with the agent's words, after one resend only.
+        let agent = Arc::new(Sequence(Mutex::new(vec![unknown]), Mutex::default()));
+        let c = ctx(agent.clone(), Arc::new(Reported));
+        let (end, outcome) = run(AgentStep::RestartUnit("kubelet".into()), &c).await;
+        assert_eq!(outcome, Outcome::Failed);
+        assert!(end.summary.contains("outcome unknown"), "{}", end.summary);
+        assert_eq!(agent.1.lock().unwrap().len(), 2);
     }
 }

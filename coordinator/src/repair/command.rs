@@ -10,7 +10,7 @@
 //! ([`super::orphans`]), so a coordinator killed with SIGKILL has it killed by the next one;
 //! the child also gets a parent-death signal where `setpriv` can give it one.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -308,55 +308,19 @@ impl Drop for GroupGuard {
     }
 }
 
-/// `setpriv` from util-linux, when it is installed and knows `--pdeathsig`.
-///
-/// Why a helper program: the parent-death signal (`PR_SET_PDEATHSIG`) must be set by the
-/// child itself, between `fork` and `exec`. The workspace forbids `unsafe`, and
-/// `CommandExt::pre_exec` is unsafe, so the coordinator cannot do it in-process; `setpriv
-/// --pdeathsig KILL -- CMD` sets it and then execs the command, keeping the pid (so the
-/// recorded group and start time stay the command's). The signal fires when the spawning
-/// thread dies, which for tokio's worker threads is the runtime's end, and it reaches only
-/// the command's first process: the group record ([`super::orphans`]) stays the primary
-/// defence, this is the second. Checked once: without it commands run unguarded by it.
+/// `setpriv --pdeathsig` ([`protocol::process_tree::pdeathsig_helper`]), said once in the
+/// log when missing. The signal fires when the spawning thread dies, which for tokio's
+/// worker threads is the runtime's end; the group record ([`super::orphans`]) stays the
+/// primary defence, this is the second. Without it commands run unguarded by it.
 fn pdeathsig_helper() -> Option<&'static Path> {
-    static HELPER: OnceLock<Option<PathBuf>> = OnceLock::new();
-    HELPER
-        .get_or_init(|| {
-            let found = ["/usr/bin/setpriv", "/bin/setpriv"]
-                .into_iter()
-                .map(PathBuf::from)
-                .find(|p| {
-                    std::process::Command::new(p)
-                        .arg("--help")
-                        .stdin(Stdio::null())
-                        .stderr(Stdio::null())
-                        .output()
-                        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--pdeathsig"))
-                });
-            if found.is_none() {
-                tracing::warn!("util-linux setpriv with --pdeathsig not found: repair commands get no parent-death signal (their process groups are still recorded and killed after a crash)");
-            }
-            found
-        })
-        .as_deref()
-}
-
-/// Finds `program` as `execvp` would (a path as given, else along `PATH`), so that a
-/// missing program is reported as such and not as the helper's exit status.
-fn resolve_program(program: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return runnable(&p).then_some(p);
+    static SAID: OnceLock<()> = OnceLock::new();
+    let found = protocol::process_tree::pdeathsig_helper();
+    if found.is_none() {
+        SAID.get_or_init(|| {
+            tracing::warn!("util-linux setpriv with --pdeathsig not found: repair commands get no parent-death signal (their process groups are still recorded and killed after a crash)");
+        });
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| runnable(p))
+    found
 }
 
 /// Reads `r` to its end into `kept` (at most [`OUTPUT_LIMIT`] bytes) and whether more came;
@@ -391,7 +355,7 @@ pub async fn run_external(
     timeout: Option<Duration>,
     groups: Option<&GroupLedger>,
 ) -> (CommandEnd, Outcome) {
-    let Some(program) = resolve_program(&argv[0]) else {
+    let Some(program) = protocol::process_tree::resolve_program(&argv[0]) else {
         return (
             CommandEnd {
                 ok: false,

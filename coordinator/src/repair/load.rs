@@ -66,6 +66,37 @@ pub struct LoadedRepairConfig {
     pub config: RepairConfig,
     /// Top-level keys other than `repair` (a CKE cluster.yml has many), for a notice.
     pub ignored_keys: Vec<String>,
+    /// Settings that load but are likely mistakes, each naming its key, for a warning.
+    pub warnings: Vec<String>,
+}
+
+/// The node-agent's default `[actions] command_timeout`, in seconds: a `@restart-unit` step
+/// with a shorter limit may give up while the agent's restart still runs.
+const AGENT_COMMAND_TIMEOUT_SECONDS: u64 = 60;
+
+/// `@restart-unit` steps whose limit is shorter than the agent may take for the restart.
+/// Not an error: an agent configured with a shorter `command_timeout` makes them fine, and a
+/// retry of a step that gave up shares the restart still running on the agent.
+fn short_restart_limits(config: &RepairConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    for (p, proc_) in config.repair_procedures.iter().enumerate() {
+        for (o, op) in proc_.repair_operations.iter().enumerate() {
+            for (s, step) in op.repair_steps.iter().enumerate() {
+                let t = step.command_timeout_seconds;
+                if matches!(
+                    step.repair_command,
+                    CommandSpec::Agent(AgentStep::RestartUnit(_))
+                ) && t > 0
+                    && t < AGENT_COMMAND_TIMEOUT_SECONDS
+                {
+                    out.push(format!(
+                        "repair.repair_procedures[{p}].repair_operations[{o}].repair_steps[{s}].command_timeout_seconds: {t} s is shorter than the node-agent's default [actions] command_timeout ({AGENT_COMMAND_TIMEOUT_SECONDS} s): the step may give up while the restart still runs (its retry then waits for that restart); set it to at least {AGENT_COMMAND_TIMEOUT_SECONDS}, or lower the agents' command_timeout"
+                    ));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Reads and validates a YAML file with a `repair:` section.
@@ -75,6 +106,9 @@ pub fn load_file(file: &Path) -> Result<LoadedRepairConfig, RepairConfigError> {
         source,
     })?;
     let loaded = load_str(&text, file)?;
+    for w in &loaded.warnings {
+        tracing::warn!(file = %file.display(), "repair config: {w}");
+    }
     if !loaded.ignored_keys.is_empty() {
         tracing::info!(
             file = %file.display(),
@@ -103,6 +137,7 @@ pub fn load_str(text: &str, file: &Path) -> Result<LoadedRepairConfig, RepairCon
         .ok_or_else(|| p.invalid("repair", "missing: the file has no `repair:` section"))?;
     let config = p.repair(repair)?;
     Ok(LoadedRepairConfig {
+        warnings: short_restart_limits(&config),
         config,
         ignored_keys,
     })
@@ -884,9 +919,20 @@ options:
                 &format!("repair_command: {cmd}"),
             )
         };
-        let c = load(&step(r#"["@restart-unit", "kubelet"]"#))
-            .unwrap()
-            .config;
+        let loaded = load(&step(r#"["@restart-unit", "kubelet"]"#)).unwrap();
+        // CKE's default 30 s is shorter than the agent's 60 s restart limit: said, not refused.
+        assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+        assert!(
+            loaded.warnings[0].starts_with("repair.repair_procedures[0].repair_operations[0].repair_steps[0].command_timeout_seconds: 30 s is shorter"),
+            "{}",
+            loaded.warnings[0]
+        );
+        let long = load(&step(
+            "[\"@restart-unit\", \"kubelet\"]\n              command_timeout_seconds: 120",
+        ))
+        .unwrap();
+        assert_eq!(long.warnings, Vec::<String>::new());
+        let c = loaded.config;
         assert_eq!(
             c.operation_for("Cray-1", "unreachable")
                 .unwrap()

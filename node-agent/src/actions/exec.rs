@@ -7,6 +7,12 @@
 //! exits in time may leave children behind on purpose; those are not touched. A child that
 //! left the group (`setsid`) is killed too while the command still runs, found as its
 //! descendant ([`protocol::process_tree`]).
+//!
+//! If the agent itself is killed (SIGKILL, a crash, the OOM killer) while a command runs:
+//! under the packaged systemd unit, systemd kills what is left in the service's control
+//! group. Elsewhere the command is started through `setpriv --pdeathsig KILL` when util-linux
+//! has it, so the kernel kills the command with the agent; what the command forked lives on
+//! (see [`parent_death_guard`]).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -121,13 +127,41 @@ impl Drop for GroupKill {
 /// sits in an uninterruptible wait (a hung NFS mount); the run must not hang on that.
 const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The `setpriv` to start a command through so that the kernel kills it when the agent
+/// dies, when that is both needed and sound:
+/// - not under systemd's service manager (`INVOCATION_ID` unset): there the service's
+///   control group is killed with the agent, and the unit's seccomp filter is not something
+///   to run a helper into;
+/// - on the process's main thread: the signal follows the spawning *thread*, and only the
+///   main thread (where the agent's single-threaded runtime runs every task) lives exactly
+///   as long as the agent. From any other thread (a test's runtime) no signal is asked for.
+fn parent_death_guard() -> Option<&'static std::path::Path> {
+    let main_thread = rustix::thread::gettid() == rustix::process::getpid();
+    if !main_thread || std::env::var_os("INVOCATION_ID").is_some() {
+        return None;
+    }
+    protocol::process_tree::pdeathsig_helper()
+}
+
 /// Runs `argv` under `timeout`, keeping at most `keep` bytes of stdout (its end) and 4 KiB
 /// of stderr.
 pub async fn run(argv: &[String], timeout: Duration, keep: usize) -> Ran {
     let Some((program, args)) = argv.split_first() else {
         return Ran::NotStarted("empty command".into());
     };
-    let mut cmd = tokio::process::Command::new(program);
+    let mut cmd = match parent_death_guard() {
+        Some(helper) => {
+            let Some(resolved) = protocol::process_tree::resolve_program(program) else {
+                return Ran::NotStarted(format!(
+                    "cannot run {program}: not found or not executable"
+                ));
+            };
+            let mut c = tokio::process::Command::new(helper);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(resolved);
+            c
+        }
+        None => tokio::process::Command::new(program),
+    };
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -1,17 +1,26 @@
 //! Which action requests the agent has seen, so a resent request is answered and not
 //! carried out again.
 //!
-//! Restarts and diagnostics are remembered in memory (the last [`REMEMBERED`] ids): a
-//! coordinator resends within one step, while the agent runs. Reboots are also written,
-//! fsync'ed, to a small file in the state directory *before* the reboot command runs, so the
-//! answer survives the reboot the request caused: after it, the same id is answered with the
-//! recorded outcome instead of rebooting again.
+//! Every id is remembered in memory (the last [`REMEMBERED`]): a coordinator resends within
+//! one step, while the agent runs. Reboots and restarts are also written, fsync'ed, to a
+//! small file each in the state directory *before* their command runs, so the answer
+//! survives the agent itself:
+//! - `reboot-requests`: after the reboot the request caused, the same id is answered with
+//!   the recorded outcome instead of rebooting again;
+//! - `restart-requests`: a restart is written as running, then with its outcome. An id
+//!   still written as running when the agent starts was interrupted (the agent was killed,
+//!   crashed or stopped while the command ran): it is answered "outcome unknown"
+//!   ([`protocol::actions::OUTCOME_UNKNOWN`]) and not run again.
+//!
+//! Diagnostics change nothing on the node and are remembered in memory only. Each file is
+//! rewritten whole (a few dozen lines) through a temporary file and a rename, so a crash
+//! leaves the old or the new one.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use protocol::actions::{ActionFailure, ActionStatus};
+use protocol::actions::{ActionFailure, ActionStatus, OUTCOME_UNKNOWN};
 use tokio::sync::watch;
 
 /// Request ids remembered in memory. A repair step resends one id a few times; 256 covers
@@ -21,8 +30,15 @@ const REMEMBERED: usize = 256;
 /// Reboot records kept in the file; older lines are dropped when it is rewritten.
 const REBOOTS_KEPT: usize = 32;
 
-/// The file under the state directory.
+/// Restart records kept in the file: a coordinator resends an id within one step (minutes),
+/// and a machine sees a handful of restarts a day, so 64 is days of them in ~8 KiB.
+const RESTARTS_KEPT: usize = 64;
+
+/// The reboot record's file under the state directory.
 const REBOOT_FILE: &str = "reboot-requests";
+
+/// The restart record's file under the state directory.
+const RESTART_FILE: &str = "restart-requests";
 
 /// What [`Ledger::begin`] found.
 #[derive(Debug)]
@@ -33,12 +49,14 @@ pub enum Begin {
     Seen(watch::Receiver<Option<ActionStatus>>),
 }
 
-/// Errors of the reboot record.
+/// Errors of the reboot and restart records.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot {doing} the reboot record {path}: {source}; check the agent's state directory")]
+#[error("cannot {doing} the {what} {path}: {source}; check the agent's state directory")]
 pub struct LedgerError {
-    /// `read` or `write`.
+    /// `read`, `write` or `use`.
     pub doing: &'static str,
+    /// `reboot record` or `restart record`.
+    pub what: &'static str,
     /// The file.
     pub path: PathBuf,
     /// Cause.
@@ -53,83 +71,201 @@ impl LedgerError {
     }
 }
 
+/// One file of `id<TAB>outcome` lines, oldest first.
+#[derive(Debug)]
+struct Record {
+    file: &'static str,
+    what: &'static str,
+    kept: usize,
+    entries: Vec<(String, String)>,
+    /// Why the file could not be read, while it cannot: it is then not rewritten over
+    /// records it may hold (and a reboot is refused rather than risk acting twice).
+    unread: Option<std::io::Error>,
+}
+
+/// The records in the file; none when there is no file. Bytes that are not UTF-8 (a torn
+/// write) spoil only their own line.
+fn read_entries(path: &Path) -> std::io::Result<Vec<(String, String)>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(parse_entries(&String::from_utf8_lossy(&bytes))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+fn parse_entries(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let (id, outcome) = l.split_once('\t')?;
+            (!id.is_empty()).then(|| (id.to_string(), outcome.to_string()))
+        })
+        .collect()
+}
+
+impl Record {
+    fn load(dir: &Path, file: &'static str, what: &'static str, kept: usize) -> Self {
+        let path = dir.join(file);
+        let (entries, unread) = match read_entries(&path) {
+            Ok(r) => (r, None),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the {what}: it is not written until it can be read (reboots are refused, restart ids kept in memory only)");
+                (Vec::new(), Some(e))
+            }
+        };
+        Self {
+            file,
+            what,
+            kept,
+            entries,
+            unread,
+        }
+    }
+
+    fn find(&self, id: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, o)| o.as_str())
+    }
+
+    /// Takes `moved` (the record of a new state directory) and keeps the entries known so
+    /// far after its own.
+    fn move_to(&mut self, moved: Record) {
+        let mine = std::mem::replace(&mut self.entries, moved.entries);
+        for r in mine {
+            if self.find(&r.0).is_none() {
+                self.entries.push(r);
+            }
+        }
+        self.unread = moved.unread;
+    }
+
+    /// Reads the file again if it could not be read before. `Err` while it still cannot.
+    fn reread(&mut self, dir: &Path) -> Result<(), LedgerError> {
+        if self.unread.is_none() {
+            return Ok(());
+        }
+        let path = dir.join(self.file);
+        match read_entries(&path) {
+            Ok(r) => {
+                self.unread = None;
+                // Records made since (none can be written while unread) stay last.
+                let mine = std::mem::replace(&mut self.entries, r);
+                self.entries.extend(mine);
+                Ok(())
+            }
+            Err(source) => Err(LedgerError {
+                doing: "read",
+                what: self.what,
+                path,
+                source,
+            }),
+        }
+    }
+
+    /// Writes `id` with `outcome` (tabs and newlines become spaces) and syncs the file.
+    fn write(&mut self, dir: &Path, id: &str, outcome: &str) -> Result<(), LedgerError> {
+        let path = dir.join(self.file);
+        if self.unread.is_some() {
+            self.reread(dir)?;
+            if self.find(id).is_some() {
+                return Err(LedgerError {
+                    doing: "use",
+                    what: self.what,
+                    path,
+                    source: std::io::Error::other(format!(
+                        "it says request {id} was made before; not carried out again"
+                    )),
+                });
+            }
+        }
+        let outcome = outcome.replace(['\t', '\n'], " ");
+        self.entries.retain(|(i, _)| i != id);
+        self.entries.push((id.to_string(), outcome));
+        let skip = self.entries.len().saturating_sub(self.kept);
+        self.entries.drain(..skip);
+        let tmp = dir.join(format!("{}.tmp", self.file));
+        let err = |source| LedgerError {
+            doing: "write",
+            what: self.what,
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        for (i, o) in &self.entries {
+            writeln!(f, "{i}\t{o}").map_err(err)?;
+        }
+        f.sync_all().map_err(err)?;
+        std::fs::rename(&tmp, &path).map_err(err)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
 /// Seen request ids and their answers.
 #[derive(Debug)]
 pub struct Ledger {
     state_dir: PathBuf,
     seen: HashMap<String, watch::Sender<Option<ActionStatus>>>,
     order: VecDeque<String>,
-    /// `(id, outcome line)` from the file, oldest first.
-    reboots: Vec<(String, String)>,
-    /// Why the file could not be read, while it cannot: a reboot is then refused rather than
-    /// risk carrying out a resent request twice, and the file is not rewritten over records
-    /// it may hold.
-    unread: Option<std::io::Error>,
-}
-
-/// The records in the file; none when there is no file. Bytes that are not UTF-8 (a torn
-/// write) spoil only their own line.
-fn read_reboots(path: &Path) -> std::io::Result<Vec<(String, String)>> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(parse_reboots(&String::from_utf8_lossy(&bytes))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
+    reboots: Record,
+    restarts: Record,
 }
 
 impl Ledger {
-    /// A ledger with the reboot records found in `state_dir`. A file that exists but cannot
-    /// be read is said in the log, read again at the next reboot request, and until then
-    /// every reboot is refused ([`Self::record_reboot`]).
+    /// A ledger with the records found in `state_dir`. A file that exists but cannot be read
+    /// is said in the log and read again at the next request; until then every reboot is
+    /// refused ([`Self::record_reboot`]) and restarts are remembered in memory only.
     pub fn load(state_dir: &Path) -> Self {
-        let path = state_dir.join(REBOOT_FILE);
-        let (reboots, unread) = match read_reboots(&path) {
-            Ok(r) => (r, None),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read the reboot record: reboot requests are refused until it can be read");
-                (Vec::new(), Some(e))
-            }
-        };
         Self {
             state_dir: state_dir.to_path_buf(),
             seen: HashMap::new(),
             order: VecDeque::new(),
-            reboots,
-            unread,
+            reboots: Record::load(state_dir, REBOOT_FILE, "reboot record", REBOOTS_KEPT),
+            restarts: Record::load(state_dir, RESTART_FILE, "restart record", RESTARTS_KEPT),
         }
     }
 
-    /// Keeps the reboot record in `state_dir` from now on (a reload changed it): the records
-    /// found there are read, and the ones known so far are kept too and written there with
-    /// the next record, so a request seen in either directory is not carried out again.
+    /// Keeps the records in `state_dir` from now on (a reload changed it): the records found
+    /// there are read, and the ones known so far are kept too and written there with the
+    /// next record, so a request seen in either directory is not carried out again.
     pub fn move_to(&mut self, state_dir: &Path) {
         if state_dir == self.state_dir {
             return;
         }
         let moved = Self::load(state_dir);
-        let mine = std::mem::replace(&mut self.reboots, moved.reboots);
-        for r in mine {
-            if !self.reboots.iter().any(|(i, _)| *i == r.0) {
-                self.reboots.push(r);
-            }
-        }
-        self.unread = moved.unread;
+        self.reboots.move_to(moved.reboots);
+        self.restarts.move_to(moved.restarts);
         self.state_dir = state_dir.to_path_buf();
     }
 
-    /// Looks `id` up; a new id is marked in progress.
+    /// Looks `id` up (in memory, then in the records); a new id is marked in progress.
     pub fn begin(&mut self, id: &str) -> Begin {
         if let Some(tx) = self.seen.get(id) {
             return Begin::Seen(tx.subscribe());
         }
-        if let Some((_, outcome)) = self.reboots.iter().find(|(i, _)| i == id) {
-            let (tx, rx) = watch::channel(Some(reboot_answer(outcome)));
+        let _ = self.restarts.reread(&self.state_dir);
+        let recorded = match (self.reboots.find(id), self.restarts.find(id)) {
+            (Some(outcome), _) => Some(reboot_answer(outcome)),
+            (None, Some(outcome)) => Some(restart_answer(outcome)),
+            (None, None) => None,
+        };
+        if let Some(answer) = recorded {
+            let (tx, rx) = watch::channel(Some(answer));
             self.remember(id, tx);
             return Begin::Seen(rx);
         }
         let (tx, _) = watch::channel(None);
         self.remember(id, tx);
         Begin::New
+    }
+
+    /// The answer of `id` as it comes (`None` while in progress), if `id` is remembered.
+    pub fn watch(&self, id: &str) -> Option<watch::Receiver<Option<ActionStatus>>> {
+        self.seen.get(id).map(watch::Sender::subscribe)
     }
 
     fn remember(&mut self, id: &str, tx: watch::Sender<Option<ActionStatus>>) {
@@ -150,68 +286,37 @@ impl Ledger {
     }
 
     /// Writes `id` with `outcome` (one line, no tabs or newlines) to the reboot record and
-    /// syncs it. Called with `pending` before the reboot command runs, and again with its
-    /// result.
+    /// syncs it. Called before the reboot command runs, and again with its result.
     pub fn record_reboot(&mut self, id: &str, outcome: &str) -> Result<(), LedgerError> {
-        let path = self.state_dir.join(REBOOT_FILE);
-        if self.unread.is_some() {
-            match read_reboots(&path) {
-                Ok(r) => {
-                    self.unread = None;
-                    // Records made since (none can be: every one was refused) stay last.
-                    let mine = std::mem::replace(&mut self.reboots, r);
-                    self.reboots.extend(mine);
-                    if self.reboots.iter().any(|(i, _)| i == id) {
-                        return Err(LedgerError {
-                            doing: "use",
-                            path,
-                            source: std::io::Error::other(format!(
-                                "it says request {id} was made before; not carried out again"
-                            )),
-                        });
-                    }
-                }
-                Err(source) => {
-                    return Err(LedgerError {
-                        doing: "read",
-                        path,
-                        source,
-                    });
-                }
+        self.reboots.write(&self.state_dir, id, outcome)
+    }
+
+    /// Writes restart `id` as running `what` (one line) and syncs the record: called before
+    /// the command runs. `Err` when the record cannot be written; the caller decides.
+    pub fn record_restart_running(&mut self, id: &str, what: &str) -> Result<(), LedgerError> {
+        self.restarts
+            .write(&self.state_dir, id, &format!("running {what}"))
+    }
+
+    /// Writes the outcome of restart `id` (its first line) to the record.
+    pub fn record_restart_outcome(
+        &mut self,
+        id: &str,
+        status: &ActionStatus,
+    ) -> Result<(), LedgerError> {
+        let line = match status {
+            ActionStatus::Failed { code, detail } => {
+                format!("failed {} {}", code.as_str(), first_line(detail))
             }
-        }
-        let outcome = outcome.replace(['\t', '\n'], " ");
-        self.reboots.retain(|(i, _)| i != id);
-        self.reboots.push((id.to_string(), outcome));
-        let skip = self.reboots.len().saturating_sub(REBOOTS_KEPT);
-        self.reboots.drain(..skip);
-        let tmp = self.state_dir.join(format!("{REBOOT_FILE}.tmp"));
-        let err = |source| LedgerError {
-            doing: "write",
-            path: path.clone(),
-            source,
+            ActionStatus::Done { detail } => format!("done {}", first_line(detail)),
+            other => format!("done {other:?}"),
         };
-        std::fs::create_dir_all(&self.state_dir).map_err(err)?;
-        let mut f = std::fs::File::create(&tmp).map_err(err)?;
-        for (i, o) in &self.reboots {
-            writeln!(f, "{i}\t{o}").map_err(err)?;
-        }
-        f.sync_all().map_err(err)?;
-        std::fs::rename(&tmp, &path).map_err(err)?;
-        if let Ok(d) = std::fs::File::open(&self.state_dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        self.restarts.write(&self.state_dir, id, &line)
     }
 }
 
-fn parse_reboots(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .filter_map(|l| {
-            let (id, outcome) = l.split_once('\t')?;
-            (!id.is_empty()).then(|| (id.to_string(), outcome.to_string()))
-        })
-        .collect()
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
 }
 
 /// The answer to a reboot request found in the record.
@@ -224,6 +329,39 @@ fn reboot_answer(outcome: &str) -> ActionStatus {
         None => ActionStatus::Done {
             detail: format!("reboot already carried out for this request ({outcome})"),
         },
+    }
+}
+
+/// The answer to a restart request found in the record: its outcome, or, for one written
+/// as running (the agent stopped before it could write the outcome), outcome unknown.
+fn restart_answer(outcome: &str) -> ActionStatus {
+    if let Some(done) = outcome.strip_prefix("done ") {
+        return ActionStatus::Done {
+            detail: done.to_string(),
+        };
+    }
+    if let Some(failed) = outcome.strip_prefix("failed ") {
+        let (code, detail) = failed.split_once(' ').unwrap_or((failed, ""));
+        let code = [
+            ActionFailure::NotAllowed,
+            ActionFailure::BadRequest,
+            ActionFailure::CommandFailed,
+            ActionFailure::TimedOut,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == code)
+        .unwrap_or(ActionFailure::Error);
+        return ActionStatus::Failed {
+            code,
+            detail: detail.to_string(),
+        };
+    }
+    let what = outcome.strip_prefix("running ").unwrap_or(outcome);
+    ActionStatus::Failed {
+        code: ActionFailure::Error,
+        detail: format!(
+            "{OUTCOME_UNKNOWN}{what}: the agent stopped (killed, crashed or restarted) while the command ran, so whether the unit was restarted is not known; not run again for this request id"
+        ),
     }
 }
 
@@ -312,7 +450,7 @@ mod tests {
         bytes.extend_from_slice(b"r\xff\xfe2\tpen");
         std::fs::write(dir.path().join(REBOOT_FILE), bytes).unwrap();
         let mut l = Ledger::load(dir.path());
-        assert!(l.unread.is_none());
+        assert!(l.reboots.unread.is_none());
         assert!(matches!(l.begin("r1"), Begin::Seen(_)));
     }
 

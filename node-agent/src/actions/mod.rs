@@ -14,7 +14,9 @@ pub mod config;
 pub mod diagnostics;
 pub mod exec;
 pub mod ledger;
+mod restart;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,6 +62,9 @@ pub struct ActionServer {
     /// Failing and warning checks of the last round, for diagnostics.
     checks: Mutex<Vec<CheckResult>>,
     reboots: mpsc::UnboundedSender<RebootOrder>,
+    /// Restarts running now, by unit: the request id running the command and its answer
+    /// to come. A second request for the unit shares that run ([`restart`]).
+    running: Mutex<HashMap<String, restart::Running>>,
 }
 
 /// How a restart or reboot command's run under `timeout` reads as an answer. The detail's
@@ -129,6 +134,7 @@ impl ActionServer {
             ledger: Mutex::new(ledger),
             checks: Mutex::new(Vec::new()),
             reboots,
+            running: Mutex::new(HashMap::new()),
         }
     }
 
@@ -171,6 +177,20 @@ impl ActionServer {
         }
         if matches!(status, ActionStatus::Failed { .. }) {
             l.finish(id, status);
+        }
+    }
+
+    /// Records that the agent was stopped while the reboot command of `id` ran (called by
+    /// the reporting loop on SIGTERM, which during a real reboot is the shutdown itself): a
+    /// resend is answered as a reboot asked for, and the coordinator's step judges by the
+    /// boot id the agent comes back with.
+    pub fn reboot_interrupted(&self, id: &str) {
+        let boot = crate::node::boot_id(&self.root).unwrap_or_default();
+        let line =
+            format!("asked during boot {boot}; the agent was stopped while the reboot command ran");
+        let mut l = self.ledger.lock().expect("ledger lock");
+        if let Err(e) = l.record_reboot(id, &line) {
+            warn!(error = %e, id, "cannot record the reboot's outcome");
         }
     }
 
@@ -256,31 +276,7 @@ impl ActionServer {
             return answer(send, &id, status).await;
         }
         match req.action {
-            AgentAction::RestartUnit { unit } => {
-                answer(send, &id, ActionStatus::Accepted).await;
-                let cfg = self.config();
-                let mut argv = cfg.restart_command.clone();
-                argv.push(unit.clone());
-                info!(id, %unit, command = %argv.join(" "), "restarting unit as the coordinator asked");
-                let ran = exec::run(&argv, cfg.command_timeout, COMMAND_OUTPUT_KEPT).await;
-                let status = command_status(
-                    &format!("restart-unit {unit}"),
-                    &argv,
-                    cfg.command_timeout,
-                    ran,
-                );
-                match &status {
-                    ActionStatus::Failed { detail, .. } => {
-                        warn!(id, %unit, %detail, "unit restart failed")
-                    }
-                    _ => info!(id, %unit, "unit restarted"),
-                }
-                self.ledger
-                    .lock()
-                    .expect("ledger lock")
-                    .finish(&id, status.clone());
-                answer(send, &id, status).await;
-            }
+            AgentAction::RestartUnit { unit } => self.restart(&id, &unit, send).await,
             AgentAction::Reboot => {
                 if let Err(status) = self.record_reboot(&id) {
                     return answer(send, &id, status).await;
@@ -315,24 +311,10 @@ impl ActionServer {
     }
 }
 
-/// Whether `program` names a file that could be run: a path as it is, a bare name looked
-/// up in `PATH` as the command would be.
-fn runnable(program: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        return executable(std::path::Path::new(program));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
-    std::env::split_paths(&path).any(|d| executable(&d.join(program)))
-}
-
 /// Says at start and at each reload what would make an allowed action fail whenever it is
 /// asked for, so the operator learns it now rather than from a repair at night: a restart
-/// or reboot command whose program cannot be run, and (with `reboot = true`) a `state_dir`
-/// that cannot be written, which refuses every reboot.
+/// or reboot command whose program cannot be run, and a `state_dir` that cannot be written,
+/// which refuses every reboot (with `reboot = true`) and keeps restart ids in memory only.
 fn warn_about_unusable_settings(cfg: &ActionsConfig) {
     let commands = [
         (
@@ -343,7 +325,10 @@ fn warn_about_unusable_settings(cfg: &ActionsConfig) {
         (cfg.reboot, "actions.reboot_command", &cfg.reboot_command),
     ];
     for (used, key, argv) in commands {
-        if let Some(program) = argv.first().filter(|p| used && !runnable(p)) {
+        if let Some(program) = argv
+            .first()
+            .filter(|p| used && protocol::process_tree::resolve_program(p).is_none())
+        {
             warn!(
                 key,
                 program = %program,
@@ -351,7 +336,8 @@ fn warn_about_unusable_settings(cfg: &ActionsConfig) {
             );
         }
     }
-    if !cfg.reboot {
+    let restarts = !cfg.allowed_units.is_empty();
+    if !cfg.reboot && !restarts {
         return;
     }
     let dir = &cfg.state_dir;
@@ -362,11 +348,19 @@ fn warn_about_unusable_settings(cfg: &ActionsConfig) {
         )
         .map_err(std::io::Error::from)
     });
-    if let Err(e) = writable {
+    let Err(e) = writable else { return };
+    if cfg.reboot {
         warn!(
             state_dir = %dir.display(),
             error = %e,
             "reboot is allowed but actions.state_dir cannot be written: every reboot the coordinator asks for will be refused; point it at a directory this agent may write"
+        );
+    }
+    if restarts {
+        warn!(
+            state_dir = %dir.display(),
+            error = %e,
+            "restarts are allowed but actions.state_dir is not writable: restart ids are kept in memory only, so a restart interrupted by an agent crash could run again when the coordinator resends it; point it at a directory this agent may write"
         );
     }
 }

@@ -497,7 +497,11 @@ impl Agent {
             let link = self.rounds(&mut stop, &mut backoff, &mut ready).await;
             self.goodbye(link).await;
             match self.reboot.take() {
-                Some(order) => self.run_reboot(order).await,
+                Some(order) => {
+                    if !self.run_reboot(order, &mut stop).await {
+                        break;
+                    }
+                }
                 None => break,
             }
         }
@@ -506,10 +510,24 @@ impl Agent {
 
     /// Runs the reboot command after the goodbye and records its outcome; the agent then
     /// reconnects (a real reboot stops it soon; the coordinator waits for a new boot id).
-    async fn run_reboot(&mut self, order: RebootOrder) {
+    /// `false` when `stop` fired meanwhile: during a real reboot that is the shutdown
+    /// stopping the agent, which must end at once rather than hold the shutdown for the
+    /// command's time limit. The command is then killed (its reboot, if it asked for one,
+    /// is already under way), the id stays recorded, and the goodbye was said.
+    async fn run_reboot(
+        &mut self,
+        order: RebootOrder,
+        stop: &mut (impl Future<Output = ()> + Unpin),
+    ) -> bool {
         let cfg = self.actions.config();
         info!(id = %order.id, command = %cfg.reboot_command.join(" "), "rebooting as the coordinator asked");
-        let ran = actions::exec::run(&cfg.reboot_command, cfg.command_timeout, 2048).await;
+        let run = actions::exec::run(&cfg.reboot_command, cfg.command_timeout, 2048);
+        let notifier = self.notifier.clone();
+        let Some(ran) = unless_stopped(stop, pinging(&*notifier, STEP_LIMIT, run)).await else {
+            info!(id = %order.id, "stopped while the reboot command ran; not waiting for it");
+            self.actions.reboot_interrupted(&order.id);
+            return false;
+        };
         let status =
             actions::command_status("reboot", &cfg.reboot_command, cfg.command_timeout, ran);
         if let protocol::actions::ActionStatus::Failed { detail, .. } = &status {
@@ -517,6 +535,7 @@ impl Agent {
         }
         self.actions.reboot_finished(&order.id, status);
         self.notifier.watchdog();
+        true
     }
 
     /// Connects and reports until `stop` completes or a reboot is ordered; returns the
