@@ -56,6 +56,19 @@ pub enum AgentActionError {
         /// The limit.
         timeout: Duration,
     },
+    /// The agent accepted the request but gave no final answer within the time limit: its
+    /// command still runs (the agent's own `[actions] command_timeout` ends it).
+    #[error(
+        "the agent of {address} accepted {action} but its command was still running after {timeout:?}; the agent limits it to its [actions] command_timeout, so give this step at least that long"
+    )]
+    StillRunning {
+        /// The machine.
+        address: String,
+        /// The action.
+        action: String,
+        /// The limit.
+        timeout: Duration,
+    },
 }
 
 impl AgentActionError {
@@ -187,7 +200,11 @@ impl AgentLinks {
     }
 }
 
-async fn ask(conn: Connection, req: ActionRequest) -> Result<ActionAnswer, TransportError> {
+async fn ask(
+    conn: Connection,
+    req: ActionRequest,
+    accepted: &std::sync::atomic::AtomicBool,
+) -> Result<ActionAnswer, TransportError> {
     let (mut send, mut recv) = conn.open_bi().await.map_err(TransportError::from)?;
     write_msg(&mut send, &req, MAX_ACTION_FRAME_LEN).await?;
     let _ = send.finish();
@@ -204,6 +221,7 @@ async fn ask(conn: Connection, req: ActionRequest) -> Result<ActionAnswer, Trans
             break;
         }
         answer.accepted = true;
+        accepted.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(answer)
 }
@@ -228,7 +246,15 @@ impl AgentActions for AgentLinks {
             };
             let what = req.action.describe();
             tracing::info!(machine = %address, id = %req.id, action = %what, "asking the agent");
-            match tokio::time::timeout(timeout, ask(conn, req)).await {
+            let accepted = std::sync::atomic::AtomicBool::new(false);
+            match tokio::time::timeout(timeout, ask(conn, req, &accepted)).await {
+                Err(_) if accepted.load(std::sync::atomic::Ordering::Relaxed) => {
+                    Err(AgentActionError::StillRunning {
+                        address,
+                        action: what,
+                        timeout,
+                    })
+                }
                 Err(_) => Err(AgentActionError::Timeout {
                     address,
                     action: what,

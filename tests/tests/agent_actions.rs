@@ -14,7 +14,13 @@
 //! - a node certificate cannot ask another agent for anything,
 //! - a whole `unhealthy` procedure on a machine whose kubelet stays broken walks
 //!   `@restart-unit kubelet` → `@reboot` → `@power-cycle`, the last through a real bmc-gateway
-//!   process driving OpenIPMI's `ipmi_sim` (needs `ipmi_sim` and `ipmitool`).
+//!   process driving OpenIPMI's `ipmi_sim` (needs `ipmi_sim` and `ipmitool`),
+//! - a restart the agent was SIGKILLed in is not run again under its id: the agent answers
+//!   "outcome unknown" from its restart record and the coordinator asks once more under a new
+//!   id; and (with `setpriv`) the killed agent's command does not run on,
+//! - a retry of a restart step that gave up before the agent's command ended shares the
+//!   restart still running instead of starting a second one,
+//! - SIGTERM while the reboot command runs stops the agent at once.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -91,6 +97,13 @@ impl Env {
         )?;
         let mut text = std::fs::read_to_string(&cfg)?;
         text.push_str("\n[actions]\n");
+        if !actions.contains("state_dir") {
+            // Never the packaged /var/lib default: restart ids are recorded there.
+            text.push_str(&format!(
+                "state_dir = {:?}\n",
+                self.dir.join(format!("state-{host}"))
+            ));
+        }
         text.push_str(
             &actions
                 .replace("@D@", &self.dir.display().to_string())
@@ -578,5 +591,117 @@ async fn a_broken_kubelet_escalates_restart_then_reboot_then_power_cycle() -> an
     );
     assert_eq!(v["diagnostics"].as_array().map(Vec::len), Some(1), "{v}");
     drop(gw_pki);
+    Ok(())
+}
+
+/// A restart step on `node` with `timeout` s and `retries`; `@agent-healthy` checks it.
+fn restart_yaml(timeout: u64, retries: u32) -> String {
+    format!(
+        "repair:\n  repair_procedures:\n    - machine_types: [qemu]\n      repair_operations:\n        - operation: unhealthy\n          repair_steps:\n            - repair_command: [\"@restart-unit\", \"kubelet\"]\n              command_timeout_seconds: {timeout}\n              command_retries: {retries}\n              watch_seconds: 30\n          health_check_command: [\"@agent-healthy\"]\n"
+    )
+}
+
+/// A restart command that logs its start to `restarts` and, 3 s later, its end to `ends`,
+/// and notes in `overlaps` a start while another run is still going.
+const SLOW_RESTART: &str = "restart_command = [\"sh\", \"-c\", \"test -e @D@/running && echo x >> @D@/overlaps; touch @D@/running; echo \\\"$0\\\" >> @D@/restarts; sleep 3; rm -f @D@/running; echo x >> @D@/ends\"]\n";
+
+#[test]
+fn a_restart_the_agent_was_killed_in_is_not_run_again_under_its_id() -> anyhow::Result<()> {
+    let env = Env::start(&restart_yaml(120, 0), &[("10.12.0.8", "node-k")])?;
+    let (fx, mut agent) = env.agent("node-k", "10.12.0.8", SLOW_RESTART, |b| b)?;
+    env.coord.wait_for_state("node-k", "healthy", SETTLE)?;
+    let i = env.add("unhealthy", "10.12.0.8")?;
+    let restarts = env.dir.join("restarts");
+    wait_for("the restart command to start", SETTLE, || {
+        (lines(&restarts) > 0)
+            .then_some(())
+            .ok_or("not yet".to_string())
+    })?;
+    // Killed mid-command and started again: the coordinator resends the same id.
+    agent.sigkill();
+    let cfg = fx.path_of("etc/fleetmend/node-agent.toml");
+    let again = start_agent("node-k", &cfg, &env.dir.join("node-k-2.log"))?;
+    let v = env.finished(&i)?;
+    let history = env.history(&i)?;
+    assert_eq!(v["status"], "succeeded", "{v}\n{history:?}");
+    again.wait_for_log(&["request seen before"], SETTLE)?;
+    assert!(
+        history.iter().any(|(ev, d)| ev == "command-succeeded"
+            && d.contains("sent again as")
+            && d.contains("-resend1: the agent stopped while it ran the first")),
+        "{history:?}"
+    );
+    // Once for the id the agent was killed in, once for the resend: never twice per id.
+    assert_eq!(lines(&restarts), 2, "restarts: {}", lines(&restarts));
+    if protocol::process_tree::pdeathsig_helper().is_some()
+        && std::env::var_os("INVOCATION_ID").is_none()
+    {
+        // The kernel killed the first command with the agent: only the resend's run ended.
+        std::thread::sleep(Duration::from_secs(4));
+        assert_eq!(
+            lines(&env.dir.join("ends")),
+            1,
+            "the killed agent's command ran on"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_retried_restart_step_shares_the_restart_still_running() -> anyhow::Result<()> {
+    // Each attempt gives up after 2 s; a retry comes while the agent's 3 s command runs.
+    let env = Env::start(&restart_yaml(2, 2), &[("10.12.0.9", "node-l")])?;
+    let (_fx, agent) = env.agent("node-l", "10.12.0.9", SLOW_RESTART, |b| b)?;
+    env.coord.wait_for_state("node-l", "healthy", SETTLE)?;
+    let i = env.add("unhealthy", "10.12.0.9")?;
+    let v = env.finished(&i)?;
+    let history = env.history(&i)?;
+    assert_eq!(v["status"], "succeeded", "{v}\n{history:?}");
+    agent.wait_for_log(&["sharing its outcome instead of restarting again"], SETTLE)?;
+    assert!(
+        history
+            .iter()
+            .any(|(ev, d)| ev == "command-succeeded" && d.contains("one run shared with request")),
+        "{history:?}"
+    );
+    assert!(
+        history.iter().any(|(ev, d)| ev == "command-failed"
+            && d.contains("accepted restart-unit kubelet but its command was still running")),
+        "{history:?}"
+    );
+    assert_eq!(lines(&env.dir.join("restarts")), 1, "restarted twice");
+    assert_eq!(
+        lines(&env.dir.join("overlaps")),
+        0,
+        "two restarts ran at once"
+    );
+    Ok(())
+}
+
+#[test]
+fn sigterm_while_the_reboot_command_runs_stops_the_agent_at_once() -> anyhow::Result<()> {
+    let yaml = "repair:\n  repair_procedures:\n    - machine_types: [qemu]\n      repair_operations:\n        - operation: unhealthy\n          repair_steps:\n            - repair_command: [\"@reboot\"]\n              command_timeout_seconds: 60\n          health_check_command: [\"@agent-healthy\"]\n";
+    let env = Env::start(yaml, &[("10.12.0.10", "node-m")])?;
+    // A reboot that takes its time (as a real shutdown does while it stops the agent).
+    let actions =
+        "reboot = true\nreboot_command = [\"sh\", \"-c\", \"echo x >> @D@/reboots; sleep 30\"]\n";
+    let (_fx, mut agent) = env.agent("node-m", "10.12.0.10", actions, |b| b)?;
+    env.coord.wait_for_state("node-m", "healthy", SETTLE)?;
+    env.add("unhealthy", "10.12.0.10")?;
+    agent.wait_for_log(&["rebooting as the coordinator asked"], SETTLE)?;
+    let started = std::time::Instant::now();
+    let code = agent.sigterm(Duration::from_secs(10))?;
+    assert_eq!(code, Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The id stays recorded for a resend.
+    let record = std::fs::read_to_string(env.dir.join("state-node-m/reboot-requests"))?;
+    assert!(
+        record.contains("the agent was stopped while the reboot command ran"),
+        "{record}"
+    );
     Ok(())
 }

@@ -140,7 +140,9 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
         format!(" (sent again as {id}: the agent stopped while it ran the first, outcome unknown)")
     };
     let outcome = |e: &AgentActionError| match e {
-        AgentActionError::Timeout { .. } => Outcome::Timeout,
+        AgentActionError::Timeout { .. } | AgentActionError::StillRunning { .. } => {
+            Outcome::Timeout
+        }
         _ => Outcome::Error,
     };
     match answer {

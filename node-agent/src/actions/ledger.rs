@@ -464,4 +464,61 @@ mod tests {
         assert_eq!(l.seen.len(), REMEMBERED);
         assert!(matches!(l.begin("0"), Begin::New), "oldest forgotten");
     }
+
+    #[test]
+    fn a_restart_interrupted_by_an_agent_stop_is_answered_outcome_unknown_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = Ledger::load(dir.path());
+        assert!(matches!(l.begin("a"), Begin::New));
+        l.record_restart_running("a", "restart-unit kubelet with `x kubelet` during boot b1")
+            .unwrap();
+        assert!(matches!(l.begin("b"), Begin::New));
+        l.record_restart_running("b", "restart-unit containerd")
+            .unwrap();
+        let done = ActionStatus::Failed {
+            code: ActionFailure::TimedOut,
+            detail: "restart-unit containerd: `x` did not finish\nout".into(),
+        };
+        l.record_restart_outcome("b", &done).unwrap();
+        // The agent was killed while "a" ran: started again, it knows both.
+        let mut again = Ledger::load(dir.path());
+        let Begin::Seen(rx) = again.begin("a") else {
+            panic!("interrupted restart forgotten")
+        };
+        let a = rx.borrow().clone().unwrap();
+        assert!(a.is_outcome_unknown(), "{a:?}");
+        let Begin::Seen(rx) = again.begin("b") else {
+            panic!("finished restart forgotten")
+        };
+        assert_eq!(
+            rx.borrow().clone().unwrap(),
+            ActionStatus::Failed {
+                code: ActionFailure::TimedOut,
+                detail: "restart-unit containerd: `x` did not finish".into()
+            }
+        );
+        assert!(matches!(again.begin("c"), Begin::New));
+    }
+
+    #[test]
+    fn the_restart_record_is_bounded_and_its_absence_only_costs_durability() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = Ledger::load(dir.path());
+        for i in 0..(RESTARTS_KEPT + 5) {
+            l.record_restart_running(&i.to_string(), "restart-unit kubelet")
+                .unwrap();
+        }
+        let text = std::fs::read_to_string(dir.path().join(RESTART_FILE)).unwrap();
+        assert_eq!(text.lines().count(), RESTARTS_KEPT);
+        // A state directory that is a file: the write fails, the id is still remembered.
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, "").unwrap();
+        let mut l = Ledger::load(&file);
+        assert!(matches!(l.begin("x"), Begin::New));
+        assert!(
+            l.record_restart_running("x", "restart-unit kubelet")
+                .is_err()
+        );
+        assert!(matches!(l.begin("x"), Begin::Seen(_)));
+    }
 }

@@ -596,6 +596,18 @@ mod tests {
             ..cfg
         });
         assert_eq!(warned(logs), 2);
+        // Restarts allowed (the default units): their ids would be kept in memory only.
+        let memory_only = logs
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("restart ids are kept in memory only"))
+            .count();
+        assert_eq!(
+            memory_only, 3,
+            "start, reload, and the reload without reboots"
+        );
     }
 
     #[test]
