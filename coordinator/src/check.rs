@@ -98,7 +98,12 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
                 .map(|l| {
                     let n = l.config.repair_procedures.len();
                     let s = if n == 1 { "" } else { "s" };
-                    format!("{}: {n} procedure{s}", path.display())
+                    let mut d = format!("{}: {n} procedure{s}", path.display());
+                    for w in &l.warnings {
+                        d.push_str("; warning: ");
+                        d.push_str(w);
+                    }
+                    d
                 })
                 .map_err(|e| e.to_string()),
         ));

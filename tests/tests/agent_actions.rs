@@ -685,9 +685,9 @@ fn sigterm_while_the_reboot_command_runs_stops_the_agent_at_once() -> anyhow::Re
     // A reboot that takes its time (as a real shutdown does while it stops the agent).
     let actions =
         "reboot = true\nreboot_command = [\"sh\", \"-c\", \"echo x >> @D@/reboots; sleep 30\"]\n";
-    let (_fx, mut agent) = env.agent("node-m", "10.12.0.10", actions, |b| b)?;
+    let (fx, mut agent) = env.agent("node-m", "10.12.0.10", actions, |b| b)?;
     env.coord.wait_for_state("node-m", "healthy", SETTLE)?;
-    env.add("unhealthy", "10.12.0.10")?;
+    let i = env.add("unhealthy", "10.12.0.10")?;
     agent.wait_for_log(&["rebooting as the coordinator asked"], SETTLE)?;
     let started = std::time::Instant::now();
     let code = agent.sigterm(Duration::from_secs(10))?;
@@ -703,5 +703,19 @@ fn sigterm_while_the_reboot_command_runs_stops_the_agent_at_once() -> anyhow::Re
         record.contains("the agent was stopped while the reboot command ran"),
         "{record}"
     );
+    // Started again in the same boot: the machine did not reboot, and the step learns it
+    // from the agent's answer at once, not at the end of its 60 s.
+    let cfg = fx.path_of("etc/fleetmend/node-agent.toml");
+    let _again = start_agent("node-m", &cfg, &env.dir.join("node-m-2.log"))?;
+    let v = env.finished(&i)?;
+    let history = env.history(&i)?;
+    assert_eq!(v["status"], "failed", "{v}");
+    assert!(
+        history
+            .iter()
+            .any(|(_, d)| d.contains("outcome unknown") && d.contains("did not reboot")),
+        "{history:?}"
+    );
+    assert_eq!(lines(&env.dir.join("reboots")), 1, "rebooted again");
     Ok(())
 }

@@ -108,7 +108,12 @@ impl Record {
         let (entries, unread) = match read_entries(&path) {
             Ok(r) => (r, None),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read the {what}: it is not written until it can be read (reboots are refused, restart ids kept in memory only)");
+                let meanwhile = if file == REBOOT_FILE {
+                    "reboot requests are refused until it can be read"
+                } else {
+                    "restart ids are kept in memory only until it can be read"
+                };
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the {what}: {meanwhile}");
                 (Vec::new(), Some(e))
             }
         };
@@ -213,6 +218,9 @@ pub struct Ledger {
     order: VecDeque<String>,
     reboots: Record,
     restarts: Record,
+    /// The boot this agent runs in: a reboot recorded as asked in this same boot, and not
+    /// finished, was interrupted by the agent's stop without rebooting.
+    boot: String,
 }
 
 impl Ledger {
@@ -226,7 +234,13 @@ impl Ledger {
             order: VecDeque::new(),
             reboots: Record::load(state_dir, REBOOT_FILE, "reboot record", REBOOTS_KEPT),
             restarts: Record::load(state_dir, RESTART_FILE, "restart record", RESTARTS_KEPT),
+            boot: String::new(),
         }
+    }
+
+    /// Tells the ledger the boot id the agent runs in (empty when unknown).
+    pub fn set_boot(&mut self, boot: &str) {
+        self.boot = boot.to_string();
     }
 
     /// Keeps the records in `state_dir` from now on (a reload changed it): the records found
@@ -249,7 +263,7 @@ impl Ledger {
         }
         let _ = self.restarts.reread(&self.state_dir);
         let recorded = match (self.reboots.find(id), self.restarts.find(id)) {
-            (Some(outcome), _) => Some(reboot_answer(outcome)),
+            (Some(outcome), _) => Some(reboot_answer(outcome, &self.boot)),
             (None, Some(outcome)) => Some(restart_answer(outcome)),
             (None, None) => None,
         };
@@ -319,8 +333,29 @@ fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
 }
 
-/// The answer to a reboot request found in the record.
-fn reboot_answer(outcome: &str) -> ActionStatus {
+/// The outcome line written before the reboot command runs.
+pub fn reboot_asked(boot: &str) -> String {
+    format!("asked during boot {boot}")
+}
+
+/// The answer to a reboot request found in the record. One asked in `boot` (the boot the
+/// agent runs in now) whose command never finished was interrupted by the agent's stop
+/// (killed, crashed, restarted) and the machine did not reboot: outcome unknown, so the
+/// coordinator's step fails in seconds instead of waiting out its limit for a new boot.
+fn reboot_answer(outcome: &str, boot: &str) -> ActionStatus {
+    let asked_here = reboot_asked(boot);
+    let same_boot = outcome == asked_here
+        || outcome
+            .strip_prefix(&asked_here)
+            .is_some_and(|rest| rest.starts_with(';'));
+    if !boot.is_empty() && same_boot {
+        return ActionStatus::Failed {
+            code: ActionFailure::Error,
+            detail: format!(
+                "{OUTCOME_UNKNOWN}reboot: the agent stopped while the reboot command ran and the machine is still in boot {boot}, so it did not reboot; not run again for this request id"
+            ),
+        };
+    }
     match outcome.strip_prefix("failed ") {
         Some(detail) => ActionStatus::Failed {
             code: ActionFailure::CommandFailed,
@@ -520,5 +555,33 @@ mod tests {
                 .is_err()
         );
         assert!(matches!(l.begin("x"), Begin::Seen(_)));
+    }
+
+    #[test]
+    fn a_reboot_asked_in_this_very_boot_and_never_finished_is_outcome_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = Ledger::load(dir.path());
+        l.record_reboot("r1", &reboot_asked("b1")).unwrap();
+        l.record_reboot(
+            "r2",
+            &format!("{}; the agent was stopped", reboot_asked("b1")),
+        )
+        .unwrap();
+        l.record_reboot("r3", &reboot_asked("b10")).unwrap();
+        for (boot, unknown) in [("b1", ["r1", "r2"]), ("b2", ["", ""])] {
+            let mut again = Ledger::load(dir.path());
+            again.set_boot(boot);
+            for id in ["r1", "r2", "r3"] {
+                let Begin::Seen(rx) = again.begin(id) else {
+                    panic!("{id} forgotten")
+                };
+                let answer = rx.borrow().clone().unwrap();
+                assert_eq!(
+                    answer.is_outcome_unknown(),
+                    unknown.contains(&id),
+                    "{boot} {id}: {answer:?}"
+                );
+            }
+        }
     }
 }

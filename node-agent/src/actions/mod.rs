@@ -126,7 +126,8 @@ impl ActionServer {
         root: PathBuf,
         reboots: mpsc::UnboundedSender<RebootOrder>,
     ) -> Self {
-        let ledger = Ledger::load(&cfg.state_dir);
+        let mut ledger = Ledger::load(&cfg.state_dir);
+        ledger.set_boot(&crate::node::boot_id(&root).unwrap_or_default());
         warn_about_unusable_settings(&cfg);
         Self {
             cfg: Mutex::new(cfg),
@@ -186,8 +187,10 @@ impl ActionServer {
     /// boot id the agent comes back with.
     pub fn reboot_interrupted(&self, id: &str) {
         let boot = crate::node::boot_id(&self.root).unwrap_or_default();
-        let line =
-            format!("asked during boot {boot}; the agent was stopped while the reboot command ran");
+        let line = format!(
+            "{}; the agent was stopped while the reboot command ran",
+            ledger::reboot_asked(&boot)
+        );
         let mut l = self.ledger.lock().expect("ledger lock");
         if let Err(e) = l.record_reboot(id, &line) {
             warn!(error = %e, id, "cannot record the reboot's outcome");
@@ -297,7 +300,7 @@ impl ActionServer {
     fn record_reboot(&self, id: &str) -> Result<(), ActionStatus> {
         let boot = crate::node::boot_id(&self.root).unwrap_or_default();
         let mut ledger = self.ledger.lock().expect("ledger lock");
-        let Err(e) = ledger.record_reboot(id, &format!("asked during boot {boot}")) else {
+        let Err(e) = ledger.record_reboot(id, &ledger::reboot_asked(&boot)) else {
             return Ok(());
         };
         let detail = format!("not rebooting: {e}");
@@ -602,7 +605,7 @@ mod tests {
             .lock()
             .unwrap()
             .iter()
-            .filter(|l| l.contains("restart ids are kept in memory only"))
+            .filter(|l| l.contains("actions.state_dir is not writable"))
             .count();
         assert_eq!(
             memory_only, 3,
