@@ -88,7 +88,7 @@ impl ActionServer {
                 (None, None) => None,
             }
         };
-        let _guard = joined.is_none().then_some(RunningGuard {
+        let guard = joined.is_none().then_some(RunningGuard {
             server: self,
             unit,
             id,
@@ -128,6 +128,9 @@ impl ActionServer {
                 )
             }
         };
+        // The run is over: a request from now on starts a run of its own; the ones that
+        // joined this run hold its answer's receiver and get it below.
+        drop(guard);
         match &status {
             ActionStatus::Failed { detail, .. } => {
                 warn!(id, %unit, %detail, "unit restart failed")

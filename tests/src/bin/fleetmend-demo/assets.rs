@@ -11,7 +11,7 @@ pub(super) const REPAIR_YAML: &str = r#"repair:
         - operation: "unhealthy"
           repair_steps:
             - repair_command: ["@restart-unit", "kubelet"]
-              command_timeout_seconds: 30
+              command_timeout_seconds: 60
               watch_seconds: 30
           health_check_command: ["@agent-healthy"]
           command_timeout_seconds: 10
