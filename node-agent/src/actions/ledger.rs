@@ -133,16 +133,25 @@ impl Record {
             .map(|(_, o)| o.as_str())
     }
 
-    /// Takes `moved` (the record of a new state directory) and keeps the entries known so
-    /// far after its own.
-    fn move_to(&mut self, moved: Record) {
+    /// Takes `moved` (the record of new state directory `dir`) and keeps the entries known
+    /// so far after its own, written there at once: a request running now must not be
+    /// forgotten if the agent dies before its outcome is written.
+    fn move_to(&mut self, dir: &Path, moved: Record) {
         let mine = std::mem::replace(&mut self.entries, moved.entries);
+        let mut added = false;
         for r in mine {
             if self.find(&r.0).is_none() {
                 self.entries.push(r);
+                added = true;
             }
         }
         self.unread = moved.unread;
+        if added
+            && self.unread.is_none()
+            && let Err(e) = self.flush(dir)
+        {
+            tracing::warn!(error = %e, "cannot write the {} in the new state directory; the ids are kept in memory until the next record", self.what);
+        }
     }
 
     /// Reads the file again if it could not be read before. `Err` while it still cannot.
@@ -187,6 +196,13 @@ impl Record {
         let outcome = outcome.replace(['\t', '\n'], " ");
         self.entries.retain(|(i, _)| i != id);
         self.entries.push((id.to_string(), outcome));
+        self.flush(dir)
+    }
+
+    /// Writes the newest entries (at most `kept`) to the file, through a synced temporary
+    /// file and a rename.
+    fn flush(&mut self, dir: &Path) -> Result<(), LedgerError> {
+        let path = dir.join(self.file);
         let skip = self.entries.len().saturating_sub(self.kept);
         self.entries.drain(..skip);
         let tmp = dir.join(format!("{}.tmp", self.file));
@@ -251,8 +267,8 @@ impl Ledger {
             return;
         }
         let moved = Self::load(state_dir);
-        self.reboots.move_to(moved.reboots);
-        self.restarts.move_to(moved.restarts);
+        self.reboots.move_to(state_dir, moved.reboots);
+        self.restarts.move_to(state_dir, moved.restarts);
         self.state_dir = state_dir.to_path_buf();
     }
 

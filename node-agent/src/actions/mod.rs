@@ -541,6 +541,12 @@ mod tests {
         let server = ActionServer::new(cfg(old.path()), old.path().to_path_buf(), tx.clone());
         server.record_reboot("r1").unwrap();
         server.set_config(cfg(new.path()));
+        // Written there at once: a crash before the next record must not forget r1.
+        let moved = std::fs::read_to_string(new.path().join("reboot-requests")).unwrap();
+        assert!(
+            moved.contains("r0\t") && moved.contains("r1\t"),
+            "{moved:?}"
+        );
         server.record_reboot("r2").unwrap();
         let kept = std::fs::read_to_string(new.path().join("reboot-requests")).unwrap();
         for id in ["r0\t", "r1\t", "r2\t"] {
