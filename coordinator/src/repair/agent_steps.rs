@@ -101,6 +101,10 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
     }
     let started = tokio::time::Instant::now();
     let mut id = ctx.request_id.clone();
+    // When the connection broke mid-request: the agent was killed or restarted while it
+    // acted, and is worth waiting for (a packaged agent is back within seconds) so that it
+    // can say how the request ended instead of the step failing as unreachable.
+    let mut lost_at: Option<tokio::time::Instant> = None;
     let answer = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match ctx
@@ -109,12 +113,15 @@ pub async fn run(step: AgentStep, ctx: &RunContext) -> (CommandEnd, Outcome) {
             .await
         {
             Err(AgentActionError::NotConnected { .. })
-                if worth_waiting(ctx, started) && !left.is_zero() =>
+                if (worth_waiting(ctx, started)
+                    || lost_at.is_some_and(|t| t.elapsed() < RECONNECT_GRACE))
+                    && !left.is_zero() =>
             {
                 tokio::time::sleep(REBOOT_POLL.min(left)).await;
             }
             Err(e) if e.is_retriable() && !left.is_zero() => {
                 tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "agent step: connection lost; asking again with the same id");
+                lost_at = Some(tokio::time::Instant::now());
                 tokio::time::sleep(RESEND_PAUSE.min(left)).await;
             }
             Ok(ActionAnswer {
@@ -689,5 +696,49 @@ mod tests {
         assert_eq!(outcome, Outcome::Failed);
         assert!(end.summary.contains("outcome unknown"), "{}", end.summary);
         assert_eq!(agent.1.lock().unwrap().len(), 2);
+    }
+
+    /// Plays scripted results, one per request.
+    struct Script(Mutex<Vec<Result<ActionAnswer, AgentActionError>>>);
+
+    impl AgentActions for Script {
+        fn act(
+            &self,
+            _address: &str,
+            _id: &str,
+            _action: AgentAction,
+            _timeout: Duration,
+        ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
+            let next = self.0.lock().unwrap().remove(0);
+            Box::pin(async move { next })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agent_lost_mid_request_is_waited_for_to_say_how_it_ended() {
+        let gone = || AgentActionError::NotConnected {
+            address: "10.0.0.9".into(),
+        };
+        let agent = Arc::new(Script(Mutex::new(vec![
+            Err(AgentActionError::Lost {
+                address: "10.0.0.9".into(),
+                action: "restart-unit kubelet".into(),
+                detail: "connection closed".into(),
+            }),
+            Err(gone()),
+            Err(gone()),
+            Ok(ActionAnswer {
+                accepted: true,
+                status: Some(ActionStatus::Done {
+                    detail: "restart-unit kubelet: exit status: 0".into(),
+                }),
+            }),
+        ])));
+        let (end, outcome) = run(
+            AgentStep::RestartUnit("kubelet".into()),
+            &ctx(agent, Arc::new(Reported)),
+        )
+        .await;
+        assert_eq!(outcome, Outcome::Ok, "{}", end.summary);
     }
 }
