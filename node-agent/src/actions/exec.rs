@@ -12,7 +12,7 @@
 //! under the packaged systemd unit, systemd kills what is left in the service's control
 //! group. Elsewhere the command is started through `setpriv --pdeathsig KILL` when util-linux
 //! has it, so the kernel kills the command with the agent; what the command forked lives on
-//! (see [`parent_death_guard`]).
+//! (see `parent_death_guard`).
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -5,7 +5,9 @@
 //! The agent listens on no port: the coordinator opens a stream on the agent's own
 //! mutual-TLS connection, so only the coordinator this agent authenticated can ask. Each
 //! action is refused unless `[actions]` enables it ([`config`]); a request id seen before
-//! is answered from the [`ledger`] instead of acted on again. A reboot is handed to the
+//! is answered from the [`ledger`] instead of acted on again, also after the agent itself
+//! restarted (reboot and restart ids are recorded in `state_dir` before their command runs).
+//! A unit has one restart running at a time (`restart.rs`). A reboot is handed to the
 //! reporting loop, which says goodbye with reason reboot before running the reboot command.
 //!
 //! This module does not decide when an action is wise; the coordinator's repair steps do.
