@@ -37,7 +37,7 @@ use crate::config::{BmcConfig, BmcProtocol, Config};
 use crate::gateway::{Bmc, Defaults, Gateway};
 use crate::ipmi::{IpmiPowerControl, IpmiTarget};
 use crate::metrics::Metrics;
-use crate::power::{PowerControl, PowerState};
+use crate::power::{PowerControl, PowerReading, PowerState};
 use crate::redfish::{AuthMode, RedfishPowerControl, RedfishTarget, Trust};
 
 /// Why the gateway could not start.
@@ -290,8 +290,8 @@ pub struct CheckRow {
     pub protocol: &'static str,
     /// `host:port`.
     pub bmc: String,
-    /// Power state or the error.
-    pub result: Result<PowerState, String>,
+    /// Power state (with the BMC's own word when it is not plainly on or off) or the error.
+    pub result: Result<PowerReading, String>,
 }
 
 /// Reads every configured BMC's power state, concurrently, each within `timeout`.
@@ -303,7 +303,7 @@ pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
             let result = match password_of(&b).and_then(|pw| power_for(&b, pw)) {
                 Err(e) => Err(e.to_string()),
                 Ok(p) => {
-                    let r = match tokio::time::timeout(timeout, p.power_state()).await {
+                    let r = match tokio::time::timeout(timeout, p.power_reading()).await {
                         Ok(Ok(s)) => Ok(s),
                         Ok(Err(e)) => Err(e.to_string()),
                         Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
@@ -335,14 +335,14 @@ pub fn render_check(rows: &[CheckRow]) -> String {
     out.push(["MACHINE", "PROTOCOL", "BMC", "POWER", "DETAIL"].map(String::from));
     for r in rows {
         let (power, detail) = match &r.result {
-            Ok(s) => (
-                match s {
+            Ok(r) => (
+                match r.state {
                     PowerState::On => "on",
                     PowerState::Off => "off",
                     PowerState::Unknown => "unknown",
                 }
                 .to_string(),
-                String::new(),
+                r.note.clone().unwrap_or_default(),
             ),
             Err(e) => ("ERROR".to_string(), e.clone()),
         };
@@ -392,7 +392,7 @@ mod tests {
                 machine: "10.0.0.1".into(),
                 protocol: "ipmi",
                 bmc: "10.1.0.1:623".into(),
-                result: Ok(PowerState::On),
+                result: Ok(PowerReading::plain(PowerState::On)),
             },
             CheckRow {
                 machine: "10.0.0.22".into(),
@@ -400,12 +400,20 @@ mod tests {
                 bmc: "10.1.0.22:443".into(),
                 result: Err("refused".into()),
             },
+            CheckRow {
+                machine: "10.0.0.23".into(),
+                protocol: "redfish",
+                bmc: "10.1.0.23:443".into(),
+                result: Ok(redfish::read_power_state("PoweringOn")),
+            },
         ]);
         assert_eq!(
             t,
-            "MACHINE    PROTOCOL  BMC            POWER  DETAIL\n\
+            "MACHINE    PROTOCOL  BMC            POWER    DETAIL\n\
              10.0.0.1   ipmi      10.1.0.1:623   on\n\
-             10.0.0.22  redfish   10.1.0.22:443  ERROR  refused\n"
+             10.0.0.22  redfish   10.1.0.22:443  ERROR    refused\n\
+             10.0.0.23  redfish   10.1.0.23:443  unknown  the BMC says PowerState \"PoweringOn\": \
+             a power-on is under way; read again in a few seconds\n"
         );
     }
 }

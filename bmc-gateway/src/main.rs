@@ -99,7 +99,8 @@ fn main() -> ExitCode {
                             "machine": r.machine,
                             "protocol": r.protocol,
                             "bmc": r.bmc,
-                            "power": r.result.as_ref().ok().map(|p| format!("{p:?}").to_lowercase()),
+                            "power": r.result.as_ref().ok().map(|p| format!("{:?}", p.state).to_lowercase()),
+                            "detail": r.result.as_ref().ok().and_then(|p| p.note.as_deref()),
                             "error": r.result.as_ref().err(),
                         })
                     })

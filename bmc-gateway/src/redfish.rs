@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
 
-use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
+use crate::power::{BmcError, ChassisOp, PowerControl, PowerReading, PowerState};
 pub use crate::redfish_tls::{Trust, rustls_config};
 
 mod session;
@@ -167,6 +167,29 @@ pub fn parse_power_state(s: &str) -> PowerState {
         "On" | "PoweringOff" | "Paused" => PowerState::On,
         "Off" => PowerState::Off,
         _ => PowerState::Unknown,
+    }
+}
+
+/// Longest part of a BMC's `PowerState` word quoted in a message: a BMC answering garbage
+/// must not fill a table cell or a log line with it.
+const WORD_SHOWN: usize = 40;
+
+/// A Redfish `PowerState` as [`parse_power_state`] counts it, with the BMC's word and what it
+/// means when it is not plainly `On` or `Off`.
+pub fn read_power_state(s: &str) -> PowerReading {
+    let meaning = match s {
+        "On" | "Off" => None,
+        "PoweringOn" => Some("a power-on is under way; read again in a few seconds"),
+        "PoweringOff" => {
+            Some("a power-off is under way; counted as on (not fenced) until it reads Off")
+        }
+        "Paused" => Some("the system is on but halted"),
+        _ => Some("not a Redfish power state this gateway knows"),
+    };
+    let word: String = s.chars().take(WORD_SHOWN).collect();
+    PowerReading {
+        state: parse_power_state(s),
+        note: meaning.map(|m| format!("the BMC says PowerState {word:?}: {m}")),
     }
 }
 
@@ -326,12 +349,12 @@ impl RedfishPowerControl {
         }
     }
 
-    async fn state_now(&self) -> Result<PowerState, BmcError> {
+    async fn state_now(&self) -> Result<PowerReading, BmcError> {
         let (path, v) = self.read_system().await?;
         // A system that does not say its power state (absent or null) can never be confirmed
         // off: an error naming it, rather than a silent "unknown" that only fences discover.
         match json_str(&v, &["PowerState"]) {
-            Some(s) => Ok(parse_power_state(s)),
+            Some(s) => Ok(read_power_state(s)),
             None => Err(BmcError::Protocol {
                 bmc: self.t.name.clone(),
                 what: format!("GET {path}"),
@@ -345,6 +368,10 @@ impl RedfishPowerControl {
 
 impl PowerControl for RedfishPowerControl {
     fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+        Box::pin(async move { self.state_now().await.map(|r| r.state) })
+    }
+
+    fn power_reading(&self) -> BoxFuture<'_, Result<PowerReading, BmcError>> {
         Box::pin(self.state_now())
     }
 
@@ -371,7 +398,7 @@ impl PowerControl for RedfishPowerControl {
                     let first = self.reset(&path, &system, &off).await?;
                     let started = tokio::time::Instant::now();
                     loop {
-                        if self.state_now().await? == PowerState::Off {
+                        if self.state_now().await?.state == PowerState::Off {
                             break;
                         }
                         if started.elapsed() > CYCLE_OFF_WAIT {
@@ -526,6 +553,50 @@ mod tests {
 
     /// A BMC that applied the off and deleted its task monitor before the first poll: the
     /// 404 made the fence fail as "refused" with the machine already off.
+    /// `check` showed a BMC in the middle of a power change as "unknown" with no word of why.
+    /// The BMC's word is kept; a fence takes only `Off` as off, never `PoweringOff`.
+    #[tokio::test]
+    async fn transient_power_states_keep_the_bmc_word_and_powering_off_is_not_off() {
+        use crate::actions::{self, ActionLimits, SystemClock};
+        use protocol::gateway::{PowerAction, PowerOutcome};
+        let fake = Arc::new(Fake::default());
+        *fake.power.lock().unwrap() = "On".into();
+        *fake.transient.lock().unwrap() = vec!["PoweringOff".into(); 2];
+        let c = client(serve(fake.clone()).await, "pw");
+        let limits = ActionLimits {
+            timeout: Duration::from_secs(20),
+            poll: Duration::from_millis(10),
+        };
+        let o = actions::run(&c, PowerAction::Fence, limits, &SystemClock).await;
+        let PowerOutcome::Done {
+            confirmed_off_unix_ms: Some(_),
+            detail,
+            ..
+        } = o
+        else {
+            panic!("{o:?}")
+        };
+        assert!(detail.contains("read off after 3 reads"), "{detail}");
+
+        for (word, state) in [
+            ("PoweringOn", PowerState::Unknown),
+            ("PoweringOff", PowerState::On),
+            ("Paused", PowerState::On),
+            ("Hibernating\u{1b}[2J", PowerState::Unknown),
+        ] {
+            *fake.power.lock().unwrap() = word.into();
+            let r = c.power_reading().await.unwrap();
+            let note = r.note.unwrap_or_default();
+            assert_eq!(r.state, state, "{word}");
+            assert!(note.contains(&format!("{word:?}")), "{note}");
+        }
+        let o = actions::run(&c, PowerAction::Status, limits, &SystemClock).await;
+        assert!(
+            matches!(&o, PowerOutcome::Done { detail, .. } if detail.contains("not a Redfish power state this gateway knows")),
+            "{o:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_task_gone_before_its_first_poll_is_taken_as_finished() {
         let fake = Arc::new(Fake::default());

@@ -690,6 +690,47 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
     Ok(())
 }
 
+/// `check` and a coordinator's status showed a Redfish system in the middle of a power change
+/// as "unknown" with no word of why; both now carry the BMC's own word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redfish_power_change_under_way_is_shown_in_the_bmcs_words() -> Result<()> {
+    let pki = TestPki::new()?;
+    let mut sys = FakeSystem::new(1, "busy", true);
+    sys.power = "PoweringOn".into();
+    let sushy = Sushy::start(&pki.ca, std::slice::from_ref(&sys)).await?;
+    let bmcs = redfish_bmc(
+        pki.dir.path(),
+        "rf-busy",
+        &sushy,
+        &sys.uuid,
+        &sushy.password,
+    );
+    let gw = GatewayProc::start(&pki, &bmcs).await?;
+    let c = coordinator(&pki, &gw).await?;
+    let r = c
+        .request(req("st-1", "rf-busy", PowerAction::Status), ANSWER)
+        .await?;
+    let (state, detail) = done(&r.outcome)?;
+    ensure!(state == PowerState::Unknown, "{detail}");
+    ensure!(detail.contains("\"PoweringOn\": a power-on"), "{detail}");
+    let out = tokio::time::timeout(
+        ANSWER,
+        tokio::process::Command::new(testkit::bmc_sim::gateway_binary()?)
+            .args(["check", "--config"])
+            .arg(&gw.config)
+            .output(),
+    )
+    .await??;
+    let table = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        table.lines().any(|l| l.starts_with("rf-busy")
+            && l.contains(" unknown ")
+            && l.contains("the BMC says PowerState \"PoweringOn\"")),
+        "{table}"
+    );
+    Ok(())
+}
+
 /// Two gateways on one `state_dir` would each run a request id the other ran: the second is
 /// refused (exit 1, as for any unusable state directory) naming the first's pid, and
 /// `bmc-gateway check` says who holds the directory; once the first is gone (even by

@@ -22,6 +22,10 @@ pub(super) struct Fake {
     pub(super) task_reads: StdMutex<u32>,
     /// Answer resets with a task that is already gone (404).
     pub(super) task_gone: StdMutex<bool>,
+    /// Power states the system reads after each reset before the reset's result (e.g.
+    /// `PoweringOff`), and those still to be read.
+    pub(super) transient: StdMutex<Vec<String>>,
+    pending: StdMutex<Vec<String>>,
 }
 
 const TOKEN: &str = "tok-123";
@@ -70,7 +74,12 @@ async fn system(State(f): State<Arc<Fake>>, h: HeaderMap) -> Response {
     if !authed(&h) {
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    let p = f.power.lock().unwrap().clone();
+    let mut pending = f.pending.lock().unwrap();
+    let p = if pending.is_empty() {
+        f.power.lock().unwrap().clone()
+    } else {
+        pending.remove(0)
+    };
     // Empty: a system that does not say its power state (null).
     let p = if p.is_empty() { Value::Null } else { p.into() };
     axum::Json(json!({
@@ -91,6 +100,7 @@ async fn reset(State(f): State<Arc<Fake>>, h: HeaderMap, body: axum::Json<Value>
     f.calls.lock().unwrap().push(t.clone());
     *f.power.lock().unwrap() = if t == "On" { "On" } else { "Off" }.into();
     *f.task_reads.lock().unwrap() = 0;
+    *f.pending.lock().unwrap() = f.transient.lock().unwrap().clone();
     (
         StatusCode::ACCEPTED,
         [(
