@@ -382,10 +382,13 @@ pub fn loose_mode(path: &Path) -> Option<u32> {
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        // Not std::fs::read_to_string: `--config` naming a FIFO waited for a writer forever,
+        // and /dev/zero was read until the kernel killed the process for memory.
+        let text =
+            protocol::file::read_regular_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Self::parse(path, &text)
     }
 
@@ -628,6 +631,28 @@ ca_file = "@CA@"
         assert_eq!(loose_mode(&pw), Some(0o644));
         std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(loose_mode(&pw), None);
+    }
+
+    /// `--config` naming a FIFO hung `check` and the start with no word (and `/dev/zero` was
+    /// read until the process was killed for memory): anything but a regular file is refused.
+    #[test]
+    fn a_config_that_is_not_a_regular_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("gateway.toml");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(Config::load(&fifo).map(|_| ())));
+        let e = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("loading a FIFO hangs")
+            .unwrap_err();
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        let e = Config::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("a character device"), "{e}");
     }
 
     #[test]
