@@ -298,33 +298,46 @@ pub struct CheckRow {
 pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
     let mut tasks = Vec::new();
     for b in &cfg.bmcs {
+        let row = (
+            b.machine.clone(),
+            b.protocol.as_str(),
+            format!("{}:{}", b.host, b.port()),
+        );
         let b = b.clone();
-        tasks.push(tokio::spawn(async move {
-            let result = match password_of(&b).and_then(|pw| power_for(&b, pw)) {
-                Err(e) => Err(e.to_string()),
-                Ok(p) => {
-                    let r = match tokio::time::timeout(timeout, p.power_reading()).await {
-                        Ok(Ok(s)) => Ok(s),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
-                    };
-                    let _ = tokio::time::timeout(Duration::from_secs(3), p.close()).await;
-                    r
+        tasks.push((
+            row,
+            tokio::spawn(async move {
+                let result = match password_of(&b).and_then(|pw| power_for(&b, pw)) {
+                    Err(e) => Err(e.to_string()),
+                    Ok(p) => {
+                        let r = match tokio::time::timeout(timeout, p.power_reading()).await {
+                            Ok(Ok(s)) => Ok(s),
+                            Ok(Err(e)) => Err(e.to_string()),
+                            Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
+                        };
+                        let _ = tokio::time::timeout(Duration::from_secs(3), p.close()).await;
+                        r
+                    }
+                };
+                CheckRow {
+                    machine: b.machine.clone(),
+                    protocol: b.protocol.as_str(),
+                    bmc: format!("{}:{}", b.host, b.port()),
+                    result,
                 }
-            };
-            CheckRow {
-                machine: b.machine.clone(),
-                protocol: b.protocol.as_str(),
-                bmc: format!("{}:{}", b.host, b.port()),
-                result,
-            }
-        }));
+            }),
+        ));
     }
     let mut rows = Vec::new();
-    for t in tasks {
-        if let Ok(r) = t.await {
-            rows.push(r);
-        }
+    for ((machine, protocol, bmc), t) in tasks {
+        // A read that panicked left no row: the BMC vanished from the table (exit 0 when it
+        // was the only failure) instead of being shown as failed.
+        rows.push(t.await.unwrap_or_else(|e| CheckRow {
+            machine,
+            protocol,
+            bmc,
+            result: Err(format!("the gateway failed while reading this BMC: {e}")),
+        }));
     }
     rows
 }

@@ -353,9 +353,17 @@ impl RedfishPowerControl {
         let (path, v) = self.read_system().await?;
         // A system that does not say its power state (absent or null) can never be confirmed
         // off: an error naming it, rather than a silent "unknown" that only fences discover.
-        match json_str(&v, &["PowerState"]) {
-            Some(s) => Ok(read_power_state(s)),
-            None => Err(BmcError::Protocol {
+        match v.get("PowerState") {
+            Some(Value::String(s)) => Ok(read_power_state(s)),
+            Some(other) if !other.is_null() => Err(BmcError::Protocol {
+                bmc: self.t.name.clone(),
+                what: format!("GET {path}"),
+                detail: format!(
+                    "the ComputerSystem's PowerState is {}, not a string like \"On\"",
+                    session::printable(&other.to_string(), WORD_SHOWN)
+                ),
+            }),
+            _ => Err(BmcError::Protocol {
                 bmc: self.t.name.clone(),
                 what: format!("GET {path}"),
                 detail: "the ComputerSystem has no PowerState (absent or null), so power off \

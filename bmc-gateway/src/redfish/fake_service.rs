@@ -154,6 +154,16 @@ pub(super) async fn serve(fake: Arc<Fake>) -> std::net::SocketAddr {
     addr
 }
 
+/// A service answering every request with `status` and `body` (for answers no Redfish
+/// service should give).
+pub(super) async fn answering(status: StatusCode, body: Vec<u8>) -> std::net::SocketAddr {
+    let app = Router::new().fallback(move || async move { (status, body) });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
 pub(super) fn client(addr: std::net::SocketAddr, password: &str) -> RedfishPowerControl {
     RedfishPowerControl::new(RedfishTarget {
         name: "fake".into(),

@@ -13,6 +13,40 @@ use super::{AuthMode, Cached, RedfishPowerControl, RedfishTarget, Trust, json_st
 use crate::power::BmcError;
 use crate::redfish_tls::connect_hint;
 
+/// Largest answer body read from a BMC.
+///
+/// 1 MiB: a ComputerSystem, a Task or a Systems collection is a few kB to tens of kB. A BMC
+/// (or whatever answers on its port) sending more is sending something else, and reading it
+/// whole grew the gateway by gigabytes within one request timeout.
+pub(super) const MAX_BODY: usize = 1 << 20;
+
+/// Longest part of a BMC's error text put in a message, in characters.
+///
+/// 200: enough for a Redfish message and its first extended message; an HTML error page
+/// would otherwise fill a `check` table cell and every log line about it.
+const MESSAGE_SHOWN: usize = 200;
+
+/// `s` made safe for a terminal and a log line: newlines and tabs become spaces, other
+/// control characters (an escape starting a terminal sequence) their Rust escape, and the
+/// text is cut after `max` characters (never inside one).
+pub(super) fn printable(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in s.trim().chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        match c {
+            '\n' | '\r' | '\t' => out.push(' '),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// What a BMC's error answer says: the Redfish message (and its first extended message), or
+/// the start of the body, shown with [`printable`].
 pub(super) fn error_message(body: &str) -> String {
     if let Ok(v) = serde_json::from_str::<Value>(body)
         && let Some(m) = json_str(&v, &["error", "message"])
@@ -24,14 +58,13 @@ pub(super) fn error_message(body: &str) -> String {
             .and_then(|a| a.first())
             .and_then(|i| i.get("Message"))
             .and_then(|m| m.as_str());
-        return match ext {
+        let said = match ext {
             Some(x) if x != m => format!("{m} ({x})"),
             _ => m.to_string(),
         };
+        return printable(&said, MESSAGE_SHOWN);
     }
-    let mut b = body.trim().to_string();
-    b.truncate(200);
-    b
+    printable(body, MESSAGE_SHOWN)
 }
 
 impl RedfishPowerControl {
@@ -93,6 +126,27 @@ impl RedfishPowerControl {
         }
     }
 
+    /// Reads an answer's body, at most [`MAX_BODY`] bytes of it (bytes that are not UTF-8
+    /// are replaced: the body is only parsed as JSON or quoted in a message).
+    async fn read_body(&self, what: &str, mut resp: reqwest::Response) -> Result<String, BmcError> {
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| self.err_send(what, e))? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return Err(BmcError::Protocol {
+                    bmc: self.t.name.clone(),
+                    what: what.to_string(),
+                    detail: format!(
+                        "the answer is longer than {} KiB, far more than any Redfish resource \
+                         we read; is a Redfish service on this port?",
+                        MAX_BODY / 1024
+                    ),
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
     /// Sends one request with the current credentials; returns status, headers' Location and
     /// X-Auth-Token, and body.
     pub(super) async fn send(
@@ -127,7 +181,7 @@ impl RedfishPowerControl {
                 .get("Location")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            let text = resp.text().await.map_err(|e| self.err_send(&what, e))?;
+            let text = self.read_body(&what, resp).await?;
             if status == StatusCode::UNAUTHORIZED && cached.token.is_some() && attempt == 0 {
                 // The session expired: log in again once.
                 info!(bmc = %self.t.name, "Redfish session expired; logging in again");
@@ -198,10 +252,7 @@ impl RedfishPowerControl {
                         .map(str::to_string)
                 };
                 let (token, loc) = (header("X-Auth-Token"), header("Location"));
-                let text = resp
-                    .text()
-                    .await
-                    .map_err(|e| self.err_send("session login", e))?;
+                let text = self.read_body("session login", resp).await?;
                 if !status.is_success() {
                     return Err(BmcError::Auth {
                         bmc: self.t.name.clone(),
@@ -223,7 +274,9 @@ impl RedfishPowerControl {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fake_service::{Fake, client, serve};
+    use axum::http::StatusCode;
+
+    use super::super::fake_service::{Fake, answering, client, serve};
     use super::*;
     use crate::power::PowerControl;
     use std::sync::Arc;
@@ -251,5 +304,38 @@ mod tests {
             .unwrap();
         let e = client(port, "pw").power_state().await.unwrap_err();
         assert!(e.is_unreachable() && e.is_retriable(), "{e}");
+    }
+
+    /// An error page in a multi-byte script panicked the gateway (the message was cut inside
+    /// a character: in `check` the BMC's row vanished) and its escape sequences reached the
+    /// terminal raw; an endless body was read whole, gigabytes within one request timeout.
+    #[tokio::test]
+    async fn error_pages_are_cut_safely_and_escaped_and_endless_bodies_refused() {
+        let page = format!("\u{1b}]0;owned\u{7}\n{}", "エラー".repeat(100));
+        let addr = answering(StatusCode::INTERNAL_SERVER_ERROR, page.into_bytes()).await;
+        let e = client(addr, "pw")
+            .power_state()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(r"HTTP 500 Internal Server Error: \u{1b}]0;owned\u{7} エラー"),
+            "{e}"
+        );
+        assert!(e.ends_with('…') && !e.contains(char::is_control), "{e}");
+
+        let addr = answering(StatusCode::OK, vec![b' '; MAX_BODY + 1]).await;
+        let e = client(addr, "pw").power_state().await.unwrap_err();
+        assert!(matches!(e, BmcError::Protocol { .. }), "{e}");
+        assert!(e.to_string().contains("longer than 1024 KiB"), "{e}");
+
+        // One body for the service root, the Systems collection and the system itself.
+        let odd = br#"{"Members": [{"@odata.id": "/redfish/v1/Systems/1"}], "PowerState": 42}"#;
+        let addr = answering(StatusCode::OK, odd.to_vec()).await;
+        let e = client(addr, "pw").power_state().await.unwrap_err();
+        assert!(
+            e.to_string().contains("PowerState is 42, not a string"),
+            "{e}"
+        );
     }
 }
