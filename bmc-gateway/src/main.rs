@@ -17,7 +17,8 @@ const EXIT_CONFIG: u8 = 64;
 
 /// Rack BMC gateway: executes power actions for the Fleetmend coordinator over IPMI and Redfish.
 ///
-/// Signals: SIGTERM/SIGINT stop it after in-flight answers. SIGHUP re-reads the configuration
+/// Signals: SIGTERM/SIGINT stop it: no new requests are taken, those already taken are answered
+/// (within 10 s), then it exits. SIGHUP re-reads the configuration
 /// and puts the TLS files in place for new connections (certificate renewal); changes to
 /// BMCs, credentials (also a password file's contents), limits or listen addresses are
 /// reported and need a restart. Files that do not load, or a certificate naming another

@@ -1052,6 +1052,36 @@ async fn a_reset_the_bmc_is_slow_to_answer_is_sent_once() -> Result<()> {
     Ok(())
 }
 
+/// SIGTERM while a power off was being carried out closed the coordinator's connection at
+/// once: the BMC powered the machine off, and the coordinator learned nothing. The request
+/// already taken is answered first, then the gateway exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_the_request_in_flight_before_stopping() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let m = "10.0.0.1";
+    // Replies awaited up to 4 s: the simulator carries the off out after 2 s.
+    let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password)
+        .replace("reply_timeout = \"500ms\"", "reply_timeout = \"4s\"");
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let c = coordinator(&pki, &gw).await?;
+    done(
+        &c.request(req("st", m, PowerAction::Status), ANSWER)
+            .await?
+            .outcome,
+    )?;
+    sim.slow_set(Some(2))?;
+    let stop = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        gw.terminate().await
+    };
+    let (r, st) = tokio::join!(c.request(req("off", m, PowerAction::Off), ANSWER), stop);
+    let (_, detail) = done(&r?.outcome)?;
+    ensure!(detail.contains("power off accepted"), "{detail}");
+    ensure!(st?.success(), "the gateway did not exit 0");
+    Ok(())
+}
+
 /// Invariant 5 end to end: two actions sent at the same moment for one BMC run one after the
 /// other, never together. The gateway logs when each starts and finishes on the BMC; the
 /// first must finish before the second starts, and ipmi_sim sees both in that order.
