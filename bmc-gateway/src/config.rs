@@ -420,7 +420,8 @@ mod tests {
         fn new() -> Self {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("pw"), "secret\n").unwrap();
-            std::fs::write(dir.path().join("ca.pem"), "x").unwrap();
+            let ca = protocol::pki::Ca::generate("bmc.test").unwrap();
+            std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
             Self { dir }
         }
         fn parse(&self, bmcs: &str) -> Result<Config, ConfigError> {
@@ -579,6 +580,17 @@ ca_file = "@CA@"
             ),
             "bmc[0].redfish.insecure"
         );
+        // A CA file that holds no certificate was found only when the client was built, as
+        // "BMC … sent an unexpected answer to TLS configuration".
+        assert!(
+            f.parse(&format!("{base}[bmc.redfish]\nca_file = \"@CA@\"\n"))
+                .is_ok()
+        );
+        let e = f
+            .parse(&format!("{base}[bmc.redfish]\nca_file = \"@PW@\"\n"))
+            .unwrap_err();
+        assert!(e.to_string().contains("holds no certificate"), "{e}");
+        assert_eq!(key_of(e), "bmc[0].redfish.ca_file");
         // A URL or host:port as host, and port 0: refused, naming the key.
         for (line, k) in [
             ("host = \"https://h\"", "bmc[0].host"),

@@ -150,10 +150,18 @@ impl Config {
                                 ));
                             }
                             (Some(ca), false) => {
-                                if let Err(e) = protocol::file::read_regular(ca) {
-                                    return Err(bad(
+                                let pem = protocol::file::read_regular(ca).map_err(|e| {
+                                    bad(
                                         key("redfish.ca_file"),
                                         format!("cannot read {}: {e}", ca.display()),
+                                    )
+                                })?;
+                                // Found only when the client was built, as "BMC … sent an
+                                // unexpected answer to TLS configuration": no BMC was asked.
+                                if let Err(e) = crate::redfish_tls::ca_roots(&pem) {
+                                    return Err(bad(
+                                        key("redfish.ca_file"),
+                                        format!("{}: {e}", ca.display()),
                                     ));
                                 }
                             }
