@@ -45,6 +45,19 @@ pub(super) fn printable(s: &str, max: usize) -> String {
     out
 }
 
+/// Follows a redirect only within the BMC's own origin (scheme, host and port; some services
+/// redirect `/redfish/v1` to `/redfish/v1/`), at most 5 times. Following one elsewhere sent
+/// the session token there and took the power state from whoever answered: a fence could have
+/// been confirmed by a host that is not the BMC.
+fn same_origin_only(attempt: reqwest::redirect::Attempt<'_>) -> reqwest::redirect::Action {
+    let first = attempt.previous().first().map(|u| u.origin());
+    if attempt.previous().len() <= 5 && first == Some(attempt.url().origin()) {
+        attempt.follow()
+    } else {
+        attempt.stop()
+    }
+}
+
 /// What a BMC's error answer says: the Redfish message (and its first extended message), or
 /// the start of the body, shown with [`printable`].
 pub(super) fn error_message(body: &str) -> String {
@@ -79,6 +92,7 @@ impl RedfishPowerControl {
             .tls_backend_preconfigured(cfg)
             .timeout(t.request_timeout)
             .connect_timeout(t.request_timeout)
+            .redirect(reqwest::redirect::Policy::custom(same_origin_only))
             .build()
             .map_err(|e| BmcError::Protocol {
                 bmc: t.name.clone(),
@@ -209,7 +223,18 @@ impl RedfishPowerControl {
         cached: &mut Cached,
         path: &str,
     ) -> Result<Value, BmcError> {
-        let (status, _, text) = self.send(cached, Method::GET, path, None).await?;
+        let (status, location, text) = self.send(cached, Method::GET, path, None).await?;
+        if status.is_redirection() {
+            return Err(BmcError::Refused {
+                bmc: self.t.name.clone(),
+                what: format!("GET {path}"),
+                detail: format!(
+                    "HTTP {status} to {}, not followed: the gateway reads only the BMC itself \
+                     (same scheme, host and port)",
+                    printable(location.as_deref().unwrap_or("nowhere"), MESSAGE_SHOWN)
+                ),
+            });
+        }
         if !status.is_success() {
             return Err(BmcError::Refused {
                 bmc: self.t.name.clone(),
@@ -304,6 +329,27 @@ mod tests {
             .unwrap();
         let e = client(port, "pw").power_state().await.unwrap_err();
         assert!(e.is_unreachable() && e.is_retriable(), "{e}");
+    }
+
+    /// A redirect to another host got the session token and the power state from there.
+    #[tokio::test]
+    async fn redirects_off_the_bmc_are_not_followed() {
+        let odd = br#"{"Members": [{"@odata.id": "/redfish/v1/Systems/1"}], "PowerState": "Off"}"#;
+        let elsewhere = answering(StatusCode::OK, odd.to_vec()).await;
+        let to = format!("http://{elsewhere}/redfish/v1/");
+        let app = axum::Router::new()
+            .fallback(move || async move { (StatusCode::FOUND, [("Location", to.clone())]) });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let e = client(addr, "pw").power_state().await.unwrap_err();
+        assert!(matches!(e, BmcError::Refused { .. }), "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "HTTP 302 Found to http://{elsewhere}/redfish/v1/, not followed"
+            )),
+            "{e}"
+        );
     }
 
     /// An error page in a multi-byte script panicked the gateway (the message was cut inside
