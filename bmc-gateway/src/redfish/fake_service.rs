@@ -22,6 +22,8 @@ pub(super) struct Fake {
     pub(super) task_reads: StdMutex<u32>,
     /// Answer resets with a task that is already gone (404).
     pub(super) task_gone: StdMutex<bool>,
+    /// Answer resets with this task URL instead (e.g. on another host).
+    pub(super) task_at: StdMutex<Option<String>>,
     /// Power states the system reads after each reset before the reset's result (e.g.
     /// `PoweringOff`), and those still to be read.
     pub(super) transient: StdMutex<Vec<String>>,
@@ -101,19 +103,14 @@ async fn reset(State(f): State<Arc<Fake>>, h: HeaderMap, body: axum::Json<Value>
     *f.power.lock().unwrap() = if t == "On" { "On" } else { "Off" }.into();
     *f.task_reads.lock().unwrap() = 0;
     *f.pending.lock().unwrap() = f.transient.lock().unwrap().clone();
-    (
-        StatusCode::ACCEPTED,
-        [(
-            "Location",
-            if *f.task_gone.lock().unwrap() {
-                "/redfish/v1/TaskService/Tasks/gone"
-            } else {
-                "/redfish/v1/TaskService/Tasks/7"
-            },
-        )],
-        "{}",
-    )
-        .into_response()
+    let task = if let Some(t) = f.task_at.lock().unwrap().clone() {
+        t
+    } else if *f.task_gone.lock().unwrap() {
+        "/redfish/v1/TaskService/Tasks/gone".into()
+    } else {
+        "/redfish/v1/TaskService/Tasks/7".into()
+    };
+    (StatusCode::ACCEPTED, [("Location", task)], "{}").into_response()
 }
 
 async fn task(State(f): State<Arc<Fake>>, h: HeaderMap) -> Response {

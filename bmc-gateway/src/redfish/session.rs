@@ -58,6 +58,20 @@ fn same_origin_only(attempt: reqwest::redirect::Attempt<'_>) -> reqwest::redirec
     }
 }
 
+/// The URL for `path` on the BMC at `base`. A Task, a session or a reset target the BMC names
+/// by a full URL is asked of the BMC itself, at that URL's path: sent as given, one naming
+/// another host got our credentials and answered for the BMC (and a BMC naming itself by a
+/// host name the gateway does not use still works).
+fn own_url(base: &str, path: &str) -> String {
+    match reqwest::Url::parse(path) {
+        Ok(u) => {
+            let q = u.query().map(|q| format!("?{q}")).unwrap_or_default();
+            format!("{base}{}{q}", u.path())
+        }
+        Err(_) => format!("{base}{path}"),
+    }
+}
+
 /// What a BMC's error answer says: the Redfish message (and its first extended message), or
 /// the start of the body, shown with [`printable`].
 pub(super) fn error_message(body: &str) -> String {
@@ -172,11 +186,7 @@ impl RedfishPowerControl {
     ) -> Result<(StatusCode, Option<String>, String), BmcError> {
         let what = format!("{method} {path}");
         for attempt in 0..2 {
-            let url = if path.starts_with("http") {
-                path.to_string()
-            } else {
-                format!("{}{path}", self.base)
-            };
+            let url = own_url(&self.base, path);
             let mut rb = self
                 .client
                 .request(method.clone(), &url)
@@ -303,8 +313,9 @@ mod tests {
 
     use super::super::fake_service::{Fake, answering, client, serve};
     use super::*;
-    use crate::power::PowerControl;
+    use crate::power::{ChassisOp, PowerControl};
     use std::sync::Arc;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn wrong_password_is_an_auth_error() {
@@ -329,6 +340,30 @@ mod tests {
             .unwrap();
         let e = client(port, "pw").power_state().await.unwrap_err();
         assert!(e.is_unreachable() && e.is_retriable(), "{e}");
+    }
+
+    /// A Task monitor named by a full URL on another host was polled there, with the session
+    /// token; it is asked of the BMC itself.
+    #[tokio::test]
+    async fn a_task_named_on_another_host_is_asked_of_the_bmc() {
+        let fake = Arc::new(Fake::default());
+        *fake.power.lock().unwrap() = "On".into();
+        let task = "http://192.0.2.1:8000/redfish/v1/TaskService/Tasks/7";
+        *fake.task_at.lock().unwrap() = Some(task.into());
+        let c = client(serve(fake.clone()).await, "pw");
+        let said = tokio::time::timeout(Duration::from_secs(10), c.chassis(ChassisOp::Off))
+            .await
+            .expect("the task on 192.0.2.1 was waited for")
+            .unwrap();
+        assert!(said.contains("completed"), "{said}");
+        assert_eq!(
+            *fake.calls.lock().unwrap(),
+            ["login", "ForceOff", "task1", "task2"]
+        );
+        assert_eq!(
+            own_url("https://10.0.0.1:443", "https://bmc.example/a/b?x=1"),
+            "https://10.0.0.1:443/a/b?x=1"
+        );
     }
 
     /// A redirect to another host got the session token and the power state from there.
