@@ -63,7 +63,13 @@ enum Command {
 fn main() -> ExitCode {
     protocol::telemetry::quiet_broken_pipe();
     let cli = Cli::parse();
-    if let Err(e) = protocol::telemetry::init("info") {
+    // `check` is a command a person reads: its table on stdout, warnings on stderr, not a
+    // line per IPMI session opened (FLEETMEND_LOG still overrides).
+    let default_level = match cli.command {
+        Some(Command::Check { .. }) => "warn",
+        _ => "info",
+    };
+    if let Err(e) = protocol::telemetry::init(default_level) {
         eprintln!("bmc-gateway: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }

@@ -664,6 +664,9 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
         !out.status.success(),
         "check must fail when a BMC does not answer"
     );
+    // An INFO line per IPMI session opened came before the table.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("INFO"), "{err}");
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("MACHINE"), "{table}");
     assert!(
