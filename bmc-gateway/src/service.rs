@@ -181,6 +181,12 @@ async fn connection(
             let _ = send.stopped().await;
         });
     }
+    // Stopping: this connection is closed with the others, "gateway stopping", once the
+    // requests in flight are answered; dropped here it would close at once without a reason.
+    drop(in_flight);
+    if stop.is_cancelled() {
+        conn.closed().await;
+    }
 }
 
 /// The HTTP router: `/metrics` and `/healthz`.

@@ -1068,6 +1068,7 @@ async fn sigterm_answers_the_request_in_flight_before_stopping() -> Result<()> {
         .replace("reply_timeout = \"500ms\"", "reply_timeout = \"4s\"");
     let gw = GatewayProc::start(&pki, &cfg).await?;
     let c = coordinator(&pki, &gw).await?;
+    let idle = coordinator(&pki, &gw).await?;
     done(
         &c.request(req("st", m, PowerAction::Status), ANSWER)
             .await?
@@ -1082,6 +1083,12 @@ async fn sigterm_answers_the_request_in_flight_before_stopping() -> Result<()> {
     let (_, detail) = done(&r?.outcome)?;
     ensure!(detail.contains("power off accepted"), "{detail}");
     ensure!(st?.success(), "the gateway did not exit 0");
+    // An idle connection is closed saying why, not dropped without a reason.
+    let e = idle
+        .request(req("late", m, PowerAction::Status), ANSWER)
+        .await;
+    let e = format!("{:#}", e.err().context("answered after the stop")?);
+    ensure!(e.contains("gateway stopping"), "{e}");
     Ok(())
 }
 
