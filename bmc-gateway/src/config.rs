@@ -678,4 +678,43 @@ ca_file = "@CA@"
         let e = f.parse(&format!("{one}{one}")).unwrap_err();
         assert_eq!(key_of(e), "bmc[1].machine");
     }
+
+    /// A copied [[bmc]] table with only `machine` changed: fencing one machine powered off
+    /// the other and confirmed it off, so the first, still running, would be released.
+    #[test]
+    fn two_machines_on_one_bmc_are_refused() {
+        let f = Fixture::new();
+        let ipmi = |m: &str, host: &str| {
+            format!(
+                "[[bmc]]\nmachine = \"{m}\"\nprotocol = \"ipmi\"\nhost = \"{host}\"\nusername = \"u\"\npassword_file = \"@PW@\"\n"
+            )
+        };
+        let e = f
+            .parse(&format!("{}{}", ipmi("a", "bmc-1"), ipmi("b", "BMC-1")))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("BMC-1:623 is also bmc[0]'s (machine a)"),
+            "{e}"
+        );
+        assert_eq!(key_of(e), "bmc[1].host");
+        assert!(
+            f.parse(&format!("{}{}", ipmi("a", "bmc-1"), ipmi("b", "bmc-2")))
+                .is_ok()
+        );
+        // One Redfish service with several systems serves several machines, one system each.
+        let rf = |m: &str, sys: &str| {
+            format!(
+                "[[bmc]]\nmachine = \"{m}\"\nprotocol = \"redfish\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\n[bmc.redfish]\ninsecure = true\nsystem = \"{sys}\"\n"
+            )
+        };
+        assert!(
+            f.parse(&format!("{}{}", rf("a", "1"), rf("b", "2")))
+                .is_ok()
+        );
+        let e = f
+            .parse(&format!("{}{}", rf("a", "1"), rf("b", "1")))
+            .unwrap_err();
+        assert_eq!(key_of(e), "bmc[1].host");
+    }
 }

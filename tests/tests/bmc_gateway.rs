@@ -237,7 +237,9 @@ async fn redfish_every_action_confirmed_by_sushy() -> Result<()> {
     }
     cfg += &redfish_bmc(d, "rf-discover", &single, "discover", &single.password);
     cfg += &redfish_bmc(d, "rf-ambiguous", &sushy, "discover", &sushy.password);
-    cfg += &redfish_bmc(d, "rf-badpw", &single, "discover", "not-the-password");
+    // The same BMC as rf-discover, named by its system id: two machines on one system are
+    // refused.
+    cfg += &redfish_bmc(d, "rf-badpw", &single, &only[0].uuid, "not-the-password");
     let gw = GatewayProc::start(&pki, &cfg).await?;
     let c = coordinator(&pki, &gw).await?;
     let uuid = |name: &str| {

@@ -3,7 +3,7 @@
 //! password files, and per protocol the supported IPMI cipher suite or an explicit Redfish TLS
 //! trust. Each refusal names its key and what to do. Parsing the file is in the parent module.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::{BmcProtocol, Config, ConfigError, loose_mode};
@@ -37,6 +37,8 @@ impl Config {
             ));
         }
         let mut machines = HashSet::new();
+        // Which entry each BMC (protocol, host, port and, for Redfish, system) belongs to.
+        let mut seen: HashMap<(&str, String, u16, &str), (usize, &str)> = HashMap::new();
         for (i, b) in self.bmcs.iter().enumerate() {
             let key = |k: &str| format!("bmc[{i}].{k}");
             if b.machine.trim().is_empty() {
@@ -204,6 +206,33 @@ impl Config {
                         ));
                     }
                 }
+            }
+            // Two machines on one BMC (a copied [[bmc]] table whose host was not changed): a
+            // fence of the one would power off the other and read it off, and the first,
+            // still running, would be released.
+            let system = b.redfish.as_ref().map_or("", |r| r.system.as_str());
+            let at = (
+                b.protocol.as_str(),
+                b.host.to_ascii_lowercase(),
+                b.port(),
+                system,
+            );
+            if let Some((j, other)) = seen.insert(at, (i, b.machine.as_str())) {
+                let what = match b.protocol {
+                    BmcProtocol::Ipmi => format!("{}:{}", b.host, b.port()),
+                    BmcProtocol::Redfish => {
+                        format!("{}:{} system {system}", b.host, b.port())
+                    }
+                };
+                return Err(bad(
+                    key("host"),
+                    format!(
+                        "{what} is also bmc[{j}]'s (machine {other}): one BMC powers one \
+                         machine, and a fence of {} would power off {other}; fix host or port \
+                         (or redfish.system)",
+                        b.machine
+                    ),
+                ));
             }
         }
         Ok(())
