@@ -387,6 +387,28 @@ mod tests {
         );
     }
 
+    /// A redirect within the BMC (`/Systems` to `/Systems/`) is still followed.
+    #[tokio::test]
+    async fn a_redirect_within_the_bmc_is_followed() {
+        use axum::routing::get;
+        let app = axum::Router::new()
+            .route("/redfish/v1/", get(|| async { "{}" }))
+            .route(
+                "/redfish/v1/Systems",
+                get(|| async { (StatusCode::FOUND, [("Location", "/redfish/v1/Systems/")]) }),
+            )
+            .route(
+                "/redfish/v1/Systems/",
+                get(|| async { r#"{"Members": [{"@odata.id": "/s"}]}"# }),
+            )
+            .route("/s", get(|| async { r#"{"PowerState": "On"}"# }));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let s = client(addr, "pw").power_state().await;
+        assert_eq!(s, Ok(crate::power::PowerState::On));
+    }
+
     /// An error page in a multi-byte script panicked the gateway (the message was cut inside
     /// a character: in `check` the BMC's row vanished) and its escape sequences reached the
     /// terminal raw; an endless body was read whole, gigabytes within one request timeout.
