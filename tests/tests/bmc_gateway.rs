@@ -390,19 +390,24 @@ async fn redfish_every_action_confirmed_by_sushy() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_clear_within_their_timeout_and_others_keep_working() -> Result<()> {
-    let (good, hang) = tokio::try_join!(IpmiSim::start(true), IpmiSim::start(true))?;
+    let (good, hang, other) = tokio::try_join!(
+        IpmiSim::start(true),
+        IpmiSim::start(true),
+        IpmiSim::start(true)
+    )?;
     let pki = TestPki::new()?;
     let d = pki.dir.path();
     let dead_port = free_udp_port();
     let mut cfg = ipmi_bmc(d, "good", good.port, &good.username, &good.password);
     cfg += &ipmi_bmc(d, "hang", hang.port, &hang.username, &hang.password);
-    cfg += &ipmi_bmc(d, "badpw", good.port, &good.username, "wrong-password");
+    // A BMC of its own: the gateway refuses two machines on one BMC.
+    cfg += &ipmi_bmc(d, "badpw", other.port, &other.username, "wrong-password");
     cfg += &ipmi_bmc(d, "dead", dead_port, "admin", "x");
     let gw = GatewayProc::start(&pki, &cfg).await?;
     let c = coordinator(&pki, &gw).await?;
 
     // Wrong password: a clear credentials failure, nothing done.
-    let before = good.events().len();
+    let before = other.events().len();
     let t = Instant::now();
     let r = c
         .request(req("bp", "badpw", PowerAction::Off), ANSWER)
@@ -411,8 +416,8 @@ async fn failures_are_clear_within_their_timeout_and_others_keep_working() -> Re
     assert!(detail.contains("refused the credentials"), "{detail}");
     assert!(!retriable);
     assert!(t.elapsed() < Duration::from_secs(5));
-    assert_eq!(good.events().len(), before);
-    assert!(good.power_is_on().await?);
+    assert_eq!(other.events().len(), before);
+    assert!(other.power_is_on().await?);
 
     // Unreachable BMC (nothing listens): a clear failure within the request's limit.
     let mut r = req("dead1", "dead", PowerAction::Status);
