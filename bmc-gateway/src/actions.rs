@@ -47,14 +47,6 @@ pub struct ActionLimits {
     pub poll: Duration,
 }
 
-fn state_str(s: PowerState) -> &'static str {
-    match s {
-        PowerState::On => "on",
-        PowerState::Off => "off",
-        PowerState::Unknown => "unknown",
-    }
-}
-
 fn failed(e: &BmcError, context: &str) -> PowerOutcome {
     PowerOutcome::Failed {
         detail: format!("{context}: {e}"),
@@ -133,11 +125,11 @@ async fn run_inner(
     let note = |s: String| *seen.lock().expect("not poisoned") = s;
     let op = match action {
         PowerAction::Status => {
-            return match power.power_state().await {
-                Ok(s) => PowerOutcome::Done {
-                    state: s,
+            return match power.power_reading().await {
+                Ok(r) => PowerOutcome::Done {
+                    state: r.state,
                     confirmed_off_unix_ms: None,
-                    detail: format!("power is {}", state_str(s)),
+                    detail: format!("power is {}", r.describe()),
                 },
                 Err(e) => failed(&e, "reading power state"),
             };
@@ -150,13 +142,13 @@ async fn run_inner(
         PowerAction::Cycle => {
             // Many BMCs refuse a power cycle on a machine that is off; what the caller wants
             // from "cycle" is a machine that runs again, so an off machine is powered on.
-            match power.power_state().await {
-                Ok(PowerState::Off) => {
+            match power.power_reading().await {
+                Ok(r) if r.state == PowerState::Off => {
                     note("power was off before the cycle".into());
                     ChassisOp::On
                 }
-                Ok(s) => {
-                    note(format!("power was {} before the cycle", state_str(s)));
+                Ok(r) => {
+                    note(format!("power was {} before the cycle", r.describe()));
                     ChassisOp::Cycle
                 }
                 Err(e) => return failed(&e, "reading power state before the cycle"),
@@ -185,8 +177,8 @@ async fn run_inner(
     };
     // Read the state once afterwards for the record; BMCs may apply a change later, so this
     // does not decide success (a fence does that).
-    let (state, after) = match power.power_state().await {
-        Ok(s) => (s, format!("power reads {} right after", state_str(s))),
+    let (state, after) = match power.power_reading().await {
+        Ok(r) => (r.state, format!("power reads {} right after", r.describe())),
         Err(e) => (
             PowerState::Unknown,
             format!("power state not read after: {e}"),
@@ -230,8 +222,8 @@ async fn fence(
     ));
     let mut reads = 0u32;
     loop {
-        match power.power_state().await {
-            Ok(PowerState::Off) => {
+        match power.power_reading().await {
+            Ok(r) if r.state == PowerState::Off => {
                 let t = clock.now_unix_ms();
                 return PowerOutcome::Done {
                     state: PowerState::Off,
@@ -243,11 +235,11 @@ async fn fence(
                     ),
                 };
             }
-            Ok(s) => {
+            Ok(r) => {
                 reads += 1;
                 note(format!(
                     "power off accepted ({said}) but power still reads {} after {reads} reads",
-                    state_str(s)
+                    r.describe()
                 ));
             }
             Err(e) => {

@@ -4,14 +4,16 @@
 //! Loading validates everything that can be checked without talking to a BMC: unknown keys,
 //! duplicate machines, unsupported IPMI cipher suites, Redfish TLS trust, and that every
 //! password file is readable. Passwords are only ever read from files, never written inline.
-//! This module does not open any connection.
+//! This module does not open any connection. The checks themselves are in
+//! `config/validate.rs`.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+mod validate;
 
 /// Default time a fence waits for the power state to read off.
 ///
@@ -243,49 +245,7 @@ fn default_http() -> Duration {
 
 /// Serde helpers for duration strings (`"30s"`, `"250ms"`, `"1m 30s"`), written like the
 /// coordinator's: a bare number is refused with a message that says to add a unit.
-mod duration {
-    use std::time::Duration;
-
-    use serde::Deserialize;
-
-    /// Parses a non-negative duration string; a bare number is refused (its unit would be a
-    /// guess).
-    pub(super) fn parse(s: &str) -> Result<Duration, String> {
-        let t = s.trim();
-        if !t.is_empty() && t.parse::<f64>().is_ok() {
-            return Err(bare_number(t));
-        }
-        let d: jiff::SignedDuration = t
-            .parse()
-            .map_err(|_| format!("{s:?} is not a duration like \"5s\", \"500ms\" or \"1m 30s\""))?;
-        Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
-    }
-
-    fn bare_number(n: &str) -> String {
-        format!(
-            "{n} has no unit: durations are strings with a unit, like \"{n}s\", \"{n}ms\" or \"{n}m\""
-        )
-    }
-
-    /// A duration as written in the file: a string, or (refused) a number.
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Written {
-        Text(String),
-        Int(i64),
-        Float(f64),
-    }
-
-    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
-        d: D,
-    ) -> Result<Duration, D::Error> {
-        match Written::deserialize(d)? {
-            Written::Text(s) => parse(&s).map_err(serde::de::Error::custom),
-            Written::Int(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
-            Written::Float(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
-        }
-    }
-}
+mod duration;
 
 /// Serde helpers for optional duration strings (absent = `None`).
 mod opt_duration {
@@ -380,10 +340,13 @@ pub fn loose_mode(path: &Path) -> Option<u32> {
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        // Not std::fs::read_to_string: `--config` naming a FIFO waited for a writer forever,
+        // and /dev/zero was read until the kernel killed the process for memory.
+        let text =
+            protocol::file::read_regular_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Self::parse(path, &text)
     }
 
@@ -395,198 +358,6 @@ impl Config {
         })?;
         cfg.validate(path)?;
         Ok(cfg)
-    }
-
-    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
-        let bad = |key: String, detail: String| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            key,
-            detail,
-        };
-        if self.state_dir.as_os_str().is_empty() || !self.state_dir.is_absolute() {
-            return Err(bad(
-                "state_dir".into(),
-                format!(
-                    "{:?} is not an absolute path; the request record must not depend on the working directory",
-                    self.state_dir
-                ),
-            ));
-        }
-        if self.limits.action_timeout.is_zero() {
-            return Err(bad(
-                "limits.action_timeout".into(),
-                "must be more than 0s".into(),
-            ));
-        }
-        if self.limits.fence_timeout.is_zero() {
-            return Err(bad(
-                "limits.fence_timeout".into(),
-                "must be more than 0s".into(),
-            ));
-        }
-        let mut machines = HashSet::new();
-        for (i, b) in self.bmcs.iter().enumerate() {
-            let key = |k: &str| format!("bmc[{i}].{k}");
-            if b.machine.trim().is_empty() {
-                return Err(bad(key("machine"), "must not be empty".into()));
-            }
-            if !machines.insert(b.machine.clone()) {
-                return Err(bad(
-                    key("machine"),
-                    format!("machine {} is configured twice", b.machine),
-                ));
-            }
-            if b.host.trim().is_empty() {
-                return Err(bad(key("host"), "must not be empty".into()));
-            }
-            // A URL or `host:port` here made requests to "https://https//…" or "h:443:443".
-            let ipv6 = b.host.parse::<std::net::Ipv6Addr>().is_ok();
-            if b.host.contains('/') || (b.host.contains(':') && !ipv6) {
-                return Err(bad(
-                    key("host"),
-                    format!(
-                        "{:?} is not a host name or address: the port goes in port, \
-                         http/https in redfish.scheme",
-                        b.host
-                    ),
-                ));
-            }
-            if b.port == Some(0) {
-                return Err(bad(key("port"), "0 is not a port".into()));
-            }
-            match b.read_password() {
-                Err(e) => {
-                    return Err(bad(
-                        key("password_file"),
-                        format!("cannot read {}: {e}", b.password_file.display()),
-                    ));
-                }
-                // A file created but not yet written: every session would fail as a wrong
-                // password, far from the cause.
-                Ok(p) if p.is_empty() => {
-                    return Err(bad(
-                        key("password_file"),
-                        format!(
-                            "{} is empty: write the BMC user's password into it",
-                            b.password_file.display()
-                        ),
-                    ));
-                }
-                Ok(_) => {}
-            }
-            if let Some(mode) = loose_mode(&b.password_file) {
-                tracing::warn!(
-                    bmc = %b.machine,
-                    file = %b.password_file.display(),
-                    mode = %format!("{mode:04o}"),
-                    "BMC password file is readable or writable by others: chmod 600 it (owned by the gateway's user)"
-                );
-            }
-            match b.protocol {
-                BmcProtocol::Ipmi => {
-                    if b.redfish.is_some() {
-                        return Err(bad(
-                            key("redfish"),
-                            "a [bmc.redfish] table on an ipmi BMC".into(),
-                        ));
-                    }
-                    let s = b.ipmi_settings();
-                    if s.cipher_suite != 3 {
-                        return Err(bad(
-                            key("ipmi.cipher_suite"),
-                            format!(
-                                "cipher suite {} is not supported: only cipher suite 3 \
-                                 (RAKP-HMAC-SHA1, HMAC-SHA1-96, AES-CBC-128) is; enable it on the BMC",
-                                s.cipher_suite
-                            ),
-                        ));
-                    }
-                    if s.attempts == 0 || s.reply_timeout.is_zero() {
-                        return Err(bad(
-                            key("ipmi"),
-                            "attempts must be at least 1 and reply_timeout more than 0s".into(),
-                        ));
-                    }
-                }
-                BmcProtocol::Redfish => {
-                    if b.ipmi.is_some() {
-                        return Err(bad(
-                            key("ipmi"),
-                            "an [bmc.ipmi] table on a redfish BMC".into(),
-                        ));
-                    }
-                    let Some(r) = &b.redfish else {
-                        return Err(bad(
-                            key("redfish"),
-                            "a redfish BMC needs a [bmc.redfish] table with ca_file or insecure = true"
-                                .into(),
-                        ));
-                    };
-                    match r.scheme.as_str() {
-                        "https" => match (&r.ca_file, r.insecure) {
-                            (Some(_), true) => {
-                                return Err(bad(
-                                    key("redfish.insecure"),
-                                    "set either ca_file or insecure = true, not both".into(),
-                                ));
-                            }
-                            (None, false) => {
-                                return Err(bad(
-                                    key("redfish.ca_file"),
-                                    "HTTPS needs a CA file to trust, or an explicit insecure = true"
-                                        .into(),
-                                ));
-                            }
-                            (Some(ca), false) => {
-                                if let Err(e) = protocol::file::read_regular(ca) {
-                                    return Err(bad(
-                                        key("redfish.ca_file"),
-                                        format!("cannot read {}: {e}", ca.display()),
-                                    ));
-                                }
-                            }
-                            (None, true) => {}
-                        },
-                        // A CA file or `insecure` says the operator expects TLS: plain
-                        // HTTP would send the credentials in clear text instead.
-                        "http" if r.ca_file.is_some() || r.insecure => {
-                            return Err(bad(
-                                key("redfish.scheme"),
-                                "\"http\" uses no TLS, yet ca_file or insecure is set; \
-                                 use scheme = \"https\" (the default), or drop them for plain HTTP"
-                                    .into(),
-                            ));
-                        }
-                        "http" => {}
-                        other => {
-                            return Err(bad(
-                                key("redfish.scheme"),
-                                format!("{other:?} is not https or http"),
-                            ));
-                        }
-                    }
-                    if !matches!(r.auth.as_str(), "basic" | "session" | "auto") {
-                        return Err(bad(
-                            key("redfish.auth"),
-                            format!("{:?} is not basic, session or auto", r.auth),
-                        ));
-                    }
-                    if r.system.is_empty() || r.system.contains('/') {
-                        return Err(bad(
-                            key("redfish.system"),
-                            "a system id (no '/') or \"discover\"".into(),
-                        ));
-                    }
-                    if r.request_timeout.is_zero() {
-                        return Err(bad(
-                            key("redfish.request_timeout"),
-                            "must be more than 0s".into(),
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The BMC serving `machine`, if any.
@@ -607,7 +378,8 @@ mod tests {
         fn new() -> Self {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("pw"), "secret\n").unwrap();
-            std::fs::write(dir.path().join("ca.pem"), "x").unwrap();
+            let ca = protocol::pki::Ca::generate("bmc.test").unwrap();
+            std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
             Self { dir }
         }
         fn parse(&self, bmcs: &str) -> Result<Config, ConfigError> {
@@ -766,6 +538,17 @@ ca_file = "@CA@"
             ),
             "bmc[0].redfish.insecure"
         );
+        // A CA file that holds no certificate was found only when the client was built, as
+        // "BMC … sent an unexpected answer to TLS configuration".
+        assert!(
+            f.parse(&format!("{base}[bmc.redfish]\nca_file = \"@CA@\"\n"))
+                .is_ok()
+        );
+        let e = f
+            .parse(&format!("{base}[bmc.redfish]\nca_file = \"@PW@\"\n"))
+            .unwrap_err();
+        assert!(e.to_string().contains("holds no certificate"), "{e}");
+        assert_eq!(key_of(e), "bmc[0].redfish.ca_file");
         // A URL or host:port as host, and port 0: refused, naming the key.
         for (line, k) in [
             ("host = \"https://h\"", "bmc[0].host"),
@@ -820,6 +603,28 @@ ca_file = "@CA@"
         assert_eq!(loose_mode(&pw), None);
     }
 
+    /// `--config` naming a FIFO hung `check` and the start with no word (and `/dev/zero` was
+    /// read until the process was killed for memory): anything but a regular file is refused.
+    #[test]
+    fn a_config_that_is_not_a_regular_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("gateway.toml");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(Config::load(&fifo).map(|_| ())));
+        let e = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("loading a FIFO hangs")
+            .unwrap_err();
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        let e = Config::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("a character device"), "{e}");
+    }
+
     #[test]
     fn refuses_missing_password_file_and_duplicates() {
         let f = Fixture::new();
@@ -830,5 +635,44 @@ ca_file = "@CA@"
         let one = "[[bmc]]\nmachine = \"m\"\nprotocol = \"ipmi\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\n";
         let e = f.parse(&format!("{one}{one}")).unwrap_err();
         assert_eq!(key_of(e), "bmc[1].machine");
+    }
+
+    /// A copied [[bmc]] table with only `machine` changed: fencing one machine powered off
+    /// the other and confirmed it off, so the first, still running, would be released.
+    #[test]
+    fn two_machines_on_one_bmc_are_refused() {
+        let f = Fixture::new();
+        let ipmi = |m: &str, host: &str| {
+            format!(
+                "[[bmc]]\nmachine = \"{m}\"\nprotocol = \"ipmi\"\nhost = \"{host}\"\nusername = \"u\"\npassword_file = \"@PW@\"\n"
+            )
+        };
+        let e = f
+            .parse(&format!("{}{}", ipmi("a", "bmc-1"), ipmi("b", "BMC-1")))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("BMC-1:623 is also bmc[0]'s (machine a)"),
+            "{e}"
+        );
+        assert_eq!(key_of(e), "bmc[1].host");
+        assert!(
+            f.parse(&format!("{}{}", ipmi("a", "bmc-1"), ipmi("b", "bmc-2")))
+                .is_ok()
+        );
+        // One Redfish service with several systems serves several machines, one system each.
+        let rf = |m: &str, sys: &str| {
+            format!(
+                "[[bmc]]\nmachine = \"{m}\"\nprotocol = \"redfish\"\nhost = \"h\"\nusername = \"u\"\npassword_file = \"@PW@\"\n[bmc.redfish]\ninsecure = true\nsystem = \"{sys}\"\n"
+            )
+        };
+        assert!(
+            f.parse(&format!("{}{}", rf("a", "1"), rf("b", "2")))
+                .is_ok()
+        );
+        let e = f
+            .parse(&format!("{}{}", rf("a", "1"), rf("b", "1")))
+            .unwrap_err();
+        assert_eq!(key_of(e), "bmc[1].host");
     }
 }

@@ -25,7 +25,7 @@ use crate::actions::{self, ActionLimits, Clock, SystemClock};
 use crate::dedup::{self, Admission, RequestLog};
 use crate::journal::{Journal, JournalError, Record};
 use crate::metrics::{Metrics, Reach};
-use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
+use crate::power::{BmcError, ChassisOp, PowerControl, PowerReading, PowerState};
 
 /// Default limits applied when a request does not carry its own.
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +128,13 @@ impl PowerControl for Observed {
     fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
         Box::pin(async move {
             let r = self.inner.power_state().await;
+            self.see(&r);
+            r
+        })
+    }
+    fn power_reading(&self) -> BoxFuture<'_, Result<PowerReading, BmcError>> {
+        Box::pin(async move {
+            let r = self.inner.power_reading().await;
             self.see(&r);
             r
         })

@@ -569,6 +569,18 @@ fn classify_activation(e: &ActivationError) -> ActivationFailure {
         ActivationError::PongReceive(io) | ActivationError::PingSend(io) => {
             ActivationFailure::Refused(format!("RMCP presence ping: {io}"))
         }
+        // Debug names ("PongRead") told an operator nothing: say what was seen and what to check.
+        ActivationError::PongRead | ActivationError::RmcpError(_) => ActivationFailure::Other(
+            "the answer to the RMCP presence ping is not an RMCP pong: is an IPMI BMC \
+             (IPMI over LAN, UDP 623) on this host and port?"
+                .into(),
+        ),
+        ActivationError::IpmiNotSupported | ActivationError::NoSupportedIpmiLANVersions => {
+            ActivationFailure::Other(
+                "the RMCP pong says this host does not offer IPMI over LAN: enable it on the BMC"
+                    .into(),
+            )
+        }
         ActivationError::V2_0(v2) => match v2 {
             V2_0ActivationError::OpenSessionResponseReceive(RmcpIpmiReceiveError::Io(io))
             | V2_0ActivationError::RakpMessage2Receive(RmcpIpmiReceiveError::Io(io))
@@ -619,6 +631,15 @@ mod tests {
             assert!(!is_busy_code(cc), "0x{cc:02x}");
         }
         assert_eq!(completion_code_text(0xD2), "BMC initializing");
+    }
+
+    /// A port answering the presence ping with anything but a pong said "PongRead".
+    #[test]
+    fn a_garbled_pong_is_named_in_words() {
+        let ActivationFailure::Other(d) = classify_activation(&ActivationError::PongRead) else {
+            panic!("not Other")
+        };
+        assert!(d.contains("not an RMCP pong") && d.contains("port"), "{d}");
     }
 
     #[test]

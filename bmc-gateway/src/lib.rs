@@ -37,7 +37,7 @@ use crate::config::{BmcConfig, BmcProtocol, Config};
 use crate::gateway::{Bmc, Defaults, Gateway};
 use crate::ipmi::{IpmiPowerControl, IpmiTarget};
 use crate::metrics::Metrics;
-use crate::power::{PowerControl, PowerState};
+use crate::power::{PowerControl, PowerReading, PowerState};
 use crate::redfish::{AuthMode, RedfishPowerControl, RedfishTarget, Trust};
 
 /// Why the gateway could not start.
@@ -290,41 +290,54 @@ pub struct CheckRow {
     pub protocol: &'static str,
     /// `host:port`.
     pub bmc: String,
-    /// Power state or the error.
-    pub result: Result<PowerState, String>,
+    /// Power state (with the BMC's own word when it is not plainly on or off) or the error.
+    pub result: Result<PowerReading, String>,
 }
 
 /// Reads every configured BMC's power state, concurrently, each within `timeout`.
 pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
     let mut tasks = Vec::new();
     for b in &cfg.bmcs {
+        let row = (
+            b.machine.clone(),
+            b.protocol.as_str(),
+            format!("{}:{}", b.host, b.port()),
+        );
         let b = b.clone();
-        tasks.push(tokio::spawn(async move {
-            let result = match password_of(&b).and_then(|pw| power_for(&b, pw)) {
-                Err(e) => Err(e.to_string()),
-                Ok(p) => {
-                    let r = match tokio::time::timeout(timeout, p.power_state()).await {
-                        Ok(Ok(s)) => Ok(s),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
-                    };
-                    let _ = tokio::time::timeout(Duration::from_secs(3), p.close()).await;
-                    r
+        tasks.push((
+            row,
+            tokio::spawn(async move {
+                let result = match password_of(&b).and_then(|pw| power_for(&b, pw)) {
+                    Err(e) => Err(e.to_string()),
+                    Ok(p) => {
+                        let r = match tokio::time::timeout(timeout, p.power_reading()).await {
+                            Ok(Ok(s)) => Ok(s),
+                            Ok(Err(e)) => Err(e.to_string()),
+                            Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
+                        };
+                        let _ = tokio::time::timeout(Duration::from_secs(3), p.close()).await;
+                        r
+                    }
+                };
+                CheckRow {
+                    machine: b.machine.clone(),
+                    protocol: b.protocol.as_str(),
+                    bmc: format!("{}:{}", b.host, b.port()),
+                    result,
                 }
-            };
-            CheckRow {
-                machine: b.machine.clone(),
-                protocol: b.protocol.as_str(),
-                bmc: format!("{}:{}", b.host, b.port()),
-                result,
-            }
-        }));
+            }),
+        ));
     }
     let mut rows = Vec::new();
-    for t in tasks {
-        if let Ok(r) = t.await {
-            rows.push(r);
-        }
+    for ((machine, protocol, bmc), t) in tasks {
+        // A read that panicked left no row: the BMC vanished from the table (exit 0 when it
+        // was the only failure) instead of being shown as failed.
+        rows.push(t.await.unwrap_or_else(|e| CheckRow {
+            machine,
+            protocol,
+            bmc,
+            result: Err(format!("the gateway failed while reading this BMC: {e}")),
+        }));
     }
     rows
 }
@@ -335,14 +348,14 @@ pub fn render_check(rows: &[CheckRow]) -> String {
     out.push(["MACHINE", "PROTOCOL", "BMC", "POWER", "DETAIL"].map(String::from));
     for r in rows {
         let (power, detail) = match &r.result {
-            Ok(s) => (
-                match s {
+            Ok(r) => (
+                match r.state {
                     PowerState::On => "on",
                     PowerState::Off => "off",
                     PowerState::Unknown => "unknown",
                 }
                 .to_string(),
-                String::new(),
+                r.note.clone().unwrap_or_default(),
             ),
             Err(e) => ("ERROR".to_string(), e.clone()),
         };
@@ -392,7 +405,7 @@ mod tests {
                 machine: "10.0.0.1".into(),
                 protocol: "ipmi",
                 bmc: "10.1.0.1:623".into(),
-                result: Ok(PowerState::On),
+                result: Ok(PowerReading::plain(PowerState::On)),
             },
             CheckRow {
                 machine: "10.0.0.22".into(),
@@ -400,12 +413,20 @@ mod tests {
                 bmc: "10.1.0.22:443".into(),
                 result: Err("refused".into()),
             },
+            CheckRow {
+                machine: "10.0.0.23".into(),
+                protocol: "redfish",
+                bmc: "10.1.0.23:443".into(),
+                result: Ok(redfish::read_power_state("PoweringOn")),
+            },
         ]);
         assert_eq!(
             t,
-            "MACHINE    PROTOCOL  BMC            POWER  DETAIL\n\
+            "MACHINE    PROTOCOL  BMC            POWER    DETAIL\n\
              10.0.0.1   ipmi      10.1.0.1:623   on\n\
-             10.0.0.22  redfish   10.1.0.22:443  ERROR  refused\n"
+             10.0.0.22  redfish   10.1.0.22:443  ERROR    refused\n\
+             10.0.0.23  redfish   10.1.0.23:443  unknown  the BMC says PowerState \"PoweringOn\": \
+             a power-on is under way; read again in a few seconds\n"
         );
     }
 }

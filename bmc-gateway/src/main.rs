@@ -17,7 +17,8 @@ const EXIT_CONFIG: u8 = 64;
 
 /// Rack BMC gateway: executes power actions for the Fleetmend coordinator over IPMI and Redfish.
 ///
-/// Signals: SIGTERM/SIGINT stop it after in-flight answers. SIGHUP re-reads the configuration
+/// Signals: SIGTERM/SIGINT stop it: no new requests are taken, those already taken are answered
+/// (within 10 s), then it exits. SIGHUP re-reads the configuration
 /// and puts the TLS files in place for new connections (certificate renewal); changes to
 /// BMCs, credentials (also a password file's contents), limits or listen addresses are
 /// reported and need a restart. Files that do not load, or a certificate naming another
@@ -62,7 +63,13 @@ enum Command {
 fn main() -> ExitCode {
     protocol::telemetry::quiet_broken_pipe();
     let cli = Cli::parse();
-    if let Err(e) = protocol::telemetry::init("info") {
+    // `check` is a command a person reads: its table on stdout, warnings on stderr, not a
+    // line per IPMI session opened (FLEETMEND_LOG still overrides).
+    let default_level = match cli.command {
+        Some(Command::Check { .. }) => "warn",
+        _ => "info",
+    };
+    if let Err(e) = protocol::telemetry::init(default_level) {
         eprintln!("bmc-gateway: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
@@ -99,7 +106,8 @@ fn main() -> ExitCode {
                             "machine": r.machine,
                             "protocol": r.protocol,
                             "bmc": r.bmc,
-                            "power": r.result.as_ref().ok().map(|p| format!("{p:?}").to_lowercase()),
+                            "power": r.result.as_ref().ok().map(|p| format!("{:?}", p.state).to_lowercase()),
+                            "detail": r.result.as_ref().ok().and_then(|p| p.note.as_deref()),
                             "error": r.result.as_ref().err(),
                         })
                     })

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
+use crate::power::{BmcError, ChassisOp, PowerControl, PowerReading, PowerState};
 
 /// Default minimum interval between two commands to one BMC.
 ///
@@ -85,6 +85,11 @@ impl PowerControl for Paced {
     fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
         let inner = self.inner.clone();
         Box::pin(self.paced(move || Box::pin(async move { inner.power_state().await })))
+    }
+
+    fn power_reading(&self) -> BoxFuture<'_, Result<PowerReading, BmcError>> {
+        let inner = self.inner.clone();
+        Box::pin(self.paced(move || Box::pin(async move { inner.power_reading().await })))
     }
 
     fn chassis(&self, op: ChassisOp) -> BoxFuture<'_, Result<String, BmcError>> {

@@ -132,11 +132,49 @@ impl BmcError {
     }
 }
 
+/// A power state as read, with the BMC's own word when the state alone would hide it (a
+/// Redfish `PoweringOn`, `PoweringOff`, `Paused`, or a value the gateway does not know): an
+/// operator must tell a BMC in the middle of a power change from a broken one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PowerReading {
+    /// What the state counts as (only `Off` ever confirms a fence).
+    pub state: PowerState,
+    /// What the BMC said and what it means, for a person; `None` when it said plainly on or
+    /// off.
+    pub note: Option<String>,
+}
+
+impl PowerReading {
+    /// A reading that is just `state`.
+    pub fn plain(state: PowerState) -> Self {
+        Self { state, note: None }
+    }
+
+    /// `on`, `off` or `unknown`, followed by the note in parentheses when there is one.
+    pub fn describe(&self) -> String {
+        let s = match self.state {
+            PowerState::On => "on",
+            PowerState::Off => "off",
+            PowerState::Unknown => "unknown",
+        };
+        match &self.note {
+            Some(n) => format!("{s} ({n})"),
+            None => s.to_string(),
+        }
+    }
+}
+
 /// Talks to one BMC. Implementations keep whatever session state they need; the gateway
 /// calls one method at a time per BMC (see [`crate::worker`]).
 pub trait PowerControl: Send + Sync + 'static {
     /// Reads the chassis power state.
     fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>>;
+
+    /// Reads the chassis power state with the BMC's own word for it when that is not plainly
+    /// on or off. Wrappers must forward it; the default knows no word.
+    fn power_reading(&self) -> BoxFuture<'_, Result<PowerReading, BmcError>> {
+        Box::pin(async move { self.power_state().await.map(PowerReading::plain) })
+    }
 
     /// Carries out `op`; returns what the BMC said, for a person.
     fn chassis(&self, op: ChassisOp) -> BoxFuture<'_, Result<String, BmcError>>;

@@ -7,18 +7,26 @@
 //! `ForceRestart`, else off-then-on. It accepts 200/202/204, follows a returned Task until it
 //! ends, and authenticates with Basic auth or a SessionService login (`X-Auth-Token`) when the
 //! service offers one. It does not decide what an action means (see [`crate::actions`]).
+//!
+//! The HTTP side (the client, one request with its credentials, the SessionService login) is
+//! in `redfish/session.rs`; this file holds what is asked of the system: its discovery, its
+//! power state, resets and the Tasks they return.
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
-use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
-use crate::redfish_tls::connect_hint;
+use crate::power::{BmcError, ChassisOp, PowerControl, PowerReading, PowerState};
 pub use crate::redfish_tls::{Trust, rustls_config};
+
+mod session;
+use session::error_message;
+#[cfg(test)]
+mod fake_service;
 
 /// How often a returned Task, or the power state during an off-then-on cycle, is polled.
 ///
@@ -162,209 +170,30 @@ pub fn parse_power_state(s: &str) -> PowerState {
     }
 }
 
-fn error_message(body: &str) -> String {
-    if let Ok(v) = serde_json::from_str::<Value>(body)
-        && let Some(m) = json_str(&v, &["error", "message"])
-    {
-        let ext = v
-            .get("error")
-            .and_then(|e| e.get("@Message.ExtendedInfo"))
-            .and_then(|x| x.as_array())
-            .and_then(|a| a.first())
-            .and_then(|i| i.get("Message"))
-            .and_then(|m| m.as_str());
-        return match ext {
-            Some(x) if x != m => format!("{m} ({x})"),
-            _ => m.to_string(),
-        };
+/// Longest part of a BMC's `PowerState` word quoted in a message: a BMC answering garbage
+/// must not fill a table cell or a log line with it.
+const WORD_SHOWN: usize = 40;
+
+/// A Redfish `PowerState` as [`parse_power_state`] counts it, with the BMC's word and what it
+/// means when it is not plainly `On` or `Off`.
+pub fn read_power_state(s: &str) -> PowerReading {
+    let meaning = match s {
+        "On" | "Off" => None,
+        "PoweringOn" => Some("a power-on is under way; read again in a few seconds"),
+        "PoweringOff" => {
+            Some("a power-off is under way; counted as on (not fenced) until it reads Off")
+        }
+        "Paused" => Some("the system is on but halted"),
+        _ => Some("not a Redfish power state this gateway knows"),
+    };
+    let word: String = s.chars().take(WORD_SHOWN).collect();
+    PowerReading {
+        state: parse_power_state(s),
+        note: meaning.map(|m| format!("the BMC says PowerState {word:?}: {m}")),
     }
-    let mut b = body.trim().to_string();
-    b.truncate(200);
-    b
 }
 
 impl RedfishPowerControl {
-    /// Builds the client. Fails when the TLS configuration cannot be built.
-    pub fn new(t: RedfishTarget) -> Result<Self, BmcError> {
-        let cfg = rustls_config(&t.trust).map_err(|detail| BmcError::Protocol {
-            bmc: t.name.clone(),
-            what: "TLS configuration".into(),
-            detail,
-        })?;
-        let client = reqwest::Client::builder()
-            .tls_backend_preconfigured(cfg)
-            .timeout(t.request_timeout)
-            .connect_timeout(t.request_timeout)
-            .build()
-            .map_err(|e| BmcError::Protocol {
-                bmc: t.name.clone(),
-                what: "HTTP client".into(),
-                detail: e.to_string(),
-            })?;
-        let scheme = match t.trust {
-            Trust::PlainHttp => "http",
-            _ => "https",
-        };
-        let base = format!("{scheme}://{}", t.authority);
-        Ok(Self {
-            t,
-            base,
-            client,
-            cached: Mutex::new(Cached::default()),
-        })
-    }
-
-    fn err_send(&self, what: &str, e: reqwest::Error) -> BmcError {
-        if e.is_timeout() {
-            BmcError::Timeout {
-                bmc: self.t.name.clone(),
-                what: what.to_string(),
-                waited_ms: self.t.request_timeout.as_millis() as u64,
-            }
-        } else {
-            let mut detail = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                detail.push_str(": ");
-                detail.push_str(&s.to_string());
-                src = s.source();
-            }
-            let https = !matches!(self.t.trust, Trust::PlainHttp);
-            if let Some(h) = connect_hint(https, &detail) {
-                detail.push_str(" (");
-                detail.push_str(h);
-                detail.push(')');
-            }
-            BmcError::Unreachable {
-                bmc: self.t.name.clone(),
-                detail: format!("{what}: {detail}"),
-            }
-        }
-    }
-
-    /// Sends one request with the current credentials; returns status, headers' Location and
-    /// X-Auth-Token, and body.
-    async fn send(
-        &self,
-        cached: &mut Cached,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<(StatusCode, Option<String>, String), BmcError> {
-        let what = format!("{method} {path}");
-        for attempt in 0..2 {
-            let url = if path.starts_with("http") {
-                path.to_string()
-            } else {
-                format!("{}{path}", self.base)
-            };
-            let mut rb = self
-                .client
-                .request(method.clone(), &url)
-                .header("Accept", "application/json");
-            rb = match &cached.token {
-                Some((tok, _)) => rb.header("X-Auth-Token", tok),
-                None => rb.basic_auth(&self.t.username, Some(&self.t.password)),
-            };
-            if let Some(b) = body {
-                rb = rb.json(b);
-            }
-            let resp = rb.send().await.map_err(|e| self.err_send(&what, e))?;
-            let status = resp.status();
-            let location = resp
-                .headers()
-                .get("Location")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let text = resp.text().await.map_err(|e| self.err_send(&what, e))?;
-            if status == StatusCode::UNAUTHORIZED && cached.token.is_some() && attempt == 0 {
-                // The session expired: log in again once.
-                info!(bmc = %self.t.name, "Redfish session expired; logging in again");
-                cached.token = None;
-                // Boxed: login itself sends requests through here.
-                Box::pin(self.login(cached)).await?;
-                continue;
-            }
-            if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-                return Err(BmcError::Auth {
-                    bmc: self.t.name.clone(),
-                    detail: format!("{what}: HTTP {status}: {}", error_message(&text)),
-                });
-            }
-            return Ok((status, location, text));
-        }
-        Err(BmcError::Auth {
-            bmc: self.t.name.clone(),
-            detail: format!("{what}: still unauthorized after a new session login"),
-        })
-    }
-
-    async fn get_json(&self, cached: &mut Cached, path: &str) -> Result<Value, BmcError> {
-        let (status, _, text) = self.send(cached, Method::GET, path, None).await?;
-        if !status.is_success() {
-            return Err(BmcError::Refused {
-                bmc: self.t.name.clone(),
-                what: format!("GET {path}"),
-                detail: format!("HTTP {status}: {}", error_message(&text)),
-            });
-        }
-        serde_json::from_str(&text).map_err(|e| BmcError::Protocol {
-            bmc: self.t.name.clone(),
-            what: format!("GET {path}"),
-            detail: format!("not JSON: {e}"),
-        })
-    }
-
-    async fn login(&self, cached: &mut Cached) -> Result<(), BmcError> {
-        let root = self.get_json(cached, "/redfish/v1/").await?;
-        let sessions = json_str(&root, &["Links", "Sessions", "@odata.id"]).map(str::to_string);
-        match (sessions, self.t.auth) {
-            (None, AuthMode::Session) => Err(BmcError::Unsupported {
-                bmc: self.t.name.clone(),
-                what: "SessionService login".into(),
-                detail: "the service root links no Sessions; use auth = \"basic\"".into(),
-            }),
-            (None, _) | (_, AuthMode::Basic) => Ok(()),
-            (Some(uri), _) => {
-                let body = json!({"UserName": self.t.username, "Password": self.t.password});
-                let resp = self
-                    .client
-                    .post(format!("{}{uri}", self.base))
-                    .header("Accept", "application/json")
-                    .json(&body)
-                    .send()
-                    .await
-                    .map_err(|e| self.err_send("session login", e))?;
-                let status = resp.status();
-                let header = |name: &str| {
-                    resp.headers()
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string)
-                };
-                let (token, loc) = (header("X-Auth-Token"), header("Location"));
-                let text = resp
-                    .text()
-                    .await
-                    .map_err(|e| self.err_send("session login", e))?;
-                if !status.is_success() {
-                    return Err(BmcError::Auth {
-                        bmc: self.t.name.clone(),
-                        detail: format!("session login: HTTP {status}: {}", error_message(&text)),
-                    });
-                }
-                let token = token.ok_or_else(|| BmcError::Protocol {
-                    bmc: self.t.name.clone(),
-                    what: "session login".into(),
-                    detail: "no X-Auth-Token in the answer".into(),
-                })?;
-                debug!(bmc = %self.t.name, "Redfish session opened");
-                cached.token = Some((token, loc));
-                Ok(())
-            }
-        }
-    }
-
     async fn prepare(&self, cached: &mut Cached) -> Result<String, BmcError> {
         if !cached.auth_decided {
             self.login(cached).await?;
@@ -520,13 +349,21 @@ impl RedfishPowerControl {
         }
     }
 
-    async fn state_now(&self) -> Result<PowerState, BmcError> {
+    async fn state_now(&self) -> Result<PowerReading, BmcError> {
         let (path, v) = self.read_system().await?;
         // A system that does not say its power state (absent or null) can never be confirmed
         // off: an error naming it, rather than a silent "unknown" that only fences discover.
-        match json_str(&v, &["PowerState"]) {
-            Some(s) => Ok(parse_power_state(s)),
-            None => Err(BmcError::Protocol {
+        match v.get("PowerState") {
+            Some(Value::String(s)) => Ok(read_power_state(s)),
+            Some(other) if !other.is_null() => Err(BmcError::Protocol {
+                bmc: self.t.name.clone(),
+                what: format!("GET {path}"),
+                detail: format!(
+                    "the ComputerSystem's PowerState is {}, not a string like \"On\"",
+                    session::printable(&other.to_string(), WORD_SHOWN)
+                ),
+            }),
+            _ => Err(BmcError::Protocol {
                 bmc: self.t.name.clone(),
                 what: format!("GET {path}"),
                 detail: "the ComputerSystem has no PowerState (absent or null), so power off \
@@ -539,6 +376,10 @@ impl RedfishPowerControl {
 
 impl PowerControl for RedfishPowerControl {
     fn power_state(&self) -> BoxFuture<'_, Result<PowerState, BmcError>> {
+        Box::pin(async move { self.state_now().await.map(|r| r.state) })
+    }
+
+    fn power_reading(&self) -> BoxFuture<'_, Result<PowerReading, BmcError>> {
         Box::pin(self.state_now())
     }
 
@@ -565,7 +406,7 @@ impl PowerControl for RedfishPowerControl {
                     let first = self.reset(&path, &system, &off).await?;
                     let started = tokio::time::Instant::now();
                     loop {
-                        if self.state_now().await? == PowerState::Off {
+                        if self.state_now().await?.state == PowerState::Off {
                             break;
                         }
                         if started.elapsed() > CYCLE_OFF_WAIT {
@@ -604,18 +445,8 @@ impl PowerControl for RedfishPowerControl {
         })
     }
 }
-
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::Mutex as StdMutex;
-
-    use axum::Router;
-    use axum::extract::{Path, State};
-    use axum::http::{HeaderMap, StatusCode};
-    use axum::response::{IntoResponse, Response};
-    use axum::routing::{get, post};
-
     use super::*;
 
     fn s(v: &[&str]) -> Vec<String> {
@@ -673,150 +504,9 @@ mod tests {
         assert_eq!(parse_power_state("PoweringOn"), PowerState::Unknown);
     }
 
-    /// A hand-written Redfish service: SessionService login, one system offering only
-    /// ForceOff and On, resets answered 202 with a Task that completes on its second read.
-    #[derive(Default)]
-    struct Fake {
-        power: StdMutex<String>,
-        calls: StdMutex<Vec<String>>,
-        task_reads: StdMutex<u32>,
-        /// Answer resets with a task that is already gone (404).
-        task_gone: StdMutex<bool>,
-    }
+    use std::sync::Arc;
 
-    const TOKEN: &str = "tok-123";
-
-    fn authed(h: &HeaderMap) -> bool {
-        h.get("X-Auth-Token").and_then(|v| v.to_str().ok()) == Some(TOKEN)
-    }
-
-    async fn root() -> Response {
-        axum::Json(json!({
-            "Systems": {"@odata.id": "/redfish/v1/Systems"},
-            "Links": {"Sessions": {"@odata.id": "/redfish/v1/SessionService/Sessions"}}
-        }))
-        .into_response()
-    }
-
-    async fn login(State(f): State<Arc<Fake>>, body: axum::Json<Value>) -> Response {
-        f.calls.lock().unwrap().push("login".into());
-        if body["UserName"] == "admin" && body["Password"] == "pw" {
-            (
-                StatusCode::CREATED,
-                [
-                    ("X-Auth-Token", TOKEN),
-                    ("Location", "/redfish/v1/SessionService/Sessions/1"),
-                ],
-                "{}",
-            )
-                .into_response()
-        } else {
-            (
-                StatusCode::UNAUTHORIZED,
-                r#"{"error":{"message":"bad credentials"}}"#,
-            )
-                .into_response()
-        }
-    }
-
-    async fn systems(h: HeaderMap) -> Response {
-        if !authed(&h) {
-            return StatusCode::UNAUTHORIZED.into_response();
-        }
-        axum::Json(json!({"Members": [{"@odata.id": "/redfish/v1/Systems/s1"}]})).into_response()
-    }
-
-    async fn system(State(f): State<Arc<Fake>>, h: HeaderMap) -> Response {
-        if !authed(&h) {
-            return StatusCode::UNAUTHORIZED.into_response();
-        }
-        let p = f.power.lock().unwrap().clone();
-        // Empty: a system that does not say its power state (null).
-        let p = if p.is_empty() { Value::Null } else { p.into() };
-        axum::Json(json!({
-            "PowerState": p,
-            "Actions": {"#ComputerSystem.Reset": {
-                "target": "/redfish/v1/Systems/s1/Actions/ComputerSystem.Reset",
-                "ResetType@Redfish.AllowableValues": ["ForceOff", "On"]
-            }}
-        }))
-        .into_response()
-    }
-
-    async fn reset(State(f): State<Arc<Fake>>, h: HeaderMap, body: axum::Json<Value>) -> Response {
-        if !authed(&h) {
-            return StatusCode::UNAUTHORIZED.into_response();
-        }
-        let t = body["ResetType"].as_str().unwrap_or("").to_string();
-        f.calls.lock().unwrap().push(t.clone());
-        *f.power.lock().unwrap() = if t == "On" { "On" } else { "Off" }.into();
-        *f.task_reads.lock().unwrap() = 0;
-        (
-            StatusCode::ACCEPTED,
-            [(
-                "Location",
-                if *f.task_gone.lock().unwrap() {
-                    "/redfish/v1/TaskService/Tasks/gone"
-                } else {
-                    "/redfish/v1/TaskService/Tasks/7"
-                },
-            )],
-            "{}",
-        )
-            .into_response()
-    }
-
-    async fn task(State(f): State<Arc<Fake>>, h: HeaderMap) -> Response {
-        if !authed(&h) {
-            return StatusCode::UNAUTHORIZED.into_response();
-        }
-        let mut n = f.task_reads.lock().unwrap();
-        *n += 1;
-        f.calls.lock().unwrap().push(format!("task{n}"));
-        let state = if *n >= 2 { "Completed" } else { "Running" };
-        axum::Json(json!({"TaskState": state, "TaskStatus": "OK"})).into_response()
-    }
-
-    async fn logout(State(f): State<Arc<Fake>>, Path(id): Path<String>) -> Response {
-        f.calls.lock().unwrap().push(format!("logout {id}"));
-        StatusCode::NO_CONTENT.into_response()
-    }
-
-    async fn serve(fake: Arc<Fake>) -> std::net::SocketAddr {
-        let app = Router::new()
-            .route("/redfish/v1/", get(root))
-            .route("/redfish/v1/SessionService/Sessions", post(login))
-            .route(
-                "/redfish/v1/SessionService/Sessions/{id}",
-                axum::routing::delete(logout),
-            )
-            .route("/redfish/v1/Systems", get(systems))
-            .route("/redfish/v1/Systems/s1", get(system))
-            .route(
-                "/redfish/v1/Systems/s1/Actions/ComputerSystem.Reset",
-                post(reset),
-            )
-            .route("/redfish/v1/TaskService/Tasks/7", get(task))
-            .with_state(fake);
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(l, app).await });
-        addr
-    }
-
-    fn client(addr: std::net::SocketAddr, password: &str) -> RedfishPowerControl {
-        RedfishPowerControl::new(RedfishTarget {
-            name: "fake".into(),
-            authority: addr.to_string(),
-            trust: Trust::PlainHttp,
-            username: "admin".into(),
-            password: password.into(),
-            system: "discover".into(),
-            auth: AuthMode::Auto,
-            request_timeout: Duration::from_secs(5),
-        })
-        .unwrap()
-    }
+    use fake_service::{Fake, client, serve};
 
     #[tokio::test]
     async fn session_login_task_following_and_off_then_on_cycle() {
@@ -871,6 +561,50 @@ mod tests {
 
     /// A BMC that applied the off and deleted its task monitor before the first poll: the
     /// 404 made the fence fail as "refused" with the machine already off.
+    /// `check` showed a BMC in the middle of a power change as "unknown" with no word of why.
+    /// The BMC's word is kept; a fence takes only `Off` as off, never `PoweringOff`.
+    #[tokio::test]
+    async fn transient_power_states_keep_the_bmc_word_and_powering_off_is_not_off() {
+        use crate::actions::{self, ActionLimits, SystemClock};
+        use protocol::gateway::{PowerAction, PowerOutcome};
+        let fake = Arc::new(Fake::default());
+        *fake.power.lock().unwrap() = "On".into();
+        *fake.transient.lock().unwrap() = vec!["PoweringOff".into(); 2];
+        let c = client(serve(fake.clone()).await, "pw");
+        let limits = ActionLimits {
+            timeout: Duration::from_secs(20),
+            poll: Duration::from_millis(10),
+        };
+        let o = actions::run(&c, PowerAction::Fence, limits, &SystemClock).await;
+        let PowerOutcome::Done {
+            confirmed_off_unix_ms: Some(_),
+            detail,
+            ..
+        } = o
+        else {
+            panic!("{o:?}")
+        };
+        assert!(detail.contains("read off after 3 reads"), "{detail}");
+
+        for (word, state) in [
+            ("PoweringOn", PowerState::Unknown),
+            ("PoweringOff", PowerState::On),
+            ("Paused", PowerState::On),
+            ("Hibernating\u{1b}[2J", PowerState::Unknown),
+        ] {
+            *fake.power.lock().unwrap() = word.into();
+            let r = c.power_reading().await.unwrap();
+            let note = r.note.unwrap_or_default();
+            assert_eq!(r.state, state, "{word}");
+            assert!(note.contains(&format!("{word:?}")), "{note}");
+        }
+        let o = actions::run(&c, PowerAction::Status, limits, &SystemClock).await;
+        assert!(
+            matches!(&o, PowerOutcome::Done { detail, .. } if detail.contains("not a Redfish power state this gateway knows")),
+            "{o:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_task_gone_before_its_first_poll_is_taken_as_finished() {
         let fake = Arc::new(Fake::default());
@@ -884,30 +618,5 @@ mod tests {
             .unwrap();
         assert!(said.contains("already gone (HTTP 404)"), "{said}");
         assert_eq!(c.power_state().await, Ok(PowerState::Off));
-    }
-
-    #[tokio::test]
-    async fn wrong_password_is_an_auth_error() {
-        let fake = Arc::new(Fake::default());
-        let addr = serve(fake).await;
-        let e = client(addr, "nope").power_state().await.unwrap_err();
-        assert!(matches!(e, BmcError::Auth { .. }), "{e}");
-        assert!(e.to_string().contains("bad credentials"), "{e}");
-        assert!(!e.is_retriable());
-        assert_eq!(
-            crate::gateway::reach::<()>(&Err(e)),
-            crate::metrics::Reach::CredentialsRefused,
-            "an HTTP 401 is not reachable"
-        );
-    }
-
-    #[tokio::test]
-    async fn unreachable_service_is_retriable() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let e = client(port, "pw").power_state().await.unwrap_err();
-        assert!(e.is_unreachable() && e.is_retriable(), "{e}");
     }
 }

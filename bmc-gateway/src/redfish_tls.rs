@@ -125,11 +125,12 @@ impl ServerCertVerifier for CaOrPinned {
     }
 }
 
-/// The verifier of a CA file (PEM): its certificates as roots, and each of them pinned.
-fn ca_verifier(
+/// The certificates of a CA file (PEM) as trust roots, and each of them for pinning. Also
+/// run when the configuration is loaded, so that a file that is not one is a configuration
+/// error naming `redfish.ca_file`.
+pub fn ca_roots(
     pem: &[u8],
-    provider: &Arc<rustls::crypto::CryptoProvider>,
-) -> Result<Arc<CaOrPinned>, String> {
+) -> Result<(rustls::RootCertStore, Vec<CertificateDer<'static>>), String> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     let mut pinned = Vec::new();
@@ -139,8 +140,19 @@ fn ca_verifier(
         pinned.push(c);
     }
     if roots.is_empty() {
-        return Err("CA file holds no certificate".into());
+        return Err(
+            "CA file holds no certificate (no PEM \"-----BEGIN CERTIFICATE-----\" block)".into(),
+        );
     }
+    Ok((roots, pinned))
+}
+
+/// The verifier of a CA file (PEM): its certificates as roots, and each of them pinned.
+fn ca_verifier(
+    pem: &[u8],
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<CaOrPinned>, String> {
+    let (roots, pinned) = ca_roots(pem)?;
     let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
         Arc::new(roots),
         provider.clone(),

@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::{StatusCode, header};
@@ -18,6 +19,7 @@ use protocol::messages::{HelloBody, Refusal, RefusalCode};
 use protocol::transport::{self, HelloError};
 use protocol::{Identity, Role, frame};
 use quinn::Endpoint;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -39,7 +41,17 @@ pub fn may_command(peer: &Identity, hello: &HelloBody) -> Result<(), String> {
     }
 }
 
-/// Accepts connections on `endpoint` until `stop` is cancelled.
+/// Longest the gateway waits on SIGTERM for power requests in flight to be answered before it
+/// closes the connections.
+///
+/// 10 s: a status, an on or an off is answered in well under that, and with the 3 s for the
+/// answers to leave and 5 s to close BMC sessions it stays under the unit's
+/// `TimeoutStopSec=20s`. A fence still polling past it is cut off: its id answers "outcome
+/// unknown" after the restart and the coordinator sends the fence again under a new id.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
+/// Accepts connections on `endpoint` until `stop` is cancelled, then lets the power requests
+/// in flight be answered (within [`DRAIN_GRACE`]) before it closes the endpoint.
 pub async fn serve_quic(
     endpoint: Endpoint,
     gateway: Arc<Gateway>,
@@ -47,8 +59,11 @@ pub async fn serve_quic(
     server_name: String,
     stop: CancellationToken,
 ) {
+    // Each request task holds a clone; once all are dropped, `recv` says so.
+    let (in_flight, mut drained) = mpsc::channel::<()>(1);
     loop {
         let incoming = tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
             i = endpoint.accept() => match i {
                 Some(i) => i,
@@ -60,9 +75,31 @@ pub async fn serve_quic(
         let name = server_name.clone();
         let stop = stop.clone();
         let remote = incoming.remote_address();
+        let held = in_flight.clone();
         tokio::spawn(
-            async move { connection(incoming, gw, &td, &name, stop).await }
+            async move { connection(incoming, gw, &td, &name, stop, held).await }
                 .instrument(info_span!("conn", %remote)),
+        );
+    }
+    // Connections stop taking new requests (see `connection`); the ones already taken are
+    // answered first. Closing at once lost their answers: a power action the BMC carried out
+    // came back to the coordinator as a lost connection.
+    let running = in_flight.strong_count() - 1;
+    drop(in_flight);
+    if running > 0 {
+        info!(
+            running,
+            grace_s = DRAIN_GRACE.as_secs(),
+            "stopping: answering the power requests in flight first"
+        );
+    }
+    if tokio::time::timeout(DRAIN_GRACE, drained.recv())
+        .await
+        .is_err()
+    {
+        warn!(
+            grace_s = DRAIN_GRACE.as_secs(),
+            "power requests still running at the end of the stop grace; their ids answer \"outcome unknown\" after a restart"
         );
     }
     endpoint.close(0u32.into(), b"gateway stopping");
@@ -74,6 +111,7 @@ async fn connection(
     trust_domain: &str,
     server_name: &str,
     stop: CancellationToken,
+    in_flight: mpsc::Sender<()>,
 ) {
     let pending = match transport::accept_hello(incoming, trust_domain).await {
         Ok(p) => p,
@@ -107,10 +145,10 @@ async fn connection(
     let conn = session.conn.clone();
     loop {
         let (mut send, mut recv) = tokio::select! {
-            _ = stop.cancelled() => {
-                conn.close(0u32.into(), b"gateway stopping");
-                break;
-            }
+            biased;
+            // No new requests; the endpoint closes this connection once those taken are
+            // answered (`serve_quic`).
+            _ = stop.cancelled() => break,
             s = conn.accept_bi() => match s {
                 Ok(s) => s,
                 Err(e) => {
@@ -121,7 +159,9 @@ async fn connection(
         };
         let gw = gw.clone();
         let peer = peer.clone();
+        let held = in_flight.clone();
         tokio::spawn(async move {
+            let _held = held;
             let req: PowerRequest = match transport::read_msg(&mut recv, MAX_REQUEST).await {
                 Ok(Some(r)) => r,
                 Ok(None) => return,
@@ -140,6 +180,12 @@ async fn connection(
             let _ = send.finish();
             let _ = send.stopped().await;
         });
+    }
+    // Stopping: this connection is closed with the others, "gateway stopping", once the
+    // requests in flight are answered; dropped here it would close at once without a reason.
+    drop(in_flight);
+    if stop.is_cancelled() {
+        conn.closed().await;
     }
 }
 

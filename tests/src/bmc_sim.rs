@@ -856,6 +856,8 @@ pub struct GatewayProc {
     pub http: SocketAddr,
     /// The state directory (the request record).
     pub state_dir: PathBuf,
+    /// The configuration file it runs with (for `bmc-gateway check --config`).
+    pub config: PathBuf,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -914,6 +916,7 @@ impl GatewayProc {
             quic,
             http,
             state_dir,
+            config: cfg_path,
             log,
             _dir: dir,
         };

@@ -237,7 +237,9 @@ async fn redfish_every_action_confirmed_by_sushy() -> Result<()> {
     }
     cfg += &redfish_bmc(d, "rf-discover", &single, "discover", &single.password);
     cfg += &redfish_bmc(d, "rf-ambiguous", &sushy, "discover", &sushy.password);
-    cfg += &redfish_bmc(d, "rf-badpw", &single, "discover", "not-the-password");
+    // The same BMC as rf-discover, named by its system id: two machines on one system are
+    // refused.
+    cfg += &redfish_bmc(d, "rf-badpw", &single, &only[0].uuid, "not-the-password");
     let gw = GatewayProc::start(&pki, &cfg).await?;
     let c = coordinator(&pki, &gw).await?;
     let uuid = |name: &str| {
@@ -388,19 +390,24 @@ async fn redfish_every_action_confirmed_by_sushy() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_clear_within_their_timeout_and_others_keep_working() -> Result<()> {
-    let (good, hang) = tokio::try_join!(IpmiSim::start(true), IpmiSim::start(true))?;
+    let (good, hang, other) = tokio::try_join!(
+        IpmiSim::start(true),
+        IpmiSim::start(true),
+        IpmiSim::start(true)
+    )?;
     let pki = TestPki::new()?;
     let d = pki.dir.path();
     let dead_port = free_udp_port();
     let mut cfg = ipmi_bmc(d, "good", good.port, &good.username, &good.password);
     cfg += &ipmi_bmc(d, "hang", hang.port, &hang.username, &hang.password);
-    cfg += &ipmi_bmc(d, "badpw", good.port, &good.username, "wrong-password");
+    // A BMC of its own: the gateway refuses two machines on one BMC.
+    cfg += &ipmi_bmc(d, "badpw", other.port, &other.username, "wrong-password");
     cfg += &ipmi_bmc(d, "dead", dead_port, "admin", "x");
     let gw = GatewayProc::start(&pki, &cfg).await?;
     let c = coordinator(&pki, &gw).await?;
 
     // Wrong password: a clear credentials failure, nothing done.
-    let before = good.events().len();
+    let before = other.events().len();
     let t = Instant::now();
     let r = c
         .request(req("bp", "badpw", PowerAction::Off), ANSWER)
@@ -409,8 +416,8 @@ async fn failures_are_clear_within_their_timeout_and_others_keep_working() -> Re
     assert!(detail.contains("refused the credentials"), "{detail}");
     assert!(!retriable);
     assert!(t.elapsed() < Duration::from_secs(5));
-    assert_eq!(good.events().len(), before);
-    assert!(good.power_is_on().await?);
+    assert_eq!(other.events().len(), before);
+    assert!(other.power_is_on().await?);
 
     // Unreachable BMC (nothing listens): a clear failure within the request's limit.
     let mut r = req("dead1", "dead", PowerAction::Status);
@@ -664,6 +671,9 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
         !out.status.success(),
         "check must fail when a BMC does not answer"
     );
+    // An INFO line per IPMI session opened came before the table.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("INFO"), "{err}");
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("MACHINE"), "{table}");
     assert!(
@@ -685,6 +695,47 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
     );
     assert!(
         lines.last().is_some_and(|l| l.starts_with("state  ")),
+        "{table}"
+    );
+    Ok(())
+}
+
+/// `check` and a coordinator's status showed a Redfish system in the middle of a power change
+/// as "unknown" with no word of why; both now carry the BMC's own word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redfish_power_change_under_way_is_shown_in_the_bmcs_words() -> Result<()> {
+    let pki = TestPki::new()?;
+    let mut sys = FakeSystem::new(1, "busy", true);
+    sys.power = "PoweringOn".into();
+    let sushy = Sushy::start(&pki.ca, std::slice::from_ref(&sys)).await?;
+    let bmcs = redfish_bmc(
+        pki.dir.path(),
+        "rf-busy",
+        &sushy,
+        &sys.uuid,
+        &sushy.password,
+    );
+    let gw = GatewayProc::start(&pki, &bmcs).await?;
+    let c = coordinator(&pki, &gw).await?;
+    let r = c
+        .request(req("st-1", "rf-busy", PowerAction::Status), ANSWER)
+        .await?;
+    let (state, detail) = done(&r.outcome)?;
+    ensure!(state == PowerState::Unknown, "{detail}");
+    ensure!(detail.contains("\"PoweringOn\": a power-on"), "{detail}");
+    let out = tokio::time::timeout(
+        ANSWER,
+        tokio::process::Command::new(testkit::bmc_sim::gateway_binary()?)
+            .args(["check", "--config"])
+            .arg(&gw.config)
+            .output(),
+    )
+    .await??;
+    let table = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        table.lines().any(|l| l.starts_with("rf-busy")
+            && l.contains(" unknown ")
+            && l.contains("the BMC says PowerState \"PoweringOn\"")),
         "{table}"
     );
     Ok(())
@@ -1008,6 +1059,43 @@ async fn a_reset_the_bmc_is_slow_to_answer_is_sent_once() -> Result<()> {
         || async { Ok(sim.events().iter().filter(|e| *e == "set power 0").count() >= 2) },
     )
     .await?;
+    Ok(())
+}
+
+/// SIGTERM while a power off was being carried out closed the coordinator's connection at
+/// once: the BMC powered the machine off, and the coordinator learned nothing. The request
+/// already taken is answered first, then the gateway exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_the_request_in_flight_before_stopping() -> Result<()> {
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let m = "10.0.0.1";
+    // Replies awaited up to 4 s: the simulator carries the off out after 2 s.
+    let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password)
+        .replace("reply_timeout = \"500ms\"", "reply_timeout = \"4s\"");
+    let gw = GatewayProc::start(&pki, &cfg).await?;
+    let c = coordinator(&pki, &gw).await?;
+    let idle = coordinator(&pki, &gw).await?;
+    done(
+        &c.request(req("st", m, PowerAction::Status), ANSWER)
+            .await?
+            .outcome,
+    )?;
+    sim.slow_set(Some(2))?;
+    let stop = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        gw.terminate().await
+    };
+    let (r, st) = tokio::join!(c.request(req("off", m, PowerAction::Off), ANSWER), stop);
+    let (_, detail) = done(&r?.outcome)?;
+    ensure!(detail.contains("power off accepted"), "{detail}");
+    ensure!(st?.success(), "the gateway did not exit 0");
+    // An idle connection is closed saying why, not dropped without a reason.
+    let e = idle
+        .request(req("late", m, PowerAction::Status), ANSWER)
+        .await;
+    let e = format!("{:#}", e.err().context("answered after the stop")?);
+    ensure!(e.contains("gateway stopping"), "{e}");
     Ok(())
 }
 
