@@ -355,12 +355,19 @@ pub fn parse_inventory(
     Ok(records)
 }
 
-/// Reads and parses an inventory file.
+/// Reads and parses an inventory file. The coordinator's own inventory (`source` is
+/// [`RecordSource::Inventory`]) must be a regular file, so a FIFO or a device named by
+/// mistake fails the start at once instead of hanging it; `coordinatorctl machines import`
+/// also takes a pipe (`import /dev/stdin`).
 pub fn load_inventory(
     path: &Path,
     source: RecordSource,
 ) -> Result<Vec<MachineRecord>, InventoryError> {
-    let text = std::fs::read_to_string(path).map_err(|e| InventoryError::Read {
+    let read = match source {
+        RecordSource::Inventory => protocol::file::read_regular_to_string(path),
+        _ => std::fs::read_to_string(path),
+    };
+    let text = read.map_err(|e| InventoryError::Read {
         path: path.to_path_buf(),
         source: e,
     })?;

@@ -475,10 +475,11 @@ impl FileConfig {
                 p
             }
         };
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text =
+            protocol::file::read_regular_to_string(&path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
         Ok((Self::parse(&text, &path)?, Some(path)))
     }
 }

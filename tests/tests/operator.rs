@@ -827,3 +827,67 @@ fn a_fifo_named_as_a_certificate_or_password_file_is_refused_not_waited_on() -> 
     assert!(said(&text), "{text}");
     Ok(())
 }
+
+/// The daemons' own files (the coordinator's configuration, inventory and repair file, the
+/// agent's configuration) named as a FIFO or a device by mistake are refused at once with
+/// what they are, instead of hanging the start or the `check` on a read that never ends.
+#[test]
+fn a_fifo_or_device_named_as_a_daemons_own_file_is_refused_not_waited_on() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let fifo = tmp.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    let said = |text: &str, path: &str, what: &str| text.contains(path) && text.contains(what);
+    let fifo_s = fifo.display().to_string();
+
+    for config in [fifo_s.as_str(), "/dev/zero"] {
+        let mut cmd = command("coordinator");
+        cmd.arg("check").arg("--config").arg(config);
+        let (code, text) = output_within(cmd)?;
+        assert_eq!(code, Some(64), "{config}: {text}");
+        assert!(said(&text, config, "not a regular file"), "{text}");
+    }
+
+    let coord = pki.issue("coordinator", "coord", &[])?;
+    let base = format!(
+        "name = \"coord\"\nlisten = \"127.0.0.1:1\"\ndatabase = {:?}\n",
+        tmp.path().join("c.db").display().to_string()
+    );
+    let tls = format!(
+        "[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+        pki.ca_cert().display().to_string(),
+        coord.cert.display().to_string(),
+        coord.key.display().to_string()
+    );
+    let config = tmp.path().join("coordinator.toml");
+    for (extra, key) in [
+        (format!("inventory = {fifo_s:?}\n"), "inventory"),
+        (format!("[repair]\nconfig = {fifo_s:?}\n"), "repair"),
+    ] {
+        let text = if key == "inventory" {
+            format!("{base}{extra}{tls}")
+        } else {
+            format!("{base}{tls}{extra}")
+        };
+        std::fs::write(&config, text)?;
+        let mut cmd = command("coordinator");
+        cmd.arg("check").arg("--config").arg(&config);
+        let (code, text) = output_within(cmd)?;
+        assert_eq!(code, Some(64), "{key}: {text}");
+        assert!(said(&text, &fifo_s, "FIFO"), "{key}: {text}");
+        let mut cmd = command("coordinator");
+        cmd.arg("run").arg("--config").arg(&config);
+        let (code, text) = output_within(cmd)?;
+        assert_eq!(code, Some(64), "{key}: {text}");
+        assert!(said(&text, &fifo_s, "FIFO"), "{key}: {text}");
+    }
+
+    for config in [fifo_s.as_str(), "/dev/zero"] {
+        let mut cmd = command("node-agent");
+        cmd.arg("check").arg("--config").arg(config);
+        let (code, text) = output_within(cmd)?;
+        assert_eq!(code, Some(64), "{config}: {text}");
+        assert!(said(&text, config, "not a regular file"), "{text}");
+    }
+    Ok(())
+}

@@ -101,10 +101,11 @@ fn short_restart_limits(config: &RepairConfig) -> Vec<String> {
 
 /// Reads and validates a YAML file with a `repair:` section.
 pub fn load_file(file: &Path) -> Result<LoadedRepairConfig, RepairConfigError> {
-    let text = std::fs::read_to_string(file).map_err(|source| RepairConfigError::Read {
-        file: file.to_path_buf(),
-        source,
-    })?;
+    let text =
+        protocol::file::read_regular_to_string(file).map_err(|source| RepairConfigError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
     let loaded = load_str(&text, file)?;
     for w in &loaded.warnings {
         tracing::warn!(file = %file.display(), "repair config: {w}");
