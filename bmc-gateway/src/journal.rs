@@ -170,6 +170,12 @@ impl Journal {
     /// were interrupted as [`interrupted`], and compacts it to the newest `capacity` finished
     /// ids.
     pub fn open(dir: &Path, capacity: usize) -> Result<(Self, Loaded), JournalError> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(io(dir)(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "it exists and is not a directory: state_dir must name a directory",
+            )));
+        }
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let lock = crate::state_lock::StateLock::acquire(dir)?;
         let path = dir.join(FILE_NAME);
@@ -350,6 +356,18 @@ mod tests {
             confirmed_off_unix_ms: None,
             detail: detail.into(),
         }
+    }
+
+    #[test]
+    fn a_state_dir_that_is_a_file_is_named_as_such() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("state");
+        std::fs::write(&file, "").unwrap();
+        let e = Journal::open(&file, 8).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            e.contains("is not a directory") && e.contains(&file.display().to_string()),
+            "{e}"
+        );
     }
 
     fn started(id: &str) -> Record {

@@ -200,7 +200,7 @@ fn install_signals(
                 _ = term.recv() => { info!("SIGTERM: stopping"); break; }
                 _ = int.recv() => { info!("SIGINT: stopping"); break; }
                 _ = hangup.recv() => {
-                    info!("SIGHUP: reloading the TLS files");
+                    info!("SIGHUP: reading the configuration and TLS files again");
                     let _ = hup.send(());
                 }
             }

@@ -15,8 +15,18 @@ pub(super) fn parse(s: &str) -> Result<Duration, String> {
     let d: jiff::SignedDuration = t
         .parse()
         .map_err(|_| format!("{s:?} is not a duration like \"5s\", \"500ms\" or \"1m 30s\""))?;
-    Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
+    let d = Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))?;
+    if d > MAX {
+        return Err(format!(
+            "{s:?} is longer than a week: every limit of the gateway is at most \"168h\""
+        ));
+    }
+    Ok(d)
 }
+
+/// The longest duration any setting takes: far above every sensible limit, and small
+/// enough that no sum of settings added to a clock overflows it.
+const MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
 fn bare_number(n: &str) -> String {
     format!(
@@ -38,5 +48,22 @@ pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Dura
         Written::Text(s) => parse(&s).map_err(serde::de::Error::custom),
         Written::Int(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
         Written::Float(n) => Err(serde::de::Error::custom(bare_number(&n.to_string()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_past_a_week_are_refused_so_no_deadline_overflows() {
+        assert_eq!(parse("168h").unwrap(), MAX);
+        let e = parse("9999999999h").unwrap_err();
+        assert!(
+            e.contains("longer than a week") && e.contains("168h"),
+            "{e}"
+        );
+        assert!(parse("169h").is_err());
+        assert!(parse("30").unwrap_err().contains("has no unit"));
     }
 }
