@@ -30,6 +30,7 @@ use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest};
 use tracing::{info, warn};
 
 use super::flow::{Action, FenceTimeouts, Flow, Observation, PowerAnswer, State, step};
+use super::hold::{self, Hold};
 use super::kdump::{DumpSeen, KdumpView, NoKdump};
 use super::killpoint::{KillPoints, Killed};
 use super::metrics::FenceMetrics;
@@ -114,6 +115,9 @@ pub struct FenceRunner {
     poll: Duration,
     kill: KillPoints,
     proofs: Mutex<HashMap<u64, PowerOffProof>>,
+    /// Per flow this process has driven, the hold already said in its current state (see
+    /// [`hold`]); a flow missing here was left unfinished by an earlier process.
+    said: Mutex<HashMap<u64, Option<Hold>>>,
     kdump: Arc<dyn KdumpView>,
     metrics: Arc<FenceMetrics>,
 }
@@ -134,6 +138,7 @@ impl FenceRunner {
             poll: DEFAULT_POLL,
             kill: KillPoints::from_env(),
             proofs: Mutex::default(),
+            said: Mutex::default(),
             kdump: Arc::new(NoKdump),
             metrics: Arc::default(),
         }
@@ -207,6 +212,7 @@ impl FenceRunner {
                 address: req.address.clone(),
             })?;
         self.metrics.started(id);
+        self.said_lock().insert(id, None);
         self.kill.hit("after:plan")?;
         info!(flow = id, machine = %req.address, node = %req.node, "fence flow started");
         Ok(id)
@@ -230,12 +236,33 @@ impl FenceRunner {
             return Ok(flow);
         }
         let action = flow.action(&self.store_id);
+        let first = !self.said_lock().contains_key(&id);
+        if first {
+            // Left unfinished by a coordinator that stopped: a power request it sent may
+            // still be running at the gateway, which the repeat below waits for.
+            let line = hold::resumed(&flow, &action);
+            self.said_lock()
+                .insert(id, line.as_ref().map(|_| Hold::Resumed));
+            if let Some(line) = line {
+                info!(flow = id, machine = %flow.address, "{line}");
+                self.note(&flow, line).await?;
+            }
+        }
         let (obs, read_id) = self.act(&flow, &action).await;
         let now = self.deps.clock.now();
+        let held = hold::holding(&flow, &obs);
         let mut s = step(&flow, obs, now, &(self.timeouts)(&flow.address));
         let Some(event) = s.event.take() else {
+            if let Some((kind, line)) = held {
+                let before = self.said_lock().insert(id, Some(kind));
+                if before != Some(Some(kind)) {
+                    warn!(flow = id, machine = %flow.address, state = flow.state.kind(), "{line}");
+                    self.note(&flow, line).await?;
+                }
+            }
             return Ok(flow);
         };
+        self.said_lock().insert(id, None);
         if flow.state == State::ConfirmOff && s.flow.confirmed_off.is_some() {
             s.flow.confirm_request = read_id;
         }
@@ -291,6 +318,20 @@ impl FenceRunner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
+        self.said_lock().remove(&id);
+    }
+
+    fn said_lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Hold>>> {
+        self.said.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds `line` to the history of `flow`, which stays as committed.
+    async fn note(&self, flow: &Flow, line: String) -> Result<(), FenceError> {
+        let (f, now) = (flow.clone(), self.deps.clock.now());
+        self.store
+            .call(move |c| fence_store::update(c, &f, &line, now))
+            .await?;
+        Ok(())
     }
 
     fn held_proof(&self, id: u64) -> Option<PowerOffProof> {
@@ -1101,6 +1142,67 @@ mod tests {
         let first_on = log.iter().position(|l| l == "on").unwrap();
         assert!(log[..first_release].iter().all(|l| l == "off"), "{log:?}");
         assert!(log[first_on..].iter().all(|l| l != "release"), "{log:?}");
+    }
+
+    /// The history lines of flow `id`.
+    fn events(r: &Rig, id: u64) -> Vec<(String, String)> {
+        let store = Store::open(&r.db).unwrap();
+        let h = store.with(|c| fence_store::history_of(c, id)).unwrap();
+        h.into_iter().map(|l| (l.state, l.event)).collect()
+    }
+
+    /// A gateway that does not answer holds the flow in its state: its history says why,
+    /// once (not once per pass), and the flow then goes on when the gateway answers.
+    #[tokio::test]
+    async fn a_gateway_that_does_not_answer_is_said_once_in_the_history() {
+        let r = rig();
+        *r.world.lose_answers.lock().unwrap() = 4;
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        r.finish_one(&run, id, 5).await;
+        assert_eq!(run.load(id).await.unwrap().state, State::PowerOff);
+        let said = |r: &Rig| {
+            events(r, id)
+                .into_iter()
+                .filter(|(_, e)| {
+                    e.starts_with("no answer from the gateway (") && e.contains("asking again")
+                })
+                .count()
+        };
+        assert_eq!(said(&r), 1, "{:#?}", events(&r, id));
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        assert_eq!(said(&r), 1, "{:#?}", events(&r, id));
+    }
+
+    /// A coordinator that restarts while a flow's power request runs: the new runner says,
+    /// before it asks again, that it asks for the same request and awaits its outcome; a
+    /// runner that drove the flow from its start does not.
+    #[tokio::test]
+    async fn a_flow_resumed_in_a_power_state_says_it_awaits_the_request_sent_before() {
+        let r = rig();
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        r.finish_one(&run, id, 1).await;
+        assert_eq!(run.load(id).await.unwrap().state, State::PowerOff);
+        let resumed = |r: &Rig| {
+            events(r, id)
+                .into_iter()
+                .filter(|(_, e)| e.starts_with("resumed after a coordinator restart"))
+                .collect::<Vec<_>>()
+        };
+        assert!(resumed(&r).is_empty());
+        let again = r.runner();
+        let f = r.finish(&again, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        let lines = resumed(&r);
+        assert_eq!(lines.len(), 1, "{:#?}", events(&r, id));
+        assert_eq!(lines[0].0, "power-off");
+        assert!(
+            lines[0].1.contains("aa11-fence-1-off-attempt0") && lines[0].1.contains("until "),
+            "{lines:?}"
+        );
+        assert_clean_fence(&r.world);
     }
 
     #[tokio::test]
