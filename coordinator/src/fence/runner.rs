@@ -342,6 +342,21 @@ impl FenceRunner {
             .cloned()
     }
 
+    /// The time limit a power request of `flow` gives the gateway: what is left of the
+    /// state's committed deadline, at most `limit`. A new attempt late in the state (a busy
+    /// BMC), or a flow resumed after a restart, then cannot keep the gateway working past
+    /// the flow's own limit; at least 1 ms (0 would mean the gateway's default), so a request
+    /// past the deadline is answered "not attempted" unless the gateway already ran its id.
+    fn limit_ms(&self, flow: &Flow, limit: Duration) -> u64 {
+        let left = flow.deadline.map_or(limit, |d| {
+            let left = d.duration_since(self.deps.clock.now());
+            Duration::try_from(left)
+                .unwrap_or(Duration::ZERO)
+                .min(limit)
+        });
+        ms(left).max(1)
+    }
+
     fn read_id(&self, base: &str) -> String {
         format!("{base}-read{}", to_unix_ms(self.deps.clock.now()))
     }
@@ -392,7 +407,7 @@ impl FenceRunner {
                     &flow.address,
                     &flow.serial,
                     request_id,
-                    ms((self.timeouts)(&flow.address).off),
+                    self.limit_ms(flow, (self.timeouts)(&flow.address).off),
                 )
                 .await
                 {
@@ -426,7 +441,7 @@ impl FenceRunner {
             address: flow.address.clone(),
             serial: flow.serial.clone(),
             action,
-            timeout_ms: ms((self.timeouts)(&flow.address).on),
+            timeout_ms: self.limit_ms(flow, (self.timeouts)(&flow.address).on),
         };
         match self.deps.power.power(req).await {
             // The gateway restarted while it ran this id: it may or may not have reached the
@@ -606,9 +621,13 @@ mod tests {
         restart_during: Mutex<Vec<PowerAction>>,
         /// A crash dump: (started, "dump done" at, if ever), with a 60 s kdump_timeout.
         dump: Mutex<Option<(Timestamp, Option<Timestamp>)>>,
+        /// Sees every power request as sent.
+        on_request: Mutex<Option<OnRequest>>,
     }
 
     const KDUMP_TIMEOUT: Duration = Duration::from_secs(60);
+
+    type OnRequest = Box<dyn Fn(&PowerRequest) + Send>;
 
     impl KdumpView for World {
         fn dump(&self, _address: &str) -> DumpSeen {
@@ -652,6 +671,7 @@ mod tests {
                 lose_answers: Mutex::default(),
                 restart_during: Mutex::default(),
                 dump: Mutex::default(),
+                on_request: Mutex::default(),
             })
         }
         fn log(&self) -> Vec<String> {
@@ -713,6 +733,9 @@ mod tests {
 
     impl PowerControl for World {
         fn power(&self, req: PowerRequest) -> BoxFuture<'_, Result<PowerResponse, PowerError>> {
+            if let Some(f) = &*self.on_request.lock().unwrap() {
+                f(&req);
+            }
             let resp = {
                 let mut rec = self.record.lock().unwrap();
                 match rec.get(&req.id) {
@@ -1047,6 +1070,34 @@ mod tests {
             r.world.count("on"),
             0,
             "the machine is left off, and the flow says so"
+        );
+    }
+
+    /// Each power-on attempt of a BMC that stays busy gives the gateway only what is left of
+    /// the on limit, so the last attempt cannot keep it trying past the flow's deadline.
+    #[tokio::test]
+    async fn every_power_attempt_gives_the_gateway_only_what_is_left_of_the_state_limit() {
+        let r = rig();
+        *r.world.busy_on.lock().unwrap() = 1000;
+        let limits = Arc::new(Mutex::new(Vec::new()));
+        let seen = limits.clone();
+        *r.world.on_request.lock().unwrap() = Some(Box::new(move |req: &PowerRequest| {
+            if req.action == PowerAction::On {
+                seen.lock().unwrap().push(req.timeout_ms);
+            }
+        }));
+        let run = r.runner().with_timeouts(FenceTimeouts {
+            on: Duration::from_secs(5),
+            ..FenceTimeouts::default()
+        });
+        let id = run.start(request()).await.unwrap();
+        r.finish(&run, id).await.unwrap();
+        let limits = limits.lock().unwrap().clone();
+        assert!(limits.len() >= 4, "{limits:?}");
+        assert!(limits[0] <= 5_000, "{limits:?}");
+        assert!(
+            limits.windows(2).all(|w| w[1] < w[0]) && *limits.last().unwrap() <= 2_000,
+            "the limit shrinks with the state's time: {limits:?}"
         );
     }
 
