@@ -240,7 +240,10 @@ impl FenceRunner {
         if first {
             // Left unfinished by a coordinator that stopped: a power request it sent may
             // still be running at the gateway, which the repeat below waits for.
-            let line = hold::resumed(&flow, &action);
+            // (Not when the machine is dumping: the flow takes the kdump leg instead.)
+            let dumping = flow.checks_kdump_first()
+                && matches!(self.kdump.dump(&flow.address), DumpSeen::Dumping { .. });
+            let line = hold::resumed(&flow, &action).filter(|_| !dumping);
             self.said_lock()
                 .insert(id, line.as_ref().map(|_| Hold::Resumed));
             if let Some(line) = line {
@@ -1526,6 +1529,26 @@ mod tests {
         }
         println!("{}", table.join("\n"));
         assert_eq!(table.len(), 12);
+    }
+
+    /// A flow resumed in power-off while its machine dumps takes the kdump leg and sends no
+    /// power request: it does not say it asks the gateway again.
+    #[tokio::test]
+    async fn a_flow_resumed_in_power_off_during_a_dump_does_not_say_it_asks_the_gateway() {
+        let r = rig();
+        dumping(&r, Some(20));
+        let first = r.runner();
+        let id = first.start(request()).await.unwrap();
+        r.finish_one(&first, id, 1).await;
+        assert_eq!(first.load(id).await.unwrap().state, State::PowerOff);
+        let second = r.runner();
+        r.finish_one(&second, id, 1).await;
+        assert_eq!(second.load(id).await.unwrap().state, State::KdumpRelease);
+        let lines = events(&r, id);
+        assert!(
+            lines.iter().all(|(_, e)| !e.starts_with("resumed after")),
+            "{lines:#?}"
+        );
     }
 
     #[tokio::test]
