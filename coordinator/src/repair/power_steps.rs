@@ -345,11 +345,16 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                 Ok(a) if !t.is_zero() => a,
                 _ => {
                     let t = ctx.timeout.unwrap_or_default();
+                    // Say what was awaited: the gateway may still be carrying the request
+                    // out (one sent before a coordinator restart keeps its own limit).
                     return (
                         CommandEnd {
                             ok: false,
                             summary: format!(
-                                "{} timed out after {} s{}",
+                                "{} timed out after {} s waiting for the gateway's answer to \
+                                 request {id}; the gateway may still be carrying it out (it \
+                                 acts on a request id once; a retry of this step is a new \
+                                 request){}",
                                 b.name(),
                                 t.as_secs(),
                                 note(&held)
