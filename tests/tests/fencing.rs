@@ -732,6 +732,17 @@ async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words(
     assert_eq!(rig.k8s.volume_attachments_on(HOST).len(), 1);
     assert!(blocking(|| rig.sim_power_is_on())?);
     assert_eq!(rig.count_power("1"), 0, "{:?}", rig.sim.events());
+    // The agent was up: the flow waited in plan for its diagnostics, and said so.
+    let flow: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", "1", "--json"]))?;
+    assert!(
+        flow["steps"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["state"] == "plan"
+                && s["event"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("taking the agent's diagnostics")))),
+        "{flow:#}"
+    );
     // What the FleetmendFenceFailed alert reads.
     let scrape = blocking(|| rig.coord.scrape())?;
     assert_fence_metrics(&scrape, 1, "failed");

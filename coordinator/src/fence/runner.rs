@@ -328,6 +328,18 @@ impl FenceRunner {
         self.said.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Adds `line` to the history of flow `id` if it is still in `state` (a wait outside the
+    /// runner, such as the repair step taking the agent's diagnostics before the flow's
+    /// first power action); returns whether it did.
+    pub async fn say_while(&self, id: u64, state: State, line: String) -> Result<bool, FenceError> {
+        let flow = self.load(id).await?;
+        if flow.state != state {
+            return Ok(false);
+        }
+        self.note(&flow, line).await?;
+        Ok(true)
+    }
+
     /// Adds `line` to the history of `flow`, which stays as committed.
     async fn note(&self, flow: &Flow, line: String) -> Result<(), FenceError> {
         let (f, now) = (flow.clone(), self.deps.clock.now());
