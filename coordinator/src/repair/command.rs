@@ -1050,6 +1050,13 @@ mod tests {
         assert_eq!(o, Outcome::Timeout, "{end:?}");
         assert!(started.elapsed() < Duration::from_secs(5));
         assert!(end.summary.contains("held"), "{}", end.summary);
+        // Nothing reached the gateway: it is not said to be carrying the request out.
+        assert!(
+            end.summary.contains("could not be reached")
+                && !end.summary.contains("may still be carrying"),
+            "{}",
+            end.summary
+        );
         assert!(gw.requests().len() >= 2);
     }
 

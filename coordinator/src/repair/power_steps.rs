@@ -329,6 +329,8 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     // answers instead of acting again.
     let mut id = ctx.request_id.clone();
     let mut resends = 0;
+    // Whether the request may have reached the gateway (for the summary of a timeout).
+    let mut maybe_sent = false;
     let note = |held: &Option<Held>| {
         held.as_ref()
             .map(|h| format!(" ({})", h.describe()))
@@ -355,15 +357,21 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                 _ => {
                     let t = ctx.timeout.unwrap_or_default();
                     // Say what was awaited: the gateway may still be carrying the request
-                    // out (one sent before a coordinator restart keeps its own limit).
+                    // out (one sent before a coordinator restart keeps its own limit), unless
+                    // it could not even be reached.
+                    let unreached = held.is_some() && !maybe_sent;
+                    let why = if unreached {
+                        "the gateway could not be reached"
+                    } else {
+                        "the gateway may still be carrying it out (it acts on a request id \
+                         once; a retry of this step is a new request)"
+                    };
                     return (
                         CommandEnd {
                             ok: false,
                             summary: format!(
                                 "{} timed out after {} s waiting for the gateway's answer to \
-                                 request {id}; the gateway may still be carrying it out (it \
-                                 acts on a request id once; a retry of this step is a new \
-                                 request){}",
+                                 request {id}; {why}{}",
                                 b.name(),
                                 t.as_secs(),
                                 note(&held)
@@ -388,6 +396,7 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                 });
                 h.attempts += 1;
                 h.last = e.to_string();
+                maybe_sent |= e.may_have_reached_gateway();
                 let wait = match deadline {
                     Some(d) => pause.min(d.saturating_duration_since(tokio::time::Instant::now())),
                     None => pause,
