@@ -17,9 +17,14 @@
 //!
 //! Power-state reads get a fresh request id each time (a repeated id would be answered from
 //! the gateway's record of an earlier read); power actions use the flow's ids, which change
-//! only after a failed answer. This module decides nothing: every choice is in [`flow`].
+//! only after a failed answer, and each gives the gateway only what is left of its state's
+//! limit. A pass that changes nothing because a peer did not answer, and the first pass of a
+//! flow left by an earlier process in a power state, add a line to the flow's history (what
+//! it waits for, until when; see [`hold`]), once per state. This module decides nothing:
+//! every choice is in [`flow`] and [`hold`].
 //!
 //! [`flow`]: super::flow
+//! [`hold`]: super::hold
 //! [`KdumpProof`]: super::proof::KdumpProof
 
 use std::collections::HashMap;
