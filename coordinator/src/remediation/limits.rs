@@ -247,8 +247,8 @@ impl<'a> Limiter<'a> {
     /// The repair ends when its health check passes, which may come before the agent's
     /// report that shows the machine healthy (up to a report interval later, more on a
     /// loaded host): a machine that turns healthy within `success_after` of the end counts
-    /// from then, and one still in the state it had before the end is not known until
-    /// `success_after` has passed.
+    /// from then. One still failing meanwhile counts as a failure at once (the cautious
+    /// reading while that report is on its way; it counts as a success once it arrives).
     fn confirmed(&self, o: &super::input::RepairOutcome) -> Option<bool> {
         if !o.succeeded {
             return Some(false);
@@ -268,9 +268,6 @@ impl<'a> Limiter<'a> {
             }
             // Relapsed and recovered since: this outcome says nothing either way.
             MachineState::Healthy => None,
-            // Still as before the end (the report showing it healthy may not have come yet):
-            // a failure only once success_after has passed.
-            _ if m.since <= o.finished_at => (now >= held_until).then_some(false),
             // Not healthy again, from within success_after: the repair did not hold.
             _ if m.since < held_until => Some(false),
             // Broke again later: the repair itself had held.
@@ -649,8 +646,7 @@ mod tests {
     }
 
     /// The entry ends when its health check passes; the agent's report that shows the
-    /// machine healthy can come a little later. Such a success counts once held from then,
-    /// and does not count as a failure while that report is on its way.
+    /// machine healthy can come a little later. Such a success counts once held from then.
     #[test]
     fn a_success_whose_healthy_report_came_after_the_end_counts_once_held() {
         let c = slow(case())
@@ -677,14 +673,6 @@ mod tests {
             .outcome("r1.9", 299, true)
             .on("r1.9", healthy_for(297));
         assert_eq!(young.admitted(), ["r1.0", "other"]);
-        // After a held success, a second whose healthy report is not in yet (still failing
-        // since before its end) is no failure yet: width stays 2.
-        let pending = c
-            .clone()
-            .outcome("r1.9", 400, true)
-            .outcome("r1.8", 1, true)
-            .on("r1.8", |m, now| failing(m, now, "kubelet", 2));
-        assert_eq!(pending.admitted(), ["r1.0", "r1.1", "other"]);
         // Still failing 5 min after its end: the repair did not hold, back to 1.
         let failed = c
             .clone()
