@@ -167,7 +167,11 @@ pub struct QuicGateways {
     coordinator: String,
     targets: Vec<GatewayTarget>,
     rack_of: RackOf,
-    conns: tokio::sync::Mutex<HashMap<usize, (quinn::Endpoint, quinn::Connection)>>,
+    conns: std::sync::Mutex<HashMap<usize, (quinn::Endpoint, quinn::Connection)>>,
+    /// One lock per target, held while connecting to it: requests to one gateway make one
+    /// connection, and a gateway whose handshake runs to its limit (its host gone, nothing
+    /// answering) delays no other gateway's requests.
+    connecting: Vec<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for QuicGateways {
@@ -187,12 +191,17 @@ impl QuicGateways {
         targets: Vec<GatewayTarget>,
         rack_of: RackOf,
     ) -> Self {
+        let connecting = targets
+            .iter()
+            .map(|_| tokio::sync::Mutex::new(()))
+            .collect();
         Self {
             tls,
             coordinator: coordinator.into(),
             targets,
             rack_of,
-            conns: tokio::sync::Mutex::new(HashMap::new()),
+            conns: std::sync::Mutex::new(HashMap::new()),
+            connecting,
         }
     }
 
@@ -205,16 +214,31 @@ impl QuicGateways {
         serving(&self.targets, address, || (self.rack_of)(address))
     }
 
+    fn conns(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<usize, (quinn::Endpoint, quinn::Connection)>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The open connection to target `i`, if any.
+    fn open(&self, i: usize) -> Option<quinn::Connection> {
+        self.conns()
+            .get(&i)
+            .filter(|(_, c)| c.close_reason().is_none())
+            .map(|(_, c)| c.clone())
+    }
+
     async fn connection(&self, i: usize, fresh: bool) -> Result<quinn::Connection, PowerError> {
         let t = &self.targets[i];
-        let mut conns = self.conns.lock().await;
-        if !fresh
-            && let Some((_, c)) = conns.get(&i)
-            && c.close_reason().is_none()
-        {
-            return Ok(c.clone());
+        if !fresh && let Some(c) = self.open(i) {
+            return Ok(c);
         }
-        conns.remove(&i);
+        // Only this target's lock is held across the handshake (see `connecting`).
+        let _one = self.connecting[i].lock().await;
+        if !fresh && let Some(c) = self.open(i) {
+            return Ok(c);
+        }
+        self.conns().remove(&i);
         let tls = self.tls.read().unwrap_or_else(|p| p.into_inner()).clone();
         let endpoint = tls
             .client_endpoint(t.address)
@@ -249,7 +273,7 @@ impl QuicGateways {
                 }
             };
         debug!(gateway = %t.name, addr = %t.address, "connected to gateway");
-        conns.insert(i, (endpoint, session.conn.clone()));
+        self.conns().insert(i, (endpoint, session.conn.clone()));
         Ok(session.conn)
     }
 
@@ -276,13 +300,7 @@ impl QuicGateways {
         let out = futures::future::join_all(each).await;
         // The closes reach the gateways before the caller's runtime ends, so they log a
         // closed connection, not a lost one.
-        let endpoints: Vec<quinn::Endpoint> = self
-            .conns
-            .lock()
-            .await
-            .drain()
-            .map(|(_, (e, _))| e)
-            .collect();
+        let endpoints: Vec<quinn::Endpoint> = self.conns().drain().map(|(_, (e, _))| e).collect();
         let idle = futures::future::join_all(endpoints.iter().map(|e| e.wait_idle()));
         let _ = tokio::time::timeout(Duration::from_secs(1), idle).await;
         out
@@ -529,10 +547,57 @@ mod tests {
         }
         assert_eq!(served.load(Ordering::SeqCst), 3);
         // One connection reused.
-        assert_eq!(g.conns.lock().await.len(), 1);
+        assert_eq!(g.conns().len(), 1);
         let e = g.power(req("x", "192.168.1.1")).await.unwrap_err();
         assert!(matches!(e, PowerError::NotAvailable { .. }), "{e}");
         assert!(!e.is_retriable());
+    }
+
+    /// A rack whose gateway host is gone (its switch dead: no answer, not even "port
+    /// unreachable") must not hold up power requests to other racks' gateways while the
+    /// handshake to it runs to its limit (10 s): they used to wait behind it.
+    #[tokio::test]
+    async fn a_gateway_that_never_answers_does_not_delay_requests_to_another() {
+        let ca = Ca::generate("fleet.test").unwrap();
+        let served = Arc::new(AtomicUsize::new(0));
+        let good = fake_gateway(&ca, served.clone()).await;
+        // Bound and never read: datagrams vanish, as with a host that is gone.
+        let hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let gateway = |name: &str, address, racks: &[&str], machines: &[&str]| GatewayTarget {
+            name: name.into(),
+            address,
+            server_name: "127.0.0.1".into(),
+            racks: racks.iter().map(|r| r.to_string()).collect(),
+            machines: machines.iter().map(|m| m.to_string()).collect(),
+        };
+        let g = Arc::new(QuicGateways::new(
+            Arc::new(std::sync::RwLock::new(material(
+                &ca,
+                Role::Coordinator,
+                "c1",
+            ))),
+            "c1",
+            vec![
+                gateway("rack-a", hole.local_addr().unwrap(), &["a"], &[]),
+                gateway("rack-b", good, &[], &["10.9.9.9"]),
+            ],
+            racks(),
+        ));
+        let stuck = {
+            let g = g.clone();
+            tokio::spawn(async move { g.power(req("a", "10.0.0.1")).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let r = tokio::time::timeout(Duration::from_secs(5), g.power(req("b", "10.9.9.9")))
+            .await
+            .expect("waited behind the handshake to the silent gateway")
+            .unwrap();
+        assert_eq!(r.id, "b");
+        assert!(
+            !stuck.is_finished(),
+            "the silent gateway's request ended early"
+        );
+        stuck.abort();
     }
 
     #[tokio::test]

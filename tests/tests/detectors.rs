@@ -642,11 +642,21 @@ fn slow_start_admits_one_per_rack_then_two_after_a_success() -> anyhow::Result<(
         assert!(l.sentence.contains("width 1"), "{}", l.sentence);
     }
     assert_eq!(env.entries()?.len(), 1);
-    // n1's repair works: the machine is healthy, the entry succeeds, and after
-    // success_after the rack's width doubles: the two oldest failures go in.
+    // n1's repair works: its health check passes and the entry succeeds; the agent reports
+    // the machine healthy after that (as a loaded host or a longer report interval has
+    // it), and once it has been healthy success_after the rack's width doubles: the two
+    // oldest failures go in.
     let a1 = env.addr("n1");
-    env.node("n1").kubelet.set_healthy(true);
     std::fs::write(env.dir.join(format!("healthy-{a1}")), "")?;
+    wait_for("n1's entry to succeed", SETTLE, || {
+        let l = env.entries().map_err(|e| e.to_string())?;
+        let e = l.iter().find(|e| field(e, "address") == a1);
+        match e.map(|e| field(e, "status")) {
+            Some("succeeded") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    env.node("n1").kubelet.set_healthy(true);
     for h in ["n2", "n3"] {
         env.wait_event(h, "admitted", "auto-repair")?;
     }

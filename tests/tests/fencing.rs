@@ -732,6 +732,17 @@ async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words(
     assert_eq!(rig.k8s.volume_attachments_on(HOST).len(), 1);
     assert!(blocking(|| rig.sim_power_is_on())?);
     assert_eq!(rig.count_power("1"), 0, "{:?}", rig.sim.events());
+    // The agent was up: the flow waited in plan for its diagnostics, and said so.
+    let flow: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", "1", "--json"]))?;
+    assert!(
+        flow["steps"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["state"] == "plan"
+                && s["event"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("taking the agent's diagnostics")))),
+        "{flow:#}"
+    );
     // What the FleetmendFenceFailed alert reads.
     let scrape = blocking(|| rig.coord.scrape())?;
     assert_fence_metrics(&scrape, 1, "failed");
@@ -1222,5 +1233,57 @@ async fn bench_time_from_death_to_release() -> Result<()> {
             eprintln!("  {phase:<48} {secs:>6.2} s");
         }
     }
+    Ok(())
+}
+
+/// The coordinator is SIGKILLed while the gateway still runs the flow's power-off (a BMC
+/// that accepts the off and never reads off). The restarted coordinator asks again under the
+/// same id, says so in the flow's history (what it waits for, until when), and ends with the
+/// gateway's outcome of the first request: one off at the BMC, nothing released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_the_power_off_awaits_the_request_already_sent() -> Result<()> {
+    let mut t = Tuning::quick(false);
+    t.remediation = "[fence]\noff_timeout = \"8s\"\n".into();
+    let mut rig = Rig::start_tuned(t, REPAIR_YML, None).await?;
+    rig.sim.ipmi().ignore_off(true)?;
+    rig.kill_machine();
+    // Known silent, so the step takes no diagnostics first.
+    blocking(|| rig.coord.wait_for_state(HOST, "unreachable", SETTLE))?;
+    rig.enqueue_unreachable()?;
+    blocking(|| {
+        wait_for("the gateway to start the off", SETTLE, || {
+            (rig.count_power("0") > 0)
+                .then_some(())
+                .ok_or_else(|| rig._gw.log())
+        })
+    })?;
+    blocking(|| rig.coord.crash_restart())?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "failed", "{v:#}");
+    let flow: Value = blocking(|| rig.coord.ctl_json(&["fence", "show", "1", "--json"]))?;
+    let steps = flow["steps"].as_array().context("steps")?;
+    let said = steps
+        .iter()
+        .position(|s| {
+            s["state"] == "power-off"
+                && s["event"].as_str().is_some_and(|e| {
+                    e.starts_with("resumed after a coordinator restart")
+                        && e.contains("-fence-1-off-attempt0")
+                        && e.contains("until ")
+                })
+        })
+        .with_context(|| format!("the restart is not said: {flow:#}"))?;
+    let failure = flow["failure"].as_str().unwrap_or_default();
+    assert!(
+        said < steps.len() - 1 && failure.contains("power still reads on"),
+        "not the gateway's outcome of the first request: {flow:#}"
+    );
+    assert!(
+        rig._gw.log().contains("repeated request id"),
+        "{}",
+        rig._gw.log()
+    );
+    assert_eq!(rig.sim.events(), ["set power 0"], "one off, no on");
+    assert!(rig.node_writes().is_empty(), "{:?}", rig.node_writes());
     Ok(())
 }

@@ -4,6 +4,7 @@
 //!   kdump in progress" (invariant 1) a compile-time fact,
 //! - [`flow`]: the fence flow as a pure state machine (power off → confirm off → release →
 //!   wait released → power on → wait back → restore),
+//! - [`hold`]: what a flow that waits without moving says in its history, and why,
 //! - [`store`]: its SQLite tables (migration 0007),
 //! - [`runner`]: the I/O around the step function, over the power, node-release and
 //!   agent-health traits, resumable after a restart,
@@ -17,6 +18,7 @@
 
 pub mod admin;
 pub mod flow;
+pub mod hold;
 pub mod kdump;
 pub mod killpoint;
 pub mod metrics;

@@ -17,9 +17,14 @@
 //!
 //! Power-state reads get a fresh request id each time (a repeated id would be answered from
 //! the gateway's record of an earlier read); power actions use the flow's ids, which change
-//! only after a failed answer. This module decides nothing: every choice is in [`flow`].
+//! only after a failed answer, and each gives the gateway only what is left of its state's
+//! limit. A pass that changes nothing because a peer did not answer, and the first pass of a
+//! flow left by an earlier process in a power state, add a line to the flow's history (what
+//! it waits for, until when; see [`hold`]), once per state. This module decides nothing:
+//! every choice is in [`flow`] and [`hold`].
 //!
 //! [`flow`]: super::flow
+//! [`hold`]: super::hold
 //! [`KdumpProof`]: super::proof::KdumpProof
 
 use std::collections::HashMap;
@@ -30,6 +35,7 @@ use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest};
 use tracing::{info, warn};
 
 use super::flow::{Action, FenceTimeouts, Flow, Observation, PowerAnswer, State, step};
+use super::hold::{self, Hold};
 use super::kdump::{DumpSeen, KdumpView, NoKdump};
 use super::killpoint::{KillPoints, Killed};
 use super::metrics::FenceMetrics;
@@ -114,6 +120,9 @@ pub struct FenceRunner {
     poll: Duration,
     kill: KillPoints,
     proofs: Mutex<HashMap<u64, PowerOffProof>>,
+    /// Per flow this process has driven, the hold already said in its current state (see
+    /// [`hold`]); a flow missing here was left unfinished by an earlier process.
+    said: Mutex<HashMap<u64, Option<Hold>>>,
     kdump: Arc<dyn KdumpView>,
     metrics: Arc<FenceMetrics>,
 }
@@ -134,6 +143,7 @@ impl FenceRunner {
             poll: DEFAULT_POLL,
             kill: KillPoints::from_env(),
             proofs: Mutex::default(),
+            said: Mutex::default(),
             kdump: Arc::new(NoKdump),
             metrics: Arc::default(),
         }
@@ -207,6 +217,7 @@ impl FenceRunner {
                 address: req.address.clone(),
             })?;
         self.metrics.started(id);
+        self.said_lock().insert(id, None);
         self.kill.hit("after:plan")?;
         info!(flow = id, machine = %req.address, node = %req.node, "fence flow started");
         Ok(id)
@@ -230,12 +241,36 @@ impl FenceRunner {
             return Ok(flow);
         }
         let action = flow.action(&self.store_id);
+        let first = !self.said_lock().contains_key(&id);
+        if first {
+            // Left unfinished by a coordinator that stopped: a power request it sent may
+            // still be running at the gateway, which the repeat below waits for.
+            // (Not when the machine is dumping: the flow takes the kdump leg instead.)
+            let dumping = flow.checks_kdump_first()
+                && matches!(self.kdump.dump(&flow.address), DumpSeen::Dumping { .. });
+            let line = hold::resumed(&flow, &action).filter(|_| !dumping);
+            self.said_lock()
+                .insert(id, line.as_ref().map(|_| Hold::Resumed));
+            if let Some(line) = line {
+                info!(flow = id, machine = %flow.address, "{line}");
+                self.note(&flow, line).await?;
+            }
+        }
         let (obs, read_id) = self.act(&flow, &action).await;
         let now = self.deps.clock.now();
+        let held = hold::holding(&flow, &obs);
         let mut s = step(&flow, obs, now, &(self.timeouts)(&flow.address));
         let Some(event) = s.event.take() else {
+            if let Some((kind, line)) = held {
+                let before = self.said_lock().insert(id, Some(kind));
+                if before != Some(Some(kind)) {
+                    warn!(flow = id, machine = %flow.address, state = flow.state.kind(), "{line}");
+                    self.note(&flow, line).await?;
+                }
+            }
             return Ok(flow);
         };
+        self.said_lock().insert(id, None);
         if flow.state == State::ConfirmOff && s.flow.confirmed_off.is_some() {
             s.flow.confirm_request = read_id;
         }
@@ -291,6 +326,32 @@ impl FenceRunner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
+        self.said_lock().remove(&id);
+    }
+
+    fn said_lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Hold>>> {
+        self.said.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds `line` to the history of flow `id` if it is still in `state` (a wait outside the
+    /// runner, such as the repair step taking the agent's diagnostics before the flow's
+    /// first power action); returns whether it did.
+    pub async fn say_while(&self, id: u64, state: State, line: String) -> Result<bool, FenceError> {
+        let flow = self.load(id).await?;
+        if flow.state != state {
+            return Ok(false);
+        }
+        self.note(&flow, line).await?;
+        Ok(true)
+    }
+
+    /// Adds `line` to the history of `flow`, which stays as committed.
+    async fn note(&self, flow: &Flow, line: String) -> Result<(), FenceError> {
+        let (f, now) = (flow.clone(), self.deps.clock.now());
+        self.store
+            .call(move |c| fence_store::update(c, &f, &line, now))
+            .await?;
+        Ok(())
     }
 
     fn held_proof(&self, id: u64) -> Option<PowerOffProof> {
@@ -299,6 +360,21 @@ impl FenceRunner {
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
             .cloned()
+    }
+
+    /// The time limit a power request of `flow` gives the gateway: what is left of the
+    /// state's committed deadline, at most `limit`. A new attempt late in the state (a busy
+    /// BMC), or a flow resumed after a restart, then cannot keep the gateway working past
+    /// the flow's own limit; at least 1 ms (0 would mean the gateway's default), so a request
+    /// past the deadline is answered "not attempted" unless the gateway already ran its id.
+    fn limit_ms(&self, flow: &Flow, limit: Duration) -> u64 {
+        let left = flow.deadline.map_or(limit, |d| {
+            let left = d.duration_since(self.deps.clock.now());
+            Duration::try_from(left)
+                .unwrap_or(Duration::ZERO)
+                .min(limit)
+        });
+        ms(left).max(1)
     }
 
     fn read_id(&self, base: &str) -> String {
@@ -351,7 +427,7 @@ impl FenceRunner {
                     &flow.address,
                     &flow.serial,
                     request_id,
-                    ms((self.timeouts)(&flow.address).off),
+                    self.limit_ms(flow, (self.timeouts)(&flow.address).off),
                 )
                 .await
                 {
@@ -385,7 +461,7 @@ impl FenceRunner {
             address: flow.address.clone(),
             serial: flow.serial.clone(),
             action,
-            timeout_ms: ms((self.timeouts)(&flow.address).on),
+            timeout_ms: self.limit_ms(flow, (self.timeouts)(&flow.address).on),
         };
         match self.deps.power.power(req).await {
             // The gateway restarted while it ran this id: it may or may not have reached the
@@ -565,9 +641,13 @@ mod tests {
         restart_during: Mutex<Vec<PowerAction>>,
         /// A crash dump: (started, "dump done" at, if ever), with a 60 s kdump_timeout.
         dump: Mutex<Option<(Timestamp, Option<Timestamp>)>>,
+        /// Sees every power request as sent.
+        on_request: Mutex<Option<OnRequest>>,
     }
 
     const KDUMP_TIMEOUT: Duration = Duration::from_secs(60);
+
+    type OnRequest = Box<dyn Fn(&PowerRequest) + Send>;
 
     impl KdumpView for World {
         fn dump(&self, _address: &str) -> DumpSeen {
@@ -611,6 +691,7 @@ mod tests {
                 lose_answers: Mutex::default(),
                 restart_during: Mutex::default(),
                 dump: Mutex::default(),
+                on_request: Mutex::default(),
             })
         }
         fn log(&self) -> Vec<String> {
@@ -672,6 +753,9 @@ mod tests {
 
     impl PowerControl for World {
         fn power(&self, req: PowerRequest) -> BoxFuture<'_, Result<PowerResponse, PowerError>> {
+            if let Some(f) = &*self.on_request.lock().unwrap() {
+                f(&req);
+            }
             let resp = {
                 let mut rec = self.record.lock().unwrap();
                 match rec.get(&req.id) {
@@ -1009,6 +1093,34 @@ mod tests {
         );
     }
 
+    /// Each power-on attempt of a BMC that stays busy gives the gateway only what is left of
+    /// the on limit, so the last attempt cannot keep it trying past the flow's deadline.
+    #[tokio::test]
+    async fn every_power_attempt_gives_the_gateway_only_what_is_left_of_the_state_limit() {
+        let r = rig();
+        *r.world.busy_on.lock().unwrap() = 1000;
+        let limits = Arc::new(Mutex::new(Vec::new()));
+        let seen = limits.clone();
+        *r.world.on_request.lock().unwrap() = Some(Box::new(move |req: &PowerRequest| {
+            if req.action == PowerAction::On {
+                seen.lock().unwrap().push(req.timeout_ms);
+            }
+        }));
+        let run = r.runner().with_timeouts(FenceTimeouts {
+            on: Duration::from_secs(5),
+            ..FenceTimeouts::default()
+        });
+        let id = run.start(request()).await.unwrap();
+        r.finish(&run, id).await.unwrap();
+        let limits = limits.lock().unwrap().clone();
+        assert!(limits.len() >= 4, "{limits:?}");
+        assert!(limits[0] <= 5_000, "{limits:?}");
+        assert!(
+            limits.windows(2).all(|w| w[1] < w[0]) && *limits.last().unwrap() <= 2_000,
+            "the limit shrinks with the state's time: {limits:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_second_flow_for_the_same_machine_is_refused_while_one_runs() {
         let r = rig();
@@ -1101,6 +1213,67 @@ mod tests {
         let first_on = log.iter().position(|l| l == "on").unwrap();
         assert!(log[..first_release].iter().all(|l| l == "off"), "{log:?}");
         assert!(log[first_on..].iter().all(|l| l != "release"), "{log:?}");
+    }
+
+    /// The history lines of flow `id`.
+    fn events(r: &Rig, id: u64) -> Vec<(String, String)> {
+        let store = Store::open(&r.db).unwrap();
+        let h = store.with(|c| fence_store::history_of(c, id)).unwrap();
+        h.into_iter().map(|l| (l.state, l.event)).collect()
+    }
+
+    /// A gateway that does not answer holds the flow in its state: its history says why,
+    /// once (not once per pass), and the flow then goes on when the gateway answers.
+    #[tokio::test]
+    async fn a_gateway_that_does_not_answer_is_said_once_in_the_history() {
+        let r = rig();
+        *r.world.lose_answers.lock().unwrap() = 4;
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        r.finish_one(&run, id, 5).await;
+        assert_eq!(run.load(id).await.unwrap().state, State::PowerOff);
+        let said = |r: &Rig| {
+            events(r, id)
+                .into_iter()
+                .filter(|(_, e)| {
+                    e.starts_with("no answer from the gateway (") && e.contains("asking again")
+                })
+                .count()
+        };
+        assert_eq!(said(&r), 1, "{:#?}", events(&r, id));
+        let f = r.finish(&run, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        assert_eq!(said(&r), 1, "{:#?}", events(&r, id));
+    }
+
+    /// A coordinator that restarts while a flow's power request runs: the new runner says,
+    /// before it asks again, that it asks for the same request and awaits its outcome; a
+    /// runner that drove the flow from its start does not.
+    #[tokio::test]
+    async fn a_flow_resumed_in_a_power_state_says_it_awaits_the_request_sent_before() {
+        let r = rig();
+        let run = r.runner();
+        let id = run.start(request()).await.unwrap();
+        r.finish_one(&run, id, 1).await;
+        assert_eq!(run.load(id).await.unwrap().state, State::PowerOff);
+        let resumed = |r: &Rig| {
+            events(r, id)
+                .into_iter()
+                .filter(|(_, e)| e.starts_with("resumed after a coordinator restart"))
+                .collect::<Vec<_>>()
+        };
+        assert!(resumed(&r).is_empty());
+        let again = r.runner();
+        let f = r.finish(&again, id).await.unwrap();
+        assert_eq!(f.state, State::Done, "{f:?}");
+        let lines = resumed(&r);
+        assert_eq!(lines.len(), 1, "{:#?}", events(&r, id));
+        assert_eq!(lines[0].0, "power-off");
+        assert!(
+            lines[0].1.contains("aa11-fence-1-off-attempt0") && lines[0].1.contains("until "),
+            "{lines:?}"
+        );
+        assert_clean_fence(&r.world);
     }
 
     #[tokio::test]
@@ -1373,6 +1546,26 @@ mod tests {
         }
         println!("{}", table.join("\n"));
         assert_eq!(table.len(), 12);
+    }
+
+    /// A flow resumed in power-off while its machine dumps takes the kdump leg and sends no
+    /// power request: it does not say it asks the gateway again.
+    #[tokio::test]
+    async fn a_flow_resumed_in_power_off_during_a_dump_does_not_say_it_asks_the_gateway() {
+        let r = rig();
+        dumping(&r, Some(20));
+        let first = r.runner();
+        let id = first.start(request()).await.unwrap();
+        r.finish_one(&first, id, 1).await;
+        assert_eq!(first.load(id).await.unwrap().state, State::PowerOff);
+        let second = r.runner();
+        r.finish_one(&second, id, 1).await;
+        assert_eq!(second.load(id).await.unwrap().state, State::KdumpRelease);
+        let lines = events(&r, id);
+        assert!(
+            lines.iter().all(|(_, e)| !e.starts_with("resumed after")),
+            "{lines:#?}"
+        );
     }
 
     #[tokio::test]

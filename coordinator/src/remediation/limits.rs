@@ -243,17 +243,28 @@ impl<'a> Limiter<'a> {
 
     /// A success is confirmed when the machine stayed healthy `success_after` past the end
     /// of its repair; a relapse within that time is a failure; `None`: not known (yet).
+    ///
+    /// The repair ends when its health check passes, which may come before the agent's
+    /// report that shows the machine healthy (up to a report interval later, more on a
+    /// loaded host): a machine that turns healthy within `success_after` of the end counts
+    /// from then. One still failing meanwhile counts as a failure at once (the cautious
+    /// reading while that report is on its way; it counts as a success once it arrives).
     fn confirmed(&self, o: &super::input::RepairOutcome) -> Option<bool> {
         if !o.succeeded {
             return Some(false);
         }
-        let after = self.ctx.cfg.limits.slow_start.success_after;
+        let after =
+            jiff::SignedDuration::try_from(self.ctx.cfg.limits.slow_start.success_after).ok()?;
         let m = self.ctx.machine(&o.address)?;
-        let held_until = o.finished_at + jiff::SignedDuration::try_from(after).ok()?;
+        let held_until = o.finished_at + after;
+        let now = self.ctx.now;
         match m.state {
-            // Healthy since before the end of the repair: confirmed once held long enough.
-            MachineState::Healthy if m.since <= o.finished_at => {
-                (self.ctx.now >= held_until).then_some(true)
+            // Healthy since before the end of the repair, or since within success_after of
+            // it: confirmed once held success_after from the later of the two. (Only the
+            // current state is kept: a relapse that also recovered within that window is
+            // not seen.)
+            MachineState::Healthy if m.since < held_until => {
+                (now >= m.since.max(o.finished_at) + after).then_some(true)
             }
             // Relapsed and recovered since: this outcome says nothing either way.
             MachineState::Healthy => None,
@@ -511,7 +522,10 @@ mod tests {
     use protocol::admin::repair::RepairStatus;
 
     use super::super::fixture::{Case, case, dead, failing};
+    use super::super::input::Machine;
     use super::super::{Outcome, Rule};
+    use crate::health::MachineState;
+    use jiff::Timestamp;
 
     fn roomy(c: Case) -> Case {
         c.roomy()
@@ -629,6 +643,48 @@ mod tests {
             .outcome("r1.0", 600, true)
             .on("r1.0", |m, now| failing(m, now, "kubelet", 500));
         assert_eq!(c6.admitted(), ["r1.0", "other"]);
+    }
+
+    /// The entry ends when its health check passes; the agent's report that shows the
+    /// machine healthy can come a little later. Such a success counts once held from then.
+    #[test]
+    fn a_success_whose_healthy_report_came_after_the_end_counts_once_held() {
+        let c = slow(case())
+            .rack("r1", 10)
+            .on("r1.0", |m, now| failing(m, now, "kubelet", 90))
+            .on("r1.1", |m, now| failing(m, now, "kubelet", 80))
+            .machine_in("other", "r2")
+            .failing("kubelet", 60);
+        let healthy_for = |s: i64| {
+            move |m: &mut Machine, now: Timestamp| {
+                m.state = MachineState::Healthy;
+                m.since = now - jiff::SignedDuration::from_secs(s);
+            }
+        };
+        // Healthy 2 s after its entry ended, and for 5 min since: width 2.
+        let held = c
+            .clone()
+            .outcome("r1.9", 400, true)
+            .on("r1.9", healthy_for(398));
+        assert_eq!(held.admitted(), ["r1.0", "r1.1", "other"]);
+        // Not yet 5 min from when it turned healthy: not yet.
+        let young = c
+            .clone()
+            .outcome("r1.9", 299, true)
+            .on("r1.9", healthy_for(297));
+        assert_eq!(young.admitted(), ["r1.0", "other"]);
+        // Still failing 5 min after its end: the repair did not hold, back to 1.
+        let failed = c
+            .clone()
+            .outcome("r1.9", 400, true)
+            .outcome("r1.8", 301, true)
+            .on("r1.8", |m, now| failing(m, now, "kubelet", 400));
+        let (rule, why) = failed.held("r1.0");
+        assert_eq!(rule, Rule::SlowStart);
+        assert!(
+            why.contains("width 1") && why.contains("1 failures"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -739,6 +739,31 @@ mod tests {
         assert_eq!(gw.requests().len(), 1);
     }
 
+    /// A gateway that has not answered when the step's limit runs out: the step says which
+    /// request it waited for and that the gateway may still be carrying it out (it used to
+    /// say only "timed out after 1 s").
+    #[tokio::test]
+    async fn a_power_step_that_runs_out_of_time_names_the_request_it_awaited() {
+        let gw = Arc::new(FakePower::default());
+        gw.slow(Duration::from_secs(5));
+        let mut c = ctx(Some(Duration::from_secs(1)));
+        c.power = gw.clone();
+        let id = c.request_id.clone();
+        let (end, outcome) = within(run(
+            CommandSpec::Builtin(Builtin::PowerOff),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert_eq!(outcome, Outcome::Timeout, "{end:?}");
+        assert!(
+            end.summary.contains(&format!("answer to request {id}"))
+                && end.summary.contains("may still be carrying it out"),
+            "{}",
+            end.summary
+        );
+    }
+
     /// `[fence] off_timeout = "15s"` with a 120 s step: the off used to get the step's whole
     /// limit, so a BMC that never read off failed the step after 118 s, not 15 s.
     #[tokio::test]
@@ -989,6 +1014,13 @@ mod tests {
         assert_eq!(o, Outcome::Timeout, "{end:?}");
         assert!(started.elapsed() < Duration::from_secs(5));
         assert!(end.summary.contains("held"), "{}", end.summary);
+        // Nothing reached the gateway: it is not said to be carrying the request out.
+        assert!(
+            end.summary.contains("could not be reached")
+                && !end.summary.contains("may still be carrying"),
+            "{}",
+            end.summary
+        );
         assert!(gw.requests().len() >= 2);
     }
 

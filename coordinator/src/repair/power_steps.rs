@@ -12,6 +12,7 @@ use super::command::{Outcome, RunContext};
 use super::config::Builtin;
 use super::decide::CommandEnd;
 use super::fencing::{FenceEnd, describe};
+use crate::fence::flow::State;
 use crate::fence::proof::fence_confirmed;
 
 /// First pause before resending a power request whose gateway could not be reached.
@@ -57,11 +58,11 @@ pub(super) async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
     };
     // The flow is committed (and recorded for this step) before anything acts; the agent's
     // diagnostics are taken next, before the flow's first power action.
-    match svc
+    let flow = match svc
         .flow_for_step(&ctx.request_id, ctx.entry_index, &ctx.address, &ctx.serial)
         .await
     {
-        Ok(Some(_)) => {}
+        Ok(Some(id)) => id,
         Ok(None) => return fence_without_release(ctx).await,
         Err(e) => {
             let end = CommandEnd {
@@ -71,12 +72,20 @@ pub(super) async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
             };
             return (end, Outcome::Error);
         }
-    }
+    };
     // A silent agent's connection may not be known dead yet (QUIC idle timeout): asking it
     // would only spend the diagnostics bound before the power-off of a dead machine.
     let diagnostics = if ctx.agents.is_unreachable(&ctx.address) {
         String::new()
     } else {
+        // The flow waits in `plan` meanwhile: its history says why.
+        let line = format!(
+            "taking the agent's diagnostics before the power-off (at most {} s)",
+            super::agent_steps::DIAGNOSTICS_BEFORE_POWER_TIMEOUT.as_secs()
+        );
+        if let Err(e) = svc.runner().say_while(flow, State::Plan, line).await {
+            tracing::warn!(flow, error = %e, "cannot note the diagnostics in the fence flow's history");
+        }
         super::agent_steps::diagnostics_before_power(ctx).await
     };
     let end = svc
@@ -320,6 +329,8 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     // answers instead of acting again.
     let mut id = ctx.request_id.clone();
     let mut resends = 0;
+    // Whether the request may have reached the gateway (for the summary of a timeout).
+    let mut maybe_sent = false;
     let note = |held: &Option<Held>| {
         held.as_ref()
             .map(|h| format!(" ({})", h.describe()))
@@ -345,11 +356,22 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                 Ok(a) if !t.is_zero() => a,
                 _ => {
                     let t = ctx.timeout.unwrap_or_default();
+                    // Say what was awaited: the gateway may still be carrying the request
+                    // out (one sent before a coordinator restart keeps its own limit), unless
+                    // it could not even be reached.
+                    let unreached = held.is_some() && !maybe_sent;
+                    let why = if unreached {
+                        "the gateway could not be reached"
+                    } else {
+                        "the gateway may still be carrying it out (it acts on a request id \
+                         once; a retry of this step is a new request)"
+                    };
                     return (
                         CommandEnd {
                             ok: false,
                             summary: format!(
-                                "{} timed out after {} s{}",
+                                "{} timed out after {} s waiting for the gateway's answer to \
+                                 request {id}; {why}{}",
                                 b.name(),
                                 t.as_secs(),
                                 note(&held)
@@ -374,6 +396,7 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                 });
                 h.attempts += 1;
                 h.last = e.to_string();
+                maybe_sent |= e.may_have_reached_gateway();
                 let wait = match deadline {
                     Some(d) => pause.min(d.saturating_duration_since(tokio::time::Instant::now())),
                     None => pause,
