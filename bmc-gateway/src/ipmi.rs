@@ -481,7 +481,7 @@ impl Session {
         // ipmi-rs asks for administrator in RAKP but never raises the session to it.
         match self.exchange(NetFn::App, 0x3B, &[0x04]) {
             Exchange::Reply(0, _) => {
-                info!(bmc = %self.t.name, "IPMI session opened (administrator)");
+                debug!(bmc = %self.t.name, "IPMI session opened (administrator)");
                 Ok(())
             }
             Exchange::Reply(cc, _) => {
