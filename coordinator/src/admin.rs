@@ -141,6 +141,7 @@ impl Admin {
         let name = match req {
             AdminRequest::Machines(
                 MachinesRequest::Show { address }
+                | MachinesRequest::ShowWithInterval { address }
                 | MachinesRequest::Delete { address, .. }
                 | MachinesRequest::SetState { address, .. },
             )
@@ -192,6 +193,21 @@ impl Admin {
         }
     }
 
+    /// `machines show`'s answer: the fleet's detail with the machine's crash-dump notice.
+    async fn machine_detail(
+        &self,
+        address: &str,
+    ) -> Result<protocol::admin::machines::MachineDetail, FleetError> {
+        match self.fleet.detail(address).await {
+            Ok(Some(mut d)) => {
+                d.kdump = self.kdump.as_ref().and_then(|k| k.detail(address));
+                Ok(d)
+            }
+            Ok(None) => Err(FleetError::UnknownMachine(address.to_string())),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn machines(&self, who: &Identity, req: MachinesRequest) -> AdminResponse {
         let resp = match req {
             MachinesRequest::Delete { address, force } => {
@@ -201,14 +217,20 @@ impl Admin {
                 return self.set_machine_state(&who.name, address, state).await;
             }
             MachinesRequest::List => Ok(MachinesResponse::List(self.fleet.list())),
-            MachinesRequest::Show { address } => match self.fleet.detail(&address).await {
-                Ok(Some(mut d)) => {
-                    d.kdump = self.kdump.as_ref().and_then(|k| k.detail(&address));
-                    Ok(MachinesResponse::Show(Box::new(d)))
-                }
-                Ok(None) => Err(FleetError::UnknownMachine(address)),
-                Err(e) => Err(e),
-            },
+            MachinesRequest::Show { address } => self
+                .machine_detail(&address)
+                .await
+                .map(|d| MachinesResponse::Show(Box::new(d))),
+            MachinesRequest::ShowWithInterval { address } => {
+                self.machine_detail(&address).await.map(|d| {
+                    let report_interval_ms =
+                        d.last_report.as_ref().map_or(0, |r| r.report_interval_ms);
+                    MachinesResponse::ShowWithInterval {
+                        detail: Box::new(d),
+                        report_interval_ms,
+                    }
+                })
+            }
             MachinesRequest::Add(spec) => {
                 match MachineRecord::from_spec(&spec, RecordSource::Admin) {
                     Ok(rec) => {

@@ -470,7 +470,7 @@ impl AdminClient {
     /// Sends one request; an `Error` answer becomes an error carrying its reason.
     pub async fn request(&self, req: &AdminRequest) -> anyhow::Result<AdminResponse> {
         match self.request_raw(req).await? {
-            AdminResponse::Error(r) => bail!("coordinator refused the request: {}", r.reason),
+            AdminResponse::Error(r) => Err(refused(&r)),
             other => Ok(other),
         }
     }
@@ -504,9 +504,42 @@ fn timed_out(req: &AdminRequest, timeout: Duration) -> String {
     )
 }
 
+/// A coordinator's refusal, for a person. A request the coordinator could not decode is
+/// most often one its release does not know (a coordinatorctl newer than the coordinator,
+/// mid-upgrade): say so, rather than only the decoder's words.
+pub fn refused(r: &protocol::messages::Refusal) -> anyhow::Error {
+    if r.code == protocol::messages::RefusalCode::Malformed {
+        anyhow!(
+            "coordinator refused the request: {}; a coordinator of an older release than this \
+             coordinatorctl ({}) cannot read requests added since: upgrade the coordinator, or \
+             use a coordinatorctl of its release",
+            r.reason,
+            env!("CARGO_PKG_VERSION")
+        )
+    } else {
+        anyhow!("coordinator refused the request: {}", r.reason)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_the_coordinator_cannot_decode_suggests_an_older_coordinator() {
+        use protocol::messages::{Refusal, RefusalCode};
+        let r = Refusal::new(RefusalCode::Malformed, "admin request: undecodable frame");
+        let e = refused(&r).to_string();
+        assert!(
+            e.contains("older release") && e.contains("undecodable"),
+            "{e}"
+        );
+        let r = Refusal::new(RefusalCode::BadRequest, "no such entry");
+        assert_eq!(
+            refused(&r).to_string(),
+            "coordinator refused the request: no such entry"
+        );
+    }
 
     #[test]
     fn timeout_message_says_the_outcome_is_unknown_and_how_to_check() {

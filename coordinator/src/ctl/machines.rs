@@ -327,6 +327,46 @@ fn machines(resp: AdminResponse) -> anyhow::Result<MachinesResponse> {
     }
 }
 
+/// `machines show`: asks with the report interval, and asks again without it when the
+/// coordinator is of a release before [`MachinesRequest::ShowWithInterval`] (it refuses the
+/// request as malformed), so this coordinatorctl works against it during an upgrade.
+async fn show(ctx: &Ctx, address: String, json: bool) -> anyhow::Result<()> {
+    let client = ctx.client().await?;
+    let mut resp = client
+        .request_raw(&AdminRequest::Machines(MachinesRequest::ShowWithInterval {
+            address: address.clone(),
+        }))
+        .await;
+    if let Ok(AdminResponse::Error(r)) = &resp
+        && r.code == protocol::messages::RefusalCode::Malformed
+    {
+        resp = client
+            .request_raw(&AdminRequest::Machines(MachinesRequest::Show { address }))
+            .await;
+    }
+    client.close().await;
+    let d = match resp? {
+        AdminResponse::Error(r) => return Err(super::client::refused(&r)),
+        AdminResponse::Machines(MachinesResponse::ShowWithInterval {
+            mut detail,
+            report_interval_ms,
+        }) => {
+            if let Some(r) = detail.last_report.as_mut() {
+                r.report_interval_ms = report_interval_ms;
+            }
+            detail
+        }
+        AdminResponse::Machines(MachinesResponse::Show(d)) => d,
+        other => bail!("unexpected answer from the coordinator: {other:?}"),
+    };
+    if json {
+        print_json(&d)
+    } else {
+        print_detail(&d);
+        Ok(())
+    }
+}
+
 impl CommandGroup for MachinesCommand {
     async fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let (req, json) = match self {
@@ -334,7 +374,9 @@ impl CommandGroup for MachinesCommand {
                 return super::remediation::clear_machine(ctx, address, json).await;
             }
             MachinesCommand::List { json } => (MachinesRequest::List, json),
-            MachinesCommand::Show { address, json } => (MachinesRequest::Show { address }, json),
+            MachinesCommand::Show { address, json } => {
+                return show(ctx, address, json).await;
+            }
             MachinesCommand::Add {
                 address,
                 hostname,
@@ -400,7 +442,7 @@ impl CommandGroup for MachinesCommand {
                     summaries_table(&list)
                 }
             }
-            MachinesResponse::Show(d) => {
+            MachinesResponse::Show(d) | MachinesResponse::ShowWithInterval { detail: d, .. } => {
                 if json {
                     print_json(&d)?
                 } else {

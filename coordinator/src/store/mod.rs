@@ -446,6 +446,47 @@ mod tests {
         assert!(matches!(Store::open(&db), Err(StoreError::TooNew { .. })));
     }
 
+    /// A store an older coordinator wrote (schema 9, before remediation_entries and boot
+    /// ids) opens in this one: its rows are kept and the new migrations fill what they can.
+    #[test]
+    fn a_store_of_an_older_coordinator_is_migrated_with_its_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("old.db");
+        let mut c = Connection::open(&db).unwrap();
+        let old = MIGRATIONS.iter().position(|m| m.0 == 9).unwrap();
+        for (version, _, sql) in &MIGRATIONS[..=old] {
+            let tx = c.transaction().unwrap();
+            tx.execute_batch(sql).unwrap();
+            tx.pragma_update(None, "user_version", version).unwrap();
+            tx.commit().unwrap();
+        }
+        c.execute_batch(
+            "INSERT INTO machines (address, hostname, machine_type, source, state,
+                 state_since_ms, created_ms, updated_ms)
+             VALUES ('10.0.1.11', 'lab-1', 'lab', 'inventory', 'healthy', 1, 1, 1);
+             INSERT INTO remediation_journal (seq, first_ms, last_ms, count, address, domain,
+                 outcome, rule, sentence, decision)
+             VALUES (1, 5, 5, 1, '10.0.1.11', 'machine', 'admitted', 'r',
+                 'power-cycle admitted (repair queue entry 7)', '{}');",
+        )
+        .unwrap();
+        drop(c);
+        let s = Store::open(&db).unwrap();
+        let (v, host, boot, entry): (i64, String, Option<String>, i64) = s
+            .with(|c| {
+                c.query_row(
+                    "SELECT (SELECT user_version FROM pragma_user_version), hostname, boot_id,
+                        (SELECT entry_idx FROM remediation_entries)
+                     FROM machines",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+            })
+            .unwrap();
+        assert_eq!(v, MIGRATIONS.last().unwrap().0);
+        assert_eq!((host.as_str(), boot, entry), ("lab-1", None, 7));
+    }
+
     #[test]
     fn another_programs_database_or_garbage_is_refused_untouched() {
         let dir = tempfile::tempdir().unwrap();
