@@ -784,6 +784,7 @@ mod tests {
             .unwrap();
         let e = check(&db).unwrap_err();
         assert!(e.contains("newer than this coordinator"), "{e}");
+        assert!(e.contains("coordinator restore --from"), "{e}");
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub enum StoreError {
     },
     /// The database was written by a newer coordinator.
     #[error(
-        "database {path} is at schema version {found}, newer than this coordinator's {known}; upgrade the coordinator"
+        "database {path} is at schema version {found}, newer than this coordinator's {known}; upgrade the coordinator, or to go back to this release restore a backup taken before the upgrade (`coordinator restore --from FILE`)"
     )]
     TooNew {
         /// The database file.
