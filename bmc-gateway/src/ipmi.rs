@@ -183,6 +183,11 @@ struct Session {
     t: IpmiTarget,
     rmcp: Option<Rmcp>,
     last_used: Instant,
+    /// Whether "IPMI session opened" was said at INFO and no session failed to open since.
+    /// Sessions are replaced all the time in a steady state (the idle probe every minute
+    /// finds the last one past [`SESSION_MAX_IDLE`]; a cycle or reset gets a fresh one), so
+    /// only the first one, and the first after a failure, is an INFO line; the rest are DEBUG.
+    said_open: bool,
 }
 
 enum Exchange {
@@ -199,6 +204,7 @@ impl Session {
             t,
             rmcp: None,
             last_used: Instant::now(),
+            said_open: false,
         }
     }
 
@@ -416,6 +422,15 @@ impl Session {
         if self.rmcp.is_some() {
             return Ok(());
         }
+        let r = self.open();
+        if r.is_err() {
+            self.said_open = false;
+        }
+        r
+    }
+
+    /// [`Session::ensure`]'s work when there is no session.
+    fn open(&mut self) -> Result<(), BmcError> {
         let addr = (self.t.host.as_str(), self.t.port)
             .to_socket_addrs()
             .map_err(|e| BmcError::Unreachable {
@@ -481,7 +496,12 @@ impl Session {
         // ipmi-rs asks for administrator in RAKP but never raises the session to it.
         match self.exchange(NetFn::App, 0x3B, &[0x04]) {
             Exchange::Reply(0, _) => {
-                debug!(bmc = %self.t.name, "IPMI session opened (administrator)");
+                if self.said_open {
+                    debug!(bmc = %self.t.name, "IPMI session opened (administrator)");
+                } else {
+                    info!(bmc = %self.t.name, "IPMI session opened (administrator)");
+                    self.said_open = true;
+                }
                 Ok(())
             }
             Exchange::Reply(cc, _) => {

@@ -4,6 +4,11 @@
 //! Plain synchronous functions over a `rusqlite::Connection`, called by the runner inside
 //! [`crate::store::Store::call`]. A state change and its history line are one transaction,
 //! committed before the new state's action runs.
+//!
+//! Finished flows are kept for `coordinatorctl fence list/show`, the newest
+//! [`KEPT_FINISHED_PER_MACHINE`] per machine: a flow that ends prunes its machine's older
+//! finished ones (their history goes with them), except a flow a repair entry still in the
+//! queue started, which its step may look up again after a restart.
 
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -139,7 +144,42 @@ pub fn update(
     }
     kdump_leg(&tx, f.id, f)?;
     history(&tx, f.id, f, event, now)?;
+    if matches!(f.state, State::Done | State::Failed { .. }) {
+        prune_finished(&tx, &f.address)?;
+    }
     tx.commit()
+}
+
+/// Finished (done or failed) flows kept per machine. A machine fenced again and again would
+/// otherwise add a flow and about ten history lines per fence for as long as the store
+/// lives; 50 is months of history for a machine that keeps failing, and a few hundred KiB
+/// for a whole fleet of them.
+pub const KEPT_FINISHED_PER_MACHINE: i64 = 50;
+
+/// Deletes `address`'s finished flows older than its newest [`KEPT_FINISHED_PER_MACHINE`]
+/// finished ones (inside the caller's transaction), with their history. A flow that a repair
+/// entry still in the queue started stays; the link of an entry no longer in the queue goes
+/// with its flow.
+fn prune_finished(tx: &Connection, address: &str) -> rusqlite::Result<()> {
+    const OLD: &str = "SELECT id FROM fence_flows WHERE address = ?1
+             AND state IN ('done', 'failed') AND id NOT IN
+             (SELECT id FROM fence_flows WHERE address = ?1 AND state IN ('done', 'failed')
+              ORDER BY id DESC LIMIT ?2)";
+    tx.execute(
+        &format!(
+            "DELETE FROM repair_fence_flows WHERE flow_id IN ({OLD})
+             AND entry_index NOT IN (SELECT idx FROM repair_queue_entries)"
+        ),
+        params![address, KEPT_FINISHED_PER_MACHINE],
+    )?;
+    tx.execute(
+        &format!(
+            "DELETE FROM fence_flows WHERE id IN ({OLD})
+             AND id NOT IN (SELECT flow_id FROM repair_fence_flows)"
+        ),
+        params![address, KEPT_FINISHED_PER_MACHINE],
+    )?;
+    Ok(())
 }
 
 const COLUMNS: &str = "id, address, serial, node, keep_off, boot_id_before, state, state_detail,
@@ -308,6 +348,68 @@ mod tests {
             )
         })
         .unwrap();
+    }
+
+    #[test]
+    fn finished_flows_are_pruned_to_the_newest_per_machine_but_not_a_queued_entrys() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("c.db")).unwrap();
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let fence = |addr: &str, state: State| {
+            let mut f = Flow::new(addr, "S", "n", None, false, now);
+            f.id = s.with(|c| insert(c, &f, "started", now)).unwrap();
+            f.state = state;
+            s.with(|c| update(c, &f, "ended", now)).unwrap();
+            f.id
+        };
+        let keep = KEPT_FINISHED_PER_MACHINE as u64;
+        // The first flow was started by entry 7, still queued; the second by entry 8, gone.
+        let first = fence("10.0.0.1", State::Failed { detail: "x".into() });
+        let second = fence("10.0.0.1", State::Done);
+        s.with(|c| {
+            c.execute_batch(&format!(
+                "INSERT INTO repair_queue_entries (idx, address, machine_type, operation, status,
+                     step_status, last_transition_ms, created_ms)
+                 VALUES (7, '10.0.0.1', 't', 'op', 'failed', 'waiting', 0, 0);
+                 INSERT INTO repair_fence_flows VALUES ('k7', 7, {first}, 0), ('k8', 8, {second}, 0);"
+            ))
+        })
+        .unwrap();
+        let other = fence("10.0.0.2", State::Done);
+        for _ in 0..keep + 5 {
+            fence("10.0.0.1", State::Done);
+        }
+        let ids: Vec<u64> = s
+            .with(|c| list_for(c, "10.0.0.1", 1000))
+            .unwrap()
+            .iter()
+            .map(|f| f.id)
+            .collect();
+        assert_eq!(
+            ids.len() as u64,
+            keep + 1,
+            "the newest {keep} and entry 7's"
+        );
+        assert_eq!(ids.last(), Some(&first));
+        assert!(!ids.contains(&second));
+        assert!(s.with(|c| history_of(c, second)).unwrap().is_empty());
+        let links: i64 = s
+            .with(|c| c.query_row("SELECT count(*) FROM repair_fence_flows", [], |r| r.get(0)))
+            .unwrap();
+        assert_eq!(links, 1, "entry 8's link went with its flow");
+        let history: i64 = s
+            .with(|c| c.query_row("SELECT count(*) FROM fence_flow_history", [], |r| r.get(0)))
+            .unwrap();
+        assert_eq!(history as u64, 2 * (keep + 2));
+        // Another machine's flows are its own; an unfinished flow is never pruned.
+        assert_eq!(
+            s.with(|c| load(c, other)).unwrap().map(|f| f.id),
+            Some(other)
+        );
+        let f = Flow::new("10.0.0.1", "S", "n", None, false, now);
+        let running = s.with(|c| insert(c, &f, "started", now)).unwrap();
+        fence("10.0.0.3", State::Done);
+        assert!(s.with(|c| load(c, running)).unwrap().is_some());
     }
 
     #[test]

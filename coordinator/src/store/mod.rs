@@ -219,6 +219,10 @@ pub fn is_storage_failure(e: &rusqlite::Error) -> bool {
     }
 }
 
+/// The size (bytes) the -wal file is cut back to after a checkpoint. SQLite checkpoints at
+/// 1000 pages (4 MiB), so the steady file stays near that; 8 MiB leaves room for a burst.
+const WAL_SIZE_LIMIT: i64 = 8 * 1024 * 1024;
+
 /// What the store has seen of its own health: failures counted, and whether the last write
 /// failed. A failure marks the store failing; only a write that commits clears it, so a
 /// read that works while writes do not keeps `/healthz` at 503.
@@ -312,6 +316,12 @@ impl Store {
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(err)?;
         conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(err)?;
+        // A checkpoint leaves the -wal file at its largest size so far; one large
+        // transaction (a migration, a prune of many rows, a restored backup's first writes)
+        // would keep that much disk until the coordinator stops. With a limit, the file is
+        // cut back to it when the log next restarts from its beginning.
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)
             .map_err(err)?;
         migrate(&mut conn, path, version)?;
         Ok(Self {
@@ -424,6 +434,36 @@ fn migrate(conn: &mut Connection, path: &Path, current: i64) -> Result<(), Store
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wal_is_cut_back_after_a_large_transaction_is_checkpointed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let s = Store::open(&db).unwrap();
+        let wal = || {
+            std::fs::metadata(dir.path().join("c.db-wal"))
+                .unwrap()
+                .len()
+        };
+        s.with(|c| {
+            c.execute_batch(
+                "CREATE TABLE big (b BLOB);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 6000)
+                 INSERT INTO big SELECT randomblob(2000) FROM n;",
+            )
+        })
+        .unwrap();
+        assert!(wal() > WAL_SIZE_LIMIT as u64, "{}", wal());
+        s.with(|c| {
+            c.execute_batch("PRAGMA wal_checkpoint(PASSIVE); DELETE FROM big WHERE rowid = 1;")
+        })
+        .unwrap();
+        assert!(
+            wal() <= WAL_SIZE_LIMIT as u64,
+            "-wal kept at {} bytes",
+            wal()
+        );
+    }
 
     #[test]
     fn migrates_once_and_refuses_newer_schema() {
