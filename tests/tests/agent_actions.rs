@@ -689,6 +689,14 @@ fn sigterm_while_the_reboot_command_runs_stops_the_agent_at_once() -> anyhow::Re
     env.coord.wait_for_state("node-m", "healthy", SETTLE)?;
     let i = env.add("unhealthy", "10.12.0.10")?;
     agent.wait_for_log(&["rebooting as the coordinator asked"], SETTLE)?;
+    // The log line comes before the command runs: wait until it has (a SIGTERM in between
+    // would kill the shell before its first line, and the count below would be 0).
+    let reboots = env.dir.join("reboots");
+    wait_for("the reboot command to start", SETTLE, || {
+        (lines(&reboots) > 0)
+            .then_some(())
+            .ok_or("not yet".to_string())
+    })?;
     let started = std::time::Instant::now();
     let code = agent.sigterm(Duration::from_secs(10))?;
     assert_eq!(code, Some(0));
@@ -716,6 +724,6 @@ fn sigterm_while_the_reboot_command_runs_stops_the_agent_at_once() -> anyhow::Re
             .any(|(_, d)| d.contains("outcome unknown") && d.contains("did not reboot")),
         "{history:?}"
     );
-    assert_eq!(lines(&env.dir.join("reboots")), 1, "rebooted again");
+    assert_eq!(lines(&reboots), 1, "rebooted again");
     Ok(())
 }
