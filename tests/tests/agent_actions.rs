@@ -158,6 +158,15 @@ fn lines(path: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// Waits until a test command has written its first line to `path`: the agent logs an
+/// action before its command runs, so its log line alone does not say the command started.
+fn wait_for_first_line(what: &str, path: &Path) -> anyhow::Result<()> {
+    wait_for(what, SETTLE, || {
+        (lines(path) > 0).then_some(()).ok_or("not yet".to_string())
+    })?;
+    Ok(())
+}
+
 #[test]
 fn restart_unit_runs_once_even_when_the_coordinator_resends_it() -> anyhow::Result<()> {
     let yaml = "repair:\n  repair_procedures:\n    - machine_types: [qemu]\n      repair_operations:\n        - operation: unhealthy\n          repair_steps:\n            - repair_command: [\"@restart-unit\", \"kubelet\"]\n              command_timeout_seconds: 120\n              watch_seconds: 30\n          health_check_command: [\"@agent-healthy\"]\n";
@@ -172,11 +181,7 @@ fn restart_unit_runs_once_even_when_the_coordinator_resends_it() -> anyhow::Resu
     env.coord.wait_for_state("node-a", "healthy", SETTLE)?;
     let i = env.add("unhealthy", "10.12.0.1")?;
     let restarts = env.dir.join("restarts");
-    wait_for("the restart command to start", SETTLE, || {
-        (lines(&restarts) > 0)
-            .then_some(())
-            .ok_or("not yet".to_string())
-    })?;
+    wait_for_first_line("the restart command to start", &restarts)?;
     // The coordinator dies mid-step; the next one resumes the step and asks again with the
     // same request id.
     env.coord.proc.take().context("coordinator")?.sigkill();
@@ -612,11 +617,7 @@ fn a_restart_the_agent_was_killed_in_is_not_run_again_under_its_id() -> anyhow::
     env.coord.wait_for_state("node-k", "healthy", SETTLE)?;
     let i = env.add("unhealthy", "10.12.0.8")?;
     let restarts = env.dir.join("restarts");
-    wait_for("the restart command to start", SETTLE, || {
-        (lines(&restarts) > 0)
-            .then_some(())
-            .ok_or("not yet".to_string())
-    })?;
+    wait_for_first_line("the restart command to start", &restarts)?;
     // Killed mid-command and started again: the coordinator resends the same id.
     agent.sigkill();
     let cfg = fx.path_of("etc/fleetmend/node-agent.toml");
@@ -692,11 +693,7 @@ fn sigterm_while_the_reboot_command_runs_stops_the_agent_at_once() -> anyhow::Re
     // The log line comes before the command runs: wait until it has (a SIGTERM in between
     // would kill the shell before its first line, and the count below would be 0).
     let reboots = env.dir.join("reboots");
-    wait_for("the reboot command to start", SETTLE, || {
-        (lines(&reboots) > 0)
-            .then_some(())
-            .ok_or("not yet".to_string())
-    })?;
+    wait_for_first_line("the reboot command to start", &reboots)?;
     let started = std::time::Instant::now();
     let code = agent.sigterm(Duration::from_secs(10))?;
     assert_eq!(code, Some(0));

@@ -261,6 +261,18 @@ mod tests {
     }
 
     /// Whether `pid` is gone (or a zombie waiting for init to reap it: dead either way).
+    /// The child whose pid the command wrote to `file` is still running (a command that
+    /// exited in time keeps the children it left); kills it after the check.
+    fn assert_child_alive_then_kill(file: &std::path::Path) {
+        let pid = std::fs::read_to_string(file).unwrap();
+        let pid = pid.trim().to_string();
+        let alive = !dead(&pid);
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status();
+        assert!(alive, "a command that exited in time had its child killed");
+    }
+
     fn dead(pid: &str) -> bool {
         match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
             Err(_) => true,
@@ -321,15 +333,7 @@ mod tests {
             run(&sh(&script), Duration::from_secs(10), 100).await,
             Ran::Exited { success: true, .. }
         ));
-        let pid = std::fs::read_to_string(&file).unwrap();
-        let pid = pid.trim().to_string();
-        assert!(
-            !dead(&pid),
-            "a command that exited in time had its child killed"
-        );
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid])
-            .status();
+        assert_child_alive_then_kill(&file);
     }
 
     #[tokio::test]
@@ -353,14 +357,6 @@ mod tests {
             started.elapsed() < Duration::from_secs(5),
             "waited for the child"
         );
-        let pid = std::fs::read_to_string(&file).unwrap();
-        let pid = pid.trim().to_string();
-        assert!(
-            !dead(&pid),
-            "a command that exited in time had its child killed"
-        );
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid])
-            .status();
+        assert_child_alive_then_kill(&file);
     }
 }
