@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine, and nothing by hand:
 #   - apt: ipmitool (reference IPMI client), openipmi (ipmi_sim), python3-venv,
-#     prometheus (for promtool);
+#     prometheus (for promtool), fence-agents (fence_ipmilan, fence_redfish, fence_apc_snmp
+#     for the gateway's fence-agent backend), snmpd and snmp (net-snmp's agent playing a PDU,
+#     and the snmpget/snmpset the SNMP fence agents run);
 #   - a Python venv under build/venv with pyghmi (fake IPMI BMC) and sushy-tools
 #     (sushy-emulator, Redfish) plus bcrypt/passlib for the emulator's htpasswd.
 # Idempotent: when everything is already present it only checks and returns in a second.
@@ -26,6 +28,12 @@ command -v ipmitool >/dev/null 2>&1 || need_apt+=(ipmitool)
 command -v ipmi_sim >/dev/null 2>&1 || need_apt+=(openipmi)
 # promtool checks the alerting rules and live /metrics scrapes (tests/tests/prometheus.rs).
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# The fence-agent backend and fencing levels (tests/tests/fence_levels.rs); Debian installs
+# the agents and snmpd in /usr/sbin.
+[ -x /usr/sbin/fence_ipmilan ] && [ -x /usr/sbin/fence_redfish ] && [ -x /usr/sbin/fence_apc_snmp ] \
+  || need_apt+=(fence-agents)
+[ -x /usr/sbin/snmpd ] || need_apt+=(snmpd)
+command -v snmpset >/dev/null 2>&1 || need_apt+=(snmp)
 # The venv is built with Debian's python3 so it does not depend on a user's pyenv.
 PY=/usr/bin/python3
 if [ ! -x "$PY" ]; then
@@ -40,7 +48,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   say "apt-get install ${need_apt[*]}"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}" </dev/null
 else
-  say "ipmitool, ipmi_sim, promtool and python3-venv already installed"
+  say "ipmitool, ipmi_sim, promtool, fence-agents, snmpd and python3-venv already installed"
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod devices;
 mod validate;
+
+pub use devices::{AgentSettings, LevelConfig, Outlet, PduConfig, RESERVED_OPTIONS};
 
 /// Default time a fence waits for the power state to read off.
 ///
@@ -48,6 +51,9 @@ pub struct Config {
     /// The rack's BMCs.
     #[serde(default, rename = "bmc")]
     pub bmcs: Vec<BmcConfig>,
+    /// The rack's PDUs, whose outlets make the machines' lower fencing levels.
+    #[serde(default, rename = "pdu")]
+    pub pdus: Vec<PduConfig>,
 }
 
 /// The gateway's TLS files.
@@ -116,12 +122,14 @@ impl Default for Limits {
 
 /// Which protocol a BMC speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum BmcProtocol {
     /// IPMI 2.0 over LAN (RMCP+).
     Ipmi,
     /// Redfish over HTTPS.
     Redfish,
+    /// A ClusterLabs fence agent (`[bmc.agent]`), e.g. `fence_ipmilan` or `fence_redfish`.
+    FenceAgent,
 }
 
 impl BmcProtocol {
@@ -130,6 +138,7 @@ impl BmcProtocol {
         match self {
             BmcProtocol::Ipmi => "ipmi",
             BmcProtocol::Redfish => "redfish",
+            BmcProtocol::FenceAgent => "fence-agent",
         }
     }
 }
@@ -143,7 +152,7 @@ pub struct BmcConfig {
     /// The machine's serial; a request naming another serial is refused. Empty = not checked.
     #[serde(default)]
     pub serial: String,
-    /// `ipmi` or `redfish`.
+    /// `ipmi`, `redfish` or `fence-agent`.
     pub protocol: BmcProtocol,
     /// BMC host name or address.
     pub host: String,
@@ -160,6 +169,13 @@ pub struct BmcConfig {
     /// Redfish settings.
     #[serde(default)]
     pub redfish: Option<RedfishSettings>,
+    /// The fence agent, for `protocol = "fence-agent"`.
+    #[serde(default)]
+    pub agent: Option<AgentSettings>,
+    /// Lower fencing levels (`[[bmc.level]]`), tried in order when the BMC (level 1) cannot
+    /// be reached or refuses.
+    #[serde(default, rename = "level")]
+    pub levels: Vec<LevelConfig>,
     /// Minimum interval between two commands to this BMC (default:
     /// `limits.min_command_interval`); some BMCs need seconds.
     #[serde(default, with = "opt_duration")]
@@ -297,12 +313,37 @@ impl ConfigError {
 }
 
 impl BmcConfig {
-    /// The port, with the protocol's default.
+    /// The port, with the protocol's default (0 for a fence agent: the agent's own).
     pub fn port(&self) -> u16 {
         self.port.unwrap_or(match self.protocol {
             BmcProtocol::Ipmi => 623,
             BmcProtocol::Redfish => 443,
+            BmcProtocol::FenceAgent => 0,
         })
+    }
+
+    /// `host:port`, or the host alone when a fence agent uses its default port.
+    pub fn address(&self) -> String {
+        match self.port() {
+            0 => self.host.clone(),
+            p => format!("{}:{p}", self.host),
+        }
+    }
+
+    /// The options every run of this BMC's fence agent gets, the password included.
+    pub fn agent_options(&self, password: String) -> std::collections::BTreeMap<String, String> {
+        let mut o = self
+            .agent
+            .as_ref()
+            .map(|a| a.options.clone())
+            .unwrap_or_default();
+        o.insert("ip".into(), self.host.clone());
+        if let Some(p) = self.port {
+            o.insert("ipport".into(), p.to_string());
+        }
+        o.insert("username".into(), self.username.clone());
+        o.insert("password".into(), password);
+        o
     }
 
     /// IPMI settings with defaults.
@@ -312,13 +353,17 @@ impl BmcConfig {
 
     /// A short name for logs and metrics: `machine (protocol host:port)`.
     pub fn describe(&self) -> String {
-        format!(
-            "{} ({} {}:{})",
-            self.machine,
-            self.protocol.as_str(),
-            self.host,
-            self.port()
-        )
+        match &self.agent {
+            Some(a) if self.protocol == BmcProtocol::FenceAgent => {
+                format!("{} ({} {})", self.machine, a.name, self.address())
+            }
+            _ => format!(
+                "{} ({} {})",
+                self.machine,
+                self.protocol.as_str(),
+                self.address()
+            ),
+        }
     }
 
     /// Reads the password file (trailing newline stripped); a FIFO or a device is refused,
@@ -357,12 +402,18 @@ impl Config {
             detail: e.to_string(),
         })?;
         cfg.validate(path)?;
+        cfg.validate_devices(path)?;
         Ok(cfg)
     }
 
     /// The BMC serving `machine`, if any.
     pub fn bmc(&self, machine: &str) -> Option<&BmcConfig> {
         self.bmcs.iter().find(|b| b.machine == machine)
+    }
+
+    /// The PDU named `name`, if any.
+    pub fn pdu(&self, name: &str) -> Option<&PduConfig> {
+        self.pdus.iter().find(|p| p.name == name)
     }
 }
 

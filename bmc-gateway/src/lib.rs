@@ -12,9 +12,11 @@
 pub mod actions;
 pub mod config;
 pub mod dedup;
+pub mod fence_agent;
 pub mod gateway;
 pub mod ipmi;
 pub mod journal;
+pub mod levels;
 pub mod metrics;
 pub mod pace;
 pub mod power;
@@ -33,7 +35,8 @@ use protocol::transport::TransportError;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{BmcConfig, BmcProtocol, Config};
+use crate::config::{BmcConfig, BmcProtocol, Config, PduConfig};
+use crate::fence_agent::{AgentDevice, AgentPowerControl};
 use crate::gateway::{Bmc, Defaults, Gateway};
 use crate::ipmi::{IpmiPowerControl, IpmiTarget};
 use crate::metrics::Metrics;
@@ -55,6 +58,23 @@ pub enum StartError {
         /// The machine.
         machine: String,
         /// What went wrong.
+        detail: String,
+    },
+    /// A PDU did not answer its agent's `monitor` at start: a wrong community or password, a
+    /// wrong address, or the agent cannot drive it.
+    #[error(
+        "{key}: PDU {device} did not answer {agent} monitor: {detail}; fix the PDU's settings \
+         (host, port, password_file, secret_option, options) or the PDU; `bmc-gateway check` \
+         shows every device"
+    )]
+    Device {
+        /// The configuration key, e.g. `pdu[0]`.
+        key: String,
+        /// The PDU.
+        device: String,
+        /// The agent.
+        agent: String,
+        /// What the agent said.
         detail: String,
     },
     /// The request record in the state directory could not be opened.
@@ -88,6 +108,19 @@ pub fn password_of(b: &BmcConfig) -> Result<String, StartError> {
 /// Builds the power client for one configured BMC with its `password` (logs loudly about weak TLS settings).
 pub fn power_for(b: &BmcConfig, password: String) -> Result<Arc<dyn PowerControl>, StartError> {
     match b.protocol {
+        BmcProtocol::FenceAgent => {
+            let a = b.agent.as_ref().ok_or_else(|| StartError::Bmc {
+                machine: b.machine.clone(),
+                detail: "missing [bmc.agent]".into(),
+            })?;
+            let program = fence_agent::find_agent(&a.name).ok_or_else(|| StartError::Bmc {
+                machine: b.machine.clone(),
+                detail: format!("bmc.agent.name: fence agent {:?} is not installed", a.name),
+            })?;
+            let device =
+                AgentDevice::new(b.describe(), program, b.agent_options(password), a.timeout);
+            Ok(Arc::new(AgentPowerControl::new(device, None)))
+        }
         BmcProtocol::Ipmi => {
             let s = b.ipmi_settings();
             Ok(Arc::new(IpmiPowerControl::new(IpmiTarget {
@@ -147,6 +180,57 @@ pub fn power_for(b: &BmcConfig, password: String) -> Result<Arc<dyn PowerControl
     }
 }
 
+/// Builds the agent device of each PDU (reading its secret), by name.
+pub fn pdu_devices(
+    cfg: &Config,
+) -> Result<std::collections::HashMap<String, Arc<AgentDevice>>, StartError> {
+    let mut out = std::collections::HashMap::new();
+    for p in &cfg.pdus {
+        out.insert(p.name.clone(), pdu_device(p)?);
+    }
+    Ok(out)
+}
+
+fn pdu_device(p: &PduConfig) -> Result<Arc<AgentDevice>, StartError> {
+    let fail = |detail: String| StartError::Bmc {
+        machine: format!("pdu {}", p.name),
+        detail,
+    };
+    let secret = p
+        .read_secret()
+        .map_err(|e| fail(format!("password_file: {e}")))?;
+    let program = fence_agent::find_agent(&p.agent)
+        .ok_or_else(|| fail(format!("agent: fence agent {:?} is not installed", p.agent)))?;
+    Ok(AgentDevice::new(
+        p.describe(),
+        program,
+        p.agent_options(secret),
+        p.timeout,
+    ))
+}
+
+/// The lower levels of `b` (level 2 on), each a list of outlets of `pdus`.
+pub fn lower_levels(
+    b: &BmcConfig,
+    pdus: &std::collections::HashMap<String, Arc<AgentDevice>>,
+) -> Vec<Vec<levels::Device>> {
+    b.levels
+        .iter()
+        .map(|l| {
+            l.parsed()
+                .into_iter()
+                .filter_map(|o| {
+                    let dev = pdus.get(&o.pdu)?.clone();
+                    Some(levels::Device {
+                        name: format!("{} outlet {}", o.pdu, o.plug),
+                        power: Arc::new(AgentPowerControl::new(dev, Some(o.plug))),
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Wraps a BMC client in its pacing: the BMC's minimum command interval (else the
 /// gateway's) and the power-on busy retry window.
 pub fn paced(
@@ -173,14 +257,30 @@ pub fn build(
 ) -> Result<(Arc<Gateway>, reload::Credentials), StartError> {
     let mut bmcs = Vec::new();
     let mut credentials = reload::Credentials::default();
+    let pdus = pdu_devices(cfg)?;
     for b in &cfg.bmcs {
         let password = password_of(b)?;
         credentials.insert(&b.machine, &password);
+        let bmc = paced(b, &cfg.limits, power_for(b, password)?);
+        let power: Arc<dyn PowerControl> = if b.levels.is_empty() {
+            bmc
+        } else {
+            let mut all = vec![vec![levels::Device {
+                name: format!("BMC {}", b.describe()),
+                power: bmc,
+            }]];
+            all.extend(lower_levels(b, &pdus));
+            Arc::new(levels::Levels::new(
+                b.machine.clone(),
+                all,
+                Some(levels::acting_file(&cfg.state_dir, &b.machine)),
+            ))
+        };
         bmcs.push(Bmc {
             machine: b.machine.clone(),
             serial: b.serial.clone(),
             protocol: b.protocol.as_str(),
-            power: paced(b, &cfg.limits, power_for(b, password)?),
+            power,
         });
     }
     let defaults = Defaults {
@@ -192,6 +292,66 @@ pub fn build(
     };
     let gw = Gateway::durable(bmcs, defaults, metrics, &cfg.state_dir)?;
     Ok((gw, credentials))
+}
+
+/// Asks every fence device driven by an agent whether it answers, before the gateway serves.
+///
+/// A PDU that does not answer `monitor` stops the start (exit 64): it is rack equipment that
+/// does not die with a machine, so a failure is a wrong community, password or address, and
+/// without it the lower level of every machine it feeds would be gone without a word. A
+/// fence-agent BMC that does not answer `status` is logged as an error but does not stop the
+/// start: a dead BMC is the very case the lower levels are for, and a gateway that refused to
+/// start over it could fence none of the rack.
+pub async fn probe_devices(cfg: &Config) -> Result<(), StartError> {
+    let mut probes = Vec::new();
+    for (i, p) in cfg.pdus.iter().enumerate() {
+        let d = pdu_device(p)?;
+        let key = format!("pdu[{i}]");
+        probes.push(tokio::spawn(async move {
+            let r = d.run("monitor", None).await;
+            let detail = match r {
+                Ok(run) if run.code == Some(0) => return Ok(()),
+                Ok(run) => format!(
+                    "exit {}: {}",
+                    run.code.map_or("by a signal".into(), |c| c.to_string()),
+                    if run.said.is_empty() {
+                        "(no output)"
+                    } else {
+                        run.said.as_str()
+                    }
+                ),
+                Err(e) => e.to_string(),
+            };
+            Err(StartError::Device {
+                key,
+                device: d.name.clone(),
+                agent: d.agent_name(),
+                detail,
+            })
+        }));
+    }
+    for (i, b) in cfg.bmcs.iter().enumerate() {
+        if b.protocol != BmcProtocol::FenceAgent {
+            continue;
+        }
+        let power = power_for(b, password_of(b)?)?;
+        let (machine, key) = (b.machine.clone(), format!("bmc[{i}]"));
+        probes.push(tokio::spawn(async move {
+            if let Err(e) = power.power_state().await {
+                tracing::error!(%machine, %key, error = %e, "fence-agent BMC does not answer status at start; the gateway starts anyway (its lower levels, if any, still serve); check its settings if the BMC is up");
+            }
+            Ok(())
+        }));
+    }
+    let mut first = Ok(());
+    for p in probes {
+        if let Ok(Err(e)) = p.await
+            && first.is_ok()
+        {
+            first = Err(e);
+        }
+    }
+    first
 }
 
 /// Addresses the running gateway is bound to.
@@ -227,6 +387,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     metrics.certificate(tls.expiry());
     warn_if_expiring(tls.expiry(), &cfg.tls.cert);
+    probe_devices(&cfg).await?;
     let (gw, credentials) = build(&cfg, metrics.clone())?;
     let endpoint = tls.server_endpoint(cfg.listen)?;
     let quic = endpoint.local_addr().unwrap_or(cfg.listen);
@@ -286,9 +447,9 @@ fn authority(host: &str, port: u16) -> String {
 pub struct CheckRow {
     /// The machine.
     pub machine: String,
-    /// `ipmi` or `redfish`.
-    pub protocol: &'static str,
-    /// `host:port`.
+    /// `ipmi`, `redfish`, or the fence agent (`fence_ipmilan`, `fence_apc_snmp`, …).
+    pub protocol: String,
+    /// `host:port`, or for an outlet `level N: pdu outlet P (host:port)`.
     pub bmc: String,
     /// Power state (with the BMC's own word when it is not plainly on or off) or the error.
     pub result: Result<PowerReading, String>,
@@ -298,11 +459,9 @@ pub struct CheckRow {
 pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
     let mut tasks = Vec::new();
     for b in &cfg.bmcs {
-        let row = (
-            b.machine.clone(),
-            b.protocol.as_str(),
-            format!("{}:{}", b.host, b.port()),
-        );
+        let row = (b.machine.clone(), protocol_of(b), b.address());
+        let levels = b.levels.clone();
+        let machine = b.machine.clone();
         let b = b.clone();
         tasks.push((
             row,
@@ -321,12 +480,52 @@ pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
                 };
                 CheckRow {
                     machine: b.machine.clone(),
-                    protocol: b.protocol.as_str(),
-                    bmc: format!("{}:{}", b.host, b.port()),
+                    protocol: protocol_of(&b),
+                    bmc: b.address(),
                     result,
                 }
             }),
         ));
+        // Each outlet of the machine's lower levels, read through its PDU's agent.
+        for (l, level) in levels.iter().enumerate() {
+            for o in level.parsed() {
+                let Some(p) = cfg.pdu(&o.pdu).cloned() else {
+                    continue;
+                };
+                let row = (
+                    machine.clone(),
+                    p.agent.clone(),
+                    format!(
+                        "level {}: {} outlet {} ({})",
+                        l + 2,
+                        p.name,
+                        o.plug,
+                        pdu_address(&p)
+                    ),
+                );
+                let r = row.clone();
+                tasks.push((
+                    row,
+                    tokio::spawn(async move {
+                        let result = match pdu_device(&p) {
+                            Err(e) => Err(e.to_string()),
+                            // The agent's own limit bounds the read; `timeout` too.
+                            Ok(d) => match tokio::time::timeout(timeout, d.status(Some(&o.plug))).await {
+                                Ok(Ok(s)) => Ok(PowerReading::plain(s)),
+                                Ok(Err(e)) => Err(format!("{e}; check pdu {} (host, password_file, options) and the outlet", p.name)),
+                                Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
+                            },
+                        };
+                        CheckRow {
+                            machine: r.0,
+                            protocol: r.1,
+                            bmc: r.2,
+                            result,
+                        }
+                    }),
+                ));
+            }
+        }
     }
     let mut rows = Vec::new();
     for ((machine, protocol, bmc), t) in tasks {
@@ -340,6 +539,21 @@ pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
         }));
     }
     rows
+}
+
+/// What `check` shows as a BMC's protocol: the agent's name for a fence-agent BMC.
+fn protocol_of(b: &BmcConfig) -> String {
+    match (&b.agent, b.protocol) {
+        (Some(a), BmcProtocol::FenceAgent) => a.name.clone(),
+        _ => b.protocol.as_str().to_string(),
+    }
+}
+
+fn pdu_address(p: &PduConfig) -> String {
+    match p.port {
+        Some(port) => format!("{}:{port}", p.host),
+        None => p.host.clone(),
+    }
 }
 
 /// Renders `check` rows as a table.
@@ -403,19 +617,19 @@ mod tests {
         let t = render_check(&[
             CheckRow {
                 machine: "10.0.0.1".into(),
-                protocol: "ipmi",
+                protocol: "ipmi".into(),
                 bmc: "10.1.0.1:623".into(),
                 result: Ok(PowerReading::plain(PowerState::On)),
             },
             CheckRow {
                 machine: "10.0.0.22".into(),
-                protocol: "redfish",
+                protocol: "redfish".into(),
                 bmc: "10.1.0.22:443".into(),
                 result: Err("refused".into()),
             },
             CheckRow {
                 machine: "10.0.0.23".into(),
-                protocol: "redfish",
+                protocol: "redfish".into(),
                 bmc: "10.1.0.23:443".into(),
                 result: Ok(redfish::read_power_state("PoweringOn")),
             },

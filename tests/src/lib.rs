@@ -12,5 +12,6 @@ pub mod ctl_json;
 pub mod fake_k8s;
 pub mod fake_sabakan;
 pub mod fixture;
+pub mod pdu_sim;
 pub mod procs;
 pub mod relay;

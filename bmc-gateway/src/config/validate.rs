@@ -122,6 +122,14 @@ impl Config {
                         ));
                     }
                 }
+                BmcProtocol::FenceAgent => {
+                    if b.ipmi.is_some() || b.redfish.is_some() {
+                        return Err(bad(
+                            key(if b.ipmi.is_some() { "ipmi" } else { "redfish" }),
+                            "a fence-agent BMC takes its settings in [bmc.agent] options".into(),
+                        ));
+                    }
+                }
                 BmcProtocol::Redfish => {
                     if b.ipmi.is_some() {
                         return Err(bad(
@@ -210,7 +218,15 @@ impl Config {
             // Two machines on one BMC (a copied [[bmc]] table whose host was not changed): a
             // fence of the one would power off the other and read it off, and the first,
             // still running, would be released.
-            let system = b.redfish.as_ref().map_or("", |r| r.system.as_str());
+            let system = match (&b.redfish, &b.agent) {
+                (Some(r), _) => r.system.as_str(),
+                (_, Some(a)) => a
+                    .options
+                    .get("systems_uri")
+                    .or(a.options.get("systems-uri"))
+                    .map_or("", |s| s.as_str()),
+                _ => "",
+            };
             let at = (
                 b.protocol.as_str(),
                 b.host.to_ascii_lowercase(),
@@ -219,7 +235,7 @@ impl Config {
             );
             if let Some((j, other)) = seen.insert(at, (i, b.machine.as_str())) {
                 let what = match b.protocol {
-                    BmcProtocol::Ipmi => format!("{}:{}", b.host, b.port()),
+                    BmcProtocol::Ipmi | BmcProtocol::FenceAgent => b.address(),
                     BmcProtocol::Redfish => {
                         format!("{}:{} system {system}", b.host, b.port())
                     }
