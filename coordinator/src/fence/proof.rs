@@ -117,6 +117,9 @@ pub struct PowerOffProof {
     address: String,
     request_id: String,
     confirmed_off: Timestamp,
+    /// What the gateway said of the fence (which fencing level acted and why the levels
+    /// before it did not); empty for a read-back or a committed confirmation.
+    gateway_said: String,
 }
 
 impl PowerOffProof {
@@ -147,13 +150,14 @@ impl PowerOffProof {
                 PowerOutcome::Done {
                     state: PowerState::Off,
                     confirmed_off_unix_ms: Some(ms),
-                    ..
+                    detail,
                 },
             ) => Ok(Self {
                 address: req.address.clone(),
                 request_id: req.id.clone(),
                 confirmed_off: Timestamp::from_millisecond(i64::try_from(*ms).unwrap_or(0))
                     .unwrap_or(Timestamp::UNIX_EPOCH),
+                gateway_said: detail.clone(),
             }),
             (
                 PowerAction::Status,
@@ -166,6 +170,7 @@ impl PowerOffProof {
                     address: req.address.clone(),
                     request_id: req.id.clone(),
                     confirmed_off: at,
+                    gateway_said: String::new(),
                 }),
                 None => Err(not(
                     "a power-state read confirms power-off only when re-confirming a fence".into(),
@@ -207,7 +212,14 @@ impl PowerOffProof {
             address: address.into(),
             request_id: request_id.into(),
             confirmed_off,
+            gateway_said: String::new(),
         }
+    }
+
+    /// What the gateway said of the fence that confirmed it: with fencing levels, which
+    /// level acted and why the levels before it did not. Empty for a read-back.
+    pub fn gateway_said(&self) -> &str {
+        &self.gateway_said
     }
 
     /// The machine's address.

@@ -256,10 +256,15 @@ impl FenceRunner {
                 self.note(&flow, line).await?;
             }
         }
-        let (obs, read_id) = self.act(&flow, &action).await;
+        let (obs, read_id, said) = self.act(&flow, &action).await;
         let now = self.deps.clock.now();
         let held = hold::holding(&flow, &obs);
         let mut s = step(&flow, obs, now, &(self.timeouts)(&flow.address));
+        // Which fencing level acted, and why the ones before it did not, in the gateway's
+        // words: the history and `coordinatorctl fence show` say it.
+        if let (Some(e), Some(said)) = (s.event.as_mut(), said) {
+            e.push_str(&format!(" (gateway: {said})"));
+        }
         let Some(event) = s.event.take() else {
             if let Some((kind, line)) = held {
                 let before = self.said_lock().insert(id, Some(kind));
@@ -404,13 +409,21 @@ impl FenceRunner {
         }
     }
 
-    async fn act(&self, flow: &Flow, action: &Action) -> (Observation, Option<String>) {
+    /// Carries out `action`; returns what was seen, the id of a read-back, and what the
+    /// gateway said of a confirmed fence when it names the fencing level that acted (for the
+    /// history).
+    async fn act(
+        &self,
+        flow: &Flow,
+        action: &Action,
+    ) -> (Observation, Option<String>, Option<String>) {
         let d = &self.deps;
+        let mut said = None;
         if flow.checks_kdump_first() {
             // A dumping machine is not powered off: the flow takes the kdump leg instead.
             let seen = self.kdump.dump(&flow.address);
             if matches!(seen, DumpSeen::Dumping { .. }) {
-                return (Observation::Kdump(seen), None);
+                return (Observation::Kdump(seen), None, None);
             }
         }
         let obs = match action {
@@ -431,7 +444,11 @@ impl FenceRunner {
                 )
                 .await
                 {
-                    Ok(p) => PowerAnswer::ConfirmedOff(p.confirmed_off()),
+                    Ok(p) => {
+                        said = Some(p.gateway_said().to_string())
+                            .filter(|s| s.contains("level ") && s.contains(" acted"));
+                        PowerAnswer::ConfirmedOff(p.confirmed_off())
+                    }
                     Err(e) => proof_error(e),
                 },
             ),
@@ -444,7 +461,7 @@ impl FenceRunner {
                     Ok(p) => PowerAnswer::ConfirmedOff(p.confirmed_off()),
                     Err(a) => a,
                 };
-                return (Observation::Power(obs), Some(rid));
+                return (Observation::Power(obs), Some(rid), None);
             }
             Action::ReleasePass => self.release_pass(flow).await,
             Action::CheckAgent => Observation::Agent(d.agents.agent_health(&flow.address)),
@@ -452,7 +469,7 @@ impl FenceRunner {
             Action::CheckKdump => Observation::Kdump(self.kdump.dump(&flow.address)),
             Action::None => Observation::Tick,
         };
-        (obs, None)
+        (obs, None, said)
     }
 
     async fn power(&self, flow: &Flow, action: PowerAction, request_id: &str) -> PowerAnswer {
