@@ -1234,13 +1234,23 @@ max_unhealthy = 1
             checks: vec![
                 CheckResult {
                     kind: CheckKind::Nic,
-                    subject: if seq.is_multiple_of(2) { "eth0" } else { "eth1" }.into(),
+                    subject: if seq.is_multiple_of(2) {
+                        "eth0"
+                    } else {
+                        "eth1"
+                    }
+                    .into(),
                     status: CheckStatus::Fail,
                     detail: format!("no carrier (report {seq})"),
                 },
                 CheckResult {
                     kind: CheckKind::Nic,
-                    subject: if seq.is_multiple_of(2) { "eth1" } else { "eth0" }.into(),
+                    subject: if seq.is_multiple_of(2) {
+                        "eth1"
+                    } else {
+                        "eth0"
+                    }
+                    .into(),
                     status: CheckStatus::Ok,
                     detail: "up".into(),
                 },

@@ -8,7 +8,7 @@
 //! Each GPU's worst Xid is kept: one that asks for a reset or a reboot fails the GPU until
 //! the machine reboots (a new boot id); one that warns is shown for [`WARN_KEEP`] after the
 //! last. What was seen, and the sequence number of the last record read, are written to
-//! `<state_dir>/gpu-xid.json` at each new Xid, so a restarted agent neither forgets a
+//! `<state_dir>/gpu-xid.state` at each new Xid, so a restarted agent neither forgets a
 //! failed GPU nor reports the same Xid lines again as new.
 //!
 //! Off in `auto` mode when no NVIDIA display or 3D controller is on the PCI bus
@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use protocol::messages::{CheckKind, CheckResult, CheckStatus};
-use serde::{Deserialize, Serialize};
 
 use super::config::{Enabled, GpuConfig};
 use super::xid::{self, XidAction, XidTable};
@@ -45,10 +44,10 @@ const MAX_BYTES_PER_ROUND: usize = 4 << 20;
 const READ_BUF: usize = 8192;
 
 /// The file the findings are kept in, under the agent's state directory.
-pub const STATE_FILE: &str = "gpu-xid.json";
+pub const STATE_FILE: &str = "gpu-xid.state";
 
 /// One GPU's worst Xid so far this boot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
     /// Xid number.
     pub code: u32,
@@ -64,13 +63,72 @@ pub struct Finding {
     pub count: u64,
 }
 
-/// What `gpu-xid.json` holds.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What the state file holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Saved {
     boot_id: String,
     last_seq: Option<u64>,
     gpus: BTreeMap<String, Finding>,
     ignored: u64,
+}
+
+impl Saved {
+    /// Tab-separated lines: `boot`, `seq` and `ignored` lines, then one `gpu` line per GPU
+    /// (address, code, action, seen, kernel time or `-`, count, text). Hand-written rather
+    /// than JSON: a deserializer for one small file would cost the agent's binary more than
+    /// this does.
+    fn encode(&self) -> String {
+        let mut out = format!(
+            "boot	{}
+ignored	{}
+",
+            self.boot_id, self.ignored
+        );
+        if let Some(n) = self.last_seq {
+            out.push_str(&format!(
+                "seq	{n}
+"
+            ));
+        }
+        for (gpu, f) in &self.gpus {
+            let us = f.kernel_us.map_or("-".to_string(), |u| u.to_string());
+            let text = f.text.replace(['\t', '\n'], " ");
+            out.push_str(&format!(
+                "gpu	{gpu}	{}	{}	{}	{us}	{}	{text}
+",
+                f.code, f.action, f.seen_unix, f.count
+            ));
+        }
+        out
+    }
+
+    /// Reads [`Saved::encode`]'s text; `None` when a line is not understood.
+    fn decode(text: &str) -> Option<Self> {
+        let mut s = Saved::default();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split('\t').collect();
+            match f.as_slice() {
+                ["boot", b] => s.boot_id = b.to_string(),
+                ["ignored", n] => s.ignored = n.parse().ok()?,
+                ["seq", n] => s.last_seq = Some(n.parse().ok()?),
+                ["gpu", gpu, code, action, seen, us, count, text] => {
+                    s.gpus.insert(
+                        gpu.to_string(),
+                        Finding {
+                            code: code.parse().ok()?,
+                            action: action.to_string(),
+                            text: text.to_string(),
+                            seen_unix: seen.parse().ok()?,
+                            kernel_us: us.parse().ok(),
+                            count: count.parse().ok()?,
+                        },
+                    );
+                }
+                _ => return None,
+            }
+        }
+        Some(s)
+    }
 }
 
 /// The check and what it keeps between rounds.
@@ -112,9 +170,9 @@ impl GpuCheck {
             _ => {}
         }
         let state = state_dir.join(STATE_FILE);
-        let saved = std::fs::read(&state)
+        let saved = std::fs::read_to_string(&state)
             .ok()
-            .and_then(|b| serde_json::from_slice::<Saved>(&b).ok())
+            .and_then(|t| Saved::decode(&t))
             .filter(|s| s.boot_id == boot_id)
             .unwrap_or_else(|| Saved {
                 boot_id: boot_id.to_string(),
@@ -282,8 +340,8 @@ impl GpuCheck {
 
     fn save(&mut self) {
         let write = || -> std::io::Result<()> {
-            let tmp = self.state.with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec(&self.saved)?)?;
+            let tmp = self.state.with_extension("tmp");
+            std::fs::write(&tmp, self.saved.encode())?;
             std::fs::rename(&tmp, &self.state)
         };
         match write() {
@@ -448,6 +506,34 @@ mod tests {
             kmsg: "/dev/kmsg".into(),
             table: XidTable::default(),
         }
+    }
+
+    #[test]
+    fn the_state_file_round_trips() {
+        let mut s = Saved {
+            boot_id: "b".into(),
+            last_seq: Some(7),
+            ignored: 2,
+            ..Saved::default()
+        };
+        s.gpus.insert(
+            "0000:3b:00".into(),
+            Finding {
+                code: 79,
+                action: "reboot".into(),
+                text: "pid=1,\tfell off".into(),
+                seen_unix: 5,
+                kernel_us: None,
+                count: 3,
+            },
+        );
+        let back = Saved::decode(&s.encode()).unwrap();
+        assert_eq!(back.gpus["0000:3b:00"].text, "pid=1, fell off");
+        assert_eq!(
+            (back.last_seq, back.ignored, back.gpus["0000:3b:00"].count),
+            (Some(7), 2, 3)
+        );
+        assert_eq!(Saved::decode("boot\tb\nnonsense\n"), None);
     }
 
     #[test]
