@@ -24,7 +24,12 @@
 # also holds `cycle-floor` (`cargo build --release -p fleetmend-tests --bin cycle-floor`), it
 # runs beside them and its figure is printed last: the kernel's cost of the same cycle.
 #
-# Usage: scripts/footprint-vs-node-exporter.sh [--seconds N] [--agent-bin PATH] [--bin-dir DIR]
+# With --with-checks the agents also run three plugin checks (node-problem-detector style
+# shell scripts, at NPD's default 30 s interval and 5 s timeout), the gpu check (`on`, reading
+# a kernel log stand-in in the lab directory with a few Xid lines) and the memory check (`on`;
+# a host without EDAC controllers makes it `unknown` each round).
+#
+# Usage: scripts/footprint-vs-node-exporter.sh [--seconds N] [--agent-bin PATH] [--bin-dir DIR] [--with-checks]
 # Everything runs under a temporary directory on 127.0.0.1; every process it starts is
 # stopped on exit.
 set -euo pipefail
@@ -34,8 +39,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=60
 agent_bin=
 bin_dir=
+with_checks=
 while [ $# -gt 0 ]; do
     case "$1" in
+        --with-checks) with_checks=1; shift ;;
         --seconds|--agent-bin|--bin-dir)
             [ $# -ge 2 ] || { echo "footprint: $1 needs a value" >&2; exit 2; }
             case "$1" in
@@ -44,7 +51,7 @@ while [ $# -gt 0 ]; do
                 --bin-dir) bin_dir=$2 ;;
             esac
             shift 2 ;;
-        *) echo "usage: $0 [--seconds N] [--agent-bin PATH] [--bin-dir DIR]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--seconds N] [--agent-bin PATH] [--bin-dir DIR] [--with-checks]" >&2; exit 2 ;;
     esac
 done
 case "$seconds" in
@@ -175,8 +182,40 @@ path = "/"
 [actions]
 state_dir = "$lab/state-$name"
 EOF
+    if [ -n "$with_checks" ]; then
+        for i in 1 2 3; do
+            cat >>"$name.toml" <<EOF
+
+[[checks.exec]]
+name = "plugin-$i"
+path = "$lab/plugin.sh"
+args = ["$i"]
+EOF
+        done
+        cat >>"$name.toml" <<EOF
+
+[checks.gpu]
+enabled = "on"
+kmsg = "$lab/kmsg"
+
+[checks.memory]
+enabled = "on"
+EOF
+    fi
     echo "$hport" >"$name.http"
 }
+if [ -n "$with_checks" ]; then
+    cat >plugin.sh <<'EOF'
+#!/bin/sh
+# A node-problem-detector custom plugin: exit 0 OK, 1 problem, 2 unknown; first line of stdout.
+if [ -r /proc/loadavg ]; then echo "plugin $1 ok"; exit 0; fi
+echo "cannot read /proc/loadavg"; exit 2
+EOF
+    chmod 755 plugin.sh
+    printf '%s\n' '6,1,1000,-;Linux version 6.1.0' \
+        '4,2,61000000,-;NVRM: Xid (PCI:0000:86:00): 13, pid=4242, name=python3, Graphics SM Warp Exception' \
+        '4,3,62000000,-;NVRM: Xid (PCI:0000:3b:00): 63, pid=1, Row remapping event' >kmsg
+fi
 start_pair agent-1s 1s
 start_pair agent-5s 5s
 sleep 0.5

@@ -55,6 +55,16 @@ pub struct Admin {
     pub kdump: Option<Arc<crate::kdump::Kdumps>>,
 }
 
+/// `d` without the plugin, gpu and memory results in its last report: every released
+/// coordinatorctl decodes the answer, and one from before those kinds would refuse it as
+/// malformed. Their names stay in `failing_since`, which is text.
+fn readable_by_every_ctl(
+    mut d: protocol::admin::machines::MachineDetail,
+) -> protocol::admin::machines::MachineDetail {
+    d.last_report = d.last_report.map(|r| r.without_newer_kinds());
+    d
+}
+
 fn error(code: RefusalCode, reason: impl Into<String>) -> AdminResponse {
     AdminResponse::Error(Refusal::new(code, reason))
 }
@@ -142,6 +152,7 @@ impl Admin {
             AdminRequest::Machines(
                 MachinesRequest::Show { address }
                 | MachinesRequest::ShowWithInterval { address }
+                | MachinesRequest::ShowWithChecks { address }
                 | MachinesRequest::Delete { address, .. }
                 | MachinesRequest::SetState { address, .. },
             )
@@ -220,14 +231,34 @@ impl Admin {
             MachinesRequest::Show { address } => self
                 .machine_detail(&address)
                 .await
-                .map(|d| MachinesResponse::Show(Box::new(d))),
+                .map(|d| MachinesResponse::Show(Box::new(readable_by_every_ctl(d)))),
             MachinesRequest::ShowWithInterval { address } => {
                 self.machine_detail(&address).await.map(|d| {
+                    let d = readable_by_every_ctl(d);
                     let report_interval_ms =
                         d.last_report.as_ref().map_or(0, |r| r.report_interval_ms);
                     MachinesResponse::ShowWithInterval {
                         detail: Box::new(d),
                         report_interval_ms,
+                    }
+                })
+            }
+            MachinesRequest::ShowWithChecks { address } => {
+                self.machine_detail(&address).await.map(|d| {
+                    let (report_interval_ms, newer_checks) =
+                        d.last_report.as_ref().map_or((0, Vec::new()), |r| {
+                            let newer = r
+                                .checks
+                                .iter()
+                                .filter(|c| !c.kind.known_to_every_coordinator())
+                                .cloned()
+                                .collect();
+                            (r.report_interval_ms, newer)
+                        });
+                    MachinesResponse::ShowWithChecks {
+                        detail: Box::new(readable_by_every_ctl(d)),
+                        report_interval_ms,
+                        newer_checks,
                     }
                 })
             }

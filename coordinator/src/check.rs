@@ -295,6 +295,15 @@ fn remediation_coverage(
                         .entry((t.clone(), state.as_str().to_string()))
                         .or_default()
                         .insert(r.address.clone());
+                    // An unhealthy machine's operation may come from its failing check.
+                    if *state == crate::health::MachineState::Unhealthy {
+                        for o in &ar.operation_by_check {
+                            needed
+                                .entry((t.clone(), o.operation.clone()))
+                                .or_default()
+                                .insert(r.address.clone());
+                        }
+                    }
                 }
             }
         }
@@ -886,6 +895,18 @@ mod tests {
         );
         assert!(
             !e.contains("gpu") && !e.contains("`unhealthy` for type lab"),
+            "{e}"
+        );
+        // An operation chosen by failing check needs its procedure too.
+        let e = remediation_coverage(
+            &rem("[auto_repair]\nhaving = { states = [\"unhealthy\"] }\n\
+                 operation_by_check = [{ check = \"gpu\", operation = \"gpu-xid\" }]\n"),
+            &repair,
+            &machines,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("`gpu-xid` for type lab (1 machine, e.g. 10.0.1.1)"),
             "{e}"
         );
         // Only unhealthy machines, and a health check whose operation lab has.

@@ -301,6 +301,9 @@ pub struct FileConfig {
     /// Actions the coordinator may ask for.
     #[serde(default)]
     pub actions: crate::actions::config::ActionsFile,
+    /// Plugin, GPU and memory checks.
+    #[serde(default)]
+    pub checks: crate::checks::config::ChecksFile,
 }
 
 /// `[kubelet]` in the file.
@@ -431,6 +434,8 @@ pub struct Config {
     pub kdump: bool,
     /// Actions the coordinator may ask for.
     pub actions: crate::actions::config::ActionsConfig,
+    /// Plugin, GPU and memory checks.
+    pub checks: crate::checks::config::ChecksConfig,
     /// The file that was read, if any (for messages).
     pub source: Option<PathBuf>,
 }
@@ -663,8 +668,10 @@ impl Config {
             return Err(invalid("kubelet.timeout", "must be more than 0".into()));
         }
         let actions = crate::actions::config::ActionsConfig::resolve(file.actions, invalid)?;
+        let checks = crate::checks::config::ChecksConfig::resolve(file.checks, invalid)?;
         Ok(Config {
             actions,
+            checks,
             coordinator,
             report_interval,
             root,

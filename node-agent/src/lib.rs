@@ -1,6 +1,7 @@
 //! Fleetmend node-agent: runs on every server, checks kubelet, required NICs, required
-//! filesystems and kdump readiness, and reports them to the coordinator over one
-//! long-lived mutual-TLS QUIC connection.
+//! filesystems and kdump readiness (and, where configured or present, plugin scripts on
+//! node-problem-detector's contract, NVIDIA GPU Xid errors and EDAC memory ECC counters), and
+//! reports them to the coordinator over one long-lived mutual-TLS QUIC connection.
 //!
 //! - [`config`]: TOML file, environment and flags,
 //! - [`checks`]: the health checks, each over a root directory so tests use fixture trees,

@@ -3,7 +3,7 @@
 //!
 //! Everything but the node's identity can change while running: the report interval (the
 //! agent then reports at once, so the coordinator learns the new interval from that report
-//! before the agent waits it out), the checks (NICs, mounts, kubelet, kdump, root), the
+//! before the agent waits it out), the checks (NICs, mounts, kubelet, kdump, `[checks]`, root), the
 //! `[actions]`, the coordinator's address and server name (the agent then reconnects at
 //! once) and the TLS files (a renewed certificate or CA reconnects at once too, so the
 //! coordinator sees it).
@@ -110,7 +110,8 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
         || cfg.nics != new.nics
         || cfg.mounts != new.mounts
         || cfg.kubelet != new.kubelet
-        || cfg.kdump != new.kdump;
+        || cfg.kdump != new.kdump
+        || cfg.checks != new.checks;
     let mut changed = Vec::new();
     if moved {
         changed.push("coordinator");

@@ -16,6 +16,12 @@
 //! readable: [`v1`] holds the agent messages as agents before
 //! [`HealthReport::report_interval_ms`] encode them, [`decode_agent_message`] reads either,
 //! and an agent talking to a coordinator from before the field writes the [`v1`] form.
+//!
+//! [`CheckKind`] grew the same way: `plugin`, `gpu` and `memory` were appended after the
+//! first four. A coordinator of this release reads every older agent's reports unchanged (a
+//! variant's index never moves); an older coordinator refuses a report holding a newer kind
+//! as malformed, and the agent then sends [`HealthReport::without_newer_kinds`] (in the
+//! [`v1`] form too if that is refused as well).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -232,6 +238,21 @@ impl HealthReport {
     pub fn failing(&self) -> impl Iterator<Item = &CheckResult> {
         self.checks.iter().filter(|c| c.status == CheckStatus::Fail)
     }
+
+    /// Whether a check of a kind newer than the first four (plugin, gpu, memory) is in it.
+    pub fn has_newer_kinds(&self) -> bool {
+        self.checks
+            .iter()
+            .any(|c| !c.kind.known_to_every_coordinator())
+    }
+
+    /// The report without the checks of kinds newer than the first four: what a
+    /// coordinator from before them can read. Their results are lost to it, which is why the
+    /// agent says so in its log.
+    pub fn without_newer_kinds(mut self) -> Self {
+        self.checks.retain(|c| c.kind.known_to_every_coordinator());
+        self
+    }
 }
 
 /// Result of one check on one subject.
@@ -259,6 +280,13 @@ pub enum CheckKind {
     Disk,
     /// Crash kernel readiness.
     Kdump,
+    /// A plugin check of the agent's configuration (node-problem-detector's custom plugin
+    /// contract); the subject is the check's name.
+    Plugin,
+    /// NVIDIA GPU Xid errors from the kernel log; the subject is the GPU's PCI address.
+    Gpu,
+    /// Memory ECC counters (EDAC); the subject is the memory controller (`mc0`).
+    Memory,
 }
 
 impl CheckKind {
@@ -269,7 +297,20 @@ impl CheckKind {
             CheckKind::Nic => "nic",
             CheckKind::Disk => "disk",
             CheckKind::Kdump => "kdump",
+            CheckKind::Plugin => "plugin",
+            CheckKind::Gpu => "gpu",
+            CheckKind::Memory => "memory",
         }
+    }
+
+    /// True for the kinds every coordinator reads (kubelet, NIC, disk, kdump). A coordinator
+    /// from before the others refuses a report holding one of them as malformed, so an
+    /// agent talking to one leaves them out (see [`HealthReport::without_newer_kinds`]).
+    pub fn known_to_every_coordinator(self) -> bool {
+        matches!(
+            self,
+            CheckKind::Kubelet | CheckKind::Nic | CheckKind::Disk | CheckKind::Kdump
+        )
     }
 }
 
@@ -509,6 +550,74 @@ mod tests {
         assert!(js.contains("\"report_interval_ms\":2000"), "{js}");
         let back: HealthReport = serde_json::from_str(&js).unwrap();
         assert_eq!(back, report(2_000));
+    }
+
+    #[test]
+    fn newer_check_kinds_are_read_here_refused_by_older_coordinators_and_can_be_left_out() {
+        let mut r = report(5_000);
+        r.checks.push(CheckResult {
+            kind: CheckKind::Gpu,
+            subject: "0000:3b:00".into(),
+            status: CheckStatus::Fail,
+            detail: "Xid 79".into(),
+        });
+        assert!(r.has_newer_kinds());
+        let msg = AgentMessage::Report(r.clone());
+        let frame = encode_frame(&msg, MAX_FRAME_LEN).unwrap();
+        assert_eq!(decode_agent_message(&frame[4..]).unwrap(), msg);
+        // What a coordinator before the newer kinds knows: the first four variants only.
+        #[derive(Debug, Deserialize)]
+        enum OldKind {
+            Kubelet,
+            Nic,
+            Disk,
+            Kdump,
+        }
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct OldCheck {
+            kind: OldKind,
+            subject: String,
+            status: CheckStatus,
+            detail: String,
+        }
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct OldReport {
+            seq: u64,
+            time_unix_ms: u64,
+            boot_id: String,
+            checks: Vec<OldCheck>,
+            report_interval_ms: u64,
+        }
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        enum OldMessage {
+            Report(OldReport),
+            Goodbye(Goodbye),
+        }
+        assert!(decode_payload::<OldMessage>(&frame[4..]).is_err());
+        let old = AgentMessage::Report(r.without_newer_kinds());
+        let frame = encode_frame(&old, MAX_FRAME_LEN).unwrap();
+        let back = decode_payload::<OldMessage>(&frame[4..]).unwrap();
+        let OldMessage::Report(back) = back else {
+            unreachable!()
+        };
+        assert_eq!(back.checks.len(), 1);
+        assert!(matches!(back.checks[0].kind, OldKind::Disk));
+        // And in the form before report intervals.
+        let v1 = v1::AgentMessage::from(old.clone());
+        let frame = encode_frame(&v1, MAX_FRAME_LEN).unwrap();
+        assert_eq!(
+            decode_agent_message(&frame[4..]).unwrap(),
+            AgentMessage::Report(HealthReport {
+                report_interval_ms: 0,
+                ..report(5_000)
+            })
+        );
+        assert_eq!(CheckKind::Memory.as_str(), "memory");
+        let js = serde_json::to_string(&CheckKind::Plugin).unwrap();
+        assert_eq!(js, "\"plugin\"");
     }
 
     #[test]

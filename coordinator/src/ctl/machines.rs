@@ -327,19 +327,26 @@ fn machines(resp: AdminResponse) -> anyhow::Result<MachinesResponse> {
     }
 }
 
-/// `machines show`: asks with the report interval, and asks again without it when the
-/// coordinator is of a release before [`MachinesRequest::ShowWithInterval`] (it refuses the
-/// request as malformed), so this coordinatorctl works against it during an upgrade.
+/// `machines show`: asks with every check and the report interval, and asks again with
+/// less when the coordinator is of a release before [`MachinesRequest::ShowWithChecks`] or
+/// [`MachinesRequest::ShowWithInterval`] (it refuses the request as malformed), so this
+/// coordinatorctl works against it during an upgrade.
 async fn show(ctx: &Ctx, address: String, json: bool) -> anyhow::Result<()> {
     let client = ctx.client().await?;
+    let malformed = |resp: &anyhow::Result<AdminResponse>| matches!(resp, Ok(AdminResponse::Error(r)) if r.code == protocol::messages::RefusalCode::Malformed);
     let mut resp = client
-        .request_raw(&AdminRequest::Machines(MachinesRequest::ShowWithInterval {
+        .request_raw(&AdminRequest::Machines(MachinesRequest::ShowWithChecks {
             address: address.clone(),
         }))
         .await;
-    if let Ok(AdminResponse::Error(r)) = &resp
-        && r.code == protocol::messages::RefusalCode::Malformed
-    {
+    if malformed(&resp) {
+        resp = client
+            .request_raw(&AdminRequest::Machines(MachinesRequest::ShowWithInterval {
+                address: address.clone(),
+            }))
+            .await;
+    }
+    if malformed(&resp) {
         resp = client
             .request_raw(&AdminRequest::Machines(MachinesRequest::Show { address }))
             .await;
@@ -347,6 +354,17 @@ async fn show(ctx: &Ctx, address: String, json: bool) -> anyhow::Result<()> {
     client.close().await;
     let d = match resp? {
         AdminResponse::Error(r) => return Err(super::client::refused(&r)),
+        AdminResponse::Machines(MachinesResponse::ShowWithChecks {
+            mut detail,
+            report_interval_ms,
+            newer_checks,
+        }) => {
+            if let Some(r) = detail.last_report.as_mut() {
+                r.report_interval_ms = report_interval_ms;
+                r.checks.extend(newer_checks);
+            }
+            detail
+        }
         AdminResponse::Machines(MachinesResponse::ShowWithInterval {
             mut detail,
             report_interval_ms,
@@ -442,7 +460,9 @@ impl CommandGroup for MachinesCommand {
                     summaries_table(&list)
                 }
             }
-            MachinesResponse::Show(d) | MachinesResponse::ShowWithInterval { detail: d, .. } => {
+            MachinesResponse::Show(d)
+            | MachinesResponse::ShowWithInterval { detail: d, .. }
+            | MachinesResponse::ShowWithChecks { detail: d, .. } => {
                 if json {
                     print_json(&d)?
                 } else {

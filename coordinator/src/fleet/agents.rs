@@ -149,6 +149,16 @@ impl Fleet {
                 .failing()
                 .map(|c| format!("{}:{}", c.kind.as_str(), c.subject))
                 .collect();
+            let kinds: Vec<&str> = report.failing().map(|c| c.kind.as_str()).collect();
+            e.live
+                .failing_kinds_since
+                .retain(|k, _| kinds.contains(&k.as_str()));
+            for k in kinds {
+                e.live
+                    .failing_kinds_since
+                    .entry(k.to_string())
+                    .or_insert(now);
+            }
             e.live.failing_since.retain(|k, _| failing.contains(k));
             for k in failing {
                 e.live.failing_since.entry(k).or_insert(now);

@@ -26,6 +26,11 @@ pub(super) struct Live {
     pub(super) last_silence: Option<(Timestamp, Timestamp)>,
     pub(super) agent_version: Option<String>,
     pub(super) failing_since: BTreeMap<String, Timestamp>,
+    /// For each check kind (`nic`, `gpu`, `plugin`), since when at least one check of that
+    /// kind has failed in every report: the timer of a health check naming the kind alone,
+    /// which must not restart when the failing subjects or messages change (two GPUs
+    /// failing in turn are one failure of the machine's GPUs, not two short ones).
+    pub(super) failing_kinds_since: BTreeMap<String, Timestamp>,
     pub(super) healthy_since: Option<Timestamp>,
     pub(super) goodbye: Option<(GoodbyeReason, Timestamp)>,
     pub(super) connections: u32,
@@ -99,6 +104,7 @@ impl Live {
             // Nothing observed before a reboot says anything about the new boot.
             self.healthy_since = None;
             self.failing_since.clear();
+            self.failing_kinds_since.clear();
         }
         self.boot_id = Some(boot_id.to_string());
         changed

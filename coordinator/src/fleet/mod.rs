@@ -365,6 +365,7 @@ impl Fleet {
                         .any(|c| c.kind == CheckKind::Kdump && c.status == CheckStatus::Ok)
                 }),
                 failing: e.live.failing_since.clone(),
+                failing_kinds: e.live.failing_kinds_since.clone(),
                 goodbye: e.live.goodbye,
                 connected: e.live.connections > 0,
             })

@@ -67,6 +67,9 @@ pub struct MachineSnapshot {
     pub kdump_loaded: bool,
     /// Checks failing in the last report, with when each began failing.
     pub failing: BTreeMap<String, Timestamp>,
+    /// For each kind of check failing in the last report, since when some check of that
+    /// kind has failed in every report (see `failing_kinds_since` in the registry).
+    pub failing_kinds: BTreeMap<String, Timestamp>,
     /// The last goodbye and when, if no report came after it.
     pub goodbye: Option<(GoodbyeReason, Timestamp)>,
     /// Whether an agent connection is open.

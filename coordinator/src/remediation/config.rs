@@ -236,6 +236,21 @@ pub struct AutoRepair {
     /// states, so its machines are taken as they are.
     #[serde(with = "duration")]
     pub unhealthy_for: Duration,
+    /// The operation of an `unhealthy` machine by failing check, first match first
+    /// (`{ check = "gpu", operation = "gpu" }`), so the repair procedure fits what is broken;
+    /// a machine no entry matches gets `unhealthy`, sabakan's name.
+    pub operation_by_check: Vec<CheckOperation>,
+}
+
+/// One `operation_by_check` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckOperation {
+    /// An agent check as a health check condition names it: a kind (`gpu`, `nic`) or
+    /// `kind:subject` (`plugin:ntp`, `nic:eth0`).
+    pub check: String,
+    /// The operation to enqueue (a `repair_operations` entry of the repair file).
+    pub operation: String,
 }
 
 /// Six reports at the default 5 s interval: a failure that outlasts that is not a blip, and
@@ -259,6 +274,7 @@ impl Default for AutoRepair {
             source: Source::Inventory,
             sabakan: None,
             unhealthy_for: DEFAULT_UNHEALTHY_FOR,
+            operation_by_check: Vec::new(),
         }
     }
 }
@@ -382,7 +398,8 @@ impl Selector {
 }
 
 /// The agent check kinds a condition `type` may name instead of a Node condition.
-pub const AGENT_CHECK_KINDS: [&str; 4] = ["kubelet", "nic", "disk", "kdump"];
+pub const AGENT_CHECK_KINDS: [&str; 7] =
+    ["kubelet", "nic", "disk", "kdump", "plugin", "gpu", "memory"];
 
 /// One unhealthy condition.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -542,6 +559,25 @@ impl RemediationConfig {
             return err("interval".into(), "must be greater than 0");
         }
         super::sabakan::validate(&self.auto_repair)?;
+        for (i, o) in self.auto_repair.operation_by_check.iter().enumerate() {
+            let kind = o.check.split(':').next().unwrap_or("");
+            if !AGENT_CHECK_KINDS.contains(&kind) {
+                return err(
+                    format!("auto_repair.operation_by_check[{i}].check"),
+                    &format!(
+                        "{:?} is not an agent check; name one of {} (or KIND:SUBJECT)",
+                        o.check,
+                        AGENT_CHECK_KINDS.join(", ")
+                    ),
+                );
+            }
+            if o.operation.trim().is_empty() {
+                return err(
+                    format!("auto_repair.operation_by_check[{i}].operation"),
+                    "must name a repair operation",
+                );
+            }
+        }
         if self.journal_max_rows == 0 {
             return err("journal_max_rows".into(), "must be at least 1");
         }
@@ -886,12 +922,14 @@ escalation = { max_remediations = 2, window = "12h" }
         let c = FailingCheck {
             name: "nic:eth0".into(),
             since: t,
+            kind_since: t,
         };
         assert!(c.is("nic") && c.is("nic:eth0"));
         assert!(!c.is("nic:eth1") && !c.is("disk"));
         let k = FailingCheck {
             name: "kubelet:kubelet".into(),
             since: t,
+            kind_since: t,
         };
         assert!(k.is("kubelet"));
     }

@@ -273,7 +273,7 @@ pub(super) fn auto_repair<'a>(ctx: &Ctx<'a>, out: &mut Detected<'a>) {
             }
             (format!("{} for {}{what}", m.state, human(for_)), false)
         };
-        let p = proposal(m, m.state.as_str(), "auto-repair".into(), reason);
+        let p = proposal(m, auto_operation(ar, m), "auto-repair".into(), reason);
         match machine_limiter(m, ctx, &p) {
             Some(note) => out.hold(note),
             None => candidates.push(Candidate::new(m, ctx, Rule::AutoRepair, p, needs_view)),
@@ -301,6 +301,19 @@ pub(super) fn auto_repair<'a>(ctx: &Ctx<'a>, out: &mut Detected<'a>) {
             out.propose(c);
         }
     }
+}
+
+/// The operation auto-repair enqueues for `m`: the first `operation_by_check` entry one of
+/// its failing checks matches, else its state's name (sabakan's `unhealthy`,
+/// `unreachable`). Pure.
+fn auto_operation<'a>(ar: &'a super::config::AutoRepair, m: &'a Machine) -> &'a str {
+    if m.state != MachineState::Unhealthy {
+        return m.state.as_str();
+    }
+    ar.operation_by_check
+        .iter()
+        .find(|o| m.failing_checks.iter().any(|f| f.is(&o.check)))
+        .map_or(m.state.as_str(), |o| o.operation.as_str())
 }
 
 /// A machine as one health check sees it.
@@ -345,7 +358,7 @@ fn classify(hc: &HealthCheck, agent: &[bool], m: &Machine, active: bool, ctx: &C
             m.failing_checks
                 .iter()
                 .filter(|f| f.is(&c.type_))
-                .map(|f| f.since)
+                .map(|f| f.since_for(&c.type_))
                 .min()
         } else {
             m.node
@@ -816,6 +829,48 @@ mod tests {
         let c = case().machine("a").silent(100).m(|m, _| m.node = None);
         assert_eq!(c.held("a").0, Rule::WaitRebooting);
         assert_eq!(c.later(300).admitted(), ["a"]);
+    }
+
+    #[test]
+    fn auto_repair_chooses_the_operation_by_failing_check() {
+        let by = |c: &mut super::super::config::RemediationConfig| {
+            c.auto_repair.operation_by_check = vec![
+                super::super::config::CheckOperation {
+                    check: "gpu".into(),
+                    operation: "gpu".into(),
+                },
+                super::super::config::CheckOperation {
+                    check: "nic:eth0".into(),
+                    operation: "nic".into(),
+                },
+            ];
+        };
+        let op = |c: Case| c.run().admitted[0].proposal.clone().unwrap().operation;
+        let c = case().cfg(by).machine("a").failing("gpu:0000:3b:00", 60);
+        assert_eq!(op(c), "gpu");
+        // First match first: a GPU and a NIC failing is a GPU repair.
+        let c = case()
+            .cfg(by)
+            .machine("a")
+            .failing("nic:eth0", 60)
+            .failing("gpu:0000:3b:00", 60);
+        assert_eq!(op(c), "gpu");
+        let c = case().cfg(by).machine("a").failing("nic:eth0", 60);
+        assert_eq!(op(c), "nic");
+        // Another NIC, another check: the state's name, as without the table.
+        let c = case().cfg(by).machine("a").failing("nic:eth1", 60);
+        assert_eq!(op(c), "unhealthy");
+        let c = case().cfg(by).machine("b").dead(120);
+        assert_eq!(op(c), "unreachable");
+        let e = super::super::config::RemediationConfig::from_toml(
+            "[auto_repair]\noperation_by_check = [{ check = \"Ready\", operation = \"x\" }]\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("auto_repair.operation_by_check[0].check"),
+            "{e}"
+        );
     }
 
     // ---- MachineHealthCheck-style checks ----

@@ -317,6 +317,7 @@ pub(super) fn failing(m: &mut Machine, now: Timestamp, check: &str, s: i64) {
     m.failing_checks.push(FailingCheck {
         name: check.to_string(),
         since: ago(now, s),
+        kind_since: ago(now, s),
     });
 }
 

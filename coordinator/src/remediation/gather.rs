@@ -104,9 +104,19 @@ fn machine(m: &MachineSnapshot, node: Option<NodeFacts>) -> Machine {
         failing_checks: m
             .failing
             .iter()
-            .map(|(name, since)| FailingCheck {
-                name: name.clone(),
-                since: *since,
+            .map(|(name, since)| {
+                let kind = name.split(':').next().unwrap_or("");
+                FailingCheck {
+                    name: name.clone(),
+                    since: *since,
+                    // A snapshot taken between the two maps' updates cannot exist (one
+                    // lock); the check's own start is the safe fallback all the same.
+                    kind_since: m
+                        .failing_kinds
+                        .get(kind)
+                        .copied()
+                        .map_or(*since, |k| k.min(*since)),
+                }
             })
             .collect(),
         goodbye: m.goodbye,
@@ -210,6 +220,7 @@ mod tests {
             last_silence: None,
             kdump_loaded: true,
             failing: BTreeMap::from([("kubelet:kubelet".to_string(), t(3))]),
+            failing_kinds: BTreeMap::from([("kubelet".to_string(), t(2))]),
             goodbye: None,
             connected: false,
         }

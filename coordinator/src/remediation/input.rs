@@ -140,6 +140,10 @@ pub struct FailingCheck {
     pub name: String,
     /// Failing since.
     pub since: Timestamp,
+    /// Since when some check of the same kind has failed in every report: at or before
+    /// `since`. A condition naming the kind alone counts from here, so checks of one kind
+    /// failing in turn do not restart its timer.
+    pub kind_since: Timestamp,
 }
 
 impl FailingCheck {
@@ -148,6 +152,16 @@ impl FailingCheck {
     pub fn is(&self, written: &str) -> bool {
         let kind = self.name.split(':').next().unwrap_or("");
         self.name == written || (!written.contains(':') && kind == written)
+    }
+
+    /// Since when the condition `written` (which [`FailingCheck::is`] matched) has held:
+    /// the check's own start for `kind:subject`, the kind's for the kind alone.
+    pub fn since_for(&self, written: &str) -> Timestamp {
+        if written.contains(':') {
+            self.since
+        } else {
+            self.kind_since
+        }
     }
 }
 

@@ -1206,6 +1206,79 @@ repair:
         assert!(s.paused.is_some());
     }
 
+    /// Issue 33 (Karpenter 2833's trap): a machine failing all along, but on another check
+    /// of the same kind and with another message at every report, is unhealthy under a
+    /// health check naming the kind for as long as it fails. The repair is admitted once the
+    /// condition's timeout has passed since the first failure, not never. Without the
+    /// kind's own timer each report restarted the condition (held at every pass).
+    #[tokio::test]
+    async fn a_failing_reason_that_changes_every_report_does_not_restart_the_timer() {
+        let mut rcfg = RemediationConfig::from_toml(
+            r#"
+[auto_repair]
+enabled = false
+[[health_checks]]
+name = "gpus"
+unhealthy_conditions = [{ type = "nic", status = "False", timeout = "60s" }]
+max_unhealthy = 1
+"#,
+        )
+        .unwrap();
+        rcfg.interval = Duration::from_secs(10);
+        let mut fx = Fx::with(rcfg, Some(REPAIR)).await;
+        let first = fx.clock.now();
+        let report = |seq: u64| HealthReport {
+            seq,
+            time_unix_ms: 0,
+            boot_id: "b1".into(),
+            checks: vec![
+                CheckResult {
+                    kind: CheckKind::Nic,
+                    subject: if seq.is_multiple_of(2) {
+                        "eth0"
+                    } else {
+                        "eth1"
+                    }
+                    .into(),
+                    status: CheckStatus::Fail,
+                    detail: format!("no carrier (report {seq})"),
+                },
+                CheckResult {
+                    kind: CheckKind::Nic,
+                    subject: if seq.is_multiple_of(2) {
+                        "eth1"
+                    } else {
+                        "eth0"
+                    }
+                    .into(),
+                    status: CheckStatus::Ok,
+                    detail: "up".into(),
+                },
+            ],
+            report_interval_ms: 10_000,
+        };
+        let mut admitted_after = None;
+        for seq in 2..=12u64 {
+            fx.clock.advance(SignedDuration::from_secs(10));
+            fx.deps.fleet.report("n1", report(seq)).await.unwrap();
+            fx.state.pass(&fx.rem.shared, &fx.deps, None).await.unwrap();
+            if !fx.queue().await.is_empty() {
+                admitted_after = Some(fx.clock.now().duration_since(first).as_secs());
+                break;
+            }
+        }
+        // The NICs fail from the second report on, 10 s after the first: the condition
+        // holds from there and fires 60 s after it, at the pass of the eighth report.
+        assert_eq!(admitted_after, Some(70));
+        let lines = fx.lines().await;
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.sentence.contains("nic is failing for 1m (timeout 1m)")),
+            "{lines:#?}"
+        );
+    }
+
     /// Below the admin's wait for a pass: the answer did not wait for a loop that is gone.
     const PASS_WAIT_LIMIT: Duration = Duration::from_secs(1);
 }

@@ -158,12 +158,25 @@ pub struct Agent {
     alarm: crate::timer::Alarm,
     /// The boot id sent with every report.
     boot_id: node::BootIdFile,
-    /// The coordinator refused a report carrying the interval as malformed (a release from
-    /// before it): reports leave it out until a connection fails for another reason.
-    without_interval: bool,
+    /// What the coordinator refused of this release's reports as malformed (a release from
+    /// before them): reports leave it out until a connection fails for another reason.
+    form: ReportForm,
+    /// The last report sent in the full form held a plugin, gpu or memory result.
+    sent_newer_kinds: bool,
     /// The client endpoint of each address family (IPv4, IPv6), made at the first connect and
     /// kept for the agent's life; see [`Agent::client_endpoint`].
     endpoints: std::sync::Mutex<[Option<Endpoint>; 2]>,
+}
+
+/// The form reports are sent in: this release's, or one an older coordinator reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReportForm {
+    /// Everything this release sends.
+    Full,
+    /// Without plugin, gpu and memory results ([`HealthReport::without_newer_kinds`]).
+    WithoutNewerKinds,
+    /// Without those and without the report interval ([`protocol::messages::v1`]).
+    V1,
 }
 
 impl std::fmt::Debug for Agent {
@@ -249,7 +262,8 @@ impl Agent {
             status: "",
             reloads: None,
             reconnect: false,
-            without_interval: false,
+            form: ReportForm::Full,
+            sent_newer_kinds: false,
             endpoints: std::sync::Mutex::new([None, None]),
         })
     }
@@ -438,11 +452,25 @@ impl Agent {
             report_interval_ms: u64::try_from(self.cfg.report_interval.as_millis())
                 .unwrap_or(u64::MAX),
         });
-        if self.without_interval {
-            let old = protocol::messages::v1::AgentMessage::from(msg);
-            transport::write_msg(&mut link.session.send, &old, MAX_FRAME_LEN).await?;
-        } else {
-            transport::write_msg(&mut link.session.send, &msg, MAX_FRAME_LEN).await?;
+        self.sent_newer_kinds = false;
+        match (self.form, msg) {
+            (ReportForm::Full, msg) => {
+                self.sent_newer_kinds =
+                    matches!(&msg, AgentMessage::Report(r) if r.has_newer_kinds());
+                transport::write_msg(&mut link.session.send, &msg, MAX_FRAME_LEN).await?;
+            }
+            (ReportForm::WithoutNewerKinds, AgentMessage::Report(r)) => {
+                let msg = AgentMessage::Report(r.without_newer_kinds());
+                transport::write_msg(&mut link.session.send, &msg, MAX_FRAME_LEN).await?;
+            }
+            (_, msg) => {
+                let msg = match msg {
+                    AgentMessage::Report(r) => AgentMessage::Report(r.without_newer_kinds()),
+                    other => other,
+                };
+                let old = protocol::messages::v1::AgentMessage::from(msg);
+                transport::write_msg(&mut link.session.send, &old, MAX_FRAME_LEN).await?;
+            }
         }
         let reply = tokio::time::timeout(
             self.opts.reply_timeout,
@@ -627,19 +655,35 @@ impl Agent {
         link
     }
 
-    /// After a failed report: a refusal as malformed of a report carrying the interval is a
-    /// coordinator from before it, so the next reports leave it out; any other failure
-    /// tries it again on the next connection.
+    /// After a failed report: a refusal as malformed is a coordinator from before a part of
+    /// this release's reports. The next reports leave out the newer check kinds first (when
+    /// the refused one had any), then the report interval too; any other failure tries the
+    /// full form again on the next connection.
     fn note_failed_report(&mut self, e: &RoundError) {
         let malformed = matches!(e, RoundError::Refused(r) if r.code == RefusalCode::Malformed);
-        if malformed && !self.without_interval {
-            warn!(
-                "the coordinator cannot read reports that carry the report interval (a release \
-                 from before it?); reporting without it, so the coordinator judges this machine \
-                 on its own [health] report_interval: upgrade the coordinator"
-            );
+        if !malformed {
+            self.form = ReportForm::Full;
+            return;
         }
-        self.without_interval = malformed;
+        let next = match self.form {
+            ReportForm::Full if self.sent_newer_kinds => ReportForm::WithoutNewerKinds,
+            _ => ReportForm::V1,
+        };
+        if next != self.form {
+            match next {
+                ReportForm::WithoutNewerKinds => warn!(
+                    "the coordinator cannot read plugin, gpu or memory check results (a release \
+                     from before them?); reporting without them, so it does not see those \
+                     checks: upgrade the coordinator"
+                ),
+                _ => warn!(
+                    "the coordinator cannot read reports that carry the report interval (a \
+                     release from before it?); reporting without it, so the coordinator judges \
+                     this machine on its own [health] report_interval: upgrade the coordinator"
+                ),
+            }
+        }
+        self.form = next;
     }
 
     async fn goodbye(&mut self, link: Option<Link>) {
@@ -741,6 +785,9 @@ mod tests {
         /// Be a coordinator from before report intervals: a report carrying one does not
         /// decode there and is refused as malformed.
         before_intervals: bool,
+        /// Be a coordinator from before the plugin, gpu and memory checks: a report holding
+        /// one does not decode there and is refused as malformed.
+        before_newer_kinds: bool,
     }
 
     struct Pki {
@@ -838,11 +885,12 @@ mod tests {
                         let reply = match msg {
                             AgentMessage::Report(r)
                                 if Some(r.seq) == script.refuse_report
-                                    || (script.before_intervals && old.is_err()) =>
+                                    || (script.before_intervals && old.is_err())
+                                    || (script.before_newer_kinds && r.has_newer_kinds()) =>
                             {
                                 let _ = tx.send(Event::ReportRefused(r.seq));
-                                let refusal =
-                                    CoordinatorReply::Refused(if script.before_intervals {
+                                let refusal = CoordinatorReply::Refused(
+                                    if script.before_intervals || script.before_newer_kinds {
                                         Refusal::new(
                                             RefusalCode::Malformed,
                                             "agent message: trailing bytes",
@@ -852,7 +900,8 @@ mod tests {
                                             RefusalCode::BadRequest,
                                             "test refuses this report",
                                         )
-                                    });
+                                    },
+                                );
                                 let _ = write_msg(&mut s.send, &refusal, MAX_FRAME_LEN).await;
                                 let _ = s.send.finish();
                                 let _ = tokio::time::timeout(WAIT, s.send.stopped()).await;
@@ -1060,6 +1109,14 @@ mod tests {
                     .report_interval(interval),
             )
             .unwrap();
+        run_agent_at(path, reloads)
+    }
+
+    /// Starts an agent on the configuration file at `path`.
+    fn run_agent_at(
+        path: std::path::PathBuf,
+        reloads: Option<mpsc::UnboundedReceiver<()>>,
+    ) -> Running {
         let settings = Settings {
             config: Some(path),
             ..Settings::default()
@@ -1263,6 +1320,51 @@ mod tests {
         }
         let (summary, _) = finish(agent).await;
         assert_eq!(summary.connections, 2);
+    }
+
+    /// An agent with a memory check (a newer kind) against coordinators from before it:
+    /// reports leave the newer kinds out, then (before intervals too) the interval.
+    #[tokio::test]
+    async fn a_coordinator_from_before_the_newer_check_kinds_gets_reports_without_them() {
+        for before_intervals in [false, true] {
+            let pki = pki("node-8");
+            let fx = NodeFixture::builder("node-8").build().unwrap();
+            let script = Script {
+                before_newer_kinds: true,
+                before_intervals,
+                ..Script::default()
+            };
+            let (addr, mut rx, _ep) = coordinator(&pki.server, script);
+            let path = fx
+                .write_agent_config(
+                    &AgentConfig::new(&addr.to_string(), &pki.ca, &pki.cert, &pki.key)
+                        .report_interval(Duration::from_millis(100)),
+                )
+                .unwrap();
+            let mut text = std::fs::read_to_string(&path).unwrap();
+            text.push_str("\n[checks.memory]\nenabled = \"on\"\n");
+            std::fs::write(&path, text).unwrap();
+            let agent = run_agent_at(path, None);
+            assert!(matches!(next(&mut rx).await, Event::Hello(..)));
+            assert!(matches!(next(&mut rx).await, Event::ReportRefused(1)));
+            assert!(matches!(next(&mut rx).await, Event::Hello(..)));
+            let mut seq = 2;
+            if before_intervals {
+                // Without the newer kinds, but still with the interval: refused again.
+                assert!(matches!(next(&mut rx).await, Event::ReportRefused(2)));
+                assert!(matches!(next(&mut rx).await, Event::Hello(..)));
+                seq = 3;
+            }
+            for seq in seq..seq + 2 {
+                let r = next_report(&mut rx).await;
+                assert_eq!(r.seq, seq);
+                assert_eq!(r.report_interval_ms, if before_intervals { 0 } else { 100 });
+                assert!(!r.has_newer_kinds(), "{r:?}");
+                assert!(r.checks.iter().any(|c| c.kind == CheckKind::Kdump), "{r:?}");
+            }
+            let (summary, _) = finish(agent).await;
+            assert_eq!(summary.connections, if before_intervals { 3 } else { 2 });
+        }
     }
 
     #[tokio::test]

@@ -4,15 +4,23 @@
 //! carrier change counters, for flaps, and the sysfs files read every round, open: see
 //! `kept`).
 //!
+//! Beyond those four: plugin checks (`plugin`, node-problem-detector's contract), NVIDIA
+//! GPU Xid errors from the kernel log (`gpu`) and EDAC memory ECC counters (`memory`).
+//!
 //! Checks never fail as a whole: an unreadable file is a `fail` or `unknown` result with the
 //! path in its detail, so one broken subsystem cannot hide the others. They deliberately do
 //! not decide whether the machine should be repaired; the coordinator does.
 
+pub mod config;
 pub mod disk;
+pub mod gpu;
 pub mod kdump;
 pub(crate) mod kept;
 pub mod kubelet;
+pub mod memory;
 pub mod nic;
+pub mod plugin;
+pub mod xid;
 
 use std::path::{Path, PathBuf};
 
@@ -58,6 +66,9 @@ pub struct Checker {
     kdump_files: kdump::KdumpFiles,
     fs: Box<dyn disk::FsStats>,
     mount_table: disk::MountTable,
+    plugins: plugin::Plugins,
+    gpu: Option<gpu::GpuCheck>,
+    memory: Option<memory::MemoryCheck>,
 }
 
 impl std::fmt::Debug for Checker {
@@ -68,6 +79,9 @@ impl std::fmt::Debug for Checker {
             .field("mounts", &self.mounts)
             .field("kdump", &self.kdump)
             .field("kubelet", &self.kubelet)
+            .field("plugins", &self.plugins)
+            .field("gpu", &self.gpu.is_some())
+            .field("memory", &self.memory.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -96,10 +110,21 @@ impl Checker {
             kdump_files: kdump::KdumpFiles::new(&cfg.root),
             fs,
             mount_table: disk::MountTable::new(&cfg.root),
+            plugins: plugin::Plugins::new(&cfg.checks),
+            gpu: gpu::GpuCheck::new(
+                &cfg.root,
+                &cfg.checks.gpu,
+                &cfg.actions.state_dir,
+                // Without a boot id the saved findings cannot be told from another boot's:
+                // none match it, and the log is read from its start.
+                &crate::node::boot_id(&cfg.root).unwrap_or_default(),
+            ),
+            memory: memory::MemoryCheck::new(&cfg.root, &cfg.checks.memory),
         }
     }
 
-    /// Runs every check once; the results are in the order kubelet, NICs, mounts, kdump.
+    /// Runs every check once; the results are in the order kubelet, NICs, mounts, kdump,
+    /// plugins, GPUs, memory controllers.
     ///
     /// The kubelet's request goes out first and the file checks run while the kubelet
     /// answers: by the time they are done the answer has usually arrived, and the agent
@@ -115,6 +140,9 @@ impl Checker {
             kdump_files,
             fs,
             mount_table,
+            plugins,
+            gpu,
+            memory,
         } = self;
         let mut out = Vec::with_capacity(2 + nics.len() + mounts.len());
         let kubelet = async {
@@ -141,6 +169,15 @@ impl Checker {
         let (kubelet, files) = tokio::join!(biased; kubelet, files);
         out.extend(kubelet);
         out.extend(files);
+        if !plugins.is_empty() {
+            out.extend(plugins.poll().await);
+        }
+        if let Some(g) = gpu {
+            out.extend(g.check());
+        }
+        if let Some(m) = memory {
+            out.extend(m.check());
+        }
         out
     }
 }
@@ -221,6 +258,7 @@ mod tests {
             },
             kdump: true,
             actions: Default::default(),
+            checks: Default::default(),
             source: None,
         };
         let mut checker = Checker::with_fs(&cfg, Box::new(CountingFs(rounds.clone())));

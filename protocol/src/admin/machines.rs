@@ -41,6 +41,13 @@ pub enum MachinesRequest {
         /// The machine's address.
         address: String,
     },
+    /// One machine in detail with every check of its last report, answered with
+    /// [`MachinesResponse::ShowWithChecks`] (added after `ShowWithInterval`). A coordinator
+    /// from before it refuses it as malformed; the client then asks `ShowWithInterval`.
+    ShowWithChecks {
+        /// The machine's address.
+        address: String,
+    },
 }
 
 /// Answers to [`MachinesRequest`].
@@ -70,6 +77,17 @@ pub enum MachinesResponse {
         detail: Box<MachineDetail>,
         /// The last report's [`HealthReport::report_interval_ms`].
         report_interval_ms: u64,
+    },
+    /// Answer to `ShowWithChecks`: as `ShowWithInterval`, and the last report's plugin, gpu
+    /// and memory results, which the detail leaves out so that every coordinatorctl can
+    /// read it (see [`crate::messages::CheckKind::known_to_every_coordinator`]).
+    ShowWithChecks {
+        /// The machine, its last report without the newer kinds.
+        detail: Box<MachineDetail>,
+        /// The last report's [`HealthReport::report_interval_ms`].
+        report_interval_ms: u64,
+        /// The last report's results of the newer kinds, in report order.
+        newer_checks: Vec<crate::messages::CheckResult>,
     },
 }
 
