@@ -42,6 +42,11 @@ pub enum AppError {
         "certificate names {0}, not a coordinator; issue one with `coordinatorctl pki issue --role coordinator`"
     )]
     WrongRole(protocol::Identity),
+    /// Our certificate does not chain to the CA, or is not valid by this host's clock: every
+    /// agent's certificate issued as recently would be refused too. Refused as `coordinator
+    /// check` refuses it.
+    #[error(transparent)]
+    OwnCertificate(#[from] protocol::transport::ForeignCertificate),
     /// The database cannot be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -89,6 +94,7 @@ impl AppError {
             self,
             AppError::Tls(_)
                 | AppError::WrongRole(_)
+                | AppError::OwnCertificate(_)
                 | AppError::Inventory(_)
                 | AppError::InventoryHostnameTaken { .. }
                 | AppError::Kubernetes(_)
@@ -170,6 +176,7 @@ impl App {
         if me.role != Role::Coordinator {
             return Err(AppError::WrongRole(me));
         }
+        tls.check_own_chain(&config.tls.cert, &config.tls.ca, "tls.ca")?;
         crate::certs::warn_if_expiring(tls.expiry(), &config.tls.cert);
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
         // Exclusive and writable, or no start at all: a second coordinator on this store,
@@ -620,6 +627,55 @@ mod tests {
         assert_eq!(
             sweep_period(Duration::from_secs(60)),
             Duration::from_secs(1)
+        );
+    }
+
+    /// A coordinator certificate issued on a host whose clock is 3 h ahead is not valid yet
+    /// here: the start refuses it as `coordinator check` does (it used to start with it, and
+    /// refuse every agent certificate issued as recently), in dates and clocks.
+    #[tokio::test]
+    async fn a_certificate_not_valid_yet_by_this_clock_stops_the_start_naming_the_clocks() {
+        use protocol::pki::{Ca, IssueOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::generate("test.local").unwrap();
+        let issued = ca
+            .issue(
+                Role::Coordinator,
+                "c1",
+                &IssueOptions {
+                    clock_offset_secs: 3 * 3600 + 300,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let (cert, key) = issued.write(dir.path(), false).unwrap();
+        let ca_path = dir.path().join("ca.crt");
+        std::fs::write(&ca_path, ca.cert_pem()).unwrap();
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\ndatabase = {:?}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            dir.path().join("c.db").display().to_string(),
+            ca_path.display().to_string(),
+            cert.display().to_string(),
+            key.display().to_string()
+        );
+        let config = Config::parse(&text, std::path::Path::new("c.toml")).unwrap();
+        let Err(e) = App::build(config).await else {
+            panic!("the start accepted a certificate not valid yet")
+        };
+        assert!(e.is_config(), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("is not valid yet by the clock of this host")
+                && msg.contains("behind the clock of the host that issued it by more than 2 hours"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("UNIX") && !msg.contains("issue it from this fleet's CA"),
+            "{msg}"
+        );
+        assert!(
+            !dir.path().join("c.db").exists(),
+            "the store was opened: {msg}"
         );
     }
 }
