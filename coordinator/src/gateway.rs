@@ -24,6 +24,12 @@ use protocol::messages::HelloBody;
 use protocol::transport::{self, TlsMaterial, TransportError};
 use protocol::{Role, frame};
 use serde::Deserialize;
+
+mod served;
+
+/// What [`QuicGateways::probe`] learnt of a gateway that answered: the machines it has a BMC
+/// for, or why that is not known (a gateway from before the question).
+pub type Served = Result<Vec<String>, String>;
 use tracing::{debug, warn};
 
 /// Why a power request could not be carried to a gateway or answered.
@@ -307,16 +313,21 @@ impl QuicGateways {
     }
 
     /// Connects to every configured gateway at once, as a power request would (QUIC, both
-    /// certificates, the hello), within `limit` each, and sends no request: no BMC is
+    /// certificates, the hello), within `limit` each, and sends no power request: no BMC is
     /// touched. For `coordinator check`: whether each gateway answers at its address, is
-    /// the gateway its `server_name` says, and accepts this coordinator's certificate.
-    pub async fn probe(&self, limit: Duration) -> Vec<(&GatewayTarget, Result<(), PowerError>)> {
+    /// the gateway its `server_name` says, and accepts this coordinator's certificate; and
+    /// for each that does, the machines it has a BMC for (or why that is not known).
+    pub async fn probe(
+        &self,
+        limit: Duration,
+    ) -> Vec<(&GatewayTarget, Result<Served, PowerError>)> {
         let each = (0..self.targets.len()).map(|i| async move {
             let t = &self.targets[i];
             let r = match tokio::time::timeout(limit, self.connection(i, true)).await {
                 Ok(Ok(conn)) => {
+                    let served = served::ask(&conn, limit).await;
                     conn.close(0u32.into(), b"check");
-                    Ok(())
+                    Ok(served)
                 }
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(unreachable(
