@@ -137,6 +137,8 @@ pub struct App {
     node_view: Option<(NodeView, Duration)>,
     repair_stop: CancellationToken,
     repair_join: Option<tokio::task::JoinHandle<()>>,
+    /// The rack gateways, watched while serving ([`crate::gateway::QuicGateways::watch_reach`]).
+    gateways: Option<Arc<crate::gateway::QuicGateways>>,
     /// Connected agents' connections, for agent actions.
     links: Arc<crate::agent_link::AgentLinks>,
     tls_reloader: Arc<crate::certs::TlsReloader>,
@@ -215,7 +217,7 @@ impl App {
             None => Arc::new(NotANode),
         };
         let shared_tls: crate::gateway::SharedTls = Arc::new(std::sync::RwLock::new(tls.clone()));
-        let power = power_control(&config, &shared_tls, &name, &fleet);
+        let (power, gateways) = power_control(&config, &shared_tls, &name, &fleet);
         let kdump = Arc::new(
             crate::kdump::Kdumps::open(
                 store.clone(),
@@ -322,6 +324,9 @@ impl App {
             metrics_sources.push(r.metrics());
         }
         metrics_sources.push(fence_metrics);
+        if let Some(g) = &gateways {
+            metrics_sources.push(g.clone());
+        }
         if let Some((k, _)) = &kube {
             metrics_sources.push(Arc::new(k.node_view().clone()));
         }
@@ -352,6 +357,7 @@ impl App {
             node_view: kube.map(|(k, every)| (k.node_view().clone(), every)),
             repair_stop,
             repair_join,
+            gateways,
             links,
             remediation,
             kdump,
@@ -409,6 +415,10 @@ impl App {
             self.fleet.clone(),
             shutdown.clone(),
         ));
+        let gateways = self
+            .gateways
+            .clone()
+            .map(|g| tokio::spawn(g.watch_reach(shutdown.clone())));
         let node_view = self.node_view.as_ref().map(|(view, every)| {
             (
                 view.spawn_poller(*every, shutdown.clone()),
@@ -434,6 +444,9 @@ impl App {
         let _ = server.await;
         let _ = sweeper.await;
         let _ = certificates.await;
+        if let Some(h) = gateways {
+            let _ = h.await;
+        }
         if let Some(h) = remediation {
             let _ = h.await;
         }
@@ -463,13 +476,17 @@ pub fn sweep_period(report_interval: Duration) -> Duration {
 }
 
 /// The power path for built-in actions: the configured gateways, routed by the machine's
-/// inventory rack, or [`crate::gateway::NoGateway`] (every action "not available") without any.
+/// inventory rack, or [`crate::gateway::NoGateway`] (every action "not available") without
+/// any; and the gateways themselves, to watch.
 fn power_control(
     config: &Config,
     tls: &crate::gateway::SharedTls,
     name: &str,
     fleet: &Arc<Fleet>,
-) -> Arc<dyn crate::gateway::PowerControl> {
+) -> (
+    Arc<dyn crate::gateway::PowerControl>,
+    Option<Arc<crate::gateway::QuicGateways>>,
+) {
     let targets = config
         .gateways
         .as_ref()
@@ -477,7 +494,7 @@ fn power_control(
         .unwrap_or_default();
     if targets.is_empty() {
         tracing::info!("no [gateways] configured: built-in power actions are not available");
-        return Arc::new(crate::gateway::NoGateway);
+        return (Arc::new(crate::gateway::NoGateway), None);
     }
     tracing::info!(
         gateways = targets.len(),
@@ -490,12 +507,13 @@ fn power_control(
             .map(|m| m.record.rack)
             .filter(|rack| !rack.is_empty())
     });
-    Arc::new(crate::gateway::QuicGateways::new(
+    let gateways = Arc::new(crate::gateway::QuicGateways::new(
         tls.clone(),
         name,
         targets,
         rack_of,
-    ))
+    ));
+    (gateways.clone(), Some(gateways))
 }
 
 /// What importing the inventory file at a start did (or, on a copy of the store, would do:

@@ -25,6 +25,7 @@ use protocol::transport::{self, TlsMaterial, TransportError};
 use protocol::{Role, frame};
 use serde::Deserialize;
 
+pub mod reach;
 mod served;
 
 /// What [`QuicGateways::probe`] learnt of a gateway that answered: the machines it has a BMC
@@ -184,6 +185,8 @@ pub struct QuicGateways {
     /// connection, and a gateway whose handshake runs to its limit (its host gone, nothing
     /// answering) delays no other gateway's requests.
     connecting: Vec<tokio::sync::Mutex<()>>,
+    /// The last look at each gateway ([`QuicGateways::watch_reach`]).
+    reach: reach::Reach,
 }
 
 impl std::fmt::Debug for QuicGateways {
@@ -215,6 +218,7 @@ impl QuicGateways {
             conns: std::sync::Mutex::new(HashMap::new()),
             endpoints: std::sync::Mutex::new([None, None]),
             connecting,
+            reach: reach::Reach::default(),
         }
     }
 
