@@ -147,11 +147,14 @@ serial = "SN-LAB-1"
 rack = "rack-1"
 machine_type = "lab"
 
+# lab-2 only reports: the lab has one simulated BMC (lab-1's), and a machine of a type with
+# power steps whose gateway has no [[bmc]] for it fails `coordinator check` (its first power
+# step would fail at once), so its type has no procedure.
 [[machines]]
 address = "10.0.1.12"
 hostname = "lab-2"
 rack = "rack-1"
-machine_type = "lab"
+machine_type = "lab-no-bmc"
 EOF
 # The lab's machines are this host, which the simulated BMC cannot really power off, so
 # `@agent-healthy` (it wants reports from a new boot after a power action) could never

@@ -1,6 +1,7 @@
 //! The gateway's network faces: the QUIC service the coordinator commands (mutual TLS, hello,
-//! then one bidirectional stream per [`PowerRequest`] answered with a [`PowerResponse`]), and
-//! plain HTTP for `/metrics` and `/healthz`.
+//! then one bidirectional stream per [`PowerRequest`] answered with a [`PowerResponse`], or
+//! per [`ServedQuery`] answered with the machines served), and plain HTTP for `/metrics` and
+//! `/healthz`.
 //!
 //! Only peers whose certificate names a coordinator and whose hello is a coordinator hello may
 //! send actions; everyone else is refused with `NotAuthorized` and logged. This module runs
@@ -14,7 +15,7 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use protocol::gateway::{PowerRequest, PowerResponse};
+use protocol::gateway::{PowerRequest, PowerResponse, ServedMachines, ServedQuery};
 use protocol::messages::{HelloBody, Refusal, RefusalCode};
 use protocol::transport::{self, HelloError};
 use protocol::{Identity, Role, frame};
@@ -162,9 +163,32 @@ async fn connection(
         let held = in_flight.clone();
         tokio::spawn(async move {
             let _held = held;
-            let req: PowerRequest = match transport::read_msg(&mut recv, MAX_REQUEST).await {
-                Ok(Some(r)) => r,
+            let payload = match transport::read_payload(&mut recv, MAX_REQUEST).await {
+                Ok(Some(p)) => p,
                 Ok(None) => return,
+                Err(e) => {
+                    warn!(%peer, error = %e, "unreadable power request");
+                    let _ = send.reset(1u32.into());
+                    return;
+                }
+            };
+            if ServedQuery::is_query(&payload) {
+                // `coordinator check` asking which machines this gateway has a BMC for.
+                let answer = ServedMachines {
+                    machines: gw.machines(),
+                };
+                debug!(%peer, machines = answer.machines.len(), "told which machines are served");
+                if transport::write_msg(&mut send, &answer, frame::MAX_FRAME_LEN)
+                    .await
+                    .is_ok()
+                {
+                    let _ = send.finish();
+                    let _ = send.stopped().await;
+                }
+                return;
+            }
+            let req: PowerRequest = match frame::decode_payload(&payload) {
+                Ok(r) => r,
                 Err(e) => {
                     warn!(%peer, error = %e, "unreadable power request");
                     let _ = send.reset(1u32.into());

@@ -152,7 +152,10 @@ async fn handle_connection(
         }
         Err(HelloError::Transport(e)) => {
             ctx.metrics.refused(HANDSHAKE_FAILED);
-            tracing::warn!(error = %e, "connection failed before hello (TLS handshake refused or peer gone)");
+            // A peer's certificate refused for its dates is said in dates, with whose clock.
+            let error =
+                protocol::transport::clock::explain_dates(&e.to_string(), "this coordinator", None);
+            tracing::warn!(%error, %remote, "connection failed before hello (TLS handshake refused or peer gone)");
             return;
         }
     };

@@ -42,6 +42,11 @@ pub enum AppError {
         "certificate names {0}, not a coordinator; issue one with `coordinatorctl pki issue --role coordinator`"
     )]
     WrongRole(protocol::Identity),
+    /// Our certificate does not chain to the CA, or is not valid by this host's clock: every
+    /// agent's certificate issued as recently would be refused too. Refused as `coordinator
+    /// check` refuses it.
+    #[error(transparent)]
+    OwnCertificate(#[from] protocol::transport::ForeignCertificate),
     /// The database cannot be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -89,6 +94,7 @@ impl AppError {
             self,
             AppError::Tls(_)
                 | AppError::WrongRole(_)
+                | AppError::OwnCertificate(_)
                 | AppError::Inventory(_)
                 | AppError::InventoryHostnameTaken { .. }
                 | AppError::Kubernetes(_)
@@ -131,6 +137,8 @@ pub struct App {
     node_view: Option<(NodeView, Duration)>,
     repair_stop: CancellationToken,
     repair_join: Option<tokio::task::JoinHandle<()>>,
+    /// The rack gateways, watched while serving ([`crate::gateway::QuicGateways::watch_reach`]).
+    gateways: Option<Arc<crate::gateway::QuicGateways>>,
     /// Connected agents' connections, for agent actions.
     links: Arc<crate::agent_link::AgentLinks>,
     tls_reloader: Arc<crate::certs::TlsReloader>,
@@ -170,6 +178,7 @@ impl App {
         if me.role != Role::Coordinator {
             return Err(AppError::WrongRole(me));
         }
+        tls.check_own_chain(&config.tls.cert, &config.tls.ca, "tls.ca")?;
         crate::certs::warn_if_expiring(tls.expiry(), &config.tls.cert);
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
         // Exclusive and writable, or no start at all: a second coordinator on this store,
@@ -208,7 +217,7 @@ impl App {
             None => Arc::new(NotANode),
         };
         let shared_tls: crate::gateway::SharedTls = Arc::new(std::sync::RwLock::new(tls.clone()));
-        let power = power_control(&config, &shared_tls, &name, &fleet);
+        let (power, gateways) = power_control(&config, &shared_tls, &name, &fleet);
         let kdump = Arc::new(
             crate::kdump::Kdumps::open(
                 store.clone(),
@@ -315,6 +324,9 @@ impl App {
             metrics_sources.push(r.metrics());
         }
         metrics_sources.push(fence_metrics);
+        if let Some(g) = &gateways {
+            metrics_sources.push(g.clone());
+        }
         if let Some((k, _)) = &kube {
             metrics_sources.push(Arc::new(k.node_view().clone()));
         }
@@ -345,6 +357,7 @@ impl App {
             node_view: kube.map(|(k, every)| (k.node_view().clone(), every)),
             repair_stop,
             repair_join,
+            gateways,
             links,
             remediation,
             kdump,
@@ -402,6 +415,10 @@ impl App {
             self.fleet.clone(),
             shutdown.clone(),
         ));
+        let gateways = self
+            .gateways
+            .clone()
+            .map(|g| tokio::spawn(g.watch_reach(shutdown.clone())));
         let node_view = self.node_view.as_ref().map(|(view, every)| {
             (
                 view.spawn_poller(*every, shutdown.clone()),
@@ -427,6 +444,9 @@ impl App {
         let _ = server.await;
         let _ = sweeper.await;
         let _ = certificates.await;
+        if let Some(h) = gateways {
+            let _ = h.await;
+        }
         if let Some(h) = remediation {
             let _ = h.await;
         }
@@ -456,13 +476,17 @@ pub fn sweep_period(report_interval: Duration) -> Duration {
 }
 
 /// The power path for built-in actions: the configured gateways, routed by the machine's
-/// inventory rack, or [`crate::gateway::NoGateway`] (every action "not available") without any.
+/// inventory rack, or [`crate::gateway::NoGateway`] (every action "not available") without
+/// any; and the gateways themselves, to watch.
 fn power_control(
     config: &Config,
     tls: &crate::gateway::SharedTls,
     name: &str,
     fleet: &Arc<Fleet>,
-) -> Arc<dyn crate::gateway::PowerControl> {
+) -> (
+    Arc<dyn crate::gateway::PowerControl>,
+    Option<Arc<crate::gateway::QuicGateways>>,
+) {
     let targets = config
         .gateways
         .as_ref()
@@ -470,7 +494,7 @@ fn power_control(
         .unwrap_or_default();
     if targets.is_empty() {
         tracing::info!("no [gateways] configured: built-in power actions are not available");
-        return Arc::new(crate::gateway::NoGateway);
+        return (Arc::new(crate::gateway::NoGateway), None);
     }
     tracing::info!(
         gateways = targets.len(),
@@ -483,12 +507,13 @@ fn power_control(
             .map(|m| m.record.rack)
             .filter(|rack| !rack.is_empty())
     });
-    Arc::new(crate::gateway::QuicGateways::new(
+    let gateways = Arc::new(crate::gateway::QuicGateways::new(
         tls.clone(),
         name,
         targets,
         rack_of,
-    ))
+    ));
+    (gateways.clone(), Some(gateways))
 }
 
 /// What importing the inventory file at a start did (or, on a copy of the store, would do:
@@ -620,6 +645,55 @@ mod tests {
         assert_eq!(
             sweep_period(Duration::from_secs(60)),
             Duration::from_secs(1)
+        );
+    }
+
+    /// A coordinator certificate issued on a host whose clock is 3 h ahead is not valid yet
+    /// here: the start refuses it as `coordinator check` does (it used to start with it, and
+    /// refuse every agent certificate issued as recently), in dates and clocks.
+    #[tokio::test]
+    async fn a_certificate_not_valid_yet_by_this_clock_stops_the_start_naming_the_clocks() {
+        use protocol::pki::{Ca, IssueOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::generate("test.local").unwrap();
+        let issued = ca
+            .issue(
+                Role::Coordinator,
+                "c1",
+                &IssueOptions {
+                    clock_offset_secs: 3 * 3600 + 300,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let (cert, key) = issued.write(dir.path(), false).unwrap();
+        let ca_path = dir.path().join("ca.crt");
+        std::fs::write(&ca_path, ca.cert_pem()).unwrap();
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\ndatabase = {:?}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            dir.path().join("c.db").display().to_string(),
+            ca_path.display().to_string(),
+            cert.display().to_string(),
+            key.display().to_string()
+        );
+        let config = Config::parse(&text, std::path::Path::new("c.toml")).unwrap();
+        let Err(e) = App::build(config).await else {
+            panic!("the start accepted a certificate not valid yet")
+        };
+        assert!(e.is_config(), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("is not valid yet by the clock of this host")
+                && msg.contains("behind the clock of the host that issued it by more than 2 hours"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("UNIX") && !msg.contains("issue it from this fleet's CA"),
+            "{msg}"
+        );
+        assert!(
+            !dir.path().join("c.db").exists(),
+            "the store was opened: {msg}"
         );
     }
 }

@@ -187,13 +187,8 @@ impl TlsReloader {
                 self.identity
             ));
         }
-        tls.verify_own_chain().map_err(|e| {
-            format!(
-                "{} is not valid under the CA {} ({e})",
-                self.files.cert.display(),
-                self.files.ca.display()
-            )
-        })?;
+        tls.check_own_chain(&self.files.cert, &self.files.ca, "tls.ca")
+            .map_err(|e| e.to_string())?;
         let server = tls.quinn_server_config().map_err(|e| e.to_string())?;
         self.endpoint.set_server_config(Some(server));
         let expiry = tls.expiry();

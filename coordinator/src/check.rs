@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::inventory::{RecordSource, load_inventory};
 
 mod peers;
+mod served;
 use peers::{check_gateways, check_kubeconfig, check_sabakan};
 
 /// One line of the check's output.
@@ -89,9 +90,10 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
             out.push(line("inventory", r));
         }
     }
+    let mut procedures = None;
     if let Some(path) = config.repair.as_ref().and_then(|r| r.config.as_deref()) {
         let loaded = crate::repair::load::load_file(path);
-        let procedures = loaded.as_ref().ok().map(|l| l.config.clone());
+        procedures = loaded.as_ref().ok().map(|l| l.config.clone());
         out.push(line(
             "repair",
             loaded
@@ -127,8 +129,17 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
         }
     }
     out.push(line("database", check_database(&config.database, &copy)));
-    for r in check_gateways(&config) {
-        out.push(line("gateway", r));
+    let mut served = std::collections::BTreeMap::new();
+    for g in check_gateways(&config) {
+        out.push(line("gateway", g.line));
+        if let Some(m) = g.served {
+            served.insert(g.name, m);
+        }
+    }
+    if let (Some(procedures), Some(machines)) = (&procedures, &machines)
+        && let Some(r) = served::power_served(&config, procedures, machines, &served)
+    {
+        out.push(line("power", r));
     }
     if let Some(k) = &config.kubernetes {
         out.push(line("kubernetes", check_kubeconfig(k)));
@@ -161,16 +172,14 @@ pub fn unfit(
     out
 }
 
-/// Whether the repair file's power steps (`@power-cycle`, `@fence`, …) have a gateway to go
-/// through: without one such a step fails at once ("power control not available"), which
-/// nothing at start would say. `None` when no step is a power step. With an inventory file,
-/// each of its machines whose type has a power step must be served by a gateway (by address
-/// or rack); without one, only that some gateway is configured can be checked.
-fn power_coverage(
-    config: &Config,
+/// The power built-ins (`@power-cycle`, `@fence`, …) the repair file's steps use, and the
+/// machine types of the procedures that use them.
+fn power_steps(
     procedures: &crate::repair::RepairConfig,
-    machines: Option<&[crate::inventory::MachineRecord]>,
-) -> Option<Result<String, String>> {
+) -> (
+    std::collections::BTreeSet<&'static str>,
+    std::collections::BTreeSet<&str>,
+) {
     let mut steps = std::collections::BTreeSet::new();
     let mut types = std::collections::BTreeSet::new();
     for p in &procedures.repair_procedures {
@@ -183,6 +192,20 @@ fn power_coverage(
             }
         }
     }
+    (steps, types)
+}
+
+/// Whether the repair file's power steps (`@power-cycle`, `@fence`, …) have a gateway to go
+/// through: without one such a step fails at once ("power control not available"), which
+/// nothing at start would say. `None` when no step is a power step. With an inventory file,
+/// each of its machines whose type has a power step must be served by a gateway (by address
+/// or rack); without one, only that some gateway is configured can be checked.
+fn power_coverage(
+    config: &Config,
+    procedures: &crate::repair::RepairConfig,
+    machines: Option<&[crate::inventory::MachineRecord]>,
+) -> Option<Result<String, String>> {
+    let (steps, types) = power_steps(procedures);
     if steps.is_empty() {
         return None;
     }

@@ -125,7 +125,8 @@ pub struct TlsSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSection {
-    /// Listen address; unset disables the endpoint.
+    /// Listen address (default 127.0.0.1:9464). The file cannot switch the endpoint off: a
+    /// key or section left out gives the default.
     #[serde(default = "default_http_listen")]
     pub listen: Option<SocketAddr>,
 }

@@ -24,6 +24,13 @@ use protocol::messages::HelloBody;
 use protocol::transport::{self, TlsMaterial, TransportError};
 use protocol::{Role, frame};
 use serde::Deserialize;
+
+pub mod reach;
+mod served;
+
+/// What [`QuicGateways::probe`] learnt of a gateway that answered: the machines it has a BMC
+/// for, or why that is not known (a gateway from before the question).
+pub type Served = Result<Vec<String>, String>;
 use tracing::{debug, warn};
 
 /// Why a power request could not be carried to a gateway or answered.
@@ -178,6 +185,8 @@ pub struct QuicGateways {
     /// connection, and a gateway whose handshake runs to its limit (its host gone, nothing
     /// answering) delays no other gateway's requests.
     connecting: Vec<tokio::sync::Mutex<()>>,
+    /// The last look at each gateway ([`QuicGateways::watch_reach`]).
+    reach: reach::Reach,
 }
 
 impl std::fmt::Debug for QuicGateways {
@@ -209,6 +218,7 @@ impl QuicGateways {
             conns: std::sync::Mutex::new(HashMap::new()),
             endpoints: std::sync::Mutex::new([None, None]),
             connecting,
+            reach: reach::Reach::default(),
         }
     }
 
@@ -307,16 +317,21 @@ impl QuicGateways {
     }
 
     /// Connects to every configured gateway at once, as a power request would (QUIC, both
-    /// certificates, the hello), within `limit` each, and sends no request: no BMC is
+    /// certificates, the hello), within `limit` each, and sends no power request: no BMC is
     /// touched. For `coordinator check`: whether each gateway answers at its address, is
-    /// the gateway its `server_name` says, and accepts this coordinator's certificate.
-    pub async fn probe(&self, limit: Duration) -> Vec<(&GatewayTarget, Result<(), PowerError>)> {
+    /// the gateway its `server_name` says, and accepts this coordinator's certificate; and
+    /// for each that does, the machines it has a BMC for (or why that is not known).
+    pub async fn probe(
+        &self,
+        limit: Duration,
+    ) -> Vec<(&GatewayTarget, Result<Served, PowerError>)> {
         let each = (0..self.targets.len()).map(|i| async move {
             let t = &self.targets[i];
             let r = match tokio::time::timeout(limit, self.connection(i, true)).await {
                 Ok(Ok(conn)) => {
+                    let served = served::ask(&conn, limit).await;
                     conn.close(0u32.into(), b"check");
-                    Ok(())
+                    Ok(served)
                 }
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(unreachable(

@@ -4,6 +4,8 @@
 use protocol::messages::{CheckResult, CheckStatus};
 use serde::Serialize;
 
+use crate::agent::preflight::SetupRow;
+
 /// The JSON document `node-agent check --json` prints.
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckOutput<'a> {
@@ -11,6 +13,10 @@ pub struct CheckOutput<'a> {
     pub hostname: &'a str,
     /// True when no check failed.
     pub healthy: bool,
+    /// Whether `node-agent run` would start (its TLS files, its coordinator setting) and
+    /// whether the actions it allows would be carried out: not health, but why it could not
+    /// report or repair.
+    pub setup: &'a [SetupRow],
     /// Every result, in check order.
     pub checks: &'a [CheckResult],
 }
@@ -20,19 +26,28 @@ pub fn healthy(results: &[CheckResult]) -> bool {
     results.iter().all(|c| c.status != CheckStatus::Fail)
 }
 
-/// A left-aligned table with a header: KIND, SUBJECT, STATUS, DETAIL.
-pub fn table(results: &[CheckResult]) -> String {
+/// A left-aligned table with a header: KIND, SUBJECT, STATUS, DETAIL; the `setup` lines
+/// first, then the checks.
+pub fn table(setup: &[SetupRow], results: &[CheckResult]) -> String {
     let head = ["KIND", "SUBJECT", "STATUS", "DETAIL"];
-    let rows: Vec<[&str; 4]> = results
+    let rows: Vec<[&str; 4]> = setup
         .iter()
-        .map(|c| {
+        .map(|r| {
+            [
+                r.kind,
+                r.subject.as_str(),
+                r.status.as_str(),
+                r.detail.as_str(),
+            ]
+        })
+        .chain(results.iter().map(|c| {
             [
                 c.kind.as_str(),
                 c.subject.as_str(),
                 c.status.as_str(),
                 c.detail.as_str(),
             ]
-        })
+        }))
         .collect();
     let mut w = [0usize; 3];
     for r in std::iter::once(&head).chain(rows.iter()) {
@@ -73,7 +88,7 @@ mod tests {
             result(CheckKind::Kubelet, "kubelet", CheckStatus::Ok, "healthz ok"),
             result(CheckKind::Nic, "eth0", CheckStatus::Fail, "no carrier"),
         ];
-        let t = table(&rs);
+        let t = table(&[], &rs);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines[0], "KIND     SUBJECT  STATUS  DETAIL");
         assert_eq!(lines[2], "nic      eth0     fail    no carrier");
@@ -81,6 +96,7 @@ mod tests {
         let js = serde_json::to_value(CheckOutput {
             hostname: "n1",
             healthy: healthy(&rs),
+            setup: &[],
             checks: &rs,
         })
         .unwrap();
@@ -88,6 +104,6 @@ mod tests {
         assert_eq!(js["checks"][1]["kind"], "nic");
         assert_eq!(js["healthy"], false);
         assert!(healthy(&rs[..1]));
-        assert!(table(&[]).contains("no checks"));
+        assert!(table(&[], &[]).contains("no checks"));
     }
 }

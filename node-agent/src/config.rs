@@ -167,7 +167,9 @@ pub enum Command {
     /// Report health to the coordinator until SIGTERM/SIGINT (the default); SIGHUP reloads
     /// the configuration and TLS files, keeping the running ones if the new ones are invalid.
     Run,
-    /// Run every check once, print the results and exit non-zero if any check fails.
+    /// Run every check once and print the results, after what decides whether `run` can
+    /// work (its TLS files, the actions it allows); exit 1 if a check fails, 64 if `run`
+    /// would not start.
     Check {
         /// Print JSON instead of a table.
         #[arg(long)]

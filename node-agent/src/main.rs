@@ -3,7 +3,9 @@
 //! running agent read its configuration and TLS files again (see `node_agent::reload`).
 //!
 //! Exit codes: 0 after a clean stop or a healthy `check`, 1 when `check` finds a failing
-//! check or the agent cannot start, 64 for a bad configuration. `kdump-notify` (from the
+//! check or the agent cannot start, 64 for a bad configuration. `check` exits 64 when `run`
+//! would not start: TLS files it cannot read, an expired certificate, one from another CA
+//! or not valid yet by this host's clock, one naming another host. `kdump-notify` (from the
 //! kdump initramfs) reads no configuration and exits 0, 64 (bad input) or 69 (coordinator
 //! unreachable or refusing).
 
@@ -100,16 +102,22 @@ fn kdump_notify(settings: &Settings, args: &KdumpNotifyArgs) -> ExitCode {
 async fn check(cfg: Config, json: bool) -> ExitCode {
     let hostname = node_agent::node::hostname(&cfg.root, cfg.hostname.as_deref())
         .unwrap_or_else(|_| "(unknown)".into());
+    let (mut setup, refused) = node_agent::agent::preflight::rows(&cfg);
+    setup.extend(node_agent::actions::allowed::rows(&cfg));
     let results = Checker::new(&cfg).run().await;
     let healthy = cli::healthy(&results);
-    if !healthy {
+    // 64 when `run` would not start; else 1 when a check fails. A refused action is a line
+    // to read, not a failure of this machine.
+    let code = refused.unwrap_or(if healthy { 0 } else { 1 });
+    if code != 0 {
         // `check | head -1` closes stdout while printing: still fail.
-        protocol::telemetry::set_broken_pipe_exit(1);
+        protocol::telemetry::set_broken_pipe_exit(code);
     }
     if json {
         let out = cli::CheckOutput {
             hostname: &hostname,
             healthy,
+            setup: &setup,
             checks: &results,
         };
         match serde_json::to_string_pretty(&out) {
@@ -120,13 +128,9 @@ async fn check(cfg: Config, json: bool) -> ExitCode {
             }
         }
     } else {
-        print!("{}", cli::table(&results));
+        print!("{}", cli::table(&setup, &results));
     }
-    if healthy {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    ExitCode::from(code)
 }
 
 async fn run(cfg: Config, settings: Settings) -> ExitCode {

@@ -113,3 +113,68 @@ pub enum PowerOutcome {
         retriable: bool,
     },
 }
+
+/// The first bytes of a [`ServedQuery`]'s frame: postcard's encoding of a one-byte string
+/// whose byte is not UTF-8. A [`PowerRequest`] begins with its id, a string, so no power
+/// request begins so: a gateway of this release tells the two apart by these bytes, and one
+/// from before the query fails to read it as a power request and resets the stream, which
+/// the asker reports as a gateway too old to answer (nothing is acted on either way).
+pub const SERVED_QUERY_MAGIC: [u8; 2] = [0x01, 0xFF];
+
+/// "Which machines do you serve?", on a stream of its own where a [`PowerRequest`] would
+/// be: asked by `coordinator check`, answered with [`ServedMachines`]. No BMC is touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedQuery {
+    /// Always [`SERVED_QUERY_MAGIC`].
+    pub magic: [u8; 2],
+}
+
+impl Default for ServedQuery {
+    fn default() -> Self {
+        Self {
+            magic: SERVED_QUERY_MAGIC,
+        }
+    }
+}
+
+impl ServedQuery {
+    /// Whether a frame's payload is a [`ServedQuery`] rather than a [`PowerRequest`].
+    pub fn is_query(payload: &[u8]) -> bool {
+        payload.starts_with(&SERVED_QUERY_MAGIC)
+    }
+}
+
+/// The answer to a [`ServedQuery`]: the machines (addresses, as the coordinator names them)
+/// the gateway has a `[[bmc]]` table for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedMachines {
+    /// Machine addresses, sorted.
+    pub machines: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_served_query_is_never_read_as_a_power_request() {
+        let q = postcard::to_allocvec(&ServedQuery::default()).unwrap();
+        assert!(ServedQuery::is_query(&q));
+        // What a gateway from before the query does with it: fail to read a power request.
+        assert!(postcard::from_bytes::<PowerRequest>(&q).is_err());
+        // And no power request looks like one, whatever its id.
+        for id in ["", "a", "\u{ff}", "00000000-0000-0000-0000-000000000000"] {
+            let r = PowerRequest {
+                id: id.into(),
+                address: "10.0.0.1".into(),
+                serial: String::new(),
+                action: PowerAction::Status,
+                timeout_ms: 0,
+            };
+            assert!(
+                !ServedQuery::is_query(&postcard::to_allocvec(&r).unwrap()),
+                "{id:?}"
+            );
+        }
+    }
+}

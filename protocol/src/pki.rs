@@ -92,6 +92,10 @@ pub struct IssueOptions {
     pub dns: Vec<String>,
     /// Validity in days (0 = [`DEFAULT_LEAF_VALIDITY_DAYS`]).
     pub validity_days: u32,
+    /// Seconds the validity window is moved from now: what an issuing host whose clock is
+    /// that far off would write (positive: ahead, so not valid yet here; negative: behind).
+    /// For tests of clock skew and expiry; `coordinatorctl pki issue` always uses 0.
+    pub clock_offset_secs: i64,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PkiError + '_ {
@@ -101,8 +105,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PkiError + '_ {
     }
 }
 
-fn validity(params: &mut CertificateParams, days: i64) {
-    let now = time::OffsetDateTime::now_utc();
+fn validity(params: &mut CertificateParams, days: i64, clock_offset_secs: i64) {
+    let now = time::OffsetDateTime::now_utc() + time::Duration::seconds(clock_offset_secs);
     // Backdated an hour so a peer whose clock is slightly behind still accepts it.
     params.not_before = now - time::Duration::hours(1);
     params.not_after = now + time::Duration::days(days);
@@ -144,7 +148,7 @@ impl Ca {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        validity(&mut params, CA_VALIDITY_DAYS);
+        validity(&mut params, CA_VALIDITY_DAYS, 0);
         let cert = params.self_signed(&key)?;
         Ok(Self {
             cert_pem: cert.pem(),
@@ -256,7 +260,7 @@ impl Ca {
         } else {
             opts.validity_days
         };
-        validity(&mut params, i64::from(days));
+        validity(&mut params, i64::from(days), opts.clock_offset_secs);
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(IssuedCert {
             identity,

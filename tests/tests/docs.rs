@@ -275,3 +275,104 @@ fn citations_are_parsed_as_written() {
         ["docs/x.md"]
     );
 }
+
+/// The lines of the ```sh blocks of a Markdown text, continuation lines joined.
+fn shell_lines(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    let mut pending = String::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            inside = line.trim() == "```sh";
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        let line = line.split(" #").next().unwrap_or(line).trim_end();
+        match line.strip_suffix('\\') {
+            Some(head) => pending.push_str(head),
+            None => {
+                pending.push_str(line);
+                out.push(std::mem::take(&mut pending));
+            }
+        }
+    }
+    out
+}
+
+/// The word after `flag` in a shell line.
+fn arg_of<'a>(line: &'a str, flag: &str) -> Option<&'a str> {
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == flag)?;
+    words.next()
+}
+
+/// The PKI walk-throughs agree with each other and with themselves: the CA is made on a
+/// machine off the fleet in every page (README and install.md once disagreed, the README
+/// making it in /etc/fleetmend on the coordinator host), and each certificate copied to a
+/// host is copied from a directory a `pki init` / `pki issue --out` of the same page wrote
+/// (install.md's step 4 once copied from a directory step 2 never wrote).
+#[test]
+fn the_pki_walkthroughs_keep_the_ca_off_the_fleet_and_copy_what_they_issued() {
+    for page in [root().join("README.md"), root().join("docs/install.md")] {
+        let lines = shell_lines(&read(&page));
+        let name = page.display().to_string();
+        let mut written: Vec<String> = Vec::new();
+        let mut copied = 0;
+        for line in &lines {
+            if line.contains("coordinatorctl pki init") || line.contains("coordinatorctl pki issue")
+            {
+                let out =
+                    arg_of(line, "--out").unwrap_or_else(|| panic!("{name}: no --out in {line:?}"));
+                assert!(
+                    !out.starts_with("/etc/") && !out.starts_with("/var/"),
+                    "{name}: `{line}` writes into a fleet host's directories; the CA and the certificates are made off the fleet"
+                );
+                written.push(out.trim_matches('"').to_string());
+            }
+            let words: Vec<&str> = line.split_whitespace().collect();
+            // `install [-m MODE] [-g GROUP] SOURCE… DEST` copies too (not `install -d`).
+            let sources: Vec<&str> = match words.first() {
+                Some(&"scp") => words[1..].to_vec(),
+                Some(&"install") if !words.contains(&"-d") => {
+                    let mut v = Vec::new();
+                    let mut skip = false;
+                    for w in &words[1..words.len() - 1] {
+                        if skip {
+                            skip = false;
+                        } else if ["-m", "-g", "-o"].contains(w) {
+                            skip = true;
+                        } else {
+                            v.push(*w);
+                        }
+                    }
+                    v
+                }
+                _ => Vec::new(),
+            };
+            for source in sources {
+                let source = source.trim_matches('"');
+                // Certificates, keys and the CA: what `pki` wrote.
+                let pem = source.ends_with(".crt") || source.ends_with(".key");
+                if source.starts_with('-') || source.contains(':') || !pem {
+                    continue;
+                }
+                if !source.contains('/') {
+                    panic!(
+                        "{name}: `{line}` copies {source} from wherever the shell is: say where it was written ({written:?})"
+                    );
+                }
+                copied += 1;
+                assert!(
+                    written.iter().any(|w| source.starts_with(w.as_str())),
+                    "{name}: `{line}` copies {source}, which no pki init/issue --out before it wrote (those wrote {written:?})"
+                );
+            }
+        }
+        assert!(
+            !written.is_empty() && copied > 0,
+            "{name}: no PKI walk-through found"
+        );
+    }
+}

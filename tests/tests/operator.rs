@@ -891,3 +891,57 @@ fn a_fifo_or_device_named_as_a_daemons_own_file_is_refused_not_waited_on() -> an
     }
     Ok(())
 }
+
+/// `node-agent check` refuses what `run` refuses, with `run`'s exit code, before any
+/// coordinator is involved: a certificate from another fleet's CA exits 64 from both (check
+/// used to print its health table and exit 0, and a rollout loop went on to start an agent
+/// that exited 64). With the fleet's own certificate the `tls` line is ok, and without a
+/// polkitd under the agent's root its `actions` lines say the restarts would be refused.
+#[test]
+fn node_agent_check_exits_as_run_would_on_a_certificate_run_refuses() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let fleet = Pki::create(&tmp.path().join("fleet"), "op.test")?;
+    let other = Pki::create(&tmp.path().join("other"), "op.test")?;
+    let fx = NodeFixture::builder("node-1").build()?;
+    let theirs = other.issue("node", "node-1", &[])?;
+    let config = fx.write_agent_config(&AgentConfig::new(
+        "127.0.0.1:1",
+        fleet.ca_cert(),
+        &theirs.cert,
+        &theirs.key,
+    ))?;
+    for sub in ["check", "run"] {
+        let mut cmd = command("node-agent");
+        cmd.arg(sub).arg("--config").arg(&config);
+        let (code, text) = output_within(cmd)?;
+        assert_eq!(code, Some(64), "{sub}: {text}");
+        assert!(text.contains("is not valid under the CA"), "{sub}: {text}");
+    }
+    let mine = fleet.issue("node", "node-1", &[])?;
+    let config = fx.write_agent_config(&AgentConfig::new(
+        "127.0.0.1:1",
+        fleet.ca_cert(),
+        &mine.cert,
+        &mine.key,
+    ))?;
+    let mut cmd = command("node-agent");
+    cmd.arg("check").arg("--config").arg(&config);
+    let (code, text) = output_within(cmd)?;
+    assert_eq!(code, Some(0), "{text}");
+    let line = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} line in:\n{text}"))
+            .to_string()
+    };
+    assert!(
+        line("tls ").contains(" ok ") && line("tls ").contains("node/node-1"),
+        "{text}"
+    );
+    let restart = line("actions  restart-unit kubelet");
+    assert!(
+        restart.contains(" fail ") && restart.contains("polkitd is not installed"),
+        "{text}"
+    );
+    Ok(())
+}

@@ -208,6 +208,44 @@ async fn repair_steps_power_off_then_on_through_the_gateway() -> Result<()> {
             }
         }
     }
+    // A machine of the rack whose gateway has no [[bmc]] for it: the routing says "rack-…
+    // has a gateway", but the gateway, asked which machines it serves, does not list it, so
+    // a `power` line names it (its first power step would fail at once).
+    let inventory = config
+        .lines()
+        .find_map(|l| l.strip_prefix("inventory = "))
+        .context("the coordinator's config names no inventory")?
+        .trim_matches('"')
+        .to_string();
+    let more = dir.join("inventory-unserved.toml");
+    std::fs::write(
+        &more,
+        format!(
+            "{}\n[[machines]]\naddress = \"10.9.9.9\"\nhostname = \"pw-2\"\nrack = \"{RACK}\"\nrole = \"cs\"\nmachine_type = \"qemu\"\n",
+            std::fs::read_to_string(&inventory)?
+        ),
+    )?;
+    let path = dir.join("check-unserved.toml");
+    std::fs::write(&path, config.replace(&inventory, &more.to_string_lossy()))?;
+    let out = testkit::procs::command("coordinator")
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()?;
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.lines().any(|l| l.starts_with("gateway ")
+            && l.contains("ok")
+            && l.contains("it has a BMC for 1 machine")),
+        "{said}"
+    );
+    assert!(
+        said.lines().any(|l| l.starts_with("power ")
+            && l.contains("FAIL")
+            && l.contains(&format!("gateway {RACK} has no [[bmc]] for 10.9.9.9"))),
+        "{said}"
+    );
     assert_eq!(sim.events().len(), before, "the check touched the BMC");
     Ok(())
 }

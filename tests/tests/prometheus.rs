@@ -112,18 +112,32 @@ fn a_live_coordinator_scrape_passes_promtool_and_has_process_metrics() -> Result
         &pki,
         &CoordinatorOptions {
             inventory: Some(inventory_toml(&[("10.0.0.1", "n1"), ("10.0.0.2", "n2")])),
-            // Remediation and the repair queue on, so their series are part of the scrape.
+            // Remediation, the repair queue and a gateway (nothing listens at its address)
+            // on, so their series are part of the scrape.
             extra: format!(
-                "[repair]\nconfig = {:?}\n\n[remediation]\ninterval = \"500ms\"\n",
-                repair.display().to_string()
+                "[repair]\nconfig = {:?}\n\n[remediation]\ninterval = \"500ms\"\n\n\
+                 [[gateways.targets]]\nname = \"rack-1\"\naddress = \"127.0.0.1:{}\"\n\
+                 server_name = \"127.0.0.1\"\nracks = [\"rack-1\"]\n",
+                repair.display().to_string(),
+                testkit::procs::free_udp_port()
             ),
             ..Default::default()
         },
     )?;
-    // Let one remediation pass run.
+    // Let one remediation pass run, and the coordinator look at the gateway once.
     std::thread::sleep(Duration::from_millis(1500));
-    let (status, scrape) = coord.http_get("/metrics")?;
-    ensure!(status == 200, "/metrics answered {status}");
+    let scrape = testkit::procs::wait_for(
+        "the coordinator's look at the gateway in /metrics",
+        Duration::from_secs(20),
+        || {
+            let (status, scrape) = coord.http_get("/metrics").map_err(|e| e.to_string())?;
+            if status == 200 && scrape.contains("fleetmend_power_gateway_reachable{") {
+                Ok(scrape)
+            } else {
+                Err(format!("/metrics answered {status}"))
+            }
+        },
+    )?;
     for series in [
         "fleetmend_machines{",
         "fleetmend_store_failing ",
@@ -131,6 +145,8 @@ fn a_live_coordinator_scrape_passes_promtool_and_has_process_metrics() -> Result
         "fleetmend_report_handling_seconds_bucket{le=\"+Inf\"} ",
         "fleetmend_agent_rtt_seconds_count ",
         "fleetmend_fence_flows_running{state=\"power-off\"} ",
+        // The coordinator's own look at the gateway: nothing answers there.
+        "fleetmend_power_gateway_reachable{gateway=\"rack-1\"} 0",
         "process_resident_memory_bytes ",
         "process_cpu_seconds_total ",
         "process_open_fds ",

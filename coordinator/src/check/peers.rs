@@ -10,13 +10,24 @@ use crate::config::Config;
 /// How long `check` waits for each gateway's handshake and hello.
 const GATEWAY_PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// One gateway's `gateway` line, and the machines it said it has a BMC for.
+pub(super) struct GatewayLine {
+    /// Its name in `[[gateways.targets]]`.
+    pub(super) name: String,
+    /// The line.
+    pub(super) line: Result<String, String>,
+    /// The machines it serves, when it said.
+    pub(super) served: Option<Vec<String>>,
+}
+
 /// Each `[[gateways.targets]]` reached as a power request would reach it (QUIC, both
-/// certificates, the hello) with no request sent, so no BMC is touched: a gateway that
-/// does not answer at its address, is not the gateway its `server_name` names, or refuses
-/// this coordinator's certificate fails here instead of at the first repair. Nothing
+/// certificates, the hello) with no power request sent, so no BMC is touched: a gateway
+/// that does not answer at its address, is not the gateway its `server_name` names, or
+/// refuses this coordinator's certificate fails here instead of at the first repair. Each
+/// is named with its line and, when it said, the machines it has a BMC for. Nothing
 /// without gateways, or when the coordinator's TLS files do not load (the `tls` line says
 /// why).
-pub(super) fn check_gateways(config: &Config) -> Vec<Result<String, String>> {
+pub(super) fn check_gateways(config: &Config) -> Vec<GatewayLine> {
     let targets = match &config.gateways {
         Some(g) if !g.targets.is_empty() => g.targets.clone(),
         _ => return Vec::new(),
@@ -38,9 +49,11 @@ pub(super) fn check_gateways(config: &Config) -> Vec<Result<String, String>> {
     {
         Ok(r) => r,
         Err(e) => {
-            return vec![Err(format!(
-                "cannot start a runtime to reach the gateways: {e}"
-            ))];
+            return vec![GatewayLine {
+                name: String::new(),
+                line: Err(format!("cannot start a runtime to reach the gateways: {e}")),
+                served: None,
+            }];
         }
     };
     let gateways = crate::gateway::QuicGateways::new(
@@ -53,13 +66,33 @@ pub(super) fn check_gateways(config: &Config) -> Vec<Result<String, String>> {
         .block_on(gateways.probe(GATEWAY_PROBE_LIMIT))
         .into_iter()
         .map(|(t, r)| {
-            r.map(|()| {
-                format!(
-                    "{} at {} ({}) answered and accepted this coordinator's certificate",
-                    t.name, t.address, t.server_name
-                )
-            })
-            .map_err(|e| format!("{e}; power actions through it would fail or hold"))
+            let answered = format!(
+                "{} at {} ({}) answered and accepted this coordinator's certificate",
+                t.name, t.address, t.server_name
+            );
+            match r {
+                Ok(Ok(machines)) => {
+                    let s = if machines.len() == 1 { "" } else { "s" };
+                    let line =
+                        format!("{answered}; it has a BMC for {} machine{s}", machines.len());
+                    GatewayLine {
+                        name: t.name.clone(),
+                        line: Ok(line),
+                        served: Some(machines),
+                    }
+                }
+                // Reached, but too old to say: the rest of the line is still true.
+                Ok(Err(why)) => GatewayLine {
+                    name: t.name.clone(),
+                    line: Ok(format!("{answered}; {why}")),
+                    served: None,
+                },
+                Err(e) => GatewayLine {
+                    name: t.name.clone(),
+                    line: Err(format!("{e}; power actions through it would fail or hold")),
+                    served: None,
+                },
+            }
         })
         .collect()
 }

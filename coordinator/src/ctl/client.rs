@@ -400,6 +400,11 @@ impl AdminClient {
                  from {}); is the coordinator running, and is this its QUIC port? Nothing was sent",
                 r.server.from
             ),
+            TransportError::CertificateRejected { dates: true, .. } => anyhow!(
+                "{e}; the certificate is {} (from {})",
+                r.cert.value.display(),
+                r.cert.from
+            ),
             TransportError::CertificateRejected { .. } => anyhow!(
                 "{e}; the certificate is {} (from {}): is it issued by the coordinator's CA and not expired?",
                 r.cert.value.display(),

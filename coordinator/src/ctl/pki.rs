@@ -118,6 +118,7 @@ impl CommandGroup for PkiCommand {
                             ips,
                             dns,
                             validity_days: days,
+                            clock_offset_secs: 0,
                         },
                     )
                     .with_context(|| format!("cannot issue a {role} certificate for {name}"))?;

@@ -12,6 +12,7 @@
 //!
 //! This module does not decide when an action is wise; the coordinator's repair steps do.
 
+pub mod allowed;
 pub mod config;
 pub mod diagnostics;
 pub mod exec;

@@ -1,25 +1,14 @@
-//! The node's certificate and CA against the clock: refused at start once expired, warned
-//! about from a month before (at start and at each reload).
+//! The node's certificate and CA against the clock: refused at start once expired
+//! ([`super::preflight`]), warned about from a month before (at start and at each reload).
 
 use protocol::transport::{TlsMaterial, unix_now};
 use tracing::warn;
 
 use super::AgentError;
 
-/// At start: refuses an expired certificate or CA ([`refuse_expired`]) and warns about one
-/// that expires soon ([`warn_if_expiring`]).
-pub(super) fn at_start(
-    tls: &TlsMaterial,
-    files: &crate::config::CoordinatorConfig,
-) -> Result<(), AgentError> {
-    refuse_expired(tls, files, unix_now())?;
-    warn_if_expiring(tls, &files.cert);
-    Ok(())
-}
-
 /// An expired certificate or CA, said as such (the chain check would only say the
 /// certificate is "not valid under the CA"): the coordinator would refuse every report.
-fn refuse_expired(
+pub(super) fn refuse_expired(
     tls: &TlsMaterial,
     files: &crate::config::CoordinatorConfig,
     now: i64,

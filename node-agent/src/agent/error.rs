@@ -129,6 +129,18 @@ impl RoundError {
             }
             None if matches!(
                 e,
+                RoundError::Transport(TransportError::CertificateRejected { dates: true, .. })
+            ) =>
+            {
+                error!(
+                    error = %e,
+                    identity = %identity,
+                    retry_in = %retry,
+                    "COORDINATOR REJECTED THIS NODE'S CERTIFICATE FOR ITS DATES: reports are not being accepted; compare the clocks of this host, the coordinator and the CA host (`timedatectl status`), or renew an expired certificate"
+                );
+            }
+            None if matches!(
+                e,
                 RoundError::Transport(TransportError::CertificateRejected { .. })
             ) =>
             {

@@ -55,6 +55,7 @@ use crate::systemd::{Notifier, STEP_LIMIT, ShutdownProbe, pinging};
 mod certs;
 mod endpoint;
 mod error;
+pub mod preflight;
 
 use error::RoundError;
 pub use error::{AgentError, ForeignCertificate, check_own_chain};
@@ -221,23 +222,10 @@ impl Agent {
         probe: Box<dyn ShutdownProbe>,
         opts: AgentOptions,
     ) -> Result<Self, AgentError> {
-        let coordinator = cfg.require_coordinator()?.clone();
-        let tls = TlsMaterial::load(&TlsFiles {
-            ca: coordinator.ca.clone(),
-            cert: coordinator.cert.clone(),
-            key: coordinator.key.clone(),
-        })
-        .map_err(AgentError::Tls)?;
-        certs::at_start(&tls, &coordinator)?;
-        check_own_chain(&tls, &coordinator)?;
-        let hostname = node::hostname(&cfg.root, cfg.hostname.as_deref())?;
-        let id = tls.identity();
-        if id.role != Role::Node || id.name != hostname {
-            return Err(AgentError::IdentityMismatch {
-                identity: id.to_string(),
-                hostname,
-            });
-        }
+        let preflight::Preflight {
+            coordinator, tls, ..
+        } = preflight::preflight(&cfg)?;
+        certs::warn_if_expiring(&tls, &coordinator.cert);
         let (orders, reboot_orders) = tokio::sync::mpsc::unbounded_channel();
         let actions = Arc::new(ActionServer::new(
             cfg.actions.clone(),
@@ -502,7 +490,12 @@ impl Agent {
         let mut stop = std::pin::pin!(stop);
         let mut backoff = Backoff::new(self.opts.backoff_initial, self.opts.backoff_max);
         let mut ready = false;
+        // Ready once started: configuration, TLS files and identity are checked (`new`), and
+        // the agent now reports, or retries until it can. Waiting for the coordinator here
+        // would make `systemctl start` (and a serial rollout, and every boot) hang while the
+        // coordinator is away; its acceptance shows in the status line and the log instead.
         self.set_status("connecting to coordinator");
+        self.notifier.ready();
         loop {
             let link = self.rounds(&mut stop, &mut backoff, &mut ready).await;
             self.goodbye(link).await;
@@ -618,7 +611,6 @@ impl Agent {
                     backoff.reset();
                     if !*ready {
                         *ready = true;
-                        self.notifier.ready();
                         info!(seq = self.seq, "first report accepted");
                     }
                     self.set_status("reporting");
@@ -1455,7 +1447,9 @@ mod tests {
         let (summary, notifier) = finish(agent).await;
         assert_eq!(summary.reports_acked, 0);
         assert!(!summary.goodbye_acked);
-        assert_eq!(notifier.ready.load(Ordering::SeqCst), 0);
+        // Ready at start, not at the first accepted report: `systemctl start` must not wait
+        // for a coordinator that is away.
+        assert_eq!(notifier.ready.load(Ordering::SeqCst), 1);
         // Bounded by the goodbye budget, not by connection timeouts.
         assert!(
             started.elapsed() < Duration::from_secs(8),

@@ -23,6 +23,7 @@ use crate::identity::{Identity, IdentityError, Role};
 use crate::messages::{ClientHello, HelloBody, HelloReply, Refusal, RefusalCode, peek_version};
 use crate::{ALPN, PROTOCOL_VERSION};
 
+pub mod clock;
 pub mod expiry;
 mod probe;
 mod settings;
@@ -128,19 +129,25 @@ pub enum TransportError {
     CertificateRejected {
         /// Who rejected it.
         server: Role,
-        /// The TLS alert and reason the server gave.
+        /// The TLS alert and reason the server gave, its dates in words.
         detail: String,
+        /// Whether the server refused it for its dates by its own clock (expired, not valid
+        /// yet): a clock or a renewal to fix, not the CA.
+        dates: bool,
     },
     /// This side did not accept the server's certificate during the TLS handshake: it is not
     /// issued by our CA, or it does not name the server name we asked for.
     #[error(
-        "the {server}'s certificate was not accepted here ({detail}): check that the CA file is the fleet's CA and that the server name (default: the host part of the address) is one the {server}'s certificate names"
+        "the {server}'s certificate was not accepted here ({detail}){}",
+        if *.dates { String::new() } else { format!(": check that the CA file is the fleet's CA and that the server name (default: the host part of the address) is one the {server}'s certificate names") }
     )]
     ServerCertificateRefused {
         /// Whose certificate it was.
         server: Role,
-        /// The TLS alert and rustls' reason.
+        /// The TLS alert and rustls' reason, its dates in words.
         detail: String,
+        /// Whether it was refused for its dates by this host's clock.
+        dates: bool,
     },
     /// Nothing completed a QUIC handshake at the address in time: no server there, a wrong
     /// port, or a firewall dropping UDP.
@@ -479,15 +486,30 @@ fn certificate_rejected(e: &quinn::ConnectionError, server: Role) -> Option<Tran
     };
     let alert = u8::try_from(code.checked_sub(0x100)?).ok()?;
     let (_, name) = CERTIFICATE_ALERTS.iter().find(|(a, _)| *a == alert)?;
+    // Ours: checked by this host's clock. The server's: by its clock, which may differ.
+    let dates = clock::date_refusal(&reason).is_some();
+    let reason = if ours {
+        clock::explain_dates(&reason, "this host", None)
+    } else {
+        clock::explain_dates(&reason, &format!("the {server}"), Some(unix_now()))
+    };
     let detail = if reason.is_empty() {
         format!("TLS alert {name}")
     } else {
         format!("TLS alert {name}: {reason}")
     };
     Some(if ours {
-        TransportError::ServerCertificateRefused { server, detail }
+        TransportError::ServerCertificateRefused {
+            server,
+            detail,
+            dates,
+        }
     } else {
-        TransportError::CertificateRejected { server, detail }
+        TransportError::CertificateRejected {
+            server,
+            detail,
+            dates,
+        }
     })
 }
 

@@ -167,11 +167,15 @@ impl TlsMaterial {
         ca: &std::path::Path,
         ca_key: &'static str,
     ) -> Result<(), ForeignCertificate> {
-        self.verify_own_chain().map_err(|e| ForeignCertificate {
-            cert: cert.to_path_buf(),
-            ca: ca.to_path_buf(),
-            ca_key,
-            detail: e.to_string(),
+        self.verify_own_chain().map_err(|e| {
+            let text = e.to_string();
+            ForeignCertificate {
+                cert: cert.to_path_buf(),
+                ca: ca.to_path_buf(),
+                ca_key,
+                dates: super::clock::date_refusal(&text).is_some(),
+                detail: super::clock::explain_dates(&text, "this host", None),
+            }
         })
     }
 
@@ -313,13 +317,10 @@ impl TlsMaterial {
 }
 
 /// Our certificate does not chain to our CA (another fleet's CA) or is not valid now
-/// (expired): every peer would refuse every connection made with it.
+/// (expired, or not valid yet by this host's clock): every peer would refuse every
+/// connection made with it.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "certificate {} is not valid under the CA {} ({detail}); issue it from this fleet's CA or fix `{ca_key}`",
-    cert.display(),
-    ca.display()
-)]
+#[error("{}", self.sentence())]
 pub struct ForeignCertificate {
     /// The certificate file.
     pub cert: std::path::PathBuf,
@@ -327,6 +328,27 @@ pub struct ForeignCertificate {
     pub ca: std::path::PathBuf,
     /// The setting that names the CA file (`ca`, `tls.ca`).
     pub ca_key: &'static str,
-    /// The verifier's reason.
+    /// The verifier's reason, its dates in words.
     pub detail: String,
+    /// Whether the certificate was refused for its dates (expired or not valid yet by this
+    /// host's clock) rather than for whom it was issued by: then the advice is the clock or
+    /// a renewal, not the CA.
+    pub dates: bool,
+}
+
+impl ForeignCertificate {
+    fn sentence(&self) -> String {
+        let (cert, ca) = (self.cert.display(), self.ca.display());
+        if self.dates {
+            format!(
+                "certificate {cert} (CA {ca}) is not valid now: {}; a certificate that expired needs renewing (`coordinatorctl pki issue`)",
+                self.detail
+            )
+        } else {
+            format!(
+                "certificate {cert} is not valid under the CA {ca} ({}); issue it from this fleet's CA or fix `{}`",
+                self.detail, self.ca_key
+            )
+        }
+    }
 }
