@@ -69,6 +69,7 @@ pub(super) async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
                 ok: false,
                 summary: format!("@fence: {e}"),
                 output: String::new(),
+                unknown_since: None,
             };
             return (end, Outcome::Error);
         }
@@ -113,6 +114,7 @@ pub(super) async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
             ok,
             summary: format!("{summary}{diagnostics}"),
             output,
+            unknown_since: None,
         },
         outcome,
     )
@@ -147,6 +149,7 @@ pub(super) async fn fence_without_release(ctx: &RunContext) -> (CommandEnd, Outc
                 ok: false,
                 summary: format!("@fence: {e}"),
                 output: String::new(),
+                unknown_since: None,
             },
             Outcome::Error,
         ),
@@ -217,6 +220,7 @@ async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
             .filter(|o| !o.is_empty())
             .collect::<Vec<_>>()
             .join("\n"),
+        unknown_since: None,
     };
     (end, outcome)
 }
@@ -264,6 +268,7 @@ async fn wait_for_dump(
                     b.name()
                 ),
                 output: String::new(),
+                unknown_since: None,
             });
         }
         waited = true;
@@ -377,6 +382,10 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                                 note(&held)
                             ),
                             output: String::new(),
+                            // Still running at the gateway, maybe: a cycle sent again
+                            // under the retry's id would be a second one.
+                            unknown_since: (!unreached && !action.is_idempotent())
+                                .then(jiff::Timestamp::now),
                         },
                         Outcome::Timeout,
                     );
@@ -426,12 +435,22 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     };
     let held = format!("{resent}{}{dump}{diagnostics}", note(&held));
     let (req, answer) = answer;
+    // The gateway restarted while it ran a cycle, which is not sent again (a second cycle
+    // reboots again): the step fails, and says so to the decision, which retries it only on
+    // evidence that the first did not happen ([`super::decide`]).
+    let unknown_since = match &answer {
+        Ok(r) if r.outcome.is_outcome_unknown() && !action.is_idempotent() => {
+            Some(jiff::Timestamp::now())
+        }
+        _ => None,
+    };
     match answer {
         Err(e) => (
             CommandEnd {
                 ok: false,
                 summary: format!("{}: {e}{held}", b.name()),
                 output: String::new(),
+                unknown_since: None,
             },
             Outcome::Error,
         ),
@@ -445,6 +464,7 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                     ok: false,
                     summary: format!("@fence: {e}{held}"),
                     output: detail,
+                    unknown_since: None,
                 },
                 Outcome::Failed,
             ),
@@ -456,6 +476,7 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                         b.name()
                     ),
                     output: detail,
+                    unknown_since: None,
                 },
                 Outcome::Ok,
             ),
@@ -464,6 +485,7 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                     ok: false,
                     summary: format!("{} failed{held}", b.name()),
                     output: detail,
+                    unknown_since,
                 },
                 Outcome::Failed,
             ),
