@@ -563,6 +563,7 @@ async fn a_cycle_whose_outcome_is_unknown_is_not_retried_blind() -> Result<()> {
             ..opts
         })
         .await?;
+    let back = std::time::Instant::now();
     // The resend reaches the restarted gateway, which answers it from its record.
     wait_until(
         "the coordinator's resend to reach the restarted gateway",
@@ -572,8 +573,13 @@ async fn a_cycle_whose_outcome_is_unknown_is_not_retried_blind() -> Result<()> {
     )
     .await
     .with_context(|| format!("first gateway:\n{first_log}\nsecond:\n{}", gw.log()))?;
+    let noticed = back.elapsed();
     let (entry, history) = job.await??;
     eprintln!("{history}");
+    assert!(
+        noticed < Duration::from_secs(4),
+        "the lost answer was noticed {noticed:?} after the gateway was back"
+    );
     assert_eq!(
         entry["status"],
         "failed",
@@ -583,6 +589,10 @@ async fn a_cycle_whose_outcome_is_unknown_is_not_retried_blind() -> Result<()> {
     assert!(
         history.contains("outcome unknown") && history.contains("not retried"),
         "the history does not say why the cycle was not retried:\n{history}"
+    );
+    assert!(
+        history.contains("answer was lost"),
+        "the history does not say the gateway's answer was lost:\n{history}"
     );
     assert!(
         !gw.log().contains("attempt1"),

@@ -35,13 +35,22 @@ pub(super) const MAX_RESENDS: u32 = 3;
 struct Held {
     since: tokio::time::Instant,
     attempts: u32,
+    /// How many of the attempts were sent and their answers lost.
+    lost: u32,
     last: String,
 }
 
 impl Held {
     fn describe(&self) -> String {
+        let why = match self.lost {
+            0 => "for an unreachable gateway".to_string(),
+            n => format!(
+                "for the gateway: its answer was lost {n} time(s) (it may have acted) and the \
+                 request was sent again with the same id, which it carries out at most once"
+            ),
+        };
         format!(
-            "held {} s for an unreachable gateway over {} attempts (last: {})",
+            "held {} s {why} over {} attempts (last: {})",
             self.since.elapsed().as_secs(),
             self.attempts,
             self.last
@@ -396,14 +405,16 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
         match answer {
             Err(e) if e.is_retriable() => {
                 let h = held.get_or_insert_with(|| {
-                    tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "power: gateway unreachable; holding the step and retrying with the same id");
+                    tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "power: gateway unreachable or its answer lost; holding the step and resending with the same id");
                     Held {
                         since: tokio::time::Instant::now(),
                         attempts: 0,
+                        lost: 0,
                         last: String::new(),
                     }
                 });
                 h.attempts += 1;
+                h.lost += u32::from(e.may_have_reached_gateway());
                 h.last = e.to_string();
                 maybe_sent |= e.may_have_reached_gateway();
                 let wait = match deadline {
