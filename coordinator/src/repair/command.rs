@@ -979,6 +979,39 @@ mod tests {
         assert_eq!(end.unknown_since, None, "{end:?}");
     }
 
+    /// Issue 34: a cycle the gateway answered with "powered on only" (the machine was off,
+    /// or another request's cycle was under way) is not recorded as a plain "done".
+    #[tokio::test]
+    async fn a_cycle_that_only_powered_on_says_so() {
+        let gw = Arc::new(FakePower::answering(PowerOutcome::Done {
+            state: protocol::gateway::PowerState::On,
+            confirmed_off_unix_ms: None,
+            detail: format!(
+                "{}the machine was being cycled by request other-1 (accepted 0 s before) and \
+                 read off, so the cycle powered it on; power on accepted: ok",
+                protocol::gateway::POWERED_ON_ONLY
+            ),
+        }));
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw;
+        let (end, o) = within(run(
+            CommandSpec::Builtin(Builtin::PowerCycle),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(end.ok && o == Outcome::Ok, "{end:?}");
+        assert!(
+            end.summary.starts_with(
+                "@power-cycle: powered on only, not cycled: the machine was being cycled by \
+                 request other-1 (accepted 0 s before) and read off, so the cycle powered it \
+                 on (power read just after: On)"
+            ),
+            "{}",
+            end.summary
+        );
+    }
+
     #[tokio::test]
     async fn a_fence_with_nothing_to_release_whose_step_stops_mid_way_still_powers_on() {
         // Trap: the entry is deleted (its step task dropped) between the off and the on;

@@ -482,10 +482,19 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
             (_, PowerOutcome::Done { detail, state, .. }) => (
                 CommandEnd {
                     ok: true,
-                    summary: format!(
-                        "{}: done (power read just after: {state:?}){held}",
-                        b.name()
-                    ),
+                    summary: match powered_on_only(&detail) {
+                        // The gateway did not cycle: it says why (off, or another request's
+                        // cycle under way), and the history says so rather than "done".
+                        Some(why) => format!(
+                            "{}: powered on only, not cycled: {why} (power read just after: \
+                             {state:?}){held}",
+                            b.name()
+                        ),
+                        None => format!(
+                            "{}: done (power read just after: {state:?}){held}",
+                            b.name()
+                        ),
+                    },
                     output: detail,
                     unknown_since: None,
                 },
@@ -502,4 +511,11 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
             ),
         },
     }
+}
+
+/// Why a cycle's gateway only powered the machine on ([`protocol::gateway::POWERED_ON_ONLY`]),
+/// from its answer's detail: the clause before its first `; `.
+fn powered_on_only(detail: &str) -> Option<&str> {
+    let why = detail.strip_prefix(protocol::gateway::POWERED_ON_ONLY)?;
+    Some(why.split("; ").next().unwrap_or(why))
 }
