@@ -749,6 +749,46 @@ async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words(
     Ok(())
 }
 
+/// Issue 34 ("never left off"): the release fails after the machine was confirmed off (the
+/// API server refuses the out-of-service taint for good). The flow must power the machine on
+/// before it gives up: the simulator sees the off, then an on, and the machine ends on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_api_server_refuses_powers_the_machine_on_before_failing() -> Result<()> {
+    let mut rig = Rig::start(false).await?;
+    rig.kill_machine();
+    rig.k8s.inject(testkit::fake_k8s::Fault {
+        path_contains: Some(format!("/api/v1/nodes/{HOST}")),
+        method: Some("PATCH".into()),
+        status: 403,
+        message: "nodes is forbidden: refused by the test".into(),
+        times: None,
+    });
+    rig.enqueue_unreachable()?;
+    // The flow then waits for the machine to come back (its agent is dead here): what
+    // matters is that it powered the machine on and said why.
+    let flow = blocking(|| {
+        wait_for("the flow to give up on the release", SETTLE, || {
+            let flow: Value = rig
+                .coord
+                .ctl_json(&["fence", "show", "1", "--json"])
+                .map_err(|e| e.to_string())?;
+            let steps = flow["steps"].to_string();
+            (steps.contains("refused by the test") && steps.contains("powering the machine on"))
+                .then_some(flow)
+                .ok_or(steps)
+        })
+    })?;
+    rig.wait_powered_on()
+        .with_context(|| format!("the machine was left off: {flow:#}"))?;
+    // The off came first, then the on the failure asked for; the machine is on.
+    let off = rig.first_power("0").context("no power-off")?;
+    let on = rig.first_power("1").context("the machine was left off")?;
+    assert!(off < on, "{:?}", rig.sim.events());
+    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
+    assert!(!rig.has_out_of_service_taint());
+    Ok(())
+}
+
 /// `/metrics` shows `started` flows started, all of them finished with `outcome` (and none
 /// with the other), and no flow running in any state.
 fn assert_fence_metrics(scrape: &str, started: u64, outcome: &str) {
