@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use protocol::gateway::{PowerAction, PowerOutcome};
+use protocol::gateway::{POWERED_ON_ONLY, PowerAction, PowerOutcome};
 
 use crate::power::{BmcError, ChassisOp, PowerControl, PowerState};
 
@@ -78,6 +78,16 @@ pub fn rfc3339_ms(unix_ms: u64) -> String {
     )
 }
 
+/// A cycle this BMC accepted for another request shortly before, for a cycle that then
+/// finds the machine off: that one is still under way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EarlierCycle {
+    /// The request id of that cycle.
+    pub id: String,
+    /// How long before this action the BMC accepted it.
+    pub ago: Duration,
+}
+
 /// Runs `action` against `power` within `limits.timeout` and says what happened.
 pub async fn run(
     power: &dyn PowerControl,
@@ -85,9 +95,22 @@ pub async fn run(
     limits: ActionLimits,
     clock: &dyn Clock,
 ) -> PowerOutcome {
+    run_after(power, action, limits, clock, None).await
+}
+
+/// As [`run`], knowing the cycle this BMC accepted shortly before, if any: a cycle that
+/// finds the machine off then says it was being cycled by that request, and that it was
+/// powered on only ([`POWERED_ON_ONLY`]).
+pub async fn run_after(
+    power: &dyn PowerControl,
+    action: PowerAction,
+    limits: ActionLimits,
+    clock: &dyn Clock,
+    earlier: Option<&EarlierCycle>,
+) -> PowerOutcome {
     // What was last seen, kept outside the future so a timeout can still report it.
     let seen = Mutex::new(String::from("no answer from the BMC yet"));
-    let work = run_inner(power, action, limits, clock, &seen);
+    let work = run_inner(power, action, limits, clock, &seen, earlier);
     match tokio::time::timeout(limits.timeout, work).await {
         Ok(outcome) => outcome,
         Err(_) => PowerOutcome::Failed {
@@ -121,8 +144,11 @@ async fn run_inner(
     limits: ActionLimits,
     clock: &dyn Clock,
     seen: &Mutex<String>,
+    earlier: Option<&EarlierCycle>,
 ) -> PowerOutcome {
     let note = |s: String| *seen.lock().expect("not poisoned") = s;
+    // Why a cycle only powered the machine on, when it did.
+    let mut on_only = None;
     let op = match action {
         PowerAction::Status => {
             return match power.power_reading().await {
@@ -144,7 +170,19 @@ async fn run_inner(
             // from "cycle" is a machine that runs again, so an off machine is powered on.
             match power.power_reading().await {
                 Ok(r) if r.state == PowerState::Off => {
-                    note("power was off before the cycle".into());
+                    // Off moments after another request's cycle: that cycle holds it off.
+                    // Cycling again would only add a reboot; powering on ends both.
+                    let why = match earlier {
+                        Some(c) => format!(
+                            "the machine was being cycled by request {} (accepted {} s before) \
+                             and read off",
+                            c.id,
+                            c.ago.as_secs()
+                        ),
+                        None => "the machine was off".into(),
+                    };
+                    note(format!("{why} before the cycle"));
+                    on_only = Some(why);
                     ChassisOp::On
                 }
                 Ok(r) => {
@@ -170,10 +208,9 @@ async fn run_inner(
         Err(e) => return failed(&e, &format!("power {}", op.as_str())),
     };
     note(format!("BMC accepted power {}: {said}", op.as_str()));
-    let prefix = if action == PowerAction::Cycle && op == ChassisOp::On {
-        "machine was off, so cycle powered it on; "
-    } else {
-        ""
+    let prefix = match on_only {
+        Some(why) => format!("{POWERED_ON_ONLY}{why}, so the cycle powered it on; "),
+        None => String::new(),
     };
     // Read the state once afterwards for the record; BMCs may apply a change later, so this
     // does not decide success (a fence does that).
@@ -310,6 +347,7 @@ mod tests {
         };
         assert_eq!(state, PowerState::On);
         assert!(detail.contains("was off"), "{detail}");
+        assert!(detail.starts_with(POWERED_ON_ONLY), "{detail}");
 
         let p = FakePower::new(PowerState::On);
         go(&p, PowerAction::Cycle, 1000).await;

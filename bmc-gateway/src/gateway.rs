@@ -405,6 +405,13 @@ impl Gateway {
     }
 }
 
+/// How long after a cycle a machine that reads off is taken to be still in that cycle (the
+/// BMC holding it off before it powers it on again), so a second cycle says so.
+///
+/// 30 s: BMCs hold a cycled machine off from 1 s (IPMI's minimum) to about 10 s; three
+/// times that, and still far shorter than any repair's step.
+const CYCLE_HOLDS_OFF: Duration = Duration::from_secs(30);
+
 async fn worker(
     mut rx: mpsc::UnboundedReceiver<Job>,
     power: Arc<dyn PowerControl>,
@@ -415,6 +422,8 @@ async fn worker(
     clock: Arc<dyn Clock>,
 ) {
     let mut last_activity = Instant::now();
+    // The last cycle this BMC carried out (not one that only powered on), and when.
+    let mut last_cycle: Option<(String, Instant)> = None;
     loop {
         // Wake for the next job, or to probe an idle BMC.
         let job = match probe {
@@ -454,7 +463,28 @@ async fn worker(
                 poll,
             };
             info!(id = %job.id, action = actions::action_name(job.action), waited_ms = now.duration_since(job.arrived).as_millis() as u64, "power action started");
-            actions::run(power.as_ref(), job.action, limits, clock.as_ref()).await
+            let earlier = last_cycle
+                .as_ref()
+                .filter(|(_, at)| now.duration_since(*at) < CYCLE_HOLDS_OFF)
+                .map(|(id, at)| actions::EarlierCycle {
+                    id: id.clone(),
+                    ago: now.duration_since(*at),
+                });
+            let o = actions::run_after(
+                power.as_ref(),
+                job.action,
+                limits,
+                clock.as_ref(),
+                earlier.as_ref(),
+            )
+            .await;
+            if job.action == PowerAction::Cycle
+                && matches!(o, PowerOutcome::Done { .. })
+                && !o.is_powered_on_only()
+            {
+                last_cycle = Some((job.id.clone(), now));
+            }
+            o
         };
         info!(id = %job.id, action = actions::action_name(job.action), ok = matches!(outcome, PowerOutcome::Done { .. }), "power action finished");
         metrics.action(
@@ -542,6 +572,39 @@ mod tests {
         let b = g.handle(req("r1", "m1", PowerAction::Cycle)).await;
         assert_eq!(a, b);
         assert_eq!(p.calls(), ["status", "cycle", "status"]);
+    }
+
+    /// Issue 34: two cycles of one machine asked at once (two coordinators, two entries).
+    /// The BMC cycles once; the second finds the machine off in the middle of that cycle
+    /// and powers it on. Its answer says so and names the first request, instead of a
+    /// plain "done" for a cycle that never happened.
+    #[tokio::test]
+    async fn a_cycle_that_finds_another_cycle_under_way_says_it_only_powered_on() {
+        let p = Arc::new(FakePower::new(PowerState::On).with_cycle_off(5));
+        let g = gw(vec![("m1", p.clone())]);
+        let (a, b) = tokio::join!(
+            g.handle(req("first", "m1", PowerAction::Cycle)),
+            g.handle(req("second", "m1", PowerAction::Cycle))
+        );
+        assert_eq!(
+            p.calls(),
+            ["status", "cycle", "status", "status", "on", "status"]
+        );
+        assert!(!a.outcome.is_powered_on_only(), "{a:?}");
+        let PowerOutcome::Done { detail, .. } = &b.outcome else {
+            panic!("{b:?}")
+        };
+        assert!(b.outcome.is_powered_on_only(), "{detail}");
+        assert!(detail.contains("being cycled by request first"), "{detail}");
+        // A machine simply off before a cycle is powered on, as before, naming no request.
+        let p = Arc::new(FakePower::new(PowerState::Off));
+        let g = gw(vec![("m1", p.clone())]);
+        let c = g.handle(req("third", "m1", PowerAction::Cycle)).await;
+        assert!(c.outcome.is_powered_on_only(), "{c:?}");
+        assert!(
+            matches!(&c.outcome, PowerOutcome::Done { detail, .. } if detail.contains("the machine was off")),
+            "{c:?}"
+        );
     }
 
     #[tokio::test]

@@ -201,6 +201,9 @@ pub mod fake {
         /// Number of `power_state` reads after an off before the state reads off.
         off_lag: u32,
         lag_left: u32,
+        /// Number of `power_state` reads after a cycle that read off (mid-cycle).
+        cycle_off: u32,
+        cycle_off_left: u32,
         delay: Duration,
         /// Calls running now, and the most ever running at once.
         in_flight: usize,
@@ -225,6 +228,13 @@ pub mod fake {
         /// After an off, the state keeps reading on for `reads` more reads.
         pub fn with_off_lag(self, reads: u32) -> Self {
             self.state.lock().unwrap().off_lag = reads;
+            self
+        }
+
+        /// After a cycle, the state reads off for `reads` reads, as a BMC that holds the
+        /// machine off for a while in the middle of its cycle.
+        pub fn with_cycle_off(self, reads: u32) -> Self {
+            self.state.lock().unwrap().cycle_off = reads;
             self
         }
 
@@ -301,6 +311,10 @@ pub mod fake {
                     s.lag_left -= 1;
                     return Ok(PowerState::On);
                 }
+                if s.cycle_off_left > 0 {
+                    s.cycle_off_left -= 1;
+                    return Ok(PowerState::Off);
+                }
                 Ok(s.power.unwrap_or(PowerState::Unknown))
             })
         }
@@ -309,6 +323,11 @@ pub mod fake {
             Box::pin(async move {
                 self.enter(op.as_str()).await?;
                 let mut s = self.state.lock().unwrap();
+                s.cycle_off_left = if op == ChassisOp::Cycle {
+                    s.cycle_off
+                } else {
+                    0
+                };
                 match op {
                     ChassisOp::On | ChassisOp::Cycle | ChassisOp::Reset => {
                         s.power = Some(PowerState::On)

@@ -6,12 +6,15 @@
 //! bidirectional stream per request, reusing one connection per gateway; [`NoGateway`] answers
 //! "not available" when none is configured.
 //!
-//! A request whose connection fails is sent once more on a fresh connection with the same id:
-//! the gateway executes an id at most once, so the retry can only fetch the first result.
-//! Errors say whether the request may have reached the gateway ([`PowerError::AnswerLost`]) or
-//! surely did not ([`PowerError::Unreachable`]); both are retriable with the same id, and the
-//! repair queue holds on them (see [`crate::repair::command`]). This module decides nothing
-//! about which action to take, and does not wait between attempts.
+//! A request that could not be sent on a pooled connection (found dead) is tried once more on
+//! a fresh connection. One that was sent and whose answer was lost (the gateway killed or
+//! restarted meanwhile, noticed within [`GATEWAY_KEEP_ALIVE`] of its restart) is not resent
+//! here: errors say whether the request may have reached the gateway
+//! ([`PowerError::AnswerLost`]) or surely did not ([`PowerError::Unreachable`]); both are
+//! retriable with the same id (the gateway executes an id at most once, so a resend can only
+//! fetch the first result), and the repair queue holds on them and says so in the entry's
+//! history (see [`crate::repair::command`]). This module decides nothing about which
+//! action to take, and does not wait between attempts.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -152,6 +155,14 @@ pub type RackOf = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 /// Margin over a request's own time limit before the coordinator stops waiting: the gateway
 /// answers at its limit, so this only covers transport and queueing on a busy gateway.
 pub const ANSWER_MARGIN: Duration = Duration::from_secs(15);
+
+/// Keep-alive on a gateway connection. A gateway killed while it carries out a request
+/// sends nothing more; the coordinator learns of it from the stateless reset the restarted
+/// gateway answers its next packet with, and while it waits for an answer that packet is a
+/// keep-alive. At the default 10 s a lost answer took up to 10 s after the restart to be
+/// noticed; at 1 s it takes a second, for one small packet a second per gateway (a few dozen
+/// connections).
+pub const GATEWAY_KEEP_ALIVE: Duration = Duration::from_secs(1);
 
 /// Limit the gateway applies to a request without one (it defaults to 30 s, 60 s for a fence);
 /// mirrored here to know how long to wait.
@@ -312,7 +323,7 @@ impl QuicGateways {
                 e
             }
         };
-        endpoint.set_default_client_config(tls.quinn_client_config()?);
+        endpoint.set_default_client_config(tls.quinn_client_config_keep_alive(GATEWAY_KEEP_ALIVE)?);
         Ok(endpoint)
     }
 
@@ -413,15 +424,22 @@ impl PowerControl for QuicGateways {
                         // The gateway holds the request; resending at once would only wait again.
                         return Err(answer_lost(t, &req, &e));
                     }
-                    Err((e, sent)) => {
-                        warn!(gateway = %t.name, id = %req.id, error = %e, fresh, sent, "power request failed on the connection");
-                        last = Some((e, sent));
+                    Err((e, true)) => {
+                        // Sent, maybe executed: the caller resends (the same id) and says so,
+                        // rather than this client hiding the lost answer behind a resend.
+                        warn!(gateway = %t.name, id = %req.id, error = %e, fresh, "power request sent but its answer was lost");
+                        return Err(answer_lost(t, &req, &e));
+                    }
+                    Err((e, false)) => {
+                        // A pooled connection found dead before anything went out: one more
+                        // try on a fresh one.
+                        warn!(gateway = %t.name, id = %req.id, error = %e, fresh, "power request could not be sent on the connection");
+                        last = Some(e);
                     }
                 }
             }
             Err(match last {
-                Some((e, true)) => answer_lost(t, &req, &e),
-                Some((e, false)) => unreachable(t, &e),
+                Some(e) => unreachable(t, &e),
                 None => unreachable(t, &"no attempt"),
             })
         })
@@ -543,9 +561,16 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, PowerError::AnswerLost { .. }), "{e}");
         assert!(e.is_retriable() && e.may_have_reached_gateway(), "{e}");
-        // Resent once on a fresh connection, with the same id.
+        // Not resent behind the caller's back: the caller resends and says so.
+        assert_eq!(*ids.lock().unwrap(), ["lost"]);
+        // The caller's resend, with the same id, goes out on a fresh connection from the
+        // same endpoint: one per connection held a receive buffer of its own.
+        let again = tokio::time::timeout(Duration::from_secs(30), g.power(req("lost", "10.0.0.1")))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(again, PowerError::AnswerLost { .. }), "{again}");
         assert_eq!(*ids.lock().unwrap(), ["lost", "lost"]);
-        // From the same endpoint: one per connection held a receive buffer of its own.
         let froms = froms.lock().unwrap().clone();
         assert_eq!(froms.len(), 2);
         assert_eq!(

@@ -73,7 +73,18 @@ pub struct PowerResponse {
 /// request ran: whether it reached the BMC is unknown, and the id is not executed again.
 pub const OUTCOME_UNKNOWN: &str = "outcome unknown: ";
 
+/// How the detail of a [`PowerOutcome::Done`] of a cycle begins when the machine read off
+/// before it, so the gateway powered it on and did not cycle it: the machine was off, or
+/// another request was cycling it (the detail names that request).
+pub const POWERED_ON_ONLY: &str = "powered on only: ";
+
 impl PowerOutcome {
+    /// True for a cycle that found the machine off and only powered it on
+    /// ([`POWERED_ON_ONLY`]).
+    pub fn is_powered_on_only(&self) -> bool {
+        matches!(self, PowerOutcome::Done { detail, .. } if detail.starts_with(POWERED_ON_ONLY))
+    }
+
     /// True for the answer to an id the gateway was running when it restarted
     /// ([`OUTCOME_UNKNOWN`]): acting again needs a new id.
     pub fn is_outcome_unknown(&self) -> bool {

@@ -858,6 +858,8 @@ pub struct GatewayProc {
     pub state_dir: PathBuf,
     /// The configuration file it runs with (for `bmc-gateway check --config`).
     pub config: PathBuf,
+    /// Its certificate and key files (to restart it with the same ones).
+    pub tls: (PathBuf, PathBuf),
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -870,6 +872,11 @@ pub struct GatewayOptions {
     /// State directory; one inside the gateway's own temporary directory when `None` (gone
     /// with the process handle).
     pub state_dir: Option<PathBuf>,
+    /// Certificate and key files; a new `gateway/rack-1` certificate from the test PKI when
+    /// `None`. A gateway restarted by systemd keeps its key, and with it the QUIC
+    /// stateless-reset key derived from it, so its peers learn of the restart at once:
+    /// pass [`GatewayProc::tls`] of the first run to restart it so.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl GatewayProc {
@@ -883,7 +890,10 @@ impl GatewayProc {
     pub async fn start_with(pki: &TestPki, bmcs_toml: &str, opts: GatewayOptions) -> Result<Self> {
         let bin = gateway_binary()?;
         let dir = tempfile::tempdir()?;
-        let (cert, key) = pki.issue_files(Role::Gateway, "rack-1")?;
+        let (cert, key) = match opts.tls {
+            Some(files) => files,
+            None => pki.issue_files(Role::Gateway, "rack-1")?,
+        };
         let quic: SocketAddr = match opts.quic {
             Some(a) => a,
             None => format!("127.0.0.1:{}", free_udp_port()).parse()?,
@@ -917,6 +927,7 @@ impl GatewayProc {
             http,
             state_dir,
             config: cfg_path,
+            tls: (cert, key),
             log,
             _dir: dir,
         };

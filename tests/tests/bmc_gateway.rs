@@ -760,6 +760,7 @@ async fn a_second_gateway_on_the_same_state_dir_is_refused_naming_the_holder() -
     let opts = GatewayOptions {
         quic: None,
         state_dir: Some(state.path().to_path_buf()),
+        ..Default::default()
     };
     let first = GatewayProc::start_with(&pki, "", opts.clone()).await?;
     let pid = first.pid().context("first gateway's pid")?;
@@ -941,6 +942,7 @@ async fn a_gateway_killed_after_executing_answers_the_resend_from_its_record() -
     let opts = GatewayOptions {
         quic: None,
         state_dir: Some(state.path().to_path_buf()),
+        ..Default::default()
     };
     let gw = GatewayProc::start_with(&pki, &cfg, opts.clone()).await?;
     let c = coordinator(&pki, &gw).await?;

@@ -749,6 +749,114 @@ async fn a_bmc_that_refuses_power_off_releases_nothing_and_fails_with_its_words(
     Ok(())
 }
 
+/// Issue 34 ("never left off"): the release fails after the machine was confirmed off (the
+/// API server refuses the out-of-service taint for good). The flow must power the machine on
+/// before it gives up: the simulator sees the off, then an on, and the machine ends on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_api_server_refuses_powers_the_machine_on_before_failing() -> Result<()> {
+    let mut rig = Rig::start(false).await?;
+    rig.kill_machine();
+    rig.k8s.inject(testkit::fake_k8s::Fault {
+        path_contains: Some(format!("/api/v1/nodes/{HOST}")),
+        method: Some("PATCH".into()),
+        status: 403,
+        message: "nodes is forbidden: refused by the test".into(),
+        times: None,
+    });
+    rig.enqueue_unreachable()?;
+    // The flow then waits for the machine to come back (its agent is dead here): what
+    // matters is that it powered the machine on and said why.
+    let flow = blocking(|| {
+        wait_for("the flow to give up on the release", SETTLE, || {
+            let flow: Value = rig
+                .coord
+                .ctl_json(&["fence", "show", "1", "--json"])
+                .map_err(|e| e.to_string())?;
+            let steps = flow["steps"].to_string();
+            (steps.contains("refused by the test") && steps.contains("powering the machine on"))
+                .then_some(flow)
+                .ok_or(steps)
+        })
+    })?;
+    rig.wait_powered_on()
+        .with_context(|| format!("the machine was left off: {flow:#}"))?;
+    // The off came first, then the on the failure asked for; the machine is on.
+    let off = rig.first_power("0").context("no power-off")?;
+    let on = rig.first_power("1").context("the machine was left off")?;
+    assert!(off < on, "{:?}", rig.sim.events());
+    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
+    assert!(!rig.has_out_of_service_taint());
+    Ok(())
+}
+
+/// Issue 34 ("no release without a confirmed off, after a crash"): the coordinator is
+/// killed with the flow in `release` (the off confirmed and committed, nothing released
+/// yet), and the machine is powered on by someone else before the coordinator is back. The
+/// resumed flow must not trust the committed "off": it reads the power state again, finds
+/// it on, releases nothing and says so. (The crash test's machine stays off, so it cannot
+/// see this re-read go missing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_turned_on_while_the_coordinator_was_down_in_release_is_not_released()
+-> Result<()> {
+    let mut rig = Rig::start(false).await?;
+    rig.coord.env = vec![("FLEETMEND_FENCE_KILL_AT".into(), "after:release".into())];
+    blocking(|| rig.coord.restart())?;
+    rig.kill_machine();
+    rig.enqueue_unreachable()?;
+    let t0 = Instant::now();
+    loop {
+        let proc = rig.coord.proc.as_mut().context("coordinator")?;
+        if let Some(st) = proc.try_exit() {
+            use std::os::unix::process::ExitStatusExt;
+            if st.signal() != Some(9) {
+                bail!(
+                    "coordinator exited with {st}, not SIGKILL:\n{}",
+                    proc.log_text()
+                );
+            }
+            break;
+        }
+        if t0.elapsed() > SETTLE {
+            bail!("kill point never reached:\n{}", rig.coord.log_text());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rig.coord.proc.take();
+    rig.coord.env.clear();
+    assert_eq!(rig.count_power("0"), 1, "{:?}", rig.sim.events());
+    assert!(rig.node_writes().is_empty(), "{:?}", rig.node_writes());
+    // Someone powers the machine on while no coordinator runs.
+    rig.sim.ipmi().ipmitool(&["chassis", "power", "on"]).await?;
+    assert!(blocking(|| rig.sim_power_is_on())?);
+    blocking(|| rig.coord.restart())?;
+    // The resumed flow reads the power state again and gives up on the release (it then
+    // waits for the machine to come back, which its dead agent never does here).
+    let flow = blocking(|| {
+        wait_for("the resumed flow to find the machine on", SETTLE, || {
+            let flow: Value = rig
+                .coord
+                .ctl_json(&["fence", "show", "1", "--json"])
+                .map_err(|e| e.to_string())?;
+            let text = flow.to_string();
+            text.contains("not re-confirmed")
+                .then_some(flow)
+                .ok_or(text)
+        })
+    })?;
+    // Give a wrong release time to happen, were it to come.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        rig.node_writes().is_empty(),
+        "the Node was written after the machine was seen on: {:?}",
+        rig.node_writes()
+    );
+    assert!(!rig.has_out_of_service_taint());
+    assert_eq!(rig.k8s.pods_on(HOST).len(), 1, "the pod was released");
+    assert_eq!(rig.k8s.volume_attachments_on(HOST).len(), 1, "{flow:#}");
+    assert!(blocking(|| rig.sim_power_is_on())?, "machine left off");
+    Ok(())
+}
+
 /// `/metrics` shows `started` flows started, all of them finished with `outcome` (and none
 /// with the other), and no flow running in any state.
 fn assert_fence_metrics(scrape: &str, started: u64, outcome: &str) {

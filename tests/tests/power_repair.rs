@@ -313,13 +313,26 @@ impl Rig {
         gw: std::net::SocketAddr,
         builtin: &str,
     ) -> Result<std::sync::Arc<Coordinator>> {
+        self.coordinator_steps(name, gw, &format!("[\"{builtin}\"]"), "")
+            .await
+    }
+
+    /// As [`Rig::coordinator`], with `command` (YAML) as the repair's one step, and `more`
+    /// (YAML lines of the step, each `\n`-ended, indented by 14) for its other keys.
+    async fn coordinator_steps(
+        &self,
+        name: &str,
+        gw: std::net::SocketAddr,
+        command: &str,
+        more: &str,
+    ) -> Result<std::sync::Arc<Coordinator>> {
         let dir = self.dir.path().join(name);
         std::fs::create_dir_all(&dir)?;
         let repair_yaml = dir.join("repair.yaml");
         std::fs::write(
             &repair_yaml,
             format!(
-                "repair:\n  repair_procedures:\n    - machine_types: [\"qemu\"]\n      repair_operations:\n        - operation: \"unreachable\"\n          repair_steps:\n            - repair_command: [\"{builtin}\"]\n              command_timeout_seconds: 150\n              watch_seconds: 60\n          health_check_command: [{:?}]\n          command_timeout_seconds: 20\n",
+                "repair:\n  repair_procedures:\n    - machine_types: [\"qemu\"]\n      repair_operations:\n        - operation: \"unreachable\"\n          repair_steps:\n            - repair_command: {command}\n              command_timeout_seconds: 150\n              watch_seconds: 60\n{more}          health_check_command: [{:?}]\n          command_timeout_seconds: 20\n",
                 self.check.to_string_lossy()
             ),
         )?;
@@ -477,6 +490,7 @@ async fn a_gateway_outage_holds_the_power_step_until_it_is_back() -> Result<()> 
     let opts = GatewayOptions {
         quic: None,
         state_dir: Some(state.path().to_path_buf()),
+        ..Default::default()
     };
     let gw = rig.gateway(opts.clone()).await?;
     let quic = gw.quic;
@@ -535,5 +549,103 @@ async fn a_gateway_outage_holds_the_power_step_until_it_is_back() -> Result<()> 
         || async { Ok(rig.cycles() == 1) },
     )
     .await?;
+    Ok(())
+}
+
+/// Issue 34, items 1 and 5: the gateway is killed while the BMC carries out a `@power-cycle`
+/// (the cycle went out; its answer never came back) and restarted on its port and state
+/// directory. The coordinator notices the lost answer within about a second of the restart
+/// (it used to wait for a 10 s keep-alive), resends the same id, and the history says the
+/// answer was lost. The gateway answers "outcome unknown"; with `command_retries: 1` the step
+/// used to be retried under a new id and the BMC cycled the machine a second time. Now, with
+/// no report from the machine's agent showing the first did not happen, it is not retried:
+/// the entry fails, saying why, and the BMC saw one cycle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_whose_outcome_is_unknown_is_not_retried_blind() -> Result<()> {
+    let rig = Rig::new().await?;
+    let state = tempfile::tempdir()?;
+    let opts = GatewayOptions {
+        quic: None,
+        state_dir: Some(state.path().to_path_buf()),
+        ..Default::default()
+    };
+    let gw = rig.gateway(opts.clone()).await?;
+    let quic = gw.quic;
+    let c = rig
+        .coordinator_steps(
+            "c",
+            quic,
+            "[\"@power-cycle\"]",
+            "              command_retries: 1\n              command_interval: 1\n",
+        )
+        .await?;
+    // The BMC takes 3 s to carry out and answer each chassis control, so the gateway can be
+    // killed after the cycle went out and before its answer came back.
+    rig.sim.slow_set(Some(3))?;
+    let job = tokio::spawn(repair(c.clone(), Duration::from_secs(200)));
+    wait_until(
+        "the gateway to start the cycle",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async { Ok(gw.log().contains("power action started")) },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Restarted as systemd would: same port, state directory, certificate and key.
+    let tls = gw.tls.clone();
+    let first_log = gw.kill().await?;
+    let gw = rig
+        .gateway(GatewayOptions {
+            quic: Some(quic),
+            tls: Some(tls),
+            ..opts
+        })
+        .await?;
+    let back = std::time::Instant::now();
+    // The resend reaches the restarted gateway, which answers it from its record.
+    wait_until(
+        "the coordinator's resend to reach the restarted gateway",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { Ok(gw.log().contains("repeated request id")) },
+    )
+    .await
+    .with_context(|| format!("first gateway:\n{first_log}\nsecond:\n{}", gw.log()))?;
+    let noticed = back.elapsed();
+    let (entry, history) = job.await??;
+    eprintln!("{history}");
+    assert!(
+        noticed < Duration::from_secs(4),
+        "the lost answer was noticed {noticed:?} after the gateway was back"
+    );
+    assert_eq!(
+        entry["status"],
+        "failed",
+        "{entry}\n{history}\ngateway log:\n{}",
+        gw.log()
+    );
+    assert!(
+        history.contains("outcome unknown") && history.contains("not retried"),
+        "the history does not say why the cycle was not retried:\n{history}"
+    );
+    assert!(
+        history.contains("answer was lost"),
+        "the history does not say the gateway's answer was lost:\n{history}"
+    );
+    assert!(
+        !gw.log().contains("attempt1"),
+        "a retry reached the gateway:\n{}",
+        gw.log()
+    );
+    rig.sim.slow_set(None)?;
+    wait_until(
+        "the machine to be on again after its one cycle",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { rig.sim.power_is_on().await },
+    )
+    .await
+    .with_context(|| format!("events {:?}", rig.sim.events()))?;
+    assert_eq!(rig.cycles(), 1, "events {:?}", rig.sim.events());
     Ok(())
 }

@@ -205,10 +205,39 @@ repair:
           health_check_command: ["sh", "-c", "echo false"]
 "#;
 
+/// Kills, when dropped (also when the test fails), every process group whose leader's pid
+/// is in one of `files` and every process whose pid is in one of them, if it still runs
+/// `sh` or `sleep` (a recycled pid is left alone): a failing test leaves no `sleep 300`.
+struct KillListedOnDrop(Vec<PathBuf>);
+
+impl Drop for KillListedOnDrop {
+    fn drop(&mut self) {
+        for pid in self.0.iter().flat_map(|f| pids_in(f)) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let ours = [&b"sh\0"[..], b"sleep\0"]
+                .iter()
+                .any(|p| cmdline.starts_with(p));
+            if ours && alive(pid) {
+                // The leader's group first (the script and its sleep), then the pid itself.
+                let _ = send_signal_quiet(&format!("-{pid}"));
+                let _ = send_signal_quiet(&pid.to_string());
+            }
+        }
+    }
+}
+
+fn send_signal_quiet(target: &str) -> std::io::Result<std::process::ExitStatus> {
+    Command::new("kill")
+        .args(["-KILL", "--", target])
+        .stderr(std::process::Stdio::null())
+        .status()
+}
+
 #[test]
 fn sigkill_mid_command_then_restart_runs_exactly_one_copy() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
+    let _cleanup = KillListedOnDrop(vec![dir.join("leaders"), dir.join("sleeps")]);
     let pki = Pki::create(&dir.join("pki"), "e2e.test")?;
     let cluster = dir.join("cluster.yml");
     std::fs::write(

@@ -58,6 +58,7 @@ fn end(ok: bool, summary: String, output: String, outcome: Outcome) -> (CommandE
             ok,
             summary,
             output,
+            unknown_since: None,
         },
         outcome,
     )

@@ -231,6 +231,7 @@ fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
                 ok: false,
                 summary,
                 output: String::new(),
+                unknown_since: None,
             },
             Outcome::Failed,
         )
@@ -263,6 +264,7 @@ fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
             ok: true,
             summary: format!("every check ok since {ok_since:.0}, boot id {}", h.boot_id),
             output: String::new(),
+            unknown_since: None,
         },
         Outcome::Ok,
     )
@@ -361,6 +363,7 @@ pub async fn run_external(
                 ok: false,
                 summary: format!("cannot run {}: no such program", argv[0]),
                 output: String::new(),
+                unknown_since: None,
             },
             Outcome::Error,
         );
@@ -387,6 +390,7 @@ pub async fn run_external(
                     ok: false,
                     summary: format!("cannot run {}: {e}", argv[0]),
                     output: String::new(),
+                    unknown_since: None,
                 },
                 Outcome::Error,
             );
@@ -420,6 +424,7 @@ pub async fn run_external(
                 ok: false,
                 summary: format!("timed out after {secs} s; process group killed"),
                 output: String::new(),
+                unknown_since: None,
             },
             Outcome::Timeout,
         );
@@ -438,6 +443,7 @@ pub async fn run_external(
                 ok: true,
                 summary: "exit status 0".into(),
                 output,
+                unknown_since: None,
             },
             Outcome::Ok,
         ),
@@ -449,6 +455,7 @@ pub async fn run_external(
                     None => format!("terminated: {s}"),
                 },
                 output,
+                unknown_since: None,
             },
             Outcome::Failed,
         ),
@@ -457,6 +464,7 @@ pub async fn run_external(
                 ok: false,
                 summary: format!("waiting for {} failed: {e}", argv[0]),
                 output,
+                unknown_since: None,
             },
             Outcome::Error,
         ),
@@ -950,6 +958,9 @@ mod tests {
         assert!(!end.ok && o == Outcome::Failed, "{end:?}");
         assert!(end.output.contains("outcome unknown"), "{end:?}");
         assert_eq!(gw3.requests().len(), 1);
+        // And it tells the decision, so a retry of the step waits for evidence
+        // (`decide`'s a_power_action_of_unknown_outcome_is_retried_only_on_the_agents_evidence).
+        assert!(end.unknown_since.is_some(), "{end:?}");
         // A gateway that keeps losing it: three resends, then the step fails.
         let gw4 = Arc::new(FakePower::default());
         for _ in 0..10 {
@@ -964,6 +975,41 @@ mod tests {
         .await;
         assert!(!end.ok, "{end:?}");
         assert_eq!(gw4.requests().len(), 4);
+        // An off done twice is an off: its retry needs no evidence.
+        assert_eq!(end.unknown_since, None, "{end:?}");
+    }
+
+    /// Issue 34: a cycle the gateway answered with "powered on only" (the machine was off,
+    /// or another request's cycle was under way) is not recorded as a plain "done".
+    #[tokio::test]
+    async fn a_cycle_that_only_powered_on_says_so() {
+        let gw = Arc::new(FakePower::answering(PowerOutcome::Done {
+            state: protocol::gateway::PowerState::On,
+            confirmed_off_unix_ms: None,
+            detail: format!(
+                "{}the machine was being cycled by request other-1 (accepted 0 s before) and \
+                 read off, so the cycle powered it on; power on accepted: ok",
+                protocol::gateway::POWERED_ON_ONLY
+            ),
+        }));
+        let mut c = ctx(Some(Duration::from_secs(30)));
+        c.power = gw;
+        let (end, o) = within(run(
+            CommandSpec::Builtin(Builtin::PowerCycle),
+            CommandKind::Repair,
+            c,
+        ))
+        .await;
+        assert!(end.ok && o == Outcome::Ok, "{end:?}");
+        assert!(
+            end.summary.starts_with(
+                "@power-cycle: powered on only, not cycled: the machine was being cycled by \
+                 request other-1 (accepted 0 s before) and read off, so the cycle powered it \
+                 on (power read just after: On)"
+            ),
+            "{}",
+            end.summary
+        );
     }
 
     #[tokio::test]

@@ -72,6 +72,29 @@ pub struct CommandEnd {
     pub summary: String,
     /// Truncated output.
     pub output: String,
+    /// Set when a power action that is not safe to do twice (a cycle) may have been carried
+    /// out although the step failed: the gateway restarted while it ran it ("outcome
+    /// unknown"), or no answer came in time. When that became known. A retry then needs
+    /// evidence that the first did not happen (see [`UNKNOWN_EVIDENCE_WAIT`]).
+    pub unknown_since: Option<Timestamp>,
+}
+
+/// How long a step whose power action's outcome is unknown waits for evidence that it did
+/// not happen (the machine's agent reporting, after the outcome became unknown, the boot
+/// id it had before the step) before it gives up on retrying: the step fails (and the
+/// procedure escalates) instead of cycling the machine a second time on a guess.
+///
+/// 20 s: four report intervals of an agent at its default 5 s, and a reconnect; a machine
+/// that was cycled sends nothing from its old boot after the cycle.
+pub const UNKNOWN_EVIDENCE_WAIT: SignedDuration = SignedDuration::from_secs(20);
+
+/// The machine's agent as last heard from, for a retry after an unknown outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSeen {
+    /// The boot id of its last report.
+    pub boot_id: String,
+    /// When that report was received (coordinator clock).
+    pub last_report: Timestamp,
 }
 
 /// A background task's state, as the engine observed it.
@@ -109,6 +132,9 @@ pub struct Observations {
     pub command: TaskObs<CommandEnd>,
     /// Health checks.
     pub health: HealthObs,
+    /// The machine's agent; only filled while a command whose outcome is unknown waits
+    /// for evidence ([`CommandEnd::unknown_since`]).
+    pub agent: Option<AgentSeen>,
 }
 
 /// What to do with one entry now.
@@ -265,6 +291,39 @@ fn fail(reason: String) -> Action {
     }
 }
 
+/// True when the machine's agent reported, after `since`, the boot id it had before the
+/// step (a power action that had happened would have stopped or replaced that boot).
+fn untouched(e: &Entry, obs: &Observations, since: Timestamp) -> bool {
+    obs.agent.as_ref().is_some_and(|a| {
+        !e.boot_id_before.is_empty() && a.boot_id == e.boot_id_before && a.last_report > since
+    })
+}
+
+/// A step whose power action's outcome stayed unknown without evidence that it did not
+/// happen: not retried. A step before the last escalates (the next step is the procedure's
+/// answer to this one failing); the last fails the entry.
+fn not_retried(e: &Entry, end: &CommandEnd, attempt: u32, is_last: bool) -> Action {
+    let why = "its outcome is unknown and no report from the machine's agent since shows it \
+               did not happen (the boot id from before the step), so it is not retried: \
+               doing it again could power-cycle the machine a second time";
+    if is_last {
+        Action::Fail {
+            reason: format!(
+                "repair command of step {} failed ({}) after {} attempt(s); {why}",
+                e.step,
+                end.summary,
+                attempt + 1
+            ),
+            output: end.output.clone(),
+        }
+    } else {
+        Action::Escalate {
+            summary: format!("{}; {why}", end.summary),
+            output: end.output.clone(),
+        }
+    }
+}
+
 /// The decision for one processing, not deleted entry.
 pub fn decide_processing(
     e: &Entry,
@@ -331,12 +390,31 @@ pub fn decide_processing(
                     summary: end.summary.clone(),
                     output: end.output.clone(),
                 },
+                TaskObs::Finished(end)
+                    if *attempt < step.command_retries
+                        && end
+                            .unknown_since
+                            .is_some_and(|since| !untouched(e, obs, since)) =>
+                {
+                    let since = end.unknown_since.unwrap_or(now);
+                    if now < since.saturating_add(UNKNOWN_EVIDENCE_WAIT).unwrap_or(since) {
+                        return Action::Hold(
+                            "the power action's outcome is unknown; waiting for the machine's \
+                             agent to show it did not happen before retrying"
+                                .into(),
+                        );
+                    }
+                    not_retried(e, end, *attempt, is_last)
+                }
                 TaskObs::Finished(end) if *attempt < step.command_retries => Action::RetryLater {
                     attempt: attempt + 1,
                     until: add_secs(now, step.command_interval),
                     summary: end.summary.clone(),
                     output: end.output.clone(),
                 },
+                TaskObs::Finished(end) if end.unknown_since.is_some() => {
+                    not_retried(e, end, *attempt, is_last)
+                }
                 TaskObs::Finished(end)
                     if !is_last && matches!(step.repair_command, CommandSpec::Agent(_)) =>
                 {
@@ -1410,6 +1488,7 @@ mod tests {
             ok,
             summary: if ok { "exit status 0" } else { "exit status 1" }.into(),
             output: "out".into(),
+            unknown_since: None,
         }
     }
 
@@ -1492,6 +1571,78 @@ mod tests {
         // The retry fails too: no retries left.
         let c = command_phase(c, 1, Some(end(false)));
         assert_eq!(c.ops(), ["fail"]);
+    }
+
+    /// Issue 34: a cycle whose outcome is unknown (the gateway restarted while it ran it) is
+    /// not retried blind: the step holds for the agent's evidence, retries only when the
+    /// agent reported the old boot id after the outcome became unknown, and otherwise
+    /// escalates (not the last step) or fails the entry (the last), saying why.
+    #[test]
+    fn a_power_action_of_unknown_outcome_is_retried_only_on_the_agents_evidence() {
+        let unknown = |c: Case, step: u32| {
+            let since = c.now;
+            let mut c = command_phase(c.e(|e| e.step = step), 0, Some(end(false)))
+                .e(|e| e.boot_id_before = "boot-a".into())
+                .o(|o| {
+                    if let TaskObs::Finished(end) = &mut o.command {
+                        end.unknown_since = Some(since);
+                    }
+                });
+            c.config.repair_procedures[0].repair_operations[0].repair_steps[step as usize]
+                .command_retries = 1;
+            c
+        };
+        let wait = UNKNOWN_EVIDENCE_WAIT.as_secs();
+        let mut c = unknown(case().entry("10.0.0.4", "type1", "op1"), 0);
+        assert!(
+            matches!(&c.run()[0].1, Action::Hold(r) if r.contains("outcome is unknown")),
+            "{:?}",
+            c.run()
+        );
+        // The agent's last report is from before the outcome became unknown, or from
+        // another boot: no evidence, still holding.
+        for (boot, at) in [("boot-a", -1), ("boot-b", 5)] {
+            c = c.o(|o| {
+                o.agent = Some(AgentSeen {
+                    boot_id: boot.into(),
+                    last_report: t0() + secs(at),
+                })
+            });
+            assert_eq!(c.ops(), Vec::<&str>::new(), "{boot} at {at}");
+        }
+        // Past the wait without evidence: the step escalates, naming why.
+        c.now = t0() + secs(wait);
+        match &c.run()[0].1 {
+            Action::Escalate { summary, .. } => {
+                assert!(summary.contains("not retried"), "{summary}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // On the last step it fails the entry instead.
+        let mut last = unknown(case().entry("10.0.0.4", "type1", "op1"), 1);
+        last.now = t0() + secs(wait);
+        match &last.run()[0].1 {
+            Action::Fail { reason, .. } => assert!(reason.contains("not retried"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        // The agent reported the old boot after the outcome became unknown: the machine
+        // was not cycled, so the retry goes ahead as usual.
+        let c = unknown(case().entry("10.0.0.4", "type1", "op1"), 0).o(|o| {
+            o.agent = Some(AgentSeen {
+                boot_id: "boot-a".into(),
+                last_report: t0() + secs(3),
+            })
+        });
+        assert!(
+            matches!(&c.run()[0].1, Action::RetryLater { attempt: 1, .. }),
+            "{:?}",
+            c.run()
+        );
+        // Without retries left, an unknown outcome escalates at once too (no evidence is
+        // awaited: nothing would be retried).
+        let mut c = unknown(case().entry("10.0.0.4", "type1", "op1"), 0);
+        c.config.repair_procedures[0].repair_operations[0].repair_steps[0].command_retries = 0;
+        assert_eq!(c.ops(), ["escalate"]);
     }
 
     #[test]

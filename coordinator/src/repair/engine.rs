@@ -14,7 +14,7 @@
 //! The engine does not parse configuration, choose a drainer or a gateway, or listen on any
 //! socket: the app wires those in ([`RepairDeps`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::admin::{self, Reply, Requester};
 use super::command::AgentHealthView;
 use super::config::RepairConfig;
-use super::decide::{self, Action, Observations, Observed};
+use super::decide::{self, Action, Observations, Observed, TaskObs};
 use super::effects::Effects;
 use super::entry::Entry;
 use super::metrics::RepairMetrics;
@@ -421,6 +421,29 @@ impl Engine {
         for _ in 0..MAX_PASSES {
             let now = self.deps.clock.now();
             let empty = Observations::default();
+            // A command whose power action's outcome is unknown is retried only on the
+            // agent's evidence: its observations get the agent's last report.
+            let with_agent: HashMap<u64, Observations> = self
+                .entries
+                .values()
+                .filter_map(|e| {
+                    let obs = self.tasks.obs(e.index)?;
+                    let TaskObs::Finished(end) = &obs.command else {
+                        return None;
+                    };
+                    end.unknown_since?;
+                    let mut obs = obs.clone();
+                    obs.agent =
+                        self.deps
+                            .agents
+                            .agent_health(&e.address)
+                            .map(|h| decide::AgentSeen {
+                                boot_id: h.boot_id,
+                                last_report: h.last_report,
+                            });
+                    Some((e.index, obs))
+                })
+                .collect();
             let actions = {
                 let observed: Vec<Observed<'_>> = self
                     .entries
@@ -428,7 +451,10 @@ impl Engine {
                     .filter(|e| e.is_active() || e.deleted)
                     .map(|e| Observed {
                         entry: e,
-                        obs: self.tasks.obs(e.index).unwrap_or(&empty),
+                        obs: with_agent
+                            .get(&e.index)
+                            .or_else(|| self.tasks.obs(e.index))
+                            .unwrap_or(&empty),
                     })
                     .collect();
                 decide::decide(&observed, &config, self.enabled, now)

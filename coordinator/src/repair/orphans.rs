@@ -463,6 +463,34 @@ mod tests {
         ));
     }
 
+    /// SIGKILLs a test's process group when dropped (also on a failed assertion).
+    struct KillGroupOnDrop(u32);
+
+    impl Drop for KillGroupOnDrop {
+        fn drop(&mut self) {
+            if let Ok(raw) = i32::try_from(self.0) {
+                let _ = killpg(Pid::from_raw(raw), Signal::SIGKILL);
+            }
+        }
+    }
+
+    /// The child's exit status, or `None` if it is still running after `limit`.
+    async fn wait_bounded(
+        child: &mut std::process::Child,
+        limit: Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().ok().flatten() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     #[tokio::test]
     async fn reap_kills_a_recorded_group_and_writes_history() {
         let dir = tempfile::tempdir().unwrap();
@@ -486,6 +514,8 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
+        // Whatever happens below, the group does not outlive the test.
+        let _group = KillGroupOnDrop(pid);
         // Let sh fork its sleep.
         tokio::time::sleep(Duration::from_millis(200)).await;
         GroupLedger::new(store.clone(), Arc::new(SystemClock), e.index)
@@ -494,7 +524,11 @@ mod tests {
         reap_previous(&store, &SystemClock, std::slice::from_ref(&e))
             .await
             .unwrap();
-        let status = child.wait().unwrap();
+        // Bounded: the group surviving the reap fails the test now, not when its sleep
+        // ends five minutes later.
+        let status = wait_bounded(&mut child, Duration::from_secs(10))
+            .await
+            .expect("the recorded group was not killed within 10 s");
         assert!(!status.success(), "killed: {status}");
         assert!(members_of(pid).is_empty(), "the sleep died with its group");
         let history = store.with(|c| rstore::history(c, e.index)).unwrap();

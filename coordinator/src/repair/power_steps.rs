@@ -35,13 +35,22 @@ pub(super) const MAX_RESENDS: u32 = 3;
 struct Held {
     since: tokio::time::Instant,
     attempts: u32,
+    /// How many of the attempts were sent and their answers lost.
+    lost: u32,
     last: String,
 }
 
 impl Held {
     fn describe(&self) -> String {
+        let why = match self.lost {
+            0 => "for an unreachable gateway".to_string(),
+            n => format!(
+                "for the gateway: its answer was lost {n} time(s) (it may have acted) and the \
+                 request was sent again with the same id, which it carries out at most once"
+            ),
+        };
         format!(
-            "held {} s for an unreachable gateway over {} attempts (last: {})",
+            "held {} s {why} over {} attempts (last: {})",
             self.since.elapsed().as_secs(),
             self.attempts,
             self.last
@@ -69,6 +78,7 @@ pub(super) async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
                 ok: false,
                 summary: format!("@fence: {e}"),
                 output: String::new(),
+                unknown_since: None,
             };
             return (end, Outcome::Error);
         }
@@ -113,6 +123,7 @@ pub(super) async fn fence(ctx: &RunContext) -> (CommandEnd, Outcome) {
             ok,
             summary: format!("{summary}{diagnostics}"),
             output,
+            unknown_since: None,
         },
         outcome,
     )
@@ -147,6 +158,7 @@ pub(super) async fn fence_without_release(ctx: &RunContext) -> (CommandEnd, Outc
                 ok: false,
                 summary: format!("@fence: {e}"),
                 output: String::new(),
+                unknown_since: None,
             },
             Outcome::Error,
         ),
@@ -217,6 +229,7 @@ async fn off_then_on(ctx: &RunContext) -> (CommandEnd, Outcome) {
             .filter(|o| !o.is_empty())
             .collect::<Vec<_>>()
             .join("\n"),
+        unknown_since: None,
     };
     (end, outcome)
 }
@@ -264,6 +277,7 @@ async fn wait_for_dump(
                     b.name()
                 ),
                 output: String::new(),
+                unknown_since: None,
             });
         }
         waited = true;
@@ -377,6 +391,10 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                                 note(&held)
                             ),
                             output: String::new(),
+                            // Still running at the gateway, maybe: a cycle sent again
+                            // under the retry's id would be a second one.
+                            unknown_since: (!unreached && !action.is_idempotent())
+                                .then(jiff::Timestamp::now),
                         },
                         Outcome::Timeout,
                     );
@@ -387,14 +405,16 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
         match answer {
             Err(e) if e.is_retriable() => {
                 let h = held.get_or_insert_with(|| {
-                    tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "power: gateway unreachable; holding the step and retrying with the same id");
+                    tracing::warn!(machine = %ctx.address, id = %ctx.request_id, error = %e, "power: gateway unreachable or its answer lost; holding the step and resending with the same id");
                     Held {
                         since: tokio::time::Instant::now(),
                         attempts: 0,
+                        lost: 0,
                         last: String::new(),
                     }
                 });
                 h.attempts += 1;
+                h.lost += u32::from(e.may_have_reached_gateway());
                 h.last = e.to_string();
                 maybe_sent |= e.may_have_reached_gateway();
                 let wait = match deadline {
@@ -426,12 +446,22 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
     };
     let held = format!("{resent}{}{dump}{diagnostics}", note(&held));
     let (req, answer) = answer;
+    // The gateway restarted while it ran a cycle, which is not sent again (a second cycle
+    // reboots again): the step fails, and says so to the decision, which retries it only on
+    // evidence that the first did not happen ([`super::decide`]).
+    let unknown_since = match &answer {
+        Ok(r) if r.outcome.is_outcome_unknown() && !action.is_idempotent() => {
+            Some(jiff::Timestamp::now())
+        }
+        _ => None,
+    };
     match answer {
         Err(e) => (
             CommandEnd {
                 ok: false,
                 summary: format!("{}: {e}{held}", b.name()),
                 output: String::new(),
+                unknown_since: None,
             },
             Outcome::Error,
         ),
@@ -445,17 +475,28 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                     ok: false,
                     summary: format!("@fence: {e}{held}"),
                     output: detail,
+                    unknown_since: None,
                 },
                 Outcome::Failed,
             ),
             (_, PowerOutcome::Done { detail, state, .. }) => (
                 CommandEnd {
                     ok: true,
-                    summary: format!(
-                        "{}: done (power read just after: {state:?}){held}",
-                        b.name()
-                    ),
+                    summary: match powered_on_only(&detail) {
+                        // The gateway did not cycle: it says why (off, or another request's
+                        // cycle under way), and the history says so rather than "done".
+                        Some(why) => format!(
+                            "{}: powered on only, not cycled: {why} (power read just after: \
+                             {state:?}){held}",
+                            b.name()
+                        ),
+                        None => format!(
+                            "{}: done (power read just after: {state:?}){held}",
+                            b.name()
+                        ),
+                    },
                     output: detail,
+                    unknown_since: None,
                 },
                 Outcome::Ok,
             ),
@@ -464,9 +505,17 @@ pub(super) async fn power(b: Builtin, ctx: &RunContext) -> (CommandEnd, Outcome)
                     ok: false,
                     summary: format!("{} failed{held}", b.name()),
                     output: detail,
+                    unknown_since,
                 },
                 Outcome::Failed,
             ),
         },
     }
+}
+
+/// Why a cycle's gateway only powered the machine on ([`protocol::gateway::POWERED_ON_ONLY`]),
+/// from its answer's detail: the clause before its first `; `.
+fn powered_on_only(detail: &str) -> Option<&str> {
+    let why = detail.strip_prefix(protocol::gateway::POWERED_ON_ONLY)?;
+    Some(why.split("; ").next().unwrap_or(why))
 }

@@ -257,6 +257,24 @@ impl TlsMaterial {
         Ok(cfg)
     }
 
+    /// As [`TlsMaterial::quinn_client_config`], with a keep-alive every `keep_alive` instead
+    /// of [`super::KEEP_ALIVE`]: for a client that waits on a few connections for answers
+    /// and must learn soon that the peer restarted (its stateless reset answers the first
+    /// packet the client sends after the restart, and a keep-alive is that packet).
+    pub fn quinn_client_config_keep_alive(
+        &self,
+        keep_alive: std::time::Duration,
+    ) -> Result<quinn::ClientConfig, TransportError> {
+        let crypto =
+            quinn::crypto::rustls::QuicClientConfig::try_from(self.rustls_client_config()?)
+                .map_err(|e| TransportError::Verifier(e.to_string()))?;
+        let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+        let mut t = transport_config(false);
+        t.keep_alive_interval(Some(keep_alive));
+        cfg.transport_config(Arc::new(t));
+        Ok(cfg)
+    }
+
     /// A server endpoint listening on `addr` (which also works as a client), its socket's
     /// receive buffer enlarged ([`SERVER_UDP_RECEIVE_BUFFER`]).
     pub fn server_endpoint(&self, addr: SocketAddr) -> Result<Endpoint, TransportError> {
