@@ -483,9 +483,16 @@ async fn agent_frame(
             ctx.metrics.report_received(agent.conn.rtt());
             let seq = report.seq;
             tracing::debug!(machine = %address, seq, ok = report.all_ok(), "report");
-            if let Err(e) = ctx.fleet.report(&agent.hostname, report).await {
-                // The report is in memory; the sweep retries the transition.
-                tracing::error!(machine = %address, error = %e, "cannot record state transition");
+            match ctx.fleet.report(&agent.hostname, report).await {
+                Ok(()) => {}
+                // The report is in memory; the sweep retries the transition. A failing store
+                // is said once by the store (and counted), not at every report.
+                Err(e) if e.is_storage_failure() => {
+                    tracing::debug!(machine = %address, error = %e, "cannot record state transition");
+                }
+                Err(e) => {
+                    tracing::error!(machine = %address, error = %e, "cannot record state transition");
+                }
             }
             Some((seq, true))
         }

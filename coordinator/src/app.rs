@@ -402,6 +402,11 @@ impl App {
             self.fleet.clone(),
             shutdown.clone(),
         ));
+        let probe = tokio::spawn(crate::store::health::probe_loop(
+            self.store.clone(),
+            crate::store::health::PROBE_PERIOD,
+            shutdown.clone(),
+        ));
         let node_view = self.node_view.as_ref().map(|(view, every)| {
             (
                 view.spawn_poller(*every, shutdown.clone()),
@@ -427,6 +432,7 @@ impl App {
         let _ = server.await;
         let _ = sweeper.await;
         let _ = certificates.await;
+        let _ = probe.await;
         if let Some(h) = remediation {
             let _ = h.await;
         }
