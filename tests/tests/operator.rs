@@ -312,6 +312,32 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
         ],
     )?;
     assert!(err.contains("contradicts the inventory"), "{err}");
+    // The type left out and the serial given: an IP address is never read as a machine
+    // type, so this is the address and its (wrong) serial, not type `10.0.0.1` at `WRONG`.
+    let err = ctl_fails(
+        &coord,
+        &["repair-queue", "add", "unreachable", "10.0.0.1", "WRONG"],
+    )?;
+    assert!(
+        err.contains("contradicts the inventory") && err.contains("WRONG"),
+        "{err}"
+    );
+    assert!(!err.contains("not an IP address"), "{err}");
+    let err = ctl_fails(
+        &coord,
+        &[
+            "repair-queue",
+            "add",
+            "unreachable",
+            "10.0.0.1",
+            "qemu",
+            "S1",
+        ],
+    )?;
+    assert!(
+        err.contains("10.0.0.1 is an IP address, so it is not a machine type"),
+        "{err}"
+    );
     // So is a machine type: `slow`'s procedure is for other hardware than 10.0.0.1's `qemu`,
     // and --force, as for the serial, does not change that.
     for force in [false, true] {
@@ -393,6 +419,7 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
         "--force",
         "unreachable",
         "10.0.0.9",
+        "S9",
         "--json",
     ])?;
     let warned = String::from_utf8_lossy(&added.stderr);
