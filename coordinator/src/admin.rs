@@ -53,6 +53,8 @@ pub struct Admin {
     pub remediation: Option<crate::remediation::Remediation>,
     /// Crash-dump notices, for `machines show`.
     pub kdump: Option<Arc<crate::kdump::Kdumps>>,
+    /// The connected agents, whose session ends when their machine is deleted.
+    pub links: Arc<crate::agent_link::AgentLinks>,
 }
 
 fn error(code: RefusalCode, reason: impl Into<String>) -> AdminResponse {

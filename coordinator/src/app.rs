@@ -306,6 +306,7 @@ impl App {
             store: store.clone(),
             remediation: remediation.as_ref().map(|(r, _)| r.clone()),
             kdump: Some(kdump.clone()),
+            links: links.clone(),
         });
         let mut metrics_sources: Vec<Arc<dyn MetricsSource>> = repair
             .iter()
