@@ -968,3 +968,48 @@ fn a_fifo_or_device_named_as_a_daemons_own_file_is_refused_not_waited_on() -> an
     }
     Ok(())
 }
+
+/// Issue 34 item 16: several coordinators in `--server` (and the profile's `server` list)
+/// are tried in order; the first that answers serves, and the others are named on stderr.
+#[test]
+fn several_servers_are_tried_in_order_until_one_answers() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions::default(),
+    )?;
+    let gone = format!("127.0.0.1:{}", testkit::procs::free_udp_port());
+    let ctl = |servers: &str| {
+        command("coordinatorctl")
+            .args(["--server", servers, "--timeout", "5s"])
+            .arg("--ca")
+            .arg(&coord.admin.ca)
+            .arg("--cert")
+            .arg(&coord.admin.cert)
+            .arg("--key")
+            .arg(&coord.admin.key)
+            .args(["machines", "list"])
+            .output()
+    };
+    let out = ctl(&format!("{gone},{}", coord.quic))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("ADDRESS"),
+        "{out:?}"
+    );
+    assert!(
+        err.contains(&format!("{gone} did not answer")) && err.contains("using"),
+        "{err}"
+    );
+    let out = ctl(&format!("{gone},{gone}"))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no coordinator answered; tried in order"),
+        "{err}"
+    );
+    Ok(())
+}
