@@ -63,10 +63,12 @@ enum Command {
 fn main() -> ExitCode {
     protocol::telemetry::quiet_broken_pipe();
     let cli = Cli::parse();
-    // `check` is a command a person reads: its table on stdout, warnings on stderr, not a
-    // line per IPMI session opened (FLEETMEND_LOG still overrides).
+    // `check` is a command a person reads: its table on stdout, the gateway's own warnings
+    // on stderr, not a line per IPMI session opened, nor a library's warning about what the
+    // table already says (ipmi-rs logs "RMCP+ error occurred" for a refused login); a
+    // library's errors still show. FLEETMEND_LOG still overrides.
     let default_level = match cli.command {
-        Some(Command::Check { .. }) => "warn",
+        Some(Command::Check { .. }) => "error,bmc_gateway=warn,protocol=warn",
         _ => "info",
     };
     if let Err(e) = protocol::telemetry::init(default_level) {

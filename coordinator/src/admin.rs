@@ -53,6 +53,8 @@ pub struct Admin {
     pub remediation: Option<crate::remediation::Remediation>,
     /// Crash-dump notices, for `machines show`.
     pub kdump: Option<Arc<crate::kdump::Kdumps>>,
+    /// The connected agents, whose session ends when their machine is deleted.
+    pub links: Arc<crate::agent_link::AgentLinks>,
 }
 
 /// `d` without the plugin, gpu and memory results in its last report: every released

@@ -119,6 +119,10 @@ impl AgentActions for NoAgentLinks {
     }
 }
 
+/// QUIC application close code of a session whose machine was deleted (`machines delete`):
+/// the agent reconnects, and its hello registers it again, as awaiting registration.
+pub const CLOSE_DELETED: u32 = 3;
+
 /// The connections of the agents connected now.
 #[derive(Debug, Default)]
 pub struct AgentLinks {
@@ -149,6 +153,20 @@ impl AgentLinks {
             .expect("links lock")
             .insert(address.to_string(), (n, conn));
         (n, old.map(|(_, c)| c))
+    }
+
+    /// Closes the session of the machine at `address`, which was just deleted, so that its
+    /// agent reconnects and shows up as awaiting registration at once instead of reporting
+    /// about a machine the coordinator no longer has. True when one was connected.
+    pub fn close_deleted(&self, address: &str) -> bool {
+        let Some(conn) = self.get(address) else {
+            return false;
+        };
+        conn.close(
+            CLOSE_DELETED.into(),
+            b"machine deleted by an admin; reconnect to register again",
+        );
+        true
     }
 
     /// True while session `n` is the current one of `address` (no newer one replaced it).

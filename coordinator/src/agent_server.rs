@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::admin::Admin;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, FleetError};
 use crate::metrics::{HANDSHAKE_FAILED, Metrics, SessionKind, refusal_label};
 
 /// How long a refused peer gets to read its refusal before the connection is closed.
@@ -486,9 +486,26 @@ async fn agent_frame(
             ctx.metrics.report_received(agent.conn.rtt());
             let seq = report.seq;
             tracing::debug!(machine = %address, seq, ok = report.all_ok(), "report");
-            if let Err(e) = ctx.fleet.report(&agent.hostname, report).await {
-                // The report is in memory; the sweep retries the transition.
-                tracing::error!(machine = %address, error = %e, "cannot record state transition");
+            match ctx.fleet.report(&agent.hostname, report).await {
+                Ok(()) => {}
+                // Deleted while connected (a delete closes the session too; this report was
+                // on its way): end the session, so that the agent's next hello registers it.
+                Err(FleetError::UnknownHost(_)) => {
+                    tracing::info!(machine = %address, "machine deleted while its agent was connected; closing the session so that it registers again");
+                    agent.conn.close(
+                        crate::agent_link::CLOSE_DELETED.into(),
+                        b"machine deleted; reconnect to register again",
+                    );
+                    return None;
+                }
+                // The report is in memory; the sweep retries the transition. A failing store
+                // is said once by the store (and counted), not at every report.
+                Err(e) if e.is_storage_failure() => {
+                    tracing::debug!(machine = %address, error = %e, "cannot record state transition");
+                }
+                Err(e) => {
+                    tracing::error!(machine = %address, error = %e, "cannot record state transition");
+                }
             }
             Some((seq, true))
         }

@@ -315,6 +315,7 @@ impl App {
             store: store.clone(),
             remediation: remediation.as_ref().map(|(r, _)| r.clone()),
             kdump: Some(kdump.clone()),
+            links: links.clone(),
         });
         let mut metrics_sources: Vec<Arc<dyn MetricsSource>> = repair
             .iter()
@@ -419,6 +420,11 @@ impl App {
             .gateways
             .clone()
             .map(|g| tokio::spawn(g.watch_reach(shutdown.clone())));
+        let probe = tokio::spawn(crate::store::health::probe_loop(
+            self.store.clone(),
+            crate::store::health::PROBE_PERIOD,
+            shutdown.clone(),
+        ));
         let node_view = self.node_view.as_ref().map(|(view, every)| {
             (
                 view.spawn_poller(*every, shutdown.clone()),
@@ -447,6 +453,7 @@ impl App {
         if let Some(h) = gateways {
             let _ = h.await;
         }
+        let _ = probe.await;
         if let Some(h) = remediation {
             let _ = h.await;
         }

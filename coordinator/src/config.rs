@@ -17,6 +17,8 @@ use serde::Deserialize;
 /// Where the config is read from when neither `--config` nor `FLEETMEND_COORDINATOR_CONFIG` says.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/fleetmend/coordinator.toml";
 
+mod ranges;
+
 pub use crate::health::{DEFAULT_GOODBYE_GRACE, DEFAULT_GRACE_INTERVALS, DEFAULT_REPORT_INTERVAL};
 
 /// How long the coordinator waits for open connections to finish on SIGTERM.
@@ -568,7 +570,10 @@ impl Config {
             protocol::identity::validate_name("name", name)
                 .map_err(|e| invalid("name", &e.to_string()))?;
         }
-        Ok(())
+        ranges::check(self).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
     }
 }
 

@@ -231,7 +231,10 @@ impl Admin {
         if let Err(e) = self.fleet.delete(&address).await {
             return fleet_refusal(e);
         }
-        tracing::info!(admin = %who, machine = %address, cancelled = %join(&active), "machine deleted");
+        // Its agent, if connected, would go on reporting about a machine we no longer have;
+        // closed, it reconnects and its hello registers it as awaiting registration.
+        let connected = self.links.close_deleted(&address);
+        tracing::info!(admin = %who, machine = %address, cancelled = %join(&active), agent_connected = connected, "machine deleted");
         AdminResponse::Machines(MachinesResponse::Deleted {
             address,
             cancelled_repairs: active,

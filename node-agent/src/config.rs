@@ -13,6 +13,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
+pub(crate) mod ranges;
+
 /// Where the configuration file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/fleetmend/node-agent.toml";
 
@@ -560,25 +562,10 @@ impl Config {
         };
         let report_interval = match flags.report_interval.clone().or(file.report_interval) {
             None => DEFAULT_REPORT_INTERVAL,
-            Some(s) => parse_duration(&s).map_err(|e| invalid("report_interval", e))?,
+            Some(s) => {
+                ranges::parse("report_interval", &s).map_err(|e| invalid("report_interval", e))?
+            }
         };
-        if report_interval < Duration::from_millis(10) {
-            return Err(invalid(
-                "report_interval",
-                format!("{report_interval:?} is too short; use at least 10ms"),
-            ));
-        }
-        if report_interval > MAX_REPORT_INTERVAL {
-            return Err(invalid(
-                "report_interval",
-                format!(
-                    "{} is too long; use at most {} (the coordinator calls a machine \
-                     unreachable after three intervals of silence)",
-                    protocol::duration::display(report_interval),
-                    protocol::duration::display(MAX_REPORT_INTERVAL)
-                ),
-            ));
-        }
         let root = flags
             .root
             .clone()
@@ -664,11 +651,10 @@ impl Config {
         }
         let timeout = match file.kubelet.timeout {
             None => DEFAULT_KUBELET_TIMEOUT,
-            Some(s) => parse_duration(&s).map_err(|e| invalid("kubelet.timeout", e))?,
+            Some(s) => {
+                ranges::parse("kubelet.timeout", &s).map_err(|e| invalid("kubelet.timeout", e))?
+            }
         };
-        if timeout.is_zero() {
-            return Err(invalid("kubelet.timeout", "must be more than 0".into()));
-        }
         let actions = crate::actions::config::ActionsConfig::resolve(file.actions, invalid)?;
         let checks = crate::checks::config::ChecksConfig::resolve(file.checks, invalid)?;
         Ok(Config {
@@ -777,7 +763,7 @@ path = "//"
         let e = parse("report_interval = \"1h\"").unwrap_err().to_string();
         assert!(
             e.contains("invalid setting `report_interval` (file /etc/fleetmend/node-agent.toml)")
-                && e.contains("3600s is too long; use at most 60s"),
+                && e.contains("1h is above the longest this setting takes (1m)"),
             "{e}"
         );
         assert_eq!(
@@ -873,7 +859,7 @@ path = "//"
             "0s",
         ]);
         assert!(
-            e.contains("`report_interval` (flag --report-interval): 0ns is too short"),
+            e.contains("`report_interval` (flag --report-interval): 0s is below the shortest"),
             "{e}"
         );
         // As the environment gives it (clap's env handling is tested by clap; the

@@ -72,6 +72,93 @@ pub fn limit(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The durations one setting accepts, both ends included. Every duration in the fleet's
+/// configuration files has one, so a typo such as `"100000h"` (a dead machine never judged
+/// unreachable) is refused at `check` and start instead of silently disabling what the
+/// setting drives. Each program keeps its settings' ranges in one table ([`Ranges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    /// The shortest accepted duration.
+    pub min: Duration,
+    /// The longest accepted duration.
+    pub max: Duration,
+}
+
+impl Range {
+    /// From `min` to `max`, both included.
+    pub const fn new(min: Duration, max: Duration) -> Self {
+        Self { min, max }
+    }
+
+    /// `d`, or why it is outside the range and what to write instead.
+    pub fn check(&self, d: Duration) -> Result<Duration, String> {
+        if d < self.min {
+            return Err(format!(
+                "{} is below the shortest this setting takes ({}); use a value from {self}",
+                short(d),
+                short(self.min)
+            ));
+        }
+        if d > self.max {
+            return Err(format!(
+                "{} is above the longest this setting takes ({}); use a value from {self}",
+                short(d),
+                short(self.max)
+            ));
+        }
+        Ok(d)
+    }
+}
+
+impl std::fmt::Display for Range {
+    /// `10ms to 1m`, the form the documentation uses.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} to {}", short(self.min), short(self.max))
+    }
+}
+
+/// `d` in its largest whole unit, as people write it in a file: `0s`, `10ms`, `90s`, `1m`,
+/// `6h`, `2160h` (hours are the largest unit the fleet's files take); below a millisecond
+/// as it is (`400µs`).
+pub fn short(d: Duration) -> String {
+    if d.is_zero() {
+        return "0s".into();
+    }
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        return format!("{d:?}");
+    }
+    let ms = d.as_millis();
+    for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+        if ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// One program's table of duration settings: each dotted key (a `*` stands for a table's
+/// name or a list's index) with its [`Range`]. The one place a program's duration limits
+/// are kept, documented and checked.
+#[derive(Debug, Clone, Copy)]
+pub struct Ranges(pub &'static [(&'static str, Range)]);
+
+impl Ranges {
+    /// The range of `pattern`, the key as the table spells it (`fence.gateways.*.on_timeout`).
+    pub fn of(&self, pattern: &str) -> Option<Range> {
+        self.0.iter().find(|(k, _)| *k == pattern).map(|(_, r)| *r)
+    }
+
+    /// `d` if it is within `pattern`'s range; else the message, naming `key` (the key as the
+    /// file spells it, `fence.gateways.rack-1.on_timeout`). A pattern missing from the table
+    /// is refused too, so a setting added without a range fails its first test.
+    pub fn check(&self, pattern: &str, key: &str, d: Duration) -> Result<Duration, String> {
+        let range = self.of(pattern).ok_or_else(|| {
+            format!("key `{key}`: no range is defined for it (a bug: add {pattern:?} to the table)")
+        })?;
+        range.check(d).map_err(|e| format!("key `{key}`: {e}"))
+    }
+}
+
 /// Serde `deserialize_with` for an optional duration in a file, kept as text for [`parse`]
 /// (use with `#[serde(default)]`): a number (`report_interval = 5`) is refused saying that
 /// it has no unit, where serde alone would say "invalid type: integer 5, expected a string".
@@ -175,6 +262,48 @@ mod tests {
         assert!(e.contains("1.5 has no unit"), "{e}");
         let e = read(r#"{"every": true}"#).unwrap_err().to_string();
         assert!(e.contains("a duration string with a unit"), "{e}");
+    }
+
+    #[test]
+    fn a_duration_outside_its_range_is_refused_naming_the_key_and_the_range() {
+        const T: Ranges = Ranges(&[(
+            "a.*.grace",
+            Range::new(Duration::from_millis(10), Duration::from_secs(3600)),
+        )]);
+        let ok = T.check("a.*.grace", "a.x.grace", Duration::from_secs(3600));
+        assert_eq!(ok, Ok(Duration::from_secs(3600)));
+        let e = T
+            .check(
+                "a.*.grace",
+                "a.x.grace",
+                Duration::from_secs(100_000 * 3600),
+            )
+            .unwrap_err();
+        assert!(
+            e.starts_with("key `a.x.grace`: 100000h is above the longest")
+                && e.contains("(1h)")
+                && e.contains("from 10ms to 1h"),
+            "{e}"
+        );
+        let e = T
+            .check("a.*.grace", "a.x.grace", Duration::ZERO)
+            .unwrap_err();
+        assert!(
+            e.contains("0s is below the shortest") && e.contains("(10ms)"),
+            "{e}"
+        );
+        let e = T.check("b", "b", Duration::ZERO).unwrap_err();
+        assert!(e.contains("no range is defined"), "{e}");
+    }
+
+    #[test]
+    fn short_writes_the_largest_whole_unit() {
+        let cases = [(0, "0s"), (10, "10ms"), (1_500, "1500ms"), (90_000, "90s")];
+        for (ms, text) in cases {
+            assert_eq!(short(Duration::from_millis(ms)), text);
+        }
+        assert_eq!(short(Duration::from_secs(60)), "1m");
+        assert_eq!(short(Duration::from_secs(90 * 24 * 3600)), "2160h");
     }
 
     #[test]

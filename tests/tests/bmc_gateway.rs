@@ -652,8 +652,11 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
     }
 
     let sim = IpmiSim::start(false).await?;
+    // A BMC that refuses the password: ipmi-rs logs its own WARN for it, which check
+    // printed above the table that already says so.
+    let refusing = IpmiSim::start(false).await?;
     let cfg = format!(
-        "{base}{}{}",
+        "{base}{}{}{}",
         ipmi_bmc(
             dir.path(),
             "10.0.0.7",
@@ -662,6 +665,13 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
             &sim.password
         ),
         ipmi_bmc(dir.path(), "10.0.0.8", free_udp_port(), "admin", "x"),
+        ipmi_bmc(
+            dir.path(),
+            "10.0.0.9",
+            refusing.port,
+            &refusing.username,
+            "not-the-password"
+        ),
     );
     let p = dir.path().join("check.toml");
     std::fs::write(&p, cfg)?;
@@ -679,9 +689,16 @@ async fn bad_config_exits_64_naming_the_key_and_check_prints_a_table() -> Result
         !out.status.success(),
         "check must fail when a BMC does not answer"
     );
-    // An INFO line per IPMI session opened came before the table.
+    // An INFO line per IPMI session opened came before the table; so did a library's WARN.
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("INFO"), "{err}");
+    assert!(!err.contains("ipmi_rs"), "{err}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("10.0.0.9") && l.contains("ERROR")),
+        "{table}"
+    );
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("MACHINE"), "{table}");
     assert!(

@@ -312,6 +312,32 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
         ],
     )?;
     assert!(err.contains("contradicts the inventory"), "{err}");
+    // The type left out and the serial given: an IP address is never read as a machine
+    // type, so this is the address and its (wrong) serial, not type `10.0.0.1` at `WRONG`.
+    let err = ctl_fails(
+        &coord,
+        &["repair-queue", "add", "unreachable", "10.0.0.1", "WRONG"],
+    )?;
+    assert!(
+        err.contains("contradicts the inventory") && err.contains("WRONG"),
+        "{err}"
+    );
+    assert!(!err.contains("not an IP address"), "{err}");
+    let err = ctl_fails(
+        &coord,
+        &[
+            "repair-queue",
+            "add",
+            "unreachable",
+            "10.0.0.1",
+            "qemu",
+            "S1",
+        ],
+    )?;
+    assert!(
+        err.contains("10.0.0.1 is an IP address, so it is not a machine type"),
+        "{err}"
+    );
     // So is a machine type: `slow`'s procedure is for other hardware than 10.0.0.1's `qemu`,
     // and --force, as for the serial, does not change that.
     for force in [false, true] {
@@ -393,6 +419,7 @@ fn machine_lifecycle_respects_repairs_and_the_inventory_file() -> anyhow::Result
         "--force",
         "unreachable",
         "10.0.0.9",
+        "S9",
         "--json",
     ])?;
     let warned = String::from_utf8_lossy(&added.stderr);
@@ -500,6 +527,56 @@ fn check(coord: &Coordinator) -> anyhow::Result<(Option<i32>, String)> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok((out.status.code(), text))
+}
+
+/// Issue 34 item 12: `machines delete` of a machine whose agent is connected ends that
+/// agent's session, so it reconnects and shows up as awaiting registration at once, instead
+/// of reporting about a machine the coordinator no longer has (an ERROR at every report, the
+/// machine hidden until the agent happened to reconnect).
+#[test]
+fn deleting_a_connected_machine_shows_it_awaiting_registration_at_once() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            report_interval: Duration::from_millis(300),
+            unreachable_grace: Duration::from_secs(3),
+            ..Default::default()
+        },
+    )?;
+    coord.ctl(&[
+        "machines",
+        "add",
+        "10.0.0.7",
+        "--hostname",
+        "node-7",
+        "--type",
+        "qemu",
+    ])?;
+    let fixture = NodeFixture::builder("node-7")
+        .address("10.0.0.7".parse()?)
+        .build()?;
+    let tls = pki.issue("node", "node-7", &[])?;
+    let cfg = AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+        .report_interval(Duration::from_millis(300));
+    let _agent = agent_with_env(tmp.path(), &fixture, &cfg, &[])?;
+    coord.wait_for_state("node-7", "healthy", SETTLE)?;
+    coord.ctl(&["machines", "delete", "10.0.0.7"])?;
+    wait_for("the agent to register again", SETTLE, || {
+        let list = coord.machines().map_err(|e| e.to_string())?;
+        match list.iter().find(|m| m.spec.hostname == "node-7") {
+            Some(m) if m.state == "awaiting-registration" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })?;
+    // Reports went on meanwhile; none was logged as an error.
+    std::thread::sleep(Duration::from_secs(1));
+    let log = coord.log_text();
+    assert!(!log.contains("cannot record state transition"), "{log}");
+    assert!(log.contains("agent_connected=true"), "{log}");
+    Ok(())
 }
 
 #[test]
@@ -942,6 +1019,51 @@ fn node_agent_check_exits_as_run_would_on_a_certificate_run_refuses() -> anyhow:
     assert!(
         restart.contains(" fail ") && restart.contains("polkitd is not installed"),
         "{text}"
+    );
+    Ok(())
+}
+
+/// Issue 34 item 16: several coordinators in `--server` (and the profile's `server` list)
+/// are tried in order; the first that answers serves, and the others are named on stderr.
+#[test]
+fn several_servers_are_tried_in_order_until_one_answers() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "op.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions::default(),
+    )?;
+    let gone = format!("127.0.0.1:{}", testkit::procs::free_udp_port());
+    let ctl = |servers: &str| {
+        command("coordinatorctl")
+            .args(["--server", servers, "--timeout", "5s"])
+            .arg("--ca")
+            .arg(&coord.admin.ca)
+            .arg("--cert")
+            .arg(&coord.admin.cert)
+            .arg("--key")
+            .arg(&coord.admin.key)
+            .args(["machines", "list"])
+            .output()
+    };
+    let out = ctl(&format!("{gone},{}", coord.quic))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("ADDRESS"),
+        "{out:?}"
+    );
+    assert!(
+        err.contains(&format!("{gone} did not answer")) && err.contains("using"),
+        "{err}"
+    );
+    let out = ctl(&format!("{gone},{gone}"))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no coordinator answered; tried in order"),
+        "{err}"
     );
     Ok(())
 }

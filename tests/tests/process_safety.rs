@@ -577,6 +577,93 @@ fn a_store_that_keeps_failing_is_logged_once_not_at_every_sweep() -> anyhow::Res
     Ok(())
 }
 
+/// Issue 34 item 3: a quiet coordinator (nothing changes, so nothing is written) learns that
+/// its store stopped taking writes from its own probe, within a probe period, and that it
+/// works again the same way; `/healthz` says what failed in words an operator can act on.
+/// While the store is down, an agent whose every report carries a change that cannot be
+/// stored does not make one ERROR line per report: the store says it once.
+#[test]
+fn a_quiet_coordinator_probes_its_store_and_a_failing_store_is_said_once() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let coord = Coordinator::start(
+        &tmp.path().join("coord"),
+        &pki,
+        &CoordinatorOptions {
+            report_interval: Duration::from_millis(300),
+            unreachable_grace: Duration::from_secs(3),
+            inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+            ..Default::default()
+        },
+    )?;
+    let fixture = NodeFixture::builder("node-1")
+        .nic("eth0")
+        .address("10.0.0.1".parse()?)
+        .build()?;
+    let tls = pki.issue("node", "node-1", &[])?;
+    let cfg = fixture.write_agent_config(
+        &AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+            .report_interval(Duration::from_millis(300)),
+    )?;
+    let _agent = start_agent("node-1", &cfg, &tmp.path().join("agent.log"))?;
+    coord.wait_for_state("node-1", "healthy", SETTLE)?;
+    let healthz = |want: u16| {
+        wait_for(
+            &format!("/healthz {want}"),
+            Duration::from_secs(20),
+            || match coord.http_get("/healthz") {
+                Ok((status, body)) if status == want => Ok(body),
+                Ok((status, body)) => Err(format!("{status} {body}")),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+    };
+    assert_eq!(healthz(200)?.trim(), "ok");
+
+    // Nothing changes in the fleet, so only the probe writes.
+    let frozen = Frozen::store(
+        &coord,
+        &[("UPDATE", "store_identity")],
+        "frozen by the test",
+    )?;
+    let body = healthz(503)?;
+    assert!(
+        body.contains("database writes are failing: a trigger on")
+            && body.contains("refused the write")
+            && body.contains("frozen by the test"),
+        "{body}"
+    );
+    frozen.thaw()?;
+    assert_eq!(healthz(200)?.trim(), "ok");
+    coord.wait_for_log(&["database writes work again"], SETTLE)?;
+
+    // Every report now carries a transition (eth0 lost its carrier) the store refuses.
+    let frozen = Frozen::store(
+        &coord,
+        &[("UPDATE", "machines"), ("UPDATE", "store_identity")],
+        "disk full, says the test",
+    )?;
+    fixture.set_carrier("eth0", false)?;
+    healthz(503)?;
+    std::thread::sleep(Duration::from_secs(3));
+    let log = coord.log_text();
+    let count = |needle: &str| {
+        log.lines()
+            .filter(|l| l.contains(" ERROR ") && l.contains(needle))
+            .count()
+    };
+    assert_eq!(count("cannot record state transition"), 0, "{log}");
+    assert_eq!(
+        count("database writes are failing"),
+        2,
+        "once per outage:\n{log}"
+    );
+    frozen.thaw()?;
+    coord.wait_for_state("node-1", "unhealthy", SETTLE)?;
+    assert_eq!(healthz(200)?.trim(), "ok");
+    Ok(())
+}
+
 #[test]
 fn sighup_keeps_coordinator_and_agent_running() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

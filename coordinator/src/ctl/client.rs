@@ -30,11 +30,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Connection")]
 pub struct ConnectArgs {
-    /// Connection profile (TOML: server, server_name, ca, cert, key) [default:
+    /// Connection profile (TOML: server, server_name, ca, cert, key, timeout) [default:
     /// ~/.config/fleetmend/coordinatorctl.toml, if present].
     #[arg(long, env = protocol::env_var!(CTL, "PROFILE"), global = true)]
     pub profile: Option<PathBuf>,
-    /// Coordinator QUIC address, `host:port`.
+    /// Coordinator QUIC address, `host:port`; several, comma-separated, are tried in order
+    /// until one answers.
     #[arg(long, env = protocol::env_var!(CTL, "SERVER"), global = true)]
     pub server: Option<String>,
     /// Name the coordinator's certificate must carry (default: the host part of --server).
@@ -49,8 +50,8 @@ pub struct ConnectArgs {
     /// Admin private key (PEM).
     #[arg(long, env = protocol::env_var!(CTL, "KEY"), global = true)]
     pub key: Option<PathBuf>,
-    /// Time limit for connecting and for each request (`30s`, `2m`). A request that runs
-    /// out of time may still be carried out by the coordinator.
+    /// Time limit for connecting and for each request (`30s`, `2m`; else `timeout` in the
+    /// profile). A request that runs out of time may still be carried out by the coordinator.
     #[arg(long, env = protocol::env_var!(CTL, "TIMEOUT"), global = true, default_value = "30s",
           value_parser = crate::config::duration::limit)]
     pub timeout: Duration,
@@ -58,6 +59,9 @@ pub struct ConnectArgs {
     /// by [`ConnectArgs::note_sources`]; empty means "from flags").
     #[arg(skip)]
     pub from_env: Vec<&'static str>,
+    /// Whether --timeout or its variable was given (else the profile's `timeout` applies).
+    #[arg(skip)]
+    pub timeout_given: bool,
 }
 
 impl Default for ConnectArgs {
@@ -71,6 +75,7 @@ impl Default for ConnectArgs {
             key: None,
             timeout: DEFAULT_TIMEOUT,
             from_env: Vec::new(),
+            timeout_given: false,
         }
     }
 }
@@ -145,8 +150,8 @@ pub fn blame_environment(e: clap::Error, typed: &[std::ffi::OsString]) -> clap::
 /// Connection settings after merging flags, environment and profile.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    /// `host:port`.
-    pub server: Sourced<String>,
+    /// `host:port`, one or more, tried in order.
+    pub server: Sourced<Vec<String>>,
     /// TLS server name, if set.
     pub server_name: Option<Sourced<String>>,
     /// Fleet CA.
@@ -155,6 +160,8 @@ pub struct Resolved {
     pub cert: Sourced<PathBuf>,
     /// Admin key.
     pub key: Sourced<PathBuf>,
+    /// Time limit for connecting and for each request.
+    pub timeout: Duration,
 }
 
 impl ConnectArgs {
@@ -168,6 +175,8 @@ impl ConnectArgs {
             })
             .map(|(id, _, _)| *id)
             .collect();
+        self.timeout_given =
+            matches.value_source("timeout") != Some(clap::parser::ValueSource::DefaultValue);
     }
 
     fn origin(&self, id: &'static str) -> Origin {
@@ -208,7 +217,29 @@ impl ConnectArgs {
             std::env::var("HOME").ok().as_deref(),
         );
         let profile = Profile::load(&which)?;
-        let server = self.pick("server", &self.server, &profile, |f| &f.server);
+        let server = match &self.server {
+            Some(v) => Some(Sourced {
+                value: v.split(',').map(|s| s.trim().to_string()).collect(),
+                from: self.origin("server"),
+            }),
+            None => profile.get("server", |f| &f.server).map(|s| Sourced {
+                value: s.value.list(),
+                from: s.from,
+            }),
+        };
+        if let Some(s) = &server
+            && (s.value.is_empty() || s.value.iter().any(|a| a.is_empty()))
+        {
+            bail!(
+                "server (from {}) names no address: give host:port, or several (comma-separated, or a list in the profile)",
+                s.from
+            );
+        }
+        let timeout = match profile.get("timeout", |f| &f.timeout) {
+            Some(t) if !self.timeout_given => crate::config::duration::limit(&t.value)
+                .map_err(|e| anyhow!("timeout (from {}): {e}", t.from))?,
+            _ => self.timeout,
+        };
         let server_name = self.pick("server_name", &self.server_name, &profile, |f| {
             &f.server_name
         });
@@ -222,6 +253,7 @@ impl ConnectArgs {
                 ca,
                 cert,
                 key,
+                timeout,
             }),
             (server, ca, cert, key) => {
                 let missing: Vec<&str> = [
@@ -356,13 +388,36 @@ fn store_failing_warning(why: &str) -> String {
 }
 
 impl AdminClient {
-    /// Connects and completes the admin hello.
+    /// Connects and completes the admin hello, with the first server of the list that
+    /// answers (several coordinators: tried in order, each within the time limit).
     pub async fn connect(args: &ConnectArgs) -> anyhow::Result<Self> {
         let r = args.resolve()?;
         let tls = load_tls(&r)?;
         warn_if_expiring(&tls, &r);
-        let server = &r.server.value;
-        let addr: SocketAddr = tokio::net::lookup_host(server.as_str())
+        let mut failed = Vec::new();
+        for server in &r.server.value {
+            match Self::connect_to(&r, &tls, server).await {
+                Ok(c) => {
+                    if !failed.is_empty() {
+                        eprintln!("coordinatorctl: {}; using {server}", failed.join("; "));
+                    }
+                    return Ok(c);
+                }
+                Err(e) if r.server.value.len() == 1 => return Err(e),
+                Err(e) => failed.push(format!("{server} did not answer ({e:#})")),
+            }
+        }
+        bail!(
+            "no coordinator answered; tried in order (server from {}), each within {} (--timeout):\n  {}",
+            r.server.from,
+            protocol::duration::display(r.timeout),
+            failed.join("\n  ")
+        )
+    }
+
+    /// Connects to `server`, one of the resolved servers.
+    async fn connect_to(r: &Resolved, tls: &TlsMaterial, server: &str) -> anyhow::Result<Self> {
+        let addr: SocketAddr = tokio::net::lookup_host(server)
             .await
             .with_context(|| {
                 format!(
@@ -386,14 +441,7 @@ impl AdminClient {
         let hello = HelloBody::Admin(AdminHello {
             client: format!("coordinatorctl {}", env!("CARGO_PKG_VERSION")),
         });
-        let connect = connect_within(
-            &endpoint,
-            addr,
-            &name,
-            Role::Coordinator,
-            hello,
-            args.timeout,
-        );
+        let connect = connect_within(&endpoint, addr, &name, Role::Coordinator, hello, r.timeout);
         let session = connect.await.map_err(|e| match e {
             TransportError::NothingListens { .. } => anyhow!(
                 "nothing listens on {addr} (UDP): the host answered \"port unreachable\" (server \
@@ -416,18 +464,18 @@ impl AdminClient {
                 r.ca.from
             ),
             TransportError::NoAnswer { .. } => {
-                anyhow!("{e} (server from {}, --timeout {:?}); nothing was sent", r.server.from, args.timeout)
+                anyhow!("{e} (server from {}, --timeout {:?}); nothing was sent", r.server.from, r.timeout)
             }
             TransportError::Timeout(_) => anyhow!(
                 "no admin session with {server} within {:?} (--timeout); nothing was sent",
-                args.timeout
+                r.timeout
             ),
             e => anyhow::Error::new(e).context(format!("cannot open an admin session with {server}")),
         })?;
         Ok(Self {
             endpoint,
             conn: session.conn,
-            timeout: args.timeout,
+            timeout: r.timeout,
         })
     }
 

@@ -14,12 +14,9 @@ use crate::inventory::{RecordSource, load_inventory};
 /// Machine commands.
 #[derive(Debug, Subcommand)]
 pub enum MachinesCommand {
-    /// Every machine with its state, as a table.
-    List {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    /// Every machine with its state, as a table; filtered by state, rack or labels, and
+    /// watched for changes with --watch.
+    List(super::machines_list::ListArgs),
     /// One machine: state, since when, why, last report with each check, history.
     Show {
         /// The machine: its address or its hostname.
@@ -140,27 +137,28 @@ fn or_dash(s: &str) -> String {
     }
 }
 
-fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
+/// One machine's row of the `machines list` table.
+pub(super) fn summary_row(m: &protocol::admin::machines::MachineSummary) -> Vec<String> {
     let now = now_ms();
-    let rows: Vec<Vec<String>> = list
-        .iter()
-        .map(|m| {
-            vec![
-                m.spec.address.clone(),
-                m.spec.hostname.clone(),
-                m.state.clone(),
-                fmt_age(m.state_since_unix_ms, now),
-                or_dash(&m.spec.rack),
-                or_dash(&m.spec.role),
-                or_dash(&m.spec.machine_type),
-                // Reports are kept in memory: after a restart, none until the next one.
-                m.last_report_unix_ms
-                    .map(|t| format!("{} ago", fmt_age(t, now)))
-                    .unwrap_or_else(|| "-".into()),
-                m.failing.join(","),
-            ]
-        })
-        .collect();
+    vec![
+        m.spec.address.clone(),
+        m.spec.hostname.clone(),
+        m.state.clone(),
+        fmt_age(m.state_since_unix_ms, now),
+        or_dash(&m.spec.rack),
+        or_dash(&m.spec.role),
+        or_dash(&m.spec.machine_type),
+        // Reports are kept in memory: after a restart, none until the next one.
+        m.last_report_unix_ms
+            .map(|t| format!("{} ago", fmt_age(t, now)))
+            .unwrap_or_else(|| "-".into()),
+        m.failing.join(","),
+    ]
+}
+
+/// The `machines list` table.
+pub(super) fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
+    let rows: Vec<Vec<String>> = list.iter().map(summary_row).collect();
     print_table(
         &[
             "ADDRESS", "HOSTNAME", "STATE", "FOR", "RACK", "ROLE", "TYPE", "REPORT", "FAILING",
@@ -391,7 +389,7 @@ impl CommandGroup for MachinesCommand {
             MachinesCommand::Clear { address, json } => {
                 return super::remediation::clear_machine(ctx, address, json).await;
             }
-            MachinesCommand::List { json } => (MachinesRequest::List, json),
+            MachinesCommand::List(args) => return args.run(ctx).await,
             MachinesCommand::Show { address, json } => {
                 return show(ctx, address, json).await;
             }

@@ -17,6 +17,7 @@ pub mod common;
 pub mod diagnostics;
 pub mod fence;
 pub mod machines;
+pub mod machines_list;
 pub mod pki;
 pub mod profile;
 pub mod remediation;

@@ -2,8 +2,9 @@
 //! profile file (default `~/.config/fleetmend/coordinatorctl.toml`, like a kubeconfig), each
 //! setting remembering where it came from so an error caused by a setting can say so.
 //!
-//! The profile is TOML with `server`, `server_name`, `ca`, `cert` and `key`; relative paths
-//! are relative to the profile's directory, so `pki issue --role admin --out DIR` can print
+//! The profile is TOML with `server` (one `host:port`, or a list of them tried in order until
+//! one answers: several coordinators), `server_name`, `ca`, `cert`, `key` and `timeout`;
+//! relative paths are relative to the profile's directory, so `pki issue --role admin --out DIR` can print
 //! a profile that works from anywhere. This module reads the profile and nothing else; it
 //! opens no connection.
 
@@ -54,8 +55,8 @@ pub struct Sourced<T> {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileFile {
-    /// Coordinator QUIC address, `host:port`.
-    pub server: Option<String>,
+    /// Coordinator QUIC address, `host:port`, or several, tried in order.
+    pub server: Option<Servers>,
     /// Name the coordinator's certificate must carry.
     pub server_name: Option<String>,
     /// Fleet CA certificate.
@@ -64,6 +65,28 @@ pub struct ProfileFile {
     pub cert: Option<PathBuf>,
     /// Admin key.
     pub key: Option<PathBuf>,
+    /// Time limit for connecting and for each request, as `--timeout` (`30s`, `2m`).
+    pub timeout: Option<String>,
+}
+
+/// `server` in a profile: one address or a list.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Servers {
+    /// `server = "h:7443"`.
+    One(String),
+    /// `server = ["a:7443", "b:7443"]`: tried in order until one answers.
+    Many(Vec<String>),
+}
+
+impl Servers {
+    /// The addresses, in order.
+    pub fn list(&self) -> Vec<String> {
+        match self {
+            Servers::One(s) => vec![s.clone()],
+            Servers::Many(v) => v.clone(),
+        }
+    }
 }
 
 /// Where the profile is read from.
@@ -225,7 +248,7 @@ mod tests {
         assert_eq!(p.file.ca, Some(PathBuf::from("/etc/prof/ca.crt")));
         assert_eq!(p.file.cert, Some(PathBuf::from("/abs/me.crt")));
         let got = p.get("server", |f| &f.server).unwrap();
-        assert_eq!(got.value, "h:1");
+        assert_eq!(got.value, Servers::One("h:1".into()));
         assert_eq!(
             got.from.to_string(),
             "`server` in profile /etc/prof/ctl.toml"
@@ -243,6 +266,19 @@ mod tests {
     }
 
     #[test]
+    fn a_profile_names_several_coordinators_and_a_timeout() {
+        let p = Profile::parse(
+            "server = [\"a:7443\", \"b:7443\"]\ntimeout = \"5s\"\n",
+            Path::new("/p.toml"),
+        )
+        .unwrap();
+        assert_eq!(p.file.server.unwrap().list(), ["a:7443", "b:7443"]);
+        assert_eq!(p.file.timeout.as_deref(), Some("5s"));
+        let e = Profile::parse("server = 7443\n", Path::new("/p.toml")).unwrap_err();
+        assert!(e.to_string().contains("invalid profile /p.toml"), "{e}");
+    }
+
+    #[test]
     fn printed_profile_parses_back() {
         let text = profile_text(
             Some("10.0.0.1:7443"),
@@ -251,7 +287,7 @@ mod tests {
             Path::new("/t/me.key"),
         );
         let p = Profile::parse(&text, Path::new("/elsewhere/p.toml")).unwrap();
-        assert_eq!(p.file.server.as_deref(), Some("10.0.0.1:7443"));
+        assert_eq!(p.file.server, Some(Servers::One("10.0.0.1:7443".into())));
         assert_eq!(p.file.key, Some(PathBuf::from("/t/me.key")));
     }
 }

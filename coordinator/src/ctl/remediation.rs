@@ -315,7 +315,8 @@ pub struct EventsArgs {
     /// duration ago (`10m`, `2h`).
     #[arg(long, value_parser = since_arg)]
     since: Option<String>,
-    /// Keep printing new decisions (and repeats) as they are made.
+    /// Keep printing decisions as they are made: new ones and changed ones (a decision
+    /// repeated unchanged by the next pass is not printed again; its COUNT grows).
     #[arg(long)]
     follow: bool,
     /// Print JSON (with --follow: one object per line).
@@ -391,6 +392,7 @@ impl CommandGroup for EventsArgs {
         let mut poll = Polling::connect(ctx).await?;
         let result = async {
             let mut header = false;
+            let mut printed = Printed::default();
             loop {
                 let req = AdminRequest::Remediation(RemediationRequest::Events(q.clone()));
                 // A follow goes on through a coordinator restart, as `tail -F` would.
@@ -403,6 +405,14 @@ impl CommandGroup for EventsArgs {
                 let lines = match answer {
                     AdminResponse::Remediation(RemediationResponse::Events(l)) => l,
                     other => bail!("unexpected answer: {other:?}"),
+                };
+                if let Some(l) = lines.last() {
+                    q.after_seq = Some(l.seq);
+                }
+                let lines: Vec<JournalLine> = if self.follow {
+                    lines.into_iter().filter(|l| printed.changed(l)).collect()
+                } else {
+                    lines
                 };
                 if self.json && self.follow {
                     for l in &lines {
@@ -424,9 +434,6 @@ impl CommandGroup for EventsArgs {
                 if !self.follow {
                     return Ok(());
                 }
-                if let Some(l) = lines.last() {
-                    q.after_seq = Some(l.seq);
-                }
                 use std::io::Write as _;
                 let _ = std::io::stdout().flush();
                 tokio::time::sleep(FOLLOW_POLL).await;
@@ -441,12 +448,36 @@ impl CommandGroup for EventsArgs {
     }
 }
 
+/// What `events --follow` has printed: each journal line's decision as last printed, so a
+/// pass that repeats it unchanged (the line's seq, count and time move on) prints nothing,
+/// as `kubectl get --watch` shows changes only.
+#[derive(Debug, Default)]
+struct Printed(std::collections::HashMap<DecisionKey, (Option<String>, String)>);
+
+/// One journal line's decision, as its machine, outcome, rule and first time name it.
+type DecisionKey = (String, String, String, u64);
+
+impl Printed {
+    /// True when `l` is a decision not printed yet, or one whose operation or sentence
+    /// changed since it was.
+    fn changed(&mut self, l: &JournalLine) -> bool {
+        let key = (
+            l.address.clone(),
+            l.outcome.clone(),
+            l.rule.clone(),
+            l.first_unix_ms,
+        );
+        let now = (l.operation.clone(), l.sentence.clone());
+        self.0.insert(key, now.clone()).as_ref() != Some(&now)
+    }
+}
+
 /// True when stdout's reader has gone (`events --follow | head -3` once head has its
 /// lines): the kernel flags the write end of a pipe without readers with `POLLERR`, and a
 /// hung-up terminal or socket with `POLLHUP`. Without this check a follow that has nothing
 /// new to print would never write, so never see the broken pipe, and would run until
 /// killed; checked between polls it ends within a second, as `tail -f` does.
-fn stdout_reader_gone() -> bool {
+pub(super) fn stdout_reader_gone() -> bool {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd as _;
     let out = std::io::stdout();
@@ -492,6 +523,32 @@ pub async fn clear_machine(ctx: &Ctx, address: String, json: bool) -> anyhow::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn follow_prints_new_and_changed_decisions_not_unchanged_repeats() {
+        let line = |seq: u64, count: u64, sentence: &str| JournalLine {
+            seq,
+            first_unix_ms: 1_000,
+            last_unix_ms: 1_000 + seq,
+            count,
+            address: "10.0.0.1".into(),
+            domain: "r1".into(),
+            outcome: "held".into(),
+            rule: "fleet-cap".into(),
+            operation: Some("unhealthy".into()),
+            sentence: sentence.into(),
+        };
+        let mut p = Printed::default();
+        assert!(p.changed(&line(1, 1, "held: 1 of 1 repairs in flight")));
+        assert!(!p.changed(&line(2, 2, "held: 1 of 1 repairs in flight")));
+        assert!(!p.changed(&line(3, 3, "held: 1 of 1 repairs in flight")));
+        assert!(p.changed(&line(4, 4, "held: 2 of 2 repairs in flight")));
+        let other = JournalLine {
+            address: "10.0.0.2".into(),
+            ..line(5, 1, "held: 2 of 2 repairs in flight")
+        };
+        assert!(p.changed(&other), "another machine's decision is new");
+    }
 
     #[test]
     fn since_takes_a_time_or_a_duration_ago() {

@@ -26,11 +26,15 @@ pub enum RepairQueueCommand {
     /// The address must be a machine of the inventory (or pass --force); a serial or a
     /// machine type that contradicts the inventory is refused, even with --force; a missing
     /// serial or machine type is taken from the inventory.
+    ///
+    /// An IP address is never a machine type: `add unreachable 10.0.1.12 SN-n2` is the
+    /// address and its serial (type from the inventory), `add unreachable qemu 10.0.1.12`
+    /// the type and the address, as in CKE.
     Add {
         /// Operation name, e.g. `unreachable`.
         operation: String,
-        /// Machine type: selects the repair procedure. Given alone (no ADDRESS after it), it
-        /// is the address and the type comes from the inventory.
+        /// Machine type: selects the repair procedure. Left out, the type comes from the
+        /// inventory: an IP address here is the ADDRESS, and what follows it the SERIAL.
         #[arg(value_name = "MACHINE_TYPE")]
         machine_type: String,
         /// The machine's IP address.
@@ -150,16 +154,13 @@ async fn run(cmd: RepairQueueCommand, client: &AdminClient) -> anyhow::Result<()
             force,
             json,
         } => {
-            let (machine_type, address) = match address {
-                Some(a) => (machine_type, a),
-                None => (String::new(), machine_type),
-            };
+            let (machine_type, address, serial) = add_arguments(machine_type, address, serial)?;
             let req = RepairQueueRequest::AddChecked {
                 entry: AddRepairEntry {
                     operation,
                     machine_type,
                     address,
-                    serial: serial.unwrap_or_default(),
+                    serial,
                 },
                 force,
             };
@@ -523,9 +524,65 @@ pub fn parse_cke_index(v: &serde_json::Value) -> anyhow::Result<u64> {
         .context("index is not a number")
 }
 
+/// `add`'s arguments after the operation as (machine type, address, serial), empty when left
+/// out. CKE's form is `TYPE ADDRESS [SERIAL]`; the type may be left out, and an IP address
+/// is never a machine type, so `ADDRESS [SERIAL]` cannot be misread.
+fn add_arguments(
+    first: String,
+    second: Option<String>,
+    third: Option<String>,
+) -> anyhow::Result<(String, String, String)> {
+    let is_ip = first.parse::<std::net::IpAddr>().is_ok();
+    match (is_ip, second, third) {
+        (true, Some(second), Some(third)) => bail!(
+            "{first} is an IP address, so it is not a machine type, and {second:?} and {third:?} \
+             cannot both follow it: write `add OPERATION MACHINE_TYPE ADDRESS [SERIAL]` or \
+             `add OPERATION ADDRESS [SERIAL]`"
+        ),
+        (true, serial, _) => Ok((String::new(), first, serial.unwrap_or_default())),
+        (false, Some(address), serial) => Ok((first, address, serial.unwrap_or_default())),
+        // One argument that is no IP address: the coordinator names it as a bad address.
+        (false, None, _) => Ok((String::new(), first, String::new())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn add_reads_every_form_and_an_ip_address_is_never_a_machine_type() {
+        let add = |a: &str, b: Option<&str>, c: Option<&str>| {
+            add_arguments(a.into(), b.map(Into::into), c.map(Into::into)).map_err(|e| e.to_string())
+        };
+        let t = |m: &str, a: &str, s: &str| Ok((m.to_string(), a.to_string(), s.to_string()));
+        // CKE's form, with and without the serial.
+        assert_eq!(
+            add("qemu", Some("10.0.1.12"), Some("SN-n2")),
+            t("qemu", "10.0.1.12", "SN-n2")
+        );
+        assert_eq!(
+            add("qemu", Some("10.0.1.12"), None),
+            t("qemu", "10.0.1.12", "")
+        );
+        // The type left out: from the inventory.
+        assert_eq!(add("10.0.1.12", None, None), t("", "10.0.1.12", ""));
+        assert_eq!(
+            add("10.0.1.12", Some("SN-n2"), None),
+            t("", "10.0.1.12", "SN-n2")
+        );
+        assert_eq!(
+            add("fd00::12", Some("SN-n2"), None),
+            t("", "fd00::12", "SN-n2")
+        );
+        // One argument that is no address is passed on for the coordinator to refuse.
+        assert_eq!(add("node-12", None, None), t("", "node-12", ""));
+        let e = add("10.0.1.12", Some("qemu"), Some("SN-n2")).unwrap_err();
+        assert!(
+            e.contains("10.0.1.12 is an IP address, so it is not a machine type"),
+            "{e}"
+        );
+    }
     use protocol::admin::repair::RepairStepStatus;
 
     #[test]

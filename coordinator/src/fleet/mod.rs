@@ -96,6 +96,11 @@ impl FleetError {
             _ => false,
         }
     }
+
+    /// True when the store failed: the store's health logs that once, then counts it.
+    pub fn is_storage_failure(&self) -> bool {
+        matches!(self, FleetError::Store(e) if e.is_storage_failure())
+    }
 }
 
 /// The registry. Cheap to share behind an `Arc`.

@@ -51,6 +51,10 @@ pub(super) struct Limiter<'a> {
     in_flight_by_domain: HashMap<&'a str, usize>,
     admitted_last_hour: usize,
     admitted_last_hour_by_domain: HashMap<&'a str, usize>,
+    /// Observe mode: proposals this pass would have enqueued, by domain. They use up the
+    /// limits as admissions would (so the journal shows what would happen), but no sentence
+    /// calls them in flight or admitted: nothing was.
+    would: HashMap<&'a str, usize>,
     widths: HashMap<&'a str, (usize, String)>,
     held_by: BTreeMap<Rule, usize>,
 }
@@ -95,21 +99,31 @@ impl<'a> Limiter<'a> {
             in_flight_by_domain,
             admitted_last_hour,
             admitted_last_hour_by_domain,
+            would: HashMap::new(),
             widths: HashMap::new(),
             held_by: BTreeMap::new(),
         };
-        l.isolated = l.self_isolation();
         l.events = l.correlated();
+        l.isolated = l.self_isolation();
         l
     }
 
     /// More than a share of all agents went silent within one window (and have not come
     /// back), and no operator confirmed an outage since: the coordinator suspects its own
     /// network. Derived from the silent machines of now, so it clears as agents return.
+    ///
+    /// A burst that lies within one failure domain while the others report (a rack that
+    /// lost power, in a fleet of a few racks) is that domain's event, not the coordinator's
+    /// network: when correlated failure holds the domain, it is left to that rule, which
+    /// names the domain and lets the other domains' repairs go on.
     fn self_isolation(&self) -> Option<String> {
         let si = &self.ctx.cfg.limits.self_isolation;
+        let domain = &self.ctx.cfg.failure_domain;
         let mut agents = 0;
         let mut silent = Vec::new();
+        let mut back = Vec::new();
+        let mut silent_domains = std::collections::BTreeSet::new();
+        let mut reporting_domains = std::collections::BTreeSet::new();
         for m in &self.ctx.input.machines {
             let last = match m.last_report_at {
                 Some(last) => last,
@@ -126,13 +140,24 @@ impl<'a> Limiter<'a> {
             agents += 1;
             if m.state == MachineState::Unreachable && m.goodbye.is_none() {
                 silent.push(last);
-            } else if let Some((went, back)) = m.last_silence
-                && elapsed(self.ctx.now, back) < si.window
+                silent_domains.insert(domain.of(m));
+            } else if let Some((went, returned)) = m.last_silence
+                && elapsed(self.ctx.now, returned) < si.window
             {
                 // Back already, but part of the burst for a window: agents return one by
                 // one, and the last to return must not look like a few ordinary failures.
                 silent.push(went);
+                back.push(went);
+                silent_domains.insert(domain.of(m));
+            } else {
+                reporting_domains.insert(domain.of(m));
             }
+        }
+        if let [only] = silent_domains.iter().collect::<Vec<_>>()[..]
+            && self.events.contains_key(only)
+            && reporting_domains.iter().any(|d| d != only)
+        {
+            return None;
         }
         silent.sort_unstable();
         let (n, spread, last) = burst(&silent, si.window);
@@ -145,10 +170,22 @@ impl<'a> Limiter<'a> {
         {
             return None;
         }
+        // Of the burst, those that have reported again since: still part of it (see above),
+        // but not to be counted as silent now.
+        let returned = last.map_or(0, |last| {
+            let first = last - jiff::SignedDuration::try_from(spread).unwrap_or_default();
+            back.iter().filter(|t| **t >= first && **t <= last).count()
+        });
+        let returned = if returned == 0 {
+            String::new()
+        } else {
+            format!(", {returned} of them reporting again since")
+        };
         Some(format!(
             "held: {n} of {agents} agents ({share}%) went silent {} (more than {}% \
-             within {}): the coordinator suspects its own network and admits nothing until \
-             they report again or an operator runs `coordinatorctl remediation confirm-outage`",
+             within {}){returned}: the coordinator suspects its own network and admits \
+             nothing until they report again or an operator runs `coordinatorctl remediation \
+             confirm-outage`",
             over(spread, "within"),
             si.percent,
             human(si.window)
@@ -279,6 +316,7 @@ impl<'a> Limiter<'a> {
     pub(super) fn check(&mut self, c: &Candidate<'a>) -> Result<(), (Rule, String)> {
         let r = self.rules(c);
         match &r {
+            Ok(()) if self.ctx.cfg.observe => *self.would.entry(c.domain).or_insert(0) += 1,
             Ok(()) => {
                 self.in_flight += 1;
                 *self.in_flight_by_domain.entry(c.domain).or_insert(0) += 1;
@@ -350,27 +388,34 @@ impl<'a> Limiter<'a> {
                 ),
             ));
         }
-        if self.in_flight >= self.cap {
+        let would = self.would.values().sum::<usize>();
+        let would_here = self.would.get(c.domain).copied().unwrap_or(0);
+        if self.in_flight + would >= self.cap {
             return Err((Rule::FleetCap, format!("held: {}", self.cap_sentence())));
         }
         let width = self.width(c.domain);
         let busy = self.in_flight_by_domain.get(c.domain).copied().unwrap_or(0);
-        if busy >= width {
+        if busy + would_here >= width {
             let word = ctx.cfg.failure_domain.word();
             return Err((
                 Rule::SlowStart,
                 format!(
-                    "held: {word} {} has {busy} repairs in flight and slow start allows {}",
-                    c.domain, self.widths[c.domain].1
+                    "held: {word} {} has {busy} repairs in flight{} and slow start allows {}",
+                    c.domain,
+                    also_would(would_here),
+                    self.widths[c.domain].1
                 ),
             ));
         }
-        if self.admitted_last_hour >= cfg.rate.per_hour as usize {
+        if self.admitted_last_hour + would >= cfg.rate.per_hour as usize {
             return Err((
                 Rule::RateLimit,
                 format!(
-                    "held: {} remediations admitted fleet-wide in the last hour (rate.per_hour {})",
-                    self.admitted_last_hour, cfg.rate.per_hour
+                    "held: {} remediations admitted fleet-wide in the last hour{} \
+                     (rate.per_hour {})",
+                    self.admitted_last_hour,
+                    also_would(would),
+                    cfg.rate.per_hour
                 ),
             ));
         }
@@ -379,14 +424,15 @@ impl<'a> Limiter<'a> {
             .get(c.domain)
             .copied()
             .unwrap_or(0);
-        if in_domain >= cfg.rate.per_domain_per_hour as usize {
+        if in_domain + would_here >= cfg.rate.per_domain_per_hour as usize {
             return Err((
                 Rule::RateLimit,
                 format!(
-                    "held: {in_domain} remediations admitted in {} {} in the last hour \
+                    "held: {in_domain} remediations admitted in {} {} in the last hour{} \
                      (rate.per_domain_per_hour {})",
                     ctx.cfg.failure_domain.word(),
                     c.domain,
+                    also_would(would_here),
                     cfg.rate.per_domain_per_hour
                 ),
             ));
@@ -397,10 +443,17 @@ impl<'a> Limiter<'a> {
     fn cap_sentence(&self) -> String {
         let fc = &self.ctx.cfg.limits.fleet_cap;
         let by_percent = super::config::Threshold::Percent(fc.percent).of(self.fleet);
+        let would = self.would.values().sum::<usize>();
         format!(
-            "{} of {} repairs in flight (fleet cap: count {}, {}% of {} machines = {}; the \
+            "{} of {} repairs in flight{} (fleet cap: count {}, {}% of {} machines = {}; the \
              smaller binds)",
-            self.in_flight, self.cap, fc.count, fc.percent, self.fleet, by_percent
+            self.in_flight,
+            self.cap,
+            also_would(would),
+            fc.count,
+            fc.percent,
+            self.fleet,
+            by_percent
         )
     }
 
@@ -471,9 +524,11 @@ impl<'a> Limiter<'a> {
                 human(cfg.escalation.window)
             ),
         );
+        // HOLDING only when the limit held a proposal this pass (as for the other rules and
+        // the holding gauge); a fleet at its cap that had nothing to admit held nothing.
         push(
             Rule::FleetCap,
-            self.in_flight >= self.cap,
+            held(Rule::FleetCap) > 0,
             self.cap_sentence(),
         );
         let mut domains: Vec<_> = self.widths.iter().collect();
@@ -496,7 +551,7 @@ impl<'a> Limiter<'a> {
         );
         push(
             Rule::RateLimit,
-            held(Rule::RateLimit) > 0 || self.admitted_last_hour >= cfg.rate.per_hour as usize,
+            held(Rule::RateLimit) > 0,
             format!(
                 "{} of {} remediations admitted fleet-wide in the last hour; at most {} per \
                  domain",
@@ -504,6 +559,16 @@ impl<'a> Limiter<'a> {
             ),
         );
         v
+    }
+}
+
+/// `, and N more would be (observe mode)` for the proposals observe mode let through this
+/// pass, which count against the limits but are not in flight or admitted; empty for none.
+fn also_would(n: usize) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(", and {n} more would be (observe mode)")
     }
 }
 
@@ -811,6 +876,10 @@ mod tests {
         let (rule, sentence) = c.held("r3.0");
         assert_eq!(rule, Rule::SelfIsolation, "{sentence}");
         assert!(sentence.contains("4 of 10 agents"), "{sentence}");
+        assert!(
+            sentence.contains("3 of them reporting again since"),
+            "the three back are not silent now: {sentence}"
+        );
         // A window after the others returned, one still silent is an ordinary failure.
         let c = c.later(61);
         assert_eq!(c.admitted(), ["r3.0"]);
@@ -856,6 +925,58 @@ mod tests {
             i.control.outage_confirmed_at = Some(now - jiff::SignedDuration::from_hours(1))
         });
         assert_eq!(stale.held("r9.9").0, Rule::SelfIsolation);
+    }
+
+    #[test]
+    fn a_rack_outage_in_a_small_fleet_is_a_rack_event_not_the_coordinators_network() {
+        // Trap: with the defaults (30 %, 3 agents), one rack of four in a fleet of eight
+        // going dark is 50 % of the agents: it was called "the coordinator suspects its own
+        // network" and held the other rack's repairs too.
+        let c = case()
+            .roomy()
+            .no_kube()
+            .cfg(|c| {
+                c.wait_seconds_to_repair_rebooting = 0;
+                c.limits.correlated_failure.machines = 3;
+            })
+            .rack("r1", 4)
+            .rack("r2", 4);
+        let mut c = c.on("r1.0", |m, now| failing(m, now, "kubelet", 120));
+        for i in 0..4 {
+            c = c.on(&format!("r2.{i}"), |m, now| {
+                super::super::fixture::silent(m, now, 40)
+            });
+        }
+        let (rule, sentence) = c.held("r2.0");
+        assert_eq!(rule, Rule::CorrelatedFailure, "{sentence}");
+        assert!(
+            sentence.contains("rack r2 lost 4 of 4 machines"),
+            "{sentence}"
+        );
+        assert_eq!(c.admitted(), ["r1.0"], "the other rack is repaired");
+        // The same silence spread over both racks is the coordinator's network.
+        let mut c = case()
+            .roomy()
+            .no_kube()
+            .cfg(|c| c.wait_seconds_to_repair_rebooting = 0)
+            .rack("r1", 4)
+            .rack("r2", 4);
+        for a in ["r1.1", "r1.2", "r2.0", "r2.1"] {
+            c = c.on(a, |m, now| super::super::fixture::silent(m, now, 40));
+        }
+        assert_eq!(c.held("r2.0").0, Rule::SelfIsolation);
+        // So is a fleet of one rack that goes silent whole.
+        let mut c = case()
+            .roomy()
+            .no_kube()
+            .cfg(|c| c.wait_seconds_to_repair_rebooting = 0)
+            .rack("r1", 4);
+        for i in 0..4 {
+            c = c.on(&format!("r1.{i}"), |m, now| {
+                super::super::fixture::silent(m, now, 40)
+            });
+        }
+        assert_eq!(c.held("r1.0").0, Rule::SelfIsolation);
     }
 
     #[test]
@@ -993,6 +1114,44 @@ mod tests {
             "{}",
             cap.sentence
         );
-        assert!(cap.holding);
+        // At the cap, but nothing was held in this pass: not HOLDING.
+        assert!(!cap.holding, "{cap:?}");
+        // A second candidate is held by it, and then it holds.
+        let p = case()
+            .rack("r1", 3)
+            .on("r1.0", |m, now| failing(m, now, "kubelet", 60))
+            .on("r1.1", |m, now| failing(m, now, "kubelet", 60))
+            .run();
+        let cap = p.limits.iter().find(|l| l.rule == Rule::FleetCap).unwrap();
+        assert!(cap.holding, "{cap:?}");
+    }
+
+    #[test]
+    fn observe_mode_calls_nothing_in_flight_or_admitted_that_was_not() {
+        let p = case()
+            .cfg(|c| c.observe = true)
+            .rack("r1", 3)
+            .on("r1.0", |m, now| failing(m, now, "kubelet", 60))
+            .on("r1.1", |m, now| failing(m, now, "kubelet", 60))
+            .run();
+        assert_eq!(p.admitted.len(), 1, "{:?}", p.admitted);
+        assert_eq!(p.admitted[0].outcome, Outcome::WouldEnqueue);
+        let held = &p.held[0].sentence;
+        assert!(
+            held.starts_with(
+                "held: 0 of 1 repairs in flight, and 1 more would be (observe mode) (fleet cap"
+            ),
+            "{held}"
+        );
+        let cap = p.limits.iter().find(|l| l.rule == Rule::FleetCap).unwrap();
+        assert!(
+            cap.sentence
+                .starts_with("0 of 1 repairs in flight, and 1 more would be"),
+            "{}",
+            cap.sentence
+        );
+        for l in &p.limits {
+            assert!(!l.sentence.contains("1 remediations admitted"), "{l:?}");
+        }
     }
 }

@@ -15,17 +15,18 @@
 //! [`Store::open`] alone takes no lock (tests, tools reading a copy).
 
 pub mod backup;
+pub mod health;
 pub mod lock;
 pub mod repeated;
 
 pub mod identity;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
+pub use health::StoreHealth;
 pub use lock::StoreLock;
 
 /// Ordered migrations: `(version, name, sql)`. Append only; a released migration is never
@@ -165,6 +166,12 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// True when the store itself failed ([`is_storage_failure`]): [`StoreHealth`] has
+    /// counted it and says so in the log, so a caller need not log it again.
+    pub fn is_storage_failure(&self) -> bool {
+        matches!(self, StoreError::Sqlite { source, .. } if is_storage_failure(source))
+    }
+
     /// True for transient conditions (busy/locked database); false for corruption, schema
     /// and programming errors.
     pub fn is_retriable(&self) -> bool {
@@ -222,46 +229,6 @@ pub fn is_storage_failure(e: &rusqlite::Error) -> bool {
 /// The size (bytes) the -wal file is cut back to after a checkpoint. SQLite checkpoints at
 /// 1000 pages (4 MiB), so the steady file stays near that; 8 MiB leaves room for a burst.
 const WAL_SIZE_LIMIT: i64 = 8 * 1024 * 1024;
-
-/// What the store has seen of its own health: failures counted, and whether the last write
-/// failed. A failure marks the store failing; only a write that commits clears it, so a
-/// read that works while writes do not keeps `/healthz` at 503.
-#[derive(Debug, Default)]
-pub struct StoreHealth {
-    failures: AtomicU64,
-    failing: Mutex<Option<String>>,
-}
-
-impl StoreHealth {
-    /// Store failures since start.
-    pub fn failures(&self) -> u64 {
-        self.failures.load(Ordering::Relaxed)
-    }
-
-    /// Why the store is failing, `None` while writes work.
-    pub fn failing(&self) -> Option<String> {
-        self.failing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn failed(&self, why: String) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
-        let mut f = self.failing.lock().unwrap_or_else(|p| p.into_inner());
-        if f.is_none() {
-            tracing::error!(error = %why, "database writes are failing; /healthz answers 503 until one succeeds");
-        }
-        *f = Some(why);
-    }
-
-    fn wrote(&self) {
-        let mut f = self.failing.lock().unwrap_or_else(|p| p.into_inner());
-        if f.take().is_some() {
-            tracing::info!("database writes work again");
-        }
-    }
-}
 
 /// Handle to the database. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -358,7 +325,7 @@ impl Store {
             }
             Err(source) => {
                 if is_storage_failure(&source) {
-                    self.health.failed(source.to_string());
+                    self.health.failed(health::explain(&source, &self.path));
                 }
                 Err(StoreError::Sqlite {
                     path: self.path.to_path_buf(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, parse_duration};
+use crate::config::ConfigError;
 
 /// Units that may be restarted when the file does not say: the kubelet and the container
 /// runtime are what hangs on a Kubernetes node and what a restart fixes.
@@ -141,14 +141,9 @@ impl ActionsConfig {
         };
         let command_timeout = match file.command_timeout {
             None => d.command_timeout,
-            Some(s) => parse_duration(&s).map_err(|e| invalid("actions.command_timeout", e))?,
+            Some(s) => crate::config::ranges::parse("actions.command_timeout", &s)
+                .map_err(|e| invalid("actions.command_timeout", e))?,
         };
-        if command_timeout.is_zero() {
-            return Err(invalid(
-                "actions.command_timeout",
-                "must be more than 0".into(),
-            ));
-        }
         let diagnostics_max_bytes = file
             .diagnostics_max_bytes
             .unwrap_or(d.diagnostics_max_bytes);
