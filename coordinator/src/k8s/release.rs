@@ -37,12 +37,7 @@ use super::view::internal_ip;
 use super::{KubeError, NodeRelease};
 use crate::fence::proof::DownProof;
 
-/// The out-of-service taint's key.
-pub const OUT_OF_SERVICE_KEY: &str = "node.kubernetes.io/out-of-service";
-/// The out-of-service taint's value.
-pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
-/// The out-of-service taint's effect.
-pub const OUT_OF_SERVICE_EFFECT: &str = "NoExecute";
+pub use super::release_wait::{OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_KEY, OUT_OF_SERVICE_VALUE};
 
 /// The first Kubernetes minor version where the out-of-service taint is GA.
 pub const OUT_OF_SERVICE_MIN_MINOR: u32 = 28;

@@ -18,7 +18,12 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use super::release::{OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_KEY};
+/// The out-of-service taint's key.
+pub const OUT_OF_SERVICE_KEY: &str = "node.kubernetes.io/out-of-service";
+/// The out-of-service taint's value.
+pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
+/// The out-of-service taint's effect.
+pub const OUT_OF_SERVICE_EFFECT: &str = "NoExecute";
 
 /// A pod to force-delete: its UID is the precondition, so a pod recreated under the same
 /// name (a StatefulSet's) is never deleted by mistake.
