@@ -4,6 +4,9 @@
 #     prometheus (for promtool), fence-agents (fence_ipmilan, fence_redfish, fence_apc_snmp
 #     for the gateway's fence-agent backend), snmpd and snmp (net-snmp's agent playing a PDU,
 #     and the snmpget/snmpset the SNMP fence agents run);
+#   - the real Kubernetes control plane (kube-apiserver, kube-controller-manager, etcd),
+#     built from their Go modules by scripts/build-k8s.sh and cached outside the work tree
+#     (~/.cache/fleetmend, or $FLEETMEND_CACHE), for tests/tests/real_k8s*.rs;
 #   - a Python venv under build/venv with pyghmi (fake IPMI BMC) and sushy-tools
 #     (sushy-emulator, Redfish) plus bcrypt/passlib for the emulator's htpasswd.
 # Idempotent: when everything is already present it only checks and returns in a second.
@@ -75,4 +78,8 @@ else
   "$VENV/bin/pip" install --disable-pip-version-check -q "${PY_PKGS[@]}" </dev/null
 fi
 test -x "$VENV/bin/sushy-emulator" || { say "sushy-emulator missing from $VENV/bin after install"; exit 1; }
+# The real control plane: a second run finds the cached binaries at once; a cold build
+# takes long (docs/kubernetes.md gives the figures), which is why .ci/run runs this script
+# beside the Rust build.
+"$ROOT/scripts/build-k8s.sh" >/dev/null
 say "ok: ipmitool=$(command -v ipmitool) promtool=$(command -v promtool) ipmi_sim=$(command -v ipmi_sim) sushy-emulator=$VENV/bin/sushy-emulator"

@@ -4,6 +4,8 @@
 //! - [`ctl_json`]: what `coordinatorctl … --json` prints, typed as a script reads it,
 //! - [`procs`]: building PKIs and running Fleetmend binaries as real processes,
 //! - [`fake_k8s`]: a fake Kubernetes API server speaking the real JSON over HTTP,
+//! - [`real_k8s`]: a real etcd, kube-apiserver and kube-controller-manager on loopback, with
+//!   played kubelets and CSI attacher,
 //! - [`fake_sabakan`]: a small sabakan GraphQL server (`searchMachines`),
 //! - [`bmc_sim`]: launchers for `ipmi_sim` and `sushy-emulator`.
 
@@ -14,4 +16,5 @@ pub mod fake_sabakan;
 pub mod fixture;
 pub mod pdu_sim;
 pub mod procs;
+pub mod real_k8s;
 pub mod relay;

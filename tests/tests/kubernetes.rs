@@ -421,6 +421,8 @@ async fn release_with_the_out_of_service_taint_and_restore() -> Result<()> {
     let fake = FakeK8s::start().await?;
     base(&fake);
     fake.set_gc_delay(Duration::from_millis(100));
+    // The machine is off: its kubelet stopped, the node lifecycle controller said Unknown.
+    fake.set_ready(NODE, "Unknown");
     fake.add_pod(PodSeed::new("prod", "db-0", NODE).owner("StatefulSet", "db"));
     fake.add_volume_attachment("csi-abc", NODE);
     let d = drainer(&fake).await?;
@@ -446,11 +448,12 @@ async fn release_with_the_out_of_service_taint_and_restore() -> Result<()> {
         matches!(
             seen[0],
             ReleaseProgress::Waiting {
-                terminating_pods: 1,
-                volume_attachments: 1
+                pods: 0,
+                volume_attachments: 1,
+                node_ready: false,
             }
         ),
-        "{seen:?}"
+        "the first pass force-deleted the terminating pod itself; the attachment goes after it: {seen:?}"
     );
     let taints = fake.node(NODE).unwrap()["spec"]["taints"].clone();
     assert_eq!(
@@ -489,6 +492,8 @@ async fn release_by_node_deletion_and_restore_of_labels_and_annotations() -> Res
             .annotation("example.com/owner", "team-a"),
     );
     fake.add_pod(PodSeed::new("prod", "db-0", NODE).owner("StatefulSet", "db"));
+    // The machine is off: its kubelet stopped, the node lifecycle controller said Unknown.
+    fake.set_ready(NODE, "Unknown");
     fake.add_volume_attachment("csi-abc", NODE);
     // A cluster older than 1.28 has no out-of-service taint: auto picks Node deletion.
     fake.set_version("1", "27+");

@@ -545,14 +545,23 @@ impl FenceRunner {
                 detail: String::new(),
             },
             Ok(ReleaseProgress::Waiting {
-                terminating_pods,
+                pods,
                 volume_attachments,
+                node_ready,
             }) => Observation::Released {
                 done: false,
                 detail: format!(
-                    "{} terminating, {}",
-                    plural(terminating_pods, "pod", "pods"),
-                    plural(volume_attachments, "VolumeAttachment", "VolumeAttachments")
+                    "{} to go, {}{}",
+                    plural(pods, "pod", "pods"),
+                    plural(volume_attachments, "VolumeAttachment", "VolumeAttachments"),
+                    if node_ready {
+                        "; not released: the Node still reports Ready though its machine \
+                         was confirmed off; waiting for the node lifecycle controller (if its \
+                         kubelet keeps renewing, the machine confirmed off is not this node: \
+                         check the BMC mapping)"
+                    } else {
+                        ""
+                    }
                 ),
             },
             Err(e) => kube(e),
@@ -847,8 +856,9 @@ mod tests {
                     let answer = if *waits > 0 {
                         *waits -= 1;
                         Ok(ReleaseProgress::Waiting {
-                            terminating_pods: 1,
+                            pods: 1,
                             volume_attachments: 0,
+                            node_ready: false,
                         })
                     } else {
                         Ok(ReleaseProgress::Done)
@@ -869,8 +879,9 @@ mod tests {
             } else if *waits > 0 {
                 *waits -= 1;
                 Ok(ReleaseProgress::Waiting {
-                    terminating_pods: 1,
+                    pods: 1,
                     volume_attachments: 1,
+                    node_ready: false,
                 })
             } else {
                 Ok(ReleaseProgress::Done)

@@ -26,6 +26,7 @@ pub mod drain;
 pub mod events;
 pub mod probe;
 pub mod release;
+pub mod release_wait;
 pub mod selector;
 pub mod view;
 

@@ -5,8 +5,14 @@
 //! which the pod GC force-deletes the node's terminating pods and the attach-detach controller
 //! detaches its volumes; or, where configured or on older clusters, save the Node's labels and
 //! annotations and delete the Node object, which makes the pod GC remove its pods. Either way
-//! release is complete only when no pod of the node is terminating and no VolumeAttachment
-//! names the node. Restore removes the taint, or puts the saved labels and annotations back on
+//! release is complete only when no pod of the node is left (but those tolerating the taint)
+//! and no VolumeAttachment names the node. With its proof of power-off a pass force-deletes
+//! the pods the pod GC would, without waiting for it ([`super::release_wait`]). A Node that
+//! still reports Ready is not released at all, proof or not: against the real controllers
+//! the out-of-service taint alone makes the attach-detach controller detach the volumes of
+//! its terminating pods even while the kubelet renews (tests/tests/real_k8s.rs), so a proof
+//! for the wrong machine would release a live node's volumes. The pass waits, and says why,
+//! until the node lifecycle controller turns the Node not Ready. Restore removes the taint, or puts the saved labels and annotations back on
 //! the re-registered Node.
 //!
 //! Both require a [`DownProof`] for the node's machine: they cannot be called otherwise
@@ -26,16 +32,12 @@ use serde::{Deserialize, Serialize};
 use super::client::{ReleaseMethod, is_conflict, is_not_found, map_err};
 use super::drain::KubeDrainer;
 use super::events::NodeEvent;
+use super::release_wait::{is_ready, release_wait};
 use super::view::internal_ip;
 use super::{KubeError, NodeRelease};
 use crate::fence::proof::DownProof;
 
-/// The out-of-service taint's key.
-pub const OUT_OF_SERVICE_KEY: &str = "node.kubernetes.io/out-of-service";
-/// The out-of-service taint's value.
-pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
-/// The out-of-service taint's effect.
-pub const OUT_OF_SERVICE_EFFECT: &str = "NoExecute";
+pub use super::release_wait::{OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_KEY, OUT_OF_SERVICE_VALUE};
 
 /// The first Kubernetes minor version where the out-of-service taint is GA.
 pub const OUT_OF_SERVICE_MIN_MINOR: u32 = 28;
@@ -66,14 +68,18 @@ pub enum Release {
 /// Where a release stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseProgress {
-    /// No pod of the node is terminating and no VolumeAttachment names it.
+    /// No pod of the node is left (except those tolerating the taint) and no
+    /// VolumeAttachment names it.
     Done,
     /// Still waiting.
     Waiting {
-        /// Pods of the node still present and terminating.
-        terminating_pods: usize,
+        /// Pods of the node that must still go (terminating, or about to be by the taint).
+        pods: usize,
         /// VolumeAttachments still naming the node.
         volume_attachments: usize,
+        /// The Node still reports Ready: the release is held (no taint, no Node deletion, no
+        /// force delete) until the node lifecycle controller says otherwise.
+        node_ready: bool,
     },
 }
 
@@ -171,6 +177,9 @@ impl KubeDrainer {
                     )));
                 };
                 Self::check_proof(node, internal_ip(&n).as_deref(), proof)?;
+                if !has_oos_taint(&n) && is_ready(&n) {
+                    return self.hold_while_ready(node, how).await;
+                }
                 if !has_oos_taint(&n) {
                     let mut taints = n
                         .spec
@@ -203,8 +212,9 @@ impl KubeDrainer {
                         }
                         Err(e) if is_conflict(&e) => {
                             return Ok(ReleaseProgress::Waiting {
-                                terminating_pods: 0,
+                                pods: 0,
                                 volume_attachments: 0,
+                                node_ready: false,
                             });
                         }
                         Err(e) => return Err(map_err(&format!("taint node {node}"), e)),
@@ -215,6 +225,9 @@ impl KubeDrainer {
                 Self::check_proof(node, saved.internal_ip.as_deref(), proof)?;
                 if let Some(n) = current {
                     Self::check_proof(node, internal_ip(&n).as_deref(), proof)?;
+                    if is_ready(&n) {
+                        return self.hold_while_ready(node, how).await;
+                    }
                     let dp = DeleteParams {
                         preconditions: Some(Preconditions {
                             uid: n.metadata.uid.clone(),
@@ -242,19 +255,87 @@ impl KubeDrainer {
                 }
             }
         }
-        self.release_wait(node).await
+        self.release_wait(node, how).await
     }
 
-    async fn release_wait(&self, node: &str) -> Result<ReleaseProgress, KubeError> {
+    /// A release held because the Node still reports Ready: what is left, unreleased.
+    async fn hold_while_ready(
+        &self,
+        node: &str,
+        how: &Release,
+    ) -> Result<ReleaseProgress, KubeError> {
+        tracing::warn!(
+            node,
+            "not releasing: the Node still reports Ready though its machine was confirmed off; \
+             waiting for the node lifecycle controller (if its kubelet keeps renewing, the \
+             machine confirmed off is not this node: check the BMC mapping)"
+        );
+        Ok(match self.release_wait(node, how).await? {
+            ReleaseProgress::Done => ReleaseProgress::Waiting {
+                pods: 0,
+                volume_attachments: 0,
+                node_ready: true,
+            },
+            ReleaseProgress::Waiting {
+                pods,
+                volume_attachments,
+                ..
+            } => ReleaseProgress::Waiting {
+                pods,
+                volume_attachments,
+                node_ready: true,
+            },
+        })
+    }
+
+    /// Waits for the node's pods and VolumeAttachments to go, force-deleting the pods the
+    /// pod GC would (see [`super::release_wait`]).
+    async fn release_wait(&self, node: &str, how: &Release) -> Result<ReleaseProgress, KubeError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let current = nodes
+            .get_opt(node)
+            .await
+            .map_err(|e| map_err(&format!("get node {node}"), e))?;
         let pods: Api<Pod> = Api::all(self.client.clone());
-        let terminating = pods
+        let on_node = pods
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
             .await
             .map_err(|e| map_err(&format!("list pods on {node}"), e))?
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_some())
-            .count();
+            .items;
+        let wait = release_wait(current.as_ref(), &on_node, matches!(how, Release::Taint));
+        let mut gone = 0;
+        for p in &wait.force_delete {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &p.namespace);
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: p.uid.clone(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&p.name, &dp).await {
+                Ok(_) => gone += 1,
+                // Gone already, or a new pod under the name: not ours to delete.
+                Err(e) if is_not_found(&e) || is_conflict(&e) => gone += 1,
+                Err(e) => {
+                    return Err(map_err(
+                        &format!(
+                            "force-delete pod {}/{} of released node {node}",
+                            p.namespace, p.name
+                        ),
+                        e,
+                    ));
+                }
+            }
+        }
+        if gone > 0 {
+            tracing::info!(
+                node,
+                pods = gone,
+                "force-deleted the released node's terminating pods (grace 0), as the pod GC would"
+            );
+        }
         let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
         let attachments = vas
             .list(&ListParams::default())
@@ -264,12 +345,14 @@ impl KubeDrainer {
             .iter()
             .filter(|va| va.spec.node_name == node)
             .count();
-        Ok(if terminating == 0 && attachments == 0 {
+        let pods_left = wait.pods_left - gone;
+        Ok(if pods_left == 0 && attachments == 0 {
             ReleaseProgress::Done
         } else {
             ReleaseProgress::Waiting {
-                terminating_pods: terminating,
+                pods: pods_left,
                 volume_attachments: attachments,
+                node_ready: wait.node_ready,
             }
         })
     }

@@ -14,9 +14,15 @@
 //! rejected with a `Status` body: unknown resources (404), bad JSON (400), wrong media types
 //! (415), invalid objects (422), wrong apiVersion/kind (400).
 //!
-//! Simulated control plane: pods take a configurable time to terminate (deletionTimestamp
-//! set, then gone); pods and VolumeAttachments of a deleted or out-of-service Node are
-//! removed after a short delay (pod GC, attach-detach controller). PodDisruptionBudget status
+//! Simulated control plane, as the real controllers behave (compared side by side in
+//! `tests/tests/real_k8s_compare.rs`) but faster: pods take a configurable time to
+//! terminate (deletionTimestamp set, then gone) while their node is Ready, and stay
+//! terminating on a node that is not (no kubelet ends them); the out-of-service taint makes
+//! a node's pods terminating (taint eviction); the pod GC force-deletes terminating pods of
+//! an out-of-service node only once it is not Ready, and the pods of a deleted Node; a
+//! VolumeAttachment of a released node goes after its pods (attach-detach controller).
+//! Each of these acts after [`FakeK8s::set_gc_delay`] (50 ms by default; the real pod GC
+//! looks every 20 s, and waits 40 s for a deleted Node's pods). PodDisruptionBudget status
 //! is set by the test ([`FakeK8s::set_disruptions_allowed`]) in place of the disruption
 //! controller.
 //!

@@ -2,8 +2,9 @@
 //!
 //! Objects are kept as JSON, the way they travel, keyed by resource, namespace and name.
 //! Every write bumps one global resourceVersion. Time-based behaviour (pods that take a
-//! while to terminate, the pod GC after a Node is deleted or marked out of service, the
-//! attach-detach controller removing VolumeAttachments) is applied lazily by [`State::sweep`]
+//! while to terminate and never end on a node that is not Ready, taint eviction and the pod
+//! GC after a Node is deleted or marked out of service and not Ready, the attach-detach
+//! controller removing VolumeAttachments) is applied lazily by [`State::sweep`]
 //! at the start of every request and inspection, so there are no background tasks to race.
 
 use std::collections::{BTreeMap, HashMap};
@@ -313,7 +314,11 @@ impl State {
             .as_str()
             .unwrap_or_default()
             .is_empty();
-        if grace == Some(0) || delay.is_zero() || unscheduled {
+        let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+        // A node that is not Ready has no kubelet to end a graceful termination: the pod
+        // stays terminating until the pod GC (or a force delete) removes it.
+        let kubelet_gone = !unscheduled && !self.node_ready(node);
+        if grace == Some(0) || unscheduled || (delay.is_zero() && !kubelet_gone) {
             self.timers
                 .pod_gone_at
                 .remove(&(ns.to_string(), name.to_string(), uid));
@@ -335,25 +340,50 @@ impl State {
             ));
             obj["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
             obj["metadata"]["resourceVersion"] = json!(rv);
-            self.timers.pod_gone_at.insert(
-                (ns.to_string(), name.to_string(), uid),
-                Instant::now() + delay,
-            );
+            if !kubelet_gone {
+                self.timers.pod_gone_at.insert(
+                    (ns.to_string(), name.to_string(), uid),
+                    Instant::now() + delay,
+                );
+            }
         }
         Some(obj.clone())
     }
 
-    fn node_released(&self, node: &str) -> bool {
-        match self.get(Res::Node, "", node) {
-            None => true,
-            Some(n) => n["spec"]["taints"].as_array().is_some_and(|ts| {
+    /// The Node carries the out-of-service NoExecute taint.
+    fn node_out_of_service(&self, node: &str) -> bool {
+        self.get(Res::Node, "", node).is_some_and(|n| {
+            n["spec"]["taints"].as_array().is_some_and(|ts| {
                 ts.iter()
                     .any(|t| t["key"] == OOS_KEY && t["effect"] == "NoExecute")
-            }),
-        }
+            })
+        })
+    }
+
+    /// The Node's Ready condition is True (its kubelet reports): the real pod GC never
+    /// force-deletes the pods of such a node, and a kubelet ends their graceful termination.
+    fn node_ready(&self, node: &str) -> bool {
+        self.get(Res::Node, "", node).is_some_and(|n| {
+            n["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+        })
     }
 
     /// Applies everything that is due.
+    ///
+    /// The controllers simulated here follow the real ones (kube-controller-manager 1.37,
+    /// checked side by side in tests/tests/real_k8s_compare.rs), only faster:
+    /// - taint eviction: a pod of a node with the out-of-service NoExecute taint that does
+    ///   not tolerate it is deleted gracefully (it becomes terminating);
+    /// - graceful termination ends (the pod goes) only while its node is Ready: a kubelet
+    ///   that is gone stops nothing, so a dead node's pods stay terminating;
+    /// - pod GC: a terminating pod of a node that is out of service *and* not Ready is
+    ///   force-deleted, and a pod of a deleted Node is removed, after `gc_delay` (the real
+    ///   pod GC looks every 20 s, and waits 40 s for a deleted Node's pods);
+    /// - attach-detach: a VolumeAttachment of a node that is deleted or out of service goes
+    ///   `gc_delay` after the last pod of that node went.
     pub(crate) fn sweep(&mut self) {
         let now = Instant::now();
         // Terminated pods disappear.
@@ -375,52 +405,96 @@ impl State {
                 self.remove(Res::Pod, &ns, &name);
             }
         }
-        // Pod GC: pods bound to a deleted or out-of-service node are force-deleted after
-        // gc_delay; the attach-detach controller does the same for VolumeAttachments.
+        let key_of = |p: &Value| {
+            (
+                p["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                p["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        };
+        // A kubelet back (its node Ready again) ends the graceful terminations it missed.
+        let resumed: Vec<(String, String, String)> = self
+            .list(Res::Pod, None)
+            .into_iter()
+            .filter(|p| {
+                !p["metadata"]["deletionTimestamp"].is_null()
+                    && p["spec"]["nodeName"]
+                        .as_str()
+                        .is_some_and(|n| self.node_ready(n))
+            })
+            .map(key_of)
+            .filter(|k| !self.timers.pod_gone_at.contains_key(k))
+            .collect();
+        for key in resumed {
+            let delay = self
+                .termination
+                .get(&(key.0.clone(), key.1.clone()))
+                .copied()
+                .unwrap_or(self.default_termination);
+            self.timers.pod_gone_at.insert(key, now + delay);
+        }
+        // Taint eviction.
+        let evict: Vec<(String, String)> = self
+            .list(Res::Pod, None)
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["deletionTimestamp"].is_null()
+                    && !tolerates_out_of_service(p)
+                    && p["spec"]["nodeName"]
+                        .as_str()
+                        .is_some_and(|n| self.node_out_of_service(n))
+            })
+            .map(|p| {
+                let (ns, name, _) = key_of(p);
+                (ns, name)
+            })
+            .collect();
+        for (ns, name) in evict {
+            self.delete_pod(&ns, &name, None);
+        }
+        // Pod GC.
         let orphans: Vec<(String, String, String)> = self
             .list(Res::Pod, None)
             .into_iter()
-            .filter_map(|p| {
-                let node = p["spec"]["nodeName"].as_str()?;
-                (!node.is_empty() && self.node_released(node)).then(|| {
-                    (
-                        p["metadata"]["namespace"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_string(),
-                        p["metadata"]["name"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_string(),
-                        p["metadata"]["uid"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_string(),
-                    )
-                })
+            .filter(|p| {
+                let Some(node) = p["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
+                    return false;
+                };
+                let node_gone = self.get(Res::Node, "", node).is_none();
+                let terminating = !p["metadata"]["deletionTimestamp"].is_null();
+                node_gone
+                    || (terminating && self.node_out_of_service(node) && !self.node_ready(node))
             })
+            .map(key_of)
             .collect();
-        for (ns, name, uid) in orphans {
-            let key = (ns.clone(), name.clone(), uid);
-            if !self.timers.pod_gone_at.contains_key(&key) {
-                let rv = self.next_rv();
-                if let Some(obj) = self.objects.get_mut(&(Res::Pod, ns, name))
-                    && obj["metadata"]["deletionTimestamp"].is_null()
-                {
-                    obj["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
-                    obj["metadata"]["deletionGracePeriodSeconds"] = json!(0);
-                    obj["metadata"]["resourceVersion"] = json!(rv);
-                }
-                self.timers.pod_gone_at.insert(key, now + self.gc_delay);
+        for key in orphans {
+            let at = now + self.gc_delay;
+            let entry = self.timers.pod_gone_at.entry(key).or_insert(at);
+            // A graceful end the kubelet would have brought is not waited for.
+            if *entry > at {
+                *entry = at;
             }
         }
         let vas: Vec<String> = self
             .list(Res::VolumeAttachment, None)
             .into_iter()
             .filter(|va| {
-                va["spec"]["nodeName"]
-                    .as_str()
-                    .is_some_and(|n| self.node_released(n))
+                va["spec"]["nodeName"].as_str().is_some_and(|n| {
+                    (self.get(Res::Node, "", n).is_none() || self.node_out_of_service(n))
+                        && !self
+                            .list(Res::Pod, None)
+                            .iter()
+                            .any(|p| p["spec"]["nodeName"] == n)
+                })
             })
             .filter_map(|va| va["metadata"]["name"].as_str().map(str::to_string))
             .collect();
@@ -436,6 +510,20 @@ impl State {
             }
         }
     }
+}
+
+/// The pod tolerates the out-of-service NoExecute taint (key match, or an `Exists`
+/// toleration with no key), so taint eviction leaves it.
+fn tolerates_out_of_service(pod: &Value) -> bool {
+    pod["spec"]["tolerations"].as_array().is_some_and(|ts| {
+        ts.iter().any(|t| {
+            let key_ok = t["key"] == OOS_KEY
+                || (t["key"].as_str().unwrap_or_default().is_empty() && t["operator"] == "Exists");
+            let effect_ok =
+                t["effect"].is_null() || t["effect"] == "" || t["effect"] == "NoExecute";
+            key_ok && effect_ok
+        })
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane the tests run against (tests/src/real_k8s.rs):
+# kube-apiserver and kube-controller-manager from the k8s.io/kubernetes Go module, and etcd
+# from go.etcd.io/etcd/server/v3, with the machine's Go toolchain. No prebuilt binary is
+# fetched: only Go modules, through the go command.
+#
+# The binaries are cached outside the work tree, keyed by version:
+#   ${FLEETMEND_CACHE:-$HOME/.cache/fleetmend}/k8s-v<K8S>-etcd-v<ETCD>/{kube-apiserver,kube-controller-manager,etcd}
+# A second run finds them and returns at once. The Go module and build caches stay in their
+# default places (go env GOMODCACHE GOCACHE), so a rebuild after a version change reuses them.
+# Prints the cache directory on its last line of stdout.
+#
+#   scripts/build-k8s.sh          build unless cached, print the directory
+#   scripts/build-k8s.sh --find   print the directory if built, else say so and exit 1
+#                                 (the test kit's lookup: it never starts a build)
+set -euo pipefail
+
+# Kubernetes 1.37 needs Go 1.26 (its go.mod says go 1.26.0): the machine's toolchain.
+# Bump both together with a tested pair: kube-apiserver 1.37 is built against etcd's 3.6 client.
+K8S_VERSION=v1.37.2
+ETCD_VERSION=v3.6.16
+
+say() { echo "build-k8s: $*" >&2; }
+CACHE_ROOT=${FLEETMEND_CACHE:-$HOME/.cache/fleetmend}
+OUT="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
+BINS=(kube-apiserver kube-controller-manager etcd)
+
+complete() {
+  [ -f "$OUT/.complete" ] || return 1
+  for b in "${BINS[@]}"; do [ -x "$OUT/$b" ] || return 1; done
+}
+if [ "${1:-}" = --find ]; then
+  if complete; then
+    echo "$OUT"
+    exit 0
+  fi
+  say "$OUT has no complete build of kube-apiserver, kube-controller-manager and etcd"
+  exit 1
+fi
+if complete; then
+  say "found $OUT (kube-apiserver, kube-controller-manager, etcd)"
+  echo "$OUT"
+  exit 0
+fi
+command -v go >/dev/null 2>&1 || {
+  say "the go command is missing: install Go 1.26 or newer (the Kubernetes $K8S_VERSION modules need it)"
+  exit 1
+}
+say "building Kubernetes $K8S_VERSION and etcd $ETCD_VERSION with $(go version) into $OUT (cold: about 15-30 min on 2 cores)"
+mkdir -p "$OUT"
+# Each module is built in its own throwaway main module, so their dependencies do not
+# meet in one version selection (etcd's and Kubernetes' pins of grpc and otel differ).
+work=$(mktemp -d "$CACHE_ROOT/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+start=$SECONDS
+
+# --- Kubernetes ---------------------------------------------------------------------------
+mkdir -p "$work/k8s"
+cd "$work/k8s"
+gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+[ -f "$gomod" ] || { say "go mod download k8s.io/kubernetes@$K8S_VERSION gave no go.mod"; exit 1; }
+# k8s.io/kubernetes requires its staging modules (k8s.io/api, k8s.io/client-go, ...) at
+# v0.0.0 and replaces them with ./staging/src paths, which a dependent module cannot use:
+# each is published as its own module at v0.<minor>.<patch>, and is pinned to that here.
+staging_version="v0.${K8S_VERSION#v1.}"
+{
+  echo "module fleetmend.test/k8sbuild"
+  echo
+  echo "go 1.26.0"
+  echo
+  echo "require k8s.io/kubernetes $K8S_VERSION"
+  echo
+  echo "replace ("
+  sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/.*#\t\1 => \1 '"$staging_version"'#p' "$gomod"
+  echo ")"
+} >go.mod
+n=$(grep -c "=> k8s.io/.* $staging_version" go.mod || true)
+[ "$n" -gt 10 ] || { say "found only $n staging modules in $gomod: its layout changed"; exit 1; }
+vpkg=k8s.io/component-base/version
+minor=${K8S_VERSION#v1.}
+minor=${minor%%.*}
+ldflags="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+for cmd in kube-apiserver kube-controller-manager; do
+  t=$SECONDS
+  say "go build k8s.io/kubernetes/cmd/$cmd"
+  go build -trimpath -ldflags "$ldflags" -o "$work/$cmd" "k8s.io/kubernetes/cmd/$cmd"
+  say "$cmd built in $((SECONDS - t)) s"
+done
+
+# --- etcd ---------------------------------------------------------------------------------
+mkdir -p "$work/etcd"
+cd "$work/etcd"
+printf 'module fleetmend.test/etcdbuild\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >go.mod
+t=$SECONDS
+say "go build go.etcd.io/etcd/server/v3"
+go build -trimpath -ldflags "-s -w" -o "$work/etcd-bin" go.etcd.io/etcd/server/v3
+say "etcd built in $((SECONDS - t)) s"
+
+mv "$work/kube-apiserver" "$work/kube-controller-manager" "$OUT/"
+mv "$work/etcd-bin" "$OUT/etcd"
+"$OUT/kube-apiserver" --version >&2
+"$OUT/etcd" --version | head -n 1 >&2
+touch "$OUT/.complete"
+say "done in $((SECONDS - start)) s: $OUT"
+echo "$OUT"
