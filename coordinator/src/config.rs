@@ -780,7 +780,12 @@ key = "c.key"
         let c = Config::parse(&text, Path::new("coordinator.toml")).unwrap();
         let t = c.fence.timeouts_for(Some("big-mem"), Some("rack-1"));
         assert_eq!(t.on, Duration::from_secs(300));
-        assert_eq!(t.off, Duration::from_secs(90));
+        // The machine type's off_timeout (60s) wins over the gateway's (90s).
+        assert_eq!(t.off, Duration::from_secs(60));
+        assert_eq!(
+            c.fence.timeouts_for(None, Some("rack-1")).off,
+            Duration::from_secs(90)
+        );
         assert!(!c.fence.keep_off_for(Some("big-mem"), Some("rack-1")));
     }
 

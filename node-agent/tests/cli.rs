@@ -39,10 +39,25 @@ fn node(kubelet: &FakeKubelet) -> (NodeFixture, String) {
         .mount("/var")
         .build()
         .unwrap();
+    // `check` refuses (exit 64) what `run` would refuse, TLS files included, so the node gets
+    // a real certificate of a real CA (the coordinator it names is never reached).
+    let pki = fx.root().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let ca = protocol::pki::Ca::generate("cli.test").unwrap();
+    let ca_file = pki.join("ca.crt");
+    protocol::pki::write_file(&ca_file, ca.cert_pem(), 0o644, false).unwrap();
+    let (cert, key) = ca
+        .issue(
+            protocol::Role::Node,
+            "cli-node",
+            &protocol::pki::IssueOptions::loopback(),
+        )
+        .unwrap()
+        .write(&pki, false)
+        .unwrap();
     let cfg = fx
         .write_agent_config(
-            &AgentConfig::new("127.0.0.1:1", "/nonexistent/ca.crt", "/x.crt", "/x.key")
-                .kubelet_url(&kubelet.url()),
+            &AgentConfig::new("127.0.0.1:1", &ca_file, &cert, &key).kubelet_url(&kubelet.url()),
         )
         .unwrap();
     (fx, cfg.to_string_lossy().into_owned())
@@ -123,8 +138,14 @@ fn bad_configuration_exits_64_naming_key_and_file() {
 #[test]
 fn unreadable_tls_files_exit_one_so_systemd_retries() {
     let k = FakeKubelet::start().unwrap();
-    let (_fx, cfg) = node(&k);
-    let out = run(&["run", "--config", &cfg]);
+    let (fx, _) = node(&k);
+    let cfg = fx
+        .write_agent_config(
+            &AgentConfig::new("127.0.0.1:1", "/nonexistent/ca.crt", "/x.crt", "/x.key")
+                .kubelet_url(&k.url()),
+        )
+        .unwrap();
+    let out = run(&["run", "--config", &cfg.to_string_lossy()]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("/nonexistent/ca.crt"),

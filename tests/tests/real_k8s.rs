@@ -224,10 +224,14 @@ async fn a_dead_machines_stateful_pod_and_volume_are_released_by_the_real_contro
         c.attachments_on(DEAD).await?.is_empty(),
         "a VolumeAttachment still names m1"
     );
-    assert!(terminating_seen.is_some() && pod_gone_seen.is_some());
+    // The terminating state is sampled once per pass: on a loaded machine the release pass can
+    // force-delete the pod between two samples, so only its going is required here.
+    assert!(pod_gone_seen.is_some(), "web-0 was never seen gone");
+    let terminating = terminating_seen.map_or("between two samples".to_string(), |t| {
+        format!("{:.1} s", t.as_secs_f64())
+    });
     eprintln!(
-        "release: taint -> terminating {:.1} s, -> pod gone {:.1} s, -> done {:.1} s",
-        terminating_seen.unwrap_or_default().as_secs_f64(),
+        "release: taint -> terminating {terminating}, -> pod gone {:.1} s, -> done {:.1} s",
         pod_gone_seen.unwrap_or_default().as_secs_f64(),
         released_at.elapsed().as_secs_f64()
     );

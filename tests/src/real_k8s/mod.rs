@@ -160,6 +160,7 @@ impl RealK8s {
                 ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
                 dns: vec!["localhost".into()],
                 validity_days: 2,
+                clock_offset_secs: 0,
             },
         )?;
         let sa = ca.issue(
