@@ -9,6 +9,7 @@ use protocol::admin::machines::{MachineDetail, MachineSpec, MachinesRequest, Mac
 use protocol::admin::{AdminRequest, AdminResponse};
 
 use super::common::{CommandGroup, Ctx, fmt_age, fmt_time, print_json, print_table, shown};
+use super::machines_list::{now_ms, or_dash, summaries_table};
 use crate::inventory::{RecordSource, load_inventory};
 
 /// Machine commands.
@@ -121,50 +122,6 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("label {s:?} is not key=value")),
     }
-}
-
-fn now_ms() -> u64 {
-    use crate::clock::Clock as _;
-    u64::try_from(crate::clock::SystemClock.now().as_millisecond()).unwrap_or(0)
-}
-
-/// An empty field as `-`, so a table's columns stay where `awk` expects them.
-fn or_dash(s: &str) -> String {
-    if s.is_empty() {
-        "-".into()
-    } else {
-        s.to_string()
-    }
-}
-
-/// One machine's row of the `machines list` table.
-pub(super) fn summary_row(m: &protocol::admin::machines::MachineSummary) -> Vec<String> {
-    let now = now_ms();
-    vec![
-        m.spec.address.clone(),
-        m.spec.hostname.clone(),
-        m.state.clone(),
-        fmt_age(m.state_since_unix_ms, now),
-        or_dash(&m.spec.rack),
-        or_dash(&m.spec.role),
-        or_dash(&m.spec.machine_type),
-        // Reports are kept in memory: after a restart, none until the next one.
-        m.last_report_unix_ms
-            .map(|t| format!("{} ago", fmt_age(t, now)))
-            .unwrap_or_else(|| "-".into()),
-        m.failing.join(","),
-    ]
-}
-
-/// The `machines list` table.
-pub(super) fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
-    let rows: Vec<Vec<String>> = list.iter().map(summary_row).collect();
-    print_table(
-        &[
-            "ADDRESS", "HOSTNAME", "STATE", "FOR", "RACK", "ROLE", "TYPE", "REPORT", "FAILING",
-        ],
-        &rows,
-    );
 }
 
 /// Whether the agent's connection is open. An unreachable machine's connection can still

@@ -15,7 +15,7 @@ use clap::Args;
 use protocol::admin::machines::{MachineSummary, MachinesRequest, MachinesResponse};
 use protocol::admin::{AdminRequest, AdminResponse};
 
-use super::common::{Ctx, Polling, print_json, shown};
+use super::common::{Ctx, Polling, fmt_age, print_json, print_table, shown};
 
 /// How often `--watch` asks for the list: states change at report intervals (seconds), so
 /// two seconds shows a change promptly without loading the coordinator with full lists.
@@ -164,7 +164,7 @@ impl ListArgs {
                     }
                 }
                 None if self.json => print_json(&list)?,
-                None => super::machines::summaries_table(&list),
+                None => summaries_table(&list),
                 Some(before) => {
                     for m in list
                         .iter()
@@ -173,7 +173,7 @@ impl ListArgs {
                         if self.json {
                             println!("{}", serde_json::to_string(m)?);
                         } else {
-                            println!("{}", shown(&super::machines::summary_row(m).join("  ")));
+                            println!("{}", shown(&summary_row(m).join("  ")));
                         }
                     }
                     for gone in before.keys().filter(|a| !now.contains_key(*a)) {
@@ -220,6 +220,51 @@ impl Seen {
             connected: m.connected,
         }
     }
+}
+
+/// Now, in Unix milliseconds (the ages in the tables count from it).
+pub(super) fn now_ms() -> u64 {
+    use crate::clock::Clock as _;
+    u64::try_from(crate::clock::SystemClock.now().as_millisecond()).unwrap_or(0)
+}
+
+/// An empty field as `-`, so a table's columns stay where `awk` expects them.
+pub(super) fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_string()
+    }
+}
+
+/// One machine's row of the `machines list` table.
+pub(super) fn summary_row(m: &protocol::admin::machines::MachineSummary) -> Vec<String> {
+    let now = now_ms();
+    vec![
+        m.spec.address.clone(),
+        m.spec.hostname.clone(),
+        m.state.clone(),
+        fmt_age(m.state_since_unix_ms, now),
+        or_dash(&m.spec.rack),
+        or_dash(&m.spec.role),
+        or_dash(&m.spec.machine_type),
+        // Reports are kept in memory: after a restart, none until the next one.
+        m.last_report_unix_ms
+            .map(|t| format!("{} ago", fmt_age(t, now)))
+            .unwrap_or_else(|| "-".into()),
+        m.failing.join(","),
+    ]
+}
+
+/// The `machines list` table.
+pub(super) fn summaries_table(list: &[protocol::admin::machines::MachineSummary]) {
+    let rows: Vec<Vec<String>> = list.iter().map(summary_row).collect();
+    print_table(
+        &[
+            "ADDRESS", "HOSTNAME", "STATE", "FOR", "RACK", "ROLE", "TYPE", "REPORT", "FAILING",
+        ],
+        &rows,
+    );
 }
 
 #[cfg(test)]
