@@ -137,6 +137,14 @@ done
 [ -n "$ok" ] || fail "bmc-gateway check: $(cat gateway-check.txt)"
 bmc-gateway --config gateway.toml > gateway.log 2>&1 &
 pids+=($!)
+# `coordinator check` below asks the gateway which machines it serves: wait until it listens
+# (it first probes its BMCs, which can take a second or two).
+ok=
+for _ in $(seq 1 100); do
+    if grep -q "bmc-gateway listening" gateway.log 2>/dev/null; then ok=1; break; fi
+    sleep 0.1
+done
+[ -n "$ok" ] || fail "the gateway did not start listening: $(cat gateway.log)"
 
 step "the coordinator on UDP $coord_port with an inventory and a repair YAML"
 cat > machines.toml <<'EOF'
