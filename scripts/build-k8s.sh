@@ -42,6 +42,10 @@ if complete; then
   echo "$OUT"
   exit 0
 fi
+# A non-login shell (CI, cron) may lack the Go install's directory on PATH.
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  PATH="$PATH:/usr/local/go/bin"
+fi
 command -v go >/dev/null 2>&1 || {
   say "the go command is missing: install Go 1.26 or newer (the Kubernetes $K8S_VERSION modules need it)"
   exit 1
