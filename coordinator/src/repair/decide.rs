@@ -30,6 +30,7 @@ use protocol::admin::repair::{RepairStatus, RepairStepStatus};
 
 use super::config::{CommandSpec, RepairConfig, RepairOperation};
 use super::entry::{Entry, HistoryEvent, Phase};
+pub use super::evidence::{AgentSeen, UNKNOWN_EVIDENCE_WAIT};
 
 /// Base of the drain backoff, CKE's `drainBackOffBaseSeconds`: the wait after the n-th failed
 /// drain is `300 s + rand(300 s × n)`, long enough for a PodDisruptionBudget to recover.
@@ -77,24 +78,6 @@ pub struct CommandEnd {
     /// unknown"), or no answer came in time. When that became known. A retry then needs
     /// evidence that the first did not happen (see [`UNKNOWN_EVIDENCE_WAIT`]).
     pub unknown_since: Option<Timestamp>,
-}
-
-/// How long a step whose power action's outcome is unknown waits for evidence that it did
-/// not happen (the machine's agent reporting, after the outcome became unknown, the boot
-/// id it had before the step) before it gives up on retrying: the step fails (and the
-/// procedure escalates) instead of cycling the machine a second time on a guess.
-///
-/// 20 s: four report intervals of an agent at its default 5 s, and a reconnect; a machine
-/// that was cycled sends nothing from its old boot after the cycle.
-pub const UNKNOWN_EVIDENCE_WAIT: SignedDuration = SignedDuration::from_secs(20);
-
-/// The machine's agent as last heard from, for a retry after an unknown outcome.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentSeen {
-    /// The boot id of its last report.
-    pub boot_id: String,
-    /// When that report was received (coordinator clock).
-    pub last_report: Timestamp,
 }
 
 /// A background task's state, as the engine observed it.

@@ -33,6 +33,7 @@ pub mod diagnostics;
 mod effects;
 pub mod engine;
 pub mod entry;
+mod evidence;
 pub mod fencing;
 pub mod load;
 pub mod metrics;

@@ -56,6 +56,9 @@ mod certs;
 mod endpoint;
 mod error;
 pub mod preflight;
+mod report_form;
+
+use report_form::{ReportForm, Shaped};
 
 use error::RoundError;
 pub use error::{AgentError, ForeignCertificate, check_own_chain};
@@ -167,17 +170,6 @@ pub struct Agent {
     /// The client endpoint of each address family (IPv4, IPv6), made at the first connect and
     /// kept for the agent's life; see [`Agent::client_endpoint`].
     endpoints: std::sync::Mutex<[Option<Endpoint>; 2]>,
-}
-
-/// The form reports are sent in: this release's, or one an older coordinator reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReportForm {
-    /// Everything this release sends.
-    Full,
-    /// Without plugin, gpu and memory results ([`HealthReport::without_newer_kinds`]).
-    WithoutNewerKinds,
-    /// Without those and without the report interval ([`protocol::messages::v1`]).
-    V1,
 }
 
 impl std::fmt::Debug for Agent {
@@ -440,23 +432,13 @@ impl Agent {
             report_interval_ms: u64::try_from(self.cfg.report_interval.as_millis())
                 .unwrap_or(u64::MAX),
         });
-        self.sent_newer_kinds = false;
-        match (self.form, msg) {
-            (ReportForm::Full, msg) => {
-                self.sent_newer_kinds =
-                    matches!(&msg, AgentMessage::Report(r) if r.has_newer_kinds());
+        self.sent_newer_kinds = self.form == ReportForm::Full
+            && matches!(&msg, AgentMessage::Report(r) if r.has_newer_kinds());
+        match self.form.shape(msg) {
+            Shaped::Current(msg) => {
                 transport::write_msg(&mut link.session.send, &msg, MAX_FRAME_LEN).await?;
             }
-            (ReportForm::WithoutNewerKinds, AgentMessage::Report(r)) => {
-                let msg = AgentMessage::Report(r.without_newer_kinds());
-                transport::write_msg(&mut link.session.send, &msg, MAX_FRAME_LEN).await?;
-            }
-            (_, msg) => {
-                let msg = match msg {
-                    AgentMessage::Report(r) => AgentMessage::Report(r.without_newer_kinds()),
-                    other => other,
-                };
-                let old = protocol::messages::v1::AgentMessage::from(msg);
+            Shaped::V1(old) => {
                 transport::write_msg(&mut link.session.send, &old, MAX_FRAME_LEN).await?;
             }
         }
