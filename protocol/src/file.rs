@@ -78,6 +78,18 @@ pub fn flock_holder(proc_locks: &str, dev: u64, ino: u64) -> Option<u32> {
     })
 }
 
+/// [`flock_holder`] on the machine's `/proc/locks`, read again up to three times while the
+/// lock is not in it. The kernel writes that file in page-sized pieces, and a lock taken or
+/// dropped elsewhere between two pieces shifts the list, so one read can miss a line (SQLite's
+/// own POSIX locks come and go with every transaction). `None` when no read shows the lock,
+/// or `/proc/locks` cannot be read.
+pub fn flock_holder_now(dev: u64, ino: u64) -> Option<u32> {
+    (0..3).find_map(|_| {
+        let locks = std::fs::read_to_string("/proc/locks").ok()?;
+        flock_holder(&locks, dev, ino)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

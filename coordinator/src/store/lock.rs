@@ -141,10 +141,10 @@ fn lock_database(database: &Path, create: bool) -> Result<Option<Flock<File>>, S
         Ok(f) => Ok(Some(f)),
         Err((file, Errno::EWOULDBLOCK)) => Err(StoreError::HeldUnderAnotherName {
             database: database.to_path_buf(),
-            holder: file.metadata().ok().and_then(|m| {
-                let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-                protocol::file::flock_holder(&locks, m.dev(), m.ino())
-            }),
+            holder: file
+                .metadata()
+                .ok()
+                .and_then(|m| protocol::file::flock_holder_now(m.dev(), m.ino())),
         }),
         Err((_, errno)) => Err(StoreError::NotWritable {
             path: database.to_path_buf(),
@@ -162,13 +162,12 @@ pub fn held_under_another_name(database: &Path) -> Result<(), StoreError> {
     let Ok(db) = std::fs::metadata(database) else {
         return Ok(());
     };
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    let Some(holder) = protocol::file::flock_holder(&locks, db.dev(), db.ino()) else {
+    let Some(holder) = protocol::file::flock_holder_now(db.dev(), db.ino()) else {
         return Ok(());
     };
     let this_name = std::fs::metadata(lock_path(database))
         .ok()
-        .and_then(|m| protocol::file::flock_holder(&locks, m.dev(), m.ino()));
+        .and_then(|m| protocol::file::flock_holder_now(m.dev(), m.ino()));
     if this_name == Some(holder) {
         return Ok(());
     }
