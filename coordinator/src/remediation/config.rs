@@ -1,7 +1,7 @@
 //! The `[remediation]` section: detectors, their gates and the storm limits.
 //!
 //! Parsed with serde like the rest of the coordinator config (`deny_unknown_fields`,
-//! durations as strings such as `"30s"` or `"5m"` through [`crate::config::duration`]).
+//! durations as strings such as `"30s"` or `"5m"` through [`crate::duration`]).
 //! Every default is chosen to work on a fresh install and carries its reason. It is the
 //! coordinator config's optional `[remediation]` section: absent, no remediation loop runs.
 //! [`RemediationConfig::validate`] names the offending key in every error.
@@ -17,7 +17,7 @@ pub use super::limits_config::{
     Correlated, Escalation, FleetCap, Limits, Rate, SelfIsolation, SlowStart,
 };
 use super::sabakan::{SabakanConfig, Source};
-use crate::config::duration;
+use crate::duration;
 use crate::health::MachineState;
 
 /// Two kubelet Lease renewals (kubelet renews every 10 s): one late renewal is not death.
@@ -161,7 +161,7 @@ mod duration_or_never {
 
     use serde::Deserialize;
 
-    use crate::config::duration::Written;
+    use crate::duration::Written;
 
     pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
         d: D,

@@ -36,7 +36,7 @@ use super::gather::ViewFacts;
 use super::input::{Input, Machine, SabakanFacts};
 use super::runner::Shared;
 use super::{elapsed, human};
-use crate::config::duration;
+use crate::duration;
 
 /// Long enough for a sabakan answering a fleet's worth of machines from etcd; short enough
 /// that a dead one is noticed within a pass or two.
