@@ -277,7 +277,7 @@ impl App {
             None => (None, None),
         };
         if let Some(q) = &repair {
-            for problem in crate::check::unfit(&config, q.config(), inventory.as_deref()) {
+            for problem in crate::check::fit::unfit(&config, q.config(), inventory.as_deref()) {
                 tracing::warn!("{problem} (`coordinator check` says the same)");
             }
         }

@@ -4,6 +4,12 @@
 //! in jiff's friendly (`"5s"`, `"1m 30s"`) or ISO 8601 (`"PT5S"`) format. Sections other
 //! areas own (`[repair]`, `[kubernetes]`, `[gateways]`) are optional and grow additively.
 //!
+//! Each area's section is a type of its own, parsed and checked beside the code that uses it
+//! (`fence::config`, `gateway::config`, `health::config`, `k8s::config`, `kdump::config`,
+//! `remediation::config`; durations through [`crate::duration`]). This module assembles
+//! them into [`Config`] and checks what spans sections (a `[fence.gateways.NAME]` names a
+//! configured gateway) and every duration's range; no area imports it.
+//!
 //! This module only parses and validates; it opens no file other than the config itself and
 //! binds nothing.
 
@@ -11,7 +17,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use jiff::SignedDuration;
 use serde::Deserialize;
 
 /// Where the config is read from when neither `--config` nor `FLEETMEND_COORDINATOR_CONFIG` says.
@@ -19,6 +24,11 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/fleetmend/coordinator.toml";
 
 mod ranges;
 
+pub use crate::duration;
+pub use crate::duration::opt as opt_duration;
+pub use crate::fence::config::{FenceOverride, FenceSection};
+pub use crate::gateway::config::GatewaysSection;
+pub use crate::health::config::HealthSection;
 pub use crate::health::{DEFAULT_GOODBYE_GRACE, DEFAULT_GRACE_INTERVALS, DEFAULT_REPORT_INTERVAL};
 
 /// How long the coordinator waits for open connections to finish on SIGTERM.
@@ -141,44 +151,6 @@ impl Default for HttpSection {
     }
 }
 
-/// `[health]`: how reports become states.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HealthSection {
-    /// How often agents report (should match their `report_interval`).
-    #[serde(default = "default_report_interval", with = "duration")]
-    pub report_interval: Duration,
-    /// Silence after which a machine is unreachable; default 3 report intervals.
-    #[serde(default, with = "opt_duration")]
-    pub unreachable_grace: Option<Duration>,
-    /// Silence after a goodbye after which a machine is unreachable after all.
-    #[serde(default = "default_goodbye_grace", with = "duration")]
-    pub goodbye_grace: Duration,
-}
-
-impl Default for HealthSection {
-    fn default() -> Self {
-        Self {
-            report_interval: DEFAULT_REPORT_INTERVAL,
-            unreachable_grace: None,
-            goodbye_grace: DEFAULT_GOODBYE_GRACE,
-        }
-    }
-}
-
-impl HealthSection {
-    /// The effective health settings.
-    pub fn resolved(&self) -> crate::health::HealthConfig {
-        crate::health::HealthConfig {
-            report_interval: self.report_interval,
-            unreachable_grace: self
-                .unreachable_grace
-                .unwrap_or(self.report_interval * DEFAULT_GRACE_INTERVALS),
-            goodbye_grace: self.goodbye_grace,
-        }
-    }
-}
-
 /// `[repair]`: the repair queue's own configuration file (CKE `repair:` YAML).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -192,263 +164,11 @@ pub struct RepairSection {
 /// [`crate::k8s::KubernetesConfig`] (owned by the Kubernetes area).
 pub type KubernetesSection = crate::k8s::KubernetesConfig;
 
-/// `[gateways]`: the rack BMC gateways that carry out power actions, each as a
-/// `[[gateways.targets]]` table (name, address, server_name, racks, machines). A machine is
-/// routed to the gateway listing its address, else to the one serving its inventory rack.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GatewaysSection {
-    /// The gateways.
-    #[serde(default)]
-    pub targets: Vec<crate::gateway::GatewayTarget>,
-}
-
-/// `[fence]`: the fence flow's time limits and whether a fenced machine stays off.
-///
-/// The limits are per BMC, since BMCs differ: a `[fence.machine_types.<type>]` table
-/// (a hardware model, so a BMC firmware) or a `[fence.gateways.<name>]` table (the
-/// `[[gateways.targets]]` of that name: a rack of one vendor) overrides any of them. For
-/// each key the machine type's value wins, then the gateway's, then the section's.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FenceSection {
-    /// From the power-off request until the BMC reads back off (default 60 s).
-    #[serde(with = "duration")]
-    pub off_timeout: Duration,
-    /// From the power-on request until the gateway says on, its retries of a busy BMC
-    /// included (default 120 s).
-    #[serde(with = "duration")]
-    pub on_timeout: Duration,
-    /// From the release until the node's pods and VolumeAttachments are gone (default 10 min).
-    #[serde(with = "duration")]
-    pub release_timeout: Duration,
-    /// From the power-on until the agent is back with a new boot id and the Node restored
-    /// (default 15 min: server firmware boots slowly).
-    #[serde(with = "duration")]
-    pub back_timeout: Duration,
-    /// Leave a fenced machine off: the flow ends after the release (the Node keeps its
-    /// out-of-service taint), and a flow failing after the release does not power it on.
-    /// For machines a person must look at before they run again. Default false.
-    pub keep_off: bool,
-    /// Overrides by machine type.
-    pub machine_types: std::collections::BTreeMap<String, FenceOverride>,
-    /// Overrides by gateway name (`[[gateways.targets]]` `name`).
-    pub gateways: std::collections::BTreeMap<String, FenceOverride>,
-}
-
-/// One `[fence.machine_types.<type>]` or `[fence.gateways.<name>]` table: any key left out
-/// comes from the next level.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FenceOverride {
-    /// `off_timeout` for these machines.
-    #[serde(default, with = "opt_duration")]
-    pub off_timeout: Option<Duration>,
-    /// `on_timeout` for these machines.
-    #[serde(default, with = "opt_duration")]
-    pub on_timeout: Option<Duration>,
-    /// `release_timeout` for these machines.
-    #[serde(default, with = "opt_duration")]
-    pub release_timeout: Option<Duration>,
-    /// `back_timeout` for these machines.
-    #[serde(default, with = "opt_duration")]
-    pub back_timeout: Option<Duration>,
-    /// `keep_off` for these machines.
-    #[serde(default)]
-    pub keep_off: Option<bool>,
-}
-
-impl Default for FenceSection {
-    fn default() -> Self {
-        let t = crate::fence::flow::FenceTimeouts::default();
-        Self {
-            off_timeout: t.off,
-            on_timeout: t.on,
-            release_timeout: t.release,
-            back_timeout: t.back,
-            keep_off: false,
-            machine_types: Default::default(),
-            gateways: Default::default(),
-        }
-    }
-}
-
-impl FenceSection {
-    /// The overrides that apply to a machine of `machine_type` behind `gateway`, most
-    /// specific first.
-    fn overrides(
-        &self,
-        machine_type: Option<&str>,
-        gateway: Option<&str>,
-    ) -> [Option<&FenceOverride>; 2] {
-        [
-            machine_type.and_then(|t| self.machine_types.get(t)),
-            gateway.and_then(|g| self.gateways.get(g)),
-        ]
-    }
-
-    /// The time limits of a machine of `machine_type` whose BMC is behind `gateway`.
-    pub fn timeouts_for(
-        &self,
-        machine_type: Option<&str>,
-        gateway: Option<&str>,
-    ) -> crate::fence::flow::FenceTimeouts {
-        let o = self.overrides(machine_type, gateway);
-        let pick = |f: fn(&FenceOverride) -> Option<Duration>, base: Duration| {
-            o.iter().flatten().find_map(|x| f(x)).unwrap_or(base)
-        };
-        crate::fence::flow::FenceTimeouts {
-            off: pick(|x| x.off_timeout, self.off_timeout),
-            on: pick(|x| x.on_timeout, self.on_timeout),
-            release: pick(|x| x.release_timeout, self.release_timeout),
-            back: pick(|x| x.back_timeout, self.back_timeout),
-        }
-    }
-
-    /// Whether a fenced machine of `machine_type` behind `gateway` stays off.
-    pub fn keep_off_for(&self, machine_type: Option<&str>, gateway: Option<&str>) -> bool {
-        self.overrides(machine_type, gateway)
-            .iter()
-            .flatten()
-            .find_map(|x| x.keep_off)
-            .unwrap_or(self.keep_off)
-    }
-
-    /// Every limit above zero; every gateway override names a configured gateway.
-    fn validate(&self, gateways: &[crate::gateway::GatewayTarget]) -> Result<(), String> {
-        let zero = |key: &str, d: Option<Duration>| match d {
-            Some(d) if d.is_zero() => Err(format!(
-                "key `{key}`: must be greater than 0 (a zero limit fails every fence at once)"
-            )),
-            _ => Ok(()),
-        };
-        zero("fence.off_timeout", Some(self.off_timeout))?;
-        zero("fence.on_timeout", Some(self.on_timeout))?;
-        zero("fence.release_timeout", Some(self.release_timeout))?;
-        zero("fence.back_timeout", Some(self.back_timeout))?;
-        for (table, map) in [
-            ("machine_types", &self.machine_types),
-            ("gateways", &self.gateways),
-        ] {
-            for (name, o) in map {
-                let key = |k: &str| format!("fence.{table}.{name}.{k}");
-                zero(&key("off_timeout"), o.off_timeout)?;
-                zero(&key("on_timeout"), o.on_timeout)?;
-                zero(&key("release_timeout"), o.release_timeout)?;
-                zero(&key("back_timeout"), o.back_timeout)?;
-            }
-        }
-        if let Some(name) = self
-            .gateways
-            .keys()
-            .find(|n| !gateways.iter().any(|g| &g.name == *n))
-        {
-            let known: Vec<&str> = gateways.iter().map(|g| g.name.as_str()).collect();
-            return Err(format!(
-                "key `fence.gateways.{name}`: no [[gateways.targets]] is named {name:?} \
-                 (configured: {})",
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            ));
-        }
-        Ok(())
-    }
-}
-
 fn default_shutdown_grace() -> Duration {
     DEFAULT_SHUTDOWN_GRACE
 }
 fn default_http_listen() -> Option<SocketAddr> {
     Some(SocketAddr::from(([127, 0, 0, 1], 9464)))
-}
-fn default_report_interval() -> Duration {
-    DEFAULT_REPORT_INTERVAL
-}
-fn default_goodbye_grace() -> Duration {
-    DEFAULT_GOODBYE_GRACE
-}
-
-/// Serde helpers for durations written as strings (`"5s"`, `"PT5S"`).
-pub mod duration {
-    use super::*;
-
-    /// Parses a non-negative duration string. A bare number is refused: its unit would be
-    /// a guess.
-    pub fn parse(s: &str) -> Result<Duration, String> {
-        if !s.trim().is_empty() && s.trim().parse::<f64>().is_ok() {
-            return Err(bare_number(s.trim()));
-        }
-        let d: SignedDuration = s
-            .parse()
-            .map_err(|_| format!("{s:?} is not a duration like \"5s\", \"500ms\" or \"1m 30s\""))?;
-        Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
-    }
-
-    /// [`parse`] for a time limit on the command line (`--timeout`): zero is refused,
-    /// since nothing can answer within it and every request would fail as "timed out".
-    pub fn limit(s: &str) -> Result<Duration, String> {
-        let d = parse(s)?;
-        if d.is_zero() {
-            return Err(format!(
-                "{:?} is no time at all: a time limit must be above zero, e.g. 30s",
-                s.trim()
-            ));
-        }
-        Ok(d)
-    }
-
-    /// The error for a duration written without a unit.
-    pub fn bare_number(n: &str) -> String {
-        format!(
-            "{n} has no unit: durations are strings with a unit, like \"{n}s\", \"{n}ms\" or \"{n}m\""
-        )
-    }
-
-    /// A duration as written in a file: a string, or (refused with a clear message) a
-    /// number.
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    pub(crate) enum Written {
-        /// A string: parsed.
-        Text(String),
-        /// A number: refused, its unit would be a guess.
-        Int(i64),
-        /// A number: refused, its unit would be a guess.
-        Float(f64),
-    }
-
-    impl Written {
-        /// The duration, or what is wrong with it.
-        pub(crate) fn duration(self) -> Result<Duration, String> {
-            match self {
-                Written::Text(s) => parse(&s),
-                Written::Int(n) => Err(bare_number(&n.to_string())),
-                Written::Float(n) => Err(bare_number(&n.to_string())),
-            }
-        }
-    }
-
-    /// Deserializes a duration string; a bare number is an error saying to add a unit.
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Written::deserialize(d)?
-            .duration()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// Serde helpers for optional duration strings.
-pub mod opt_duration {
-    use super::*;
-
-    /// Deserializes an optional duration string.
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        super::duration::deserialize(d).map(Some)
-    }
 }
 
 impl Config {
@@ -524,41 +244,11 @@ impl Config {
             })?;
         }
         let targets = self.gateways.as_ref().map_or(&[][..], |g| &g.targets[..]);
-        for (i, t) in targets.iter().enumerate() {
-            let key = |k: &str| format!("gateways.targets[{i}].{k}");
-            let bad = |k: &str, message: String| ConfigError::Parse {
+        if let Some(g) = &self.gateways {
+            g.validate().map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
-                message: format!("key `{}`: {message}", key(k)),
-            };
-            if t.name.trim().is_empty() {
-                return Err(bad(
-                    "name",
-                    "must not be empty (it names the gateway in logs and in [fence.gateways])"
-                        .into(),
-                ));
-            }
-            if targets[..i].iter().any(|o| o.name == t.name) {
-                return Err(bad("name", format!("{:?} names two gateways", t.name)));
-            }
-            if rustls::pki_types::ServerName::try_from(t.server_name.as_str()).is_err() {
-                return Err(bad(
-                    "server_name",
-                    format!(
-                        "{:?} is not a DNS name or IP address (it must match a name in the gateway's certificate)",
-                        t.server_name
-                    ),
-                ));
-            }
-            if let Some(m) = t
-                .machines
-                .iter()
-                .find(|m| m.parse::<std::net::IpAddr>().is_err())
-            {
-                return Err(bad("machines", format!("{m:?} is not an IP address")));
-            }
-            if t.racks.iter().any(|r| r.trim().is_empty()) {
-                return Err(bad("racks", "a rack name must not be empty".into()));
-            }
+                message,
+            })?;
         }
         self.fence
             .validate(targets)

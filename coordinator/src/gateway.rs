@@ -28,6 +28,7 @@ use protocol::transport::{self, TlsMaterial, TransportError};
 use protocol::{Role, frame};
 use serde::Deserialize;
 
+pub mod config;
 pub mod reach;
 mod served;
 

@@ -16,7 +16,7 @@
 //!
 //! [`derive`] is a pure function of (previous state, observation, now, config); the
 //! [`crate::fleet::Fleet`] registry feeds it and persists what it returns. This module does
-//! no I/O and reads no clock.
+//! no I/O and reads no clock. Its `[health]` section is parsed in [`config`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -24,6 +24,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use protocol::messages::{GoodbyeReason, HealthReport};
+
+pub mod config;
 
 /// Default report interval; must match node-agent's default so the unreachable grace
 /// (3 intervals) means "three missed reports".

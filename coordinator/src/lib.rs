@@ -12,6 +12,7 @@ pub mod check;
 pub mod clock;
 pub mod config;
 pub mod ctl;
+pub mod duration;
 pub mod fence;
 pub mod fleet;
 pub mod gateway;

@@ -169,3 +169,16 @@ pub(super) fn check_kubeconfig(k: &crate::k8s::KubernetesConfig) -> Result<Strin
         .map(|ok| format!("{ctx}; {ok}"))
         .map_err(|e| format!("{ctx}; {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_kubeconfig_is_reported_as_missing() {
+        let k: crate::k8s::KubernetesConfig =
+            toml::from_str("kubeconfig = \"/nonexistent/kubeconfig\"").unwrap();
+        let e = check_kubeconfig(&k).unwrap_err();
+        assert!(e.contains("missing"), "{e}");
+    }
+}

@@ -17,7 +17,7 @@ pub(super) fn power_served(
     machines: &[MachineRecord],
     served: &BTreeMap<String, Vec<String>>,
 ) -> Option<Result<String, String>> {
-    let (steps, types) = super::power_steps(procedures);
+    let (steps, types) = super::fit::power_steps(procedures);
     let targets = config.gateways.as_ref()?.targets.as_slice();
     if steps.is_empty() || served.is_empty() {
         return None;

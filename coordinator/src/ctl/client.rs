@@ -53,7 +53,7 @@ pub struct ConnectArgs {
     /// Time limit for connecting and for each request (`30s`, `2m`; else `timeout` in the
     /// profile). A request that runs out of time may still be carried out by the coordinator.
     #[arg(long, env = protocol::env_var!(CTL, "TIMEOUT"), global = true, default_value = "30s",
-          value_parser = crate::config::duration::limit)]
+          value_parser = crate::duration::limit)]
     pub timeout: Duration,
     /// Which of the settings above came from the environment rather than a flag (filled
     /// by [`ConnectArgs::note_sources`]; empty means "from flags").
@@ -236,7 +236,7 @@ impl ConnectArgs {
             );
         }
         let timeout = match profile.get("timeout", |f| &f.timeout) {
-            Some(t) if !self.timeout_given => crate::config::duration::limit(&t.value)
+            Some(t) if !self.timeout_given => crate::duration::limit(&t.value)
                 .map_err(|e| anyhow!("timeout (from {}): {e}", t.from))?,
             _ => self.timeout,
         };

@@ -350,7 +350,7 @@ pub fn parse_since(s: &str, now: jiff::Timestamp) -> anyhow::Result<u64> {
     let t = match s.parse::<jiff::Timestamp>() {
         Ok(t) => t,
         Err(_) => {
-            let d = crate::config::duration::parse(s).map_err(|_| {
+            let d = crate::duration::parse(s).map_err(|_| {
                 anyhow::anyhow!(
                     "neither an RFC 3339 time (`2026-11-23T04:00:00Z`) nor a duration ago (`10m`, `2h`)"
                 )

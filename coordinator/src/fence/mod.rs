@@ -2,6 +2,7 @@
 //!
 //! - [`proof`]: the types that make "no workload release without confirmed power-off or a
 //!   kdump in progress" (invariant 1) a compile-time fact,
+//! - [`config`]: the `[fence]` section (time limits per BMC, `keep_off`),
 //! - [`flow`]: the fence flow as a pure state machine (power off → confirm off → release →
 //!   wait released → power on → wait back → restore),
 //! - [`hold`]: what a flow that waits without moving says in its history, and why,
@@ -17,6 +18,7 @@
 //! The repair queue's `@fence` wiring lives in [`crate::repair::fencing`].
 
 pub mod admin;
+pub mod config;
 pub mod flow;
 pub mod hold;
 pub mod kdump;

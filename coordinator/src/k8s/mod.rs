@@ -8,10 +8,10 @@
 //! view). The real implementations are [`KubeDrainer`] (CKE's repair drain, release and
 //! restore through kube-rs) and [`NodeView`]. Every call fails with a [`KubeError`].
 //!
-//! Submodules: [`client`] (configuration, client, error mapping), [`selector`] (label
-//! selectors), [`cordon`] (whose cordon it is), [`decision`] (pure per-pod drain
-//! decisions), [`drain`], [`release`], [`view`], [`events`], [`probe`] (`coordinator check`'s look at
-//! the API server).
+//! Submodules: [`config`] (the `[kubernetes]` section), [`client`] (client, error mapping),
+//! [`selector`] (label selectors), [`cordon`] (whose cordon it is), [`decision`] (pure
+//! per-pod drain decisions), [`drain`], [`release`], [`view`], [`events`], [`probe`]
+//! (`coordinator check`'s look at the API server).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +20,7 @@ use futures::future::BoxFuture;
 use jiff::Timestamp;
 
 pub mod client;
+pub mod config;
 pub mod cordon;
 pub mod decision;
 pub mod drain;
@@ -30,7 +31,7 @@ pub mod release_wait;
 pub mod selector;
 pub mod view;
 
-pub use client::{KubernetesConfig, ReleaseMethod};
+pub use config::{KubernetesConfig, ReleaseMethod};
 pub use drain::KubeDrainer;
 pub use events::NodeEvent;
 pub use view::NodeView;

@@ -12,7 +12,7 @@ use protocol::admin::remediation::{
 use protocol::messages::{Refusal, RefusalCode};
 
 use super::journal;
-use super::runner::{Remediation, Shared};
+use super::shared::{Remediation, Shared};
 use super::switches::{Variables, key};
 use crate::clock::to_unix_ms;
 

@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use protocol::admin::repair::{RepairEntry, RepairQueueRequest, RepairQueueResponse};
 
 use super::config::RemediationConfig;
-use super::runner::LoopDeps;
+use super::shared::LoopDeps;
 use crate::repair::Requester;
 
 /// Deletes the succeeded entries this loop enqueued that finished at least

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::duration;
+use crate::duration;
 
 /// `[remediation.limits]`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

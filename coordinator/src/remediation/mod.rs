@@ -41,6 +41,7 @@ mod limits_config;
 pub mod metrics;
 pub mod runner;
 pub mod sabakan;
+mod shared;
 pub mod switches;
 
 #[cfg(test)]
@@ -54,7 +55,7 @@ use jiff::Timestamp;
 pub use config::RemediationConfig;
 pub use decision::{Decision, LimitStatus, Outcome, Pass, Proposal, Rule};
 pub use input::{Control, Input, Machine};
-pub use runner::{LoopDeps, Remediation};
+pub use shared::{LoopDeps, Remediation};
 
 /// `now - since`, zero when `since` is in the future.
 pub(crate) fn elapsed(now: Timestamp, since: Timestamp) -> Duration {

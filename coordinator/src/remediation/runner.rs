@@ -36,11 +36,10 @@ use super::input::RepairOutcome;
 use super::journal::{self, JournalWrite};
 use super::metrics::RemediationMetrics;
 use super::sabakan::SabakanSource;
+use super::shared::{LoopDeps, Remediation, Shared};
 use super::switches::Switches;
 use crate::clock::{Clock, to_unix_ms};
-use crate::fleet::Fleet;
-use crate::k8s::{Drainer, NodeEvent, NodeViewSource};
-use crate::repair::RepairQueue;
+use crate::k8s::NodeEvent;
 use crate::repair::Requester;
 use crate::store::{Store, StoreError};
 
@@ -59,62 +58,6 @@ const RESUME_INTERVALS: u32 = 6;
 /// The Kubernetes view may be this many refresh periods old before decisions that need it
 /// hold: one missed refresh is a slow API server, three is an outage.
 pub const VIEW_MAX_AGE_REFRESHES: u32 = 3;
-
-/// State shared by the loop and the admin handler.
-pub(super) struct Shared {
-    pub(super) store: Store,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) base: RemediationConfig,
-    pub(super) switches: Mutex<Switches>,
-    pub(super) last: Mutex<RemediationStatus>,
-    pub(super) wake: Notify,
-    /// Counts the operator's switch changes; a pass notes the count it started from.
-    pub(super) switched: AtomicU64,
-    /// The switch count the last finished pass had seen; `None` while the loop does not run.
-    pub(super) passed: watch::Sender<Option<u64>>,
-    pub(super) metrics: Arc<RemediationMetrics>,
-    pub(super) kubernetes: bool,
-}
-
-impl Shared {
-    pub(super) fn switches(&self) -> std::sync::MutexGuard<'_, Switches> {
-        self.switches.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn last(&self) -> std::sync::MutexGuard<'_, RemediationStatus> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Handle to automatic remediation: the admin API's door and the loop's starter. Cheap to
-/// clone.
-#[derive(Clone)]
-pub struct Remediation {
-    pub(super) shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for Remediation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Remediation").finish_non_exhaustive()
-    }
-}
-
-/// What the loop reads and acts through.
-pub struct LoopDeps {
-    /// The registry.
-    pub fleet: Arc<Fleet>,
-    /// The Kubernetes node view and its freshness limit, with `[kubernetes]`.
-    pub view: Option<(Arc<dyn NodeViewSource>, Duration)>,
-    /// The repair queue, with `[repair]`; without it every admission is refused.
-    pub queue: Option<RepairQueue>,
-    /// Where Node Events go ([`crate::k8s::NotANode`] posts none).
-    pub events: Arc<dyn Drainer>,
-    /// Crash dumps reported by kdump initramfs ([`crate::fence::kdump::NoKdump`]: none).
-    pub kdump: Arc<dyn crate::fence::kdump::KdumpView>,
-    /// Notified when the node view saw a Node's Ready change ([`crate::k8s::NodeView::changes`]):
-    /// a pass then runs [`VIEW_CHANGE_DEBOUNCE`] later instead of at the next interval.
-    pub view_changed: Option<Arc<Notify>>,
-}
 
 /// Wait between a node view change and the pass it triggers: a rack losing power turns its
 /// Nodes NotReady over a second or so, and one pass that sees them together lets the storm
@@ -683,9 +626,11 @@ mod tests {
     use protocol::messages::{AgentHello, CheckKind, CheckResult, CheckStatus, HealthReport};
 
     use super::*;
+    use crate::fleet::Fleet;
     use crate::health::HealthConfig;
     use crate::inventory::{MachineRecord, RecordSource};
     use crate::k8s::NotANode;
+    use crate::repair::RepairQueue;
     use crate::testing::FakeClock;
 
     struct Fx {

@@ -125,11 +125,11 @@ impl NodeLiveness for FleetLiveness {
 }
 
 /// `[fence]` per machine: its machine type and the gateway its BMC is behind select the
-/// overrides ([`crate::config::FenceSection`]).
+/// overrides ([`crate::fence::config::FenceSection`]).
 #[derive(Clone)]
 pub struct FencePolicy {
     /// The `[fence]` section.
-    pub section: crate::config::FenceSection,
+    pub section: crate::fence::config::FenceSection,
     /// The `[[gateways.targets]]`, to know which gateway serves a machine.
     pub gateways: Vec<crate::gateway::GatewayTarget>,
     /// Machine types and racks.
@@ -264,7 +264,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{FenceOverride, FenceSection};
+    use crate::fence::config::{FenceOverride, FenceSection};
     use crate::gateway::GatewayTarget;
     use crate::health::HealthConfig;
     use crate::inventory::{MachineRecord, RecordSource};

@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::SabakanConfig;
+use super::config::SabakanConfig;
 use crate::health::MachineState;
 use crate::remediation::config::MachineFilter;
 

@@ -18,29 +18,24 @@
 //!   Kubernetes view and the storm limits keep reading the coordinator's own registry.
 
 pub mod client;
+pub mod config;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use self::client::{SabakanClient, SabakanError, SabakanMachine};
+pub use self::config::{DEFAULT_TIMEOUT, SabakanConfig, Source};
 use super::config::{AutoRepair, RemediationConfigError};
 use super::decision::{LimitStatus, Rule};
 use super::gather::ViewFacts;
 use super::input::{Input, Machine, SabakanFacts};
-use super::runner::Shared;
+use super::shared::Shared;
 use super::{elapsed, human};
-use crate::config::duration;
-
-/// Long enough for a sabakan answering a fleet's worth of machines from etcd; short enough
-/// that a dead one is noticed within a pass or two.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An answer may be this many poll intervals old (plus one request timeout) before
 /// auto-repair holds: one slow answer is not an outage, three missed ones are.
@@ -49,35 +44,6 @@ pub const MAX_AGE_INTERVALS: u32 = 3;
 /// The address of the journal line that holds auto-repair for sabakan: the hold is about
 /// the source, not one machine.
 pub const JOURNAL_ADDRESS: &str = "sabakan";
-
-/// Where auto-repair's machines come from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Source {
-    /// The coordinator's own registry (inventory and agents).
-    #[default]
-    Inventory,
-    /// A sabakan's GraphQL API (`[remediation.auto_repair.sabakan]`).
-    Sabakan,
-}
-
-/// `[remediation.auto_repair.sabakan]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SabakanConfig {
-    /// The GraphQL endpoint, e.g. `http://sabakan.example:10080/graphql`.
-    pub url: String,
-    /// Timeout of one request (connect, send, whole answer).
-    #[serde(with = "duration", default = "default_timeout")]
-    pub timeout: Duration,
-    /// PEM roots for an `https` URL (sabakan usually runs with a private CA).
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-}
-
-fn default_timeout() -> Duration {
-    DEFAULT_TIMEOUT
-}
 
 /// Checks the auto-repair source settings; the error names the key.
 pub fn validate(ar: &AutoRepair) -> Result<(), RemediationConfigError> {
