@@ -39,6 +39,7 @@
 mod api;
 mod net;
 mod patch;
+mod route;
 mod select;
 mod store;
 mod watch;
