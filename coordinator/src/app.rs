@@ -203,11 +203,14 @@ impl App {
         };
         let kube = match &config.kubernetes {
             Some(k) => Some((
-                Arc::new(
+                Arc::new({
+                    // The release judges a kubelet alive by the same rule as the detectors.
+                    let rem = config.remediation.clone().unwrap_or_default();
                     KubeDrainer::from_config(k, clock.clone())
                         .await
-                        .map_err(AppError::Kubernetes)?,
-                ),
+                        .map_err(AppError::Kubernetes)?
+                        .with_second_signal(rem.second_signal, rem.lease_stale)
+                }),
                 k.node_view_refresh,
             )),
             None => None,

@@ -450,7 +450,7 @@ async fn release_with_the_out_of_service_taint_and_restore() -> Result<()> {
             ReleaseProgress::Waiting {
                 pods: 0,
                 volume_attachments: 1,
-                node_ready: false,
+                held: None,
             }
         ),
         "the first pass force-deleted the terminating pod itself; the attachment goes after it: {seen:?}"

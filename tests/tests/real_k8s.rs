@@ -12,12 +12,18 @@
 //! `real_k8s_fence.rs`). Each test prints the time of each phase.
 //!
 //! - a dead machine's StatefulSet pod with a CSI volume: the release ends only when the pod
-//!   GC removed the pod and the attach-detach controller the VolumeAttachment;
+//!   is gone (force-deleted by the release under its proof) and the attach-detach controller
+//!   removed the VolumeAttachment; on the way, the coordinator's node view reads the Nodes
+//!   and kubelet Leases and its Node watch sees the node lifecycle controller's Ready Unknown;
 //! - a machine whose kubelet still renews (a live node wrongly suspected, a proof for the
 //!   wrong machine): the release is held, so no taint, its pod runs and its volume stays
-//!   attached, through two pod GC periods. (Without the hold, the taint alone made the real
-//!   taint-eviction controller terminate the pod and the attach-detach controller detach its
-//!   volume at once, kubelet or not: the test failed so.)
+//!   attached, through two pod GC periods, whether the rule for a live kubelet is Ready True
+//!   (the default) or the renewing Lease (`second_signal = "lease"`). (Without the hold, the
+//!   taint alone made the real taint-eviction controller terminate the pod and the
+//!   attach-detach controller detach its volume at once, kubelet or not: the test failed so.)
+//! - with `second_signal = "lease"` and production's 50 s node monitor grace, two dead
+//!   machines released while their Nodes still say Ready, by the taint and by Node
+//!   deletion, then restored, with Events in the real API.
 //! - a drain blocked by a PodDisruptionBudget the real disruption controller keeps (429 from
 //!   the real Eviction API) holds, and resumes when more replicas make the budget allow it;
 //!   a DaemonSet's pod stays.
@@ -28,14 +34,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use coordinator::clock::SystemClock;
 use coordinator::fence::proof::{DownProof, confirm_power_off};
-use coordinator::k8s::release::{Release, ReleaseProgress};
+use coordinator::k8s::lease::SecondSignal;
+use coordinator::k8s::release::{Release, ReleaseProgress, RestoreProgress};
 use coordinator::k8s::{DrainOptions, DrainProgress, Drainer, KubeDrainer, KubernetesConfig};
 use coordinator::testing::FakePower;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::real_k8s::kubelet::{CsiAttacher, Kubelets};
 use testkit::real_k8s::workload::{PodSpec, namespace, pdb, stateful_pod_with_volume};
@@ -45,7 +52,12 @@ const DEAD: &str = "m1";
 const DEAD_IP: &str = "10.0.9.1";
 const LIVE: &str = "m2";
 const LIVE_IP: &str = "10.0.9.2";
+/// A node released by deleting it.
+const GONE: &str = "m3";
+const GONE_IP: &str = "10.0.9.3";
 const DRIVER: &str = "csi.fleetmend.test";
+/// `remediation.lease_stale` of the drainers with `second_signal = "lease"`: six renewals.
+const LEASE_STALE: Duration = Duration::from_secs(3);
 /// Kubelets renew their Lease this often (a real one: every 10 s).
 const RENEW: Duration = Duration::from_millis(500);
 /// Bound for what the controllers do: the pod GC alone may take 20 s, and the machine is
@@ -65,11 +77,19 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Result<Self> {
-        let k8s = RealK8s::start(Options::default()).await?;
+        Self::start_with(Options::default(), &[]).await
+    }
+
+    /// A cluster with `opts`, and `more` nodes registered besides m1 and m2.
+    async fn start_with(opts: Options, more: &[(&str, &str)]) -> Result<Self> {
+        let k8s = RealK8s::start(opts).await?;
         let client = k8s.client();
         let kubelets = Kubelets::start(client.clone(), RENEW);
         kubelets.register(DEAD, DEAD_IP).await?;
         kubelets.register(LIVE, LIVE_IP).await?;
+        for (name, ip) in more {
+            kubelets.register(name, ip).await?;
+        }
         let csi = CsiAttacher::start(client.clone(), DRIVER).await?;
         namespace(&client, "db").await?;
         Ok(Self {
@@ -93,6 +113,29 @@ impl Cluster {
             ..Default::default()
         };
         Ok(KubeDrainer::from_config(&cfg, Arc::new(SystemClock)).await?)
+    }
+
+    /// A drainer with `remediation.second_signal = "lease"` and `lease_stale` [`LEASE_STALE`].
+    async fn lease_drainer(&self) -> Result<KubeDrainer> {
+        Ok(self
+            .drainer()
+            .await?
+            .with_second_signal(SecondSignal::Lease, LEASE_STALE))
+    }
+
+    async fn node(&self, name: &str) -> Result<Option<Node>> {
+        Ok(Api::<Node>::all(self.client.clone()).get_opt(name).await?)
+    }
+
+    /// The reasons of the Events recorded on Node `name` (in `default`, as the kubelet's).
+    async fn event_reasons(&self, name: &str) -> Result<Vec<String>> {
+        Ok(Api::<Event>::namespaced(self.client.clone(), "default")
+            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect())
     }
 
     async fn pod(&self, ns: &str, name: &str) -> Result<Option<Pod>> {
@@ -180,6 +223,22 @@ async fn a_dead_machines_stateful_pod_and_volume_are_released_by_the_real_contro
         .create(&c.client)
         .await?;
 
+    // The coordinator's node view over the real API: Nodes with their kubelet Leases, and
+    // (no poller here) only its Node watch to refresh it.
+    let d = c.drainer().await?;
+    let view = d.node_view().clone();
+    view.refresh().await?;
+    let m1 = view.get(DEAD).context("m1 not in the node view")?;
+    assert_eq!(m1.ready, Some(true), "{m1:?}");
+    assert_eq!(m1.internal_ip.as_deref(), Some(DEAD_IP));
+    assert!(
+        m1.lease_renew_time.is_some() && m1.lease_seen_since.is_some(),
+        "m1's kubelet Lease not read from kube-node-lease: {m1:?}"
+    );
+    let changes = view.changes();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let watcher = view.spawn_watcher(cancel.clone());
+
     // The machine dies: its kubelet stops renewing. The real node lifecycle controller
     // turns Ready Unknown after the grace period (the second signal of death).
     c.kubelets.set_alive(DEAD, false);
@@ -189,10 +248,20 @@ async fn a_dead_machines_stateful_pod_and_volume_are_released_by_the_real_contro
     })
     .await?;
     c.phase("node lifecycle controller: m1 Ready Unknown");
+    // The watch saw it and refreshed the view, which said so to its waiter.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while view.get(DEAD).and_then(|n| n.ready) != Some(false) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::timeout(left, changes.notified())
+            .await
+            .context("the Node watch never refreshed the view after m1 turned Ready Unknown")?;
+    }
+    c.phase("node view: m1 not Ready, refreshed by its Node watch");
+    cancel.cancel();
+    watcher.await?;
 
     // Power-off confirmed: the fence flow releases with the out-of-service taint, one pass
     // at a time until done.
-    let d = c.drainer().await?;
     let proof = proof_for(DEAD_IP).await?;
     let released_at = Instant::now();
     let (mut terminating_seen, mut pod_gone_seen) = (None, None);
@@ -244,50 +313,192 @@ async fn a_node_whose_kubelet_renews_is_not_released_despite_a_proof_of_power_of
     // A database that takes up to 10 minutes to stop cleanly.
     c.stateful_pod_attached(DEAD, 600).await?;
     // A wrong proof: the BMC read off, but the machine's kubelet still renews its Lease.
-    let d = c.drainer().await?;
+    // Both rules for a live kubelet hold: Ready True (the default), and the renewing Lease
+    // (`second_signal = "lease"`, which does not look at Ready at all).
+    let by_ready = c.drainer().await?;
+    let by_lease = c.lease_drainer().await?;
     let proof = proof_for(DEAD_IP).await?;
     let start = Instant::now();
     let mut last = None;
     // Two pod GC periods (20 s each) and more.
     while start.elapsed() < Duration::from_secs(45) {
-        let p = d.release(DEAD, &proof, &Release::Taint).await?;
-        let pod = c
-            .pod("db", "web-0")
-            .await?
-            .context("web-0 force-deleted while its kubelet renews")?;
-        assert_eq!(c.ready(DEAD).await?.as_deref(), Some("True"));
-        assert_eq!(
-            c.attachments_on(DEAD).await?.len(),
-            1,
-            "the volume was detached while its kubelet renews"
-        );
-        assert!(
-            pod.metadata.deletion_timestamp.is_none(),
-            "web-0 made terminating while its kubelet renews"
-        );
-        assert!(
-            matches!(
-                p,
+        for (rule, d) in [("Ready", &by_ready), ("Lease", &by_lease)] {
+            let p = d.release(DEAD, &proof, &Release::Taint).await?;
+            let pod = c
+                .pod("db", "web-0")
+                .await?
+                .context("web-0 force-deleted while its kubelet renews")?;
+            assert_eq!(c.ready(DEAD).await?.as_deref(), Some("True"));
+            assert_eq!(
+                c.attachments_on(DEAD).await?.len(),
+                1,
+                "the volume was detached while its kubelet renews"
+            );
+            assert!(
+                pod.metadata.deletion_timestamp.is_none(),
+                "web-0 made terminating while its kubelet renews"
+            );
+            match &p {
                 ReleaseProgress::Waiting {
-                    node_ready: true,
-                    ..
-                }
-            ),
-            "release on a live node: {p:?}"
-        );
-        let node = Api::<Node>::all(c.client.clone()).get(DEAD).await?;
-        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
-        assert!(
-            !taints
-                .iter()
-                .any(|t| t.key == "node.kubernetes.io/out-of-service"),
-            "a node whose kubelet renews was tainted out of service"
-        );
-        last = Some(p);
+                    held: Some(why), ..
+                } => assert!(
+                    why.contains(rule) && why.contains("check the BMC mapping"),
+                    "held by {rule}: {why}"
+                ),
+                other => bail!("release on a live node (rule {rule}): {other:?}"),
+            }
+            let node = Api::<Node>::all(c.client.clone()).get(DEAD).await?;
+            let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+            assert!(
+                !taints
+                    .iter()
+                    .any(|t| t.key == "node.kubernetes.io/out-of-service"),
+                "a node whose kubelet renews was tainted out of service"
+            );
+            last = Some(p);
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    c.phase("45 s: release held (Node Ready): web-0 running, its volume attached, no taint");
+    c.phase("45 s: release held by either rule (Node Ready, Lease renewing): web-0 running, its volume attached, no taint");
     assert!(last.is_some());
+    Ok(())
+}
+
+/// `second_signal = "lease"` at production's node monitor grace (50 s): two dead machines
+/// are released long before the node lifecycle controller would turn them not Ready, one
+/// by the out-of-service taint and one by deleting its Node; the coordinator deletes their
+/// pods itself (the pod GC would not act on a Ready node, and waits 40 s for a deleted
+/// Node's), the attach-detach controller detaches their volumes; then both come back and
+/// are restored (taint removed; the Node re-registered with its saved labels put back).
+/// Events on both Nodes in the real API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_second_signal_lease_dead_nodes_are_released_before_ready_leaves_true_and_restored()
+-> Result<()> {
+    let c = Cluster::start_with(
+        Options {
+            node_monitor_grace: Duration::from_secs(50),
+        },
+        &[(GONE, GONE_IP)],
+    )
+    .await?;
+    namespace(&c.client, "db2").await?;
+    c.stateful_pod_attached(DEAD, 30).await?;
+    stateful_pod_with_volume(&c.client, "db2", "store", GONE, DRIVER, 30).await?;
+    let nodes = Api::<Node>::all(c.client.clone());
+    nodes
+        .patch(
+            GONE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"pool": "db2"}}})),
+        )
+        .await?;
+    c.wait("store-0's volume attached", SETTLE, async || {
+        Ok((c.attachments_on(GONE).await?.iter())
+            .any(|va| va.status.as_ref().is_some_and(|s| s.attached))
+            .then_some(()))
+    })
+    .await?;
+    let d = c.lease_drainer().await?;
+    let by_delete = Release::DeleteNode(d.save_node_metadata(GONE).await?);
+    let (p1, p2) = (proof_for(DEAD_IP).await?, proof_for(GONE_IP).await?);
+
+    // Both machines die, and their BMCs confirm them off at once.
+    c.kubelets.set_alive(DEAD, false);
+    c.kubelets.set_alive(GONE, false);
+    let died = Instant::now();
+    c.phase("machines m1 and m3 die (kubelets stop); power-off confirmed");
+    // Within lease_stale of the last renewal the Lease still counts as renewed: held.
+    for (node, proof, how) in [(DEAD, &p1, &Release::Taint), (GONE, &p2, &by_delete)] {
+        let p = d.release(node, proof, how).await?;
+        assert!(
+            matches!(&p, ReleaseProgress::Waiting { held: Some(why), .. } if why.contains("Lease")),
+            "{node} released within lease_stale of its last renewal: {p:?}"
+        );
+    }
+    let (mut taint_done, mut delete_done) = (false, false);
+    c.wait("both releases to complete", SETTLE, async || {
+        if !taint_done {
+            taint_done = d.release(DEAD, &p1, &Release::Taint).await? == ReleaseProgress::Done;
+            if taint_done {
+                c.phase("m1 released by the taint: pods gone, VolumeAttachment gone");
+            }
+        }
+        if !delete_done {
+            delete_done = d.release(GONE, &p2, &by_delete).await? == ReleaseProgress::Done;
+            if delete_done {
+                c.phase("m3 released by Node deletion: pods gone, VolumeAttachment gone");
+            }
+        }
+        Ok((taint_done && delete_done).then_some(()))
+    })
+    .await?;
+    let took = died.elapsed();
+    // Long before the node lifecycle controller's 50 s, and the pod GC's 40 s quarantine.
+    assert!(took < Duration::from_secs(30), "released after {took:?}");
+    assert_eq!(
+        c.ready(DEAD).await?.as_deref(),
+        Some("True"),
+        "the node lifecycle controller acted first: the test proves nothing"
+    );
+    assert!(c.pod("db", "web-0").await?.is_none(), "web-0 still exists");
+    assert!(
+        c.pod("db2", "store-0").await?.is_none(),
+        "store-0 still exists"
+    );
+    assert!(c.node(GONE).await?.is_none(), "Node m3 not deleted");
+    for n in [DEAD, GONE] {
+        assert!(
+            c.attachments_on(n).await?.is_empty(),
+            "a VolumeAttachment still names {n}"
+        );
+    }
+    assert!(
+        c.event_reasons(DEAD)
+            .await?
+            .contains(&"FleetmendReleased".to_string())
+    );
+    assert!(
+        c.event_reasons(GONE)
+            .await?
+            .contains(&"FleetmendReleased".to_string())
+    );
+
+    // Powered on: m1's kubelet comes back; m3's registers its Node again, without the label.
+    c.kubelets.set_alive(DEAD, true);
+    c.kubelets.register(GONE, GONE_IP).await?;
+    c.wait("both restores", SETTLE, async || {
+        let a = d.restore(DEAD, &p1, &Release::Taint).await? == RestoreProgress::Done;
+        let b = d.restore(GONE, &p2, &by_delete).await? == RestoreProgress::Done;
+        Ok((a && b).then_some(()))
+    })
+    .await?;
+    c.phase("both restored: m1's taint removed, m3's saved labels back");
+    let m1 = c.node(DEAD).await?.context("m1 gone")?;
+    assert!(
+        !m1.spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/out-of-service"),
+        "m1 still tainted"
+    );
+    let m3 = c.node(GONE).await?.context("m3 not back")?;
+    assert_eq!(
+        m3.metadata
+            .labels
+            .unwrap_or_default()
+            .get("pool")
+            .map(String::as_str),
+        Some("db2")
+    );
+    for n in [DEAD, GONE] {
+        assert!(
+            c.event_reasons(n)
+                .await?
+                .contains(&"FleetmendRestored".to_string()),
+            "no FleetmendRestored Event on {n}"
+        );
+    }
     Ok(())
 }
 

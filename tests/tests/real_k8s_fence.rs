@@ -164,9 +164,11 @@ async fn a_dead_machines_stateful_pod_is_released_by_the_real_controllers_only_a
     Ok(())
 }
 
-/// Issue 29's figures: death → release against the real control plane, with fast settings
-/// and with production defaults. Run by name:
+/// Issue 29's and issue 32's figures: death → release against the real control plane, with
+/// fast settings, and with production defaults under each rule for the second signal
+/// (`lease-and-ready`, the default, and `lease`). Run by name:
 /// `cargo test --workspace --test real_k8s_fence -- --ignored --nocapture bench`
+/// (`FLEETMEND_BENCH_RUNS=lease` or `=ready,lease` picks runs among `fast`, `ready`, `lease`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: prints timings; run by name"]
 async fn bench_time_from_death_to_release_real() -> Result<()> {
@@ -187,8 +189,27 @@ async fn bench_time_from_death_to_release_real() -> Result<()> {
         renew: Duration::from_secs(10),
         grace: Duration::from_secs(50),
     };
-    for (name, t) in [("fast settings", fast), ("production defaults", production)] {
-        death_to_release(t).await?.print(name);
+    let lease = Tuning {
+        remediation: "second_signal = \"lease\"\n",
+        ..production.clone()
+    };
+    let runs = std::env::var("FLEETMEND_BENCH_RUNS").unwrap_or("fast,ready,lease".into());
+    for (key, name, t) in [
+        ("fast", "fast settings", fast),
+        (
+            "ready",
+            "production defaults (second_signal = lease-and-ready)",
+            production,
+        ),
+        (
+            "lease",
+            "production defaults, second_signal = \"lease\"",
+            lease,
+        ),
+    ] {
+        if runs.split(',').any(|r| r.trim() == key) {
+            death_to_release(t).await?.print(name);
+        }
     }
     Ok(())
 }
@@ -345,6 +366,19 @@ async fn death_to_release(tuning: Tuning) -> Result<Timings> {
             }
         })
     })?;
+    // When remediation admitted the machine (its journal line), the end of detection.
+    let admitted: Option<SystemTime> =
+        blocking(|| coord.ctl_json::<Vec<Value>>(&["events", "--json"]))
+            .ok()
+            .and_then(|lines| {
+                lines
+                    .into_iter()
+                    .find(|l| l["outcome"] == "admitted")
+                    .and_then(|l| l["first_at"].as_str()?.parse::<jiff::Timestamp>().ok())
+            })
+            .map(|t| {
+                SystemTime::UNIX_EPOCH + Duration::from_millis(t.as_millisecond().max(0) as u64)
+            });
     let untainted = blocking(|| {
         wait_for("the taint to be removed", SETTLE, || {
             let s = samples.lock().expect("samples");
@@ -366,7 +400,8 @@ async fn death_to_release(tuning: Tuning) -> Result<Timings> {
     let since = |t: Option<SystemTime>| t.map(|t| secs_between(killed, t));
     let timings = Timings {
         rows: vec![
-            ("node lifecycle controller: Ready Unknown", since(unready)),
+            ("node lifecycle controller: Ready not True", since(unready)),
+            ("remediation admits (journal)", since(admitted)),
             ("BMC applies power off (ipmi_sim log)", since(Some(off))),
             ("out-of-service taint seen", since(tainted)),
             (

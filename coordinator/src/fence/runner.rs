@@ -547,21 +547,15 @@ impl FenceRunner {
             Ok(ReleaseProgress::Waiting {
                 pods,
                 volume_attachments,
-                node_ready,
+                held,
             }) => Observation::Released {
                 done: false,
                 detail: format!(
                     "{} to go, {}{}",
                     plural(pods, "pod", "pods"),
                     plural(volume_attachments, "VolumeAttachment", "VolumeAttachments"),
-                    if node_ready {
-                        "; not released: the Node still reports Ready though its machine \
-                         was confirmed off; waiting for the node lifecycle controller (if its \
-                         kubelet keeps renewing, the machine confirmed off is not this node: \
-                         check the BMC mapping)"
-                    } else {
-                        ""
-                    }
+                    held.map(|why| format!("; not released: {why}"))
+                        .unwrap_or_default()
                 ),
             },
             Err(e) => kube(e),
@@ -858,7 +852,7 @@ mod tests {
                         Ok(ReleaseProgress::Waiting {
                             pods: 1,
                             volume_attachments: 0,
-                            node_ready: false,
+                            held: None,
                         })
                     } else {
                         Ok(ReleaseProgress::Done)
@@ -881,7 +875,7 @@ mod tests {
                 Ok(ReleaseProgress::Waiting {
                     pods: 1,
                     volume_attachments: 1,
-                    node_ready: false,
+                    held: None,
                 })
             } else {
                 Ok(ReleaseProgress::Done)

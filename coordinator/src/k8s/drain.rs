@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 
@@ -27,6 +28,7 @@ use super::decision::{
     EvictNext, EvictionAnswer, PodAction, PodFacts, ProtectedNamespaces, after_eviction, decide_pod,
 };
 use super::events::{EventRecorder, NodeEvent};
+use super::lease::SecondSignal;
 use super::selector::LabelSelector;
 use super::view::{NodeView, internal_ip};
 use super::{DrainOptions, DrainProgress, Drainer, KubeError};
@@ -56,6 +58,15 @@ pub struct KubeDrainer {
     pub(super) events: EventRecorder,
     pub(super) view: NodeView,
     pub(super) release_method: client::ReleaseMethod,
+    /// What the release takes as the sign that a node's kubelet is alive (see
+    /// [`super::release`]), with the remediation's `lease_stale`.
+    pub(super) second_signal: SecondSignal,
+    pub(super) lease_stale: Duration,
+    pub(super) clock: Arc<dyn Clock>,
+    /// Each released node's Lease `renewTime` as the release passes last read it, and when
+    /// this coordinator first saw that value (with the node view's sightings, the Lease's
+    /// age as observed: [`super::lease`]).
+    pub(super) lease_seen: Mutex<HashMap<String, (Option<Timestamp>, Timestamp)>>,
     /// Last budget message reported per node, so a drain waiting on a budget records one
     /// Event rather than one per pass.
     last_blocked: Mutex<HashMap<String, String>>,
@@ -76,9 +87,13 @@ impl KubeDrainer {
     pub fn new(client: kube::Client, instance: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
         Self {
             events: EventRecorder::new(client.clone(), instance, clock.clone()),
-            view: NodeView::new(client.clone(), clock),
+            view: NodeView::new(client.clone(), clock.clone()),
             client,
             release_method: client::ReleaseMethod::Auto,
+            second_signal: SecondSignal::default(),
+            lease_stale: crate::remediation::config::DEFAULT_LEASE_STALE,
+            clock,
+            lease_seen: Mutex::new(HashMap::new()),
             last_blocked: Mutex::new(HashMap::new()),
         }
     }
@@ -98,6 +113,15 @@ impl KubeDrainer {
     /// Sets how fenced nodes are released.
     pub fn with_release_method(mut self, m: client::ReleaseMethod) -> Self {
         self.release_method = m;
+        self
+    }
+
+    /// Sets what the release reads as a live kubelet: with [`SecondSignal::LeaseAndReady`]
+    /// (the default) a Node whose Ready is True; with [`SecondSignal::Lease`] a Lease renewed
+    /// within `lease_stale` (`[remediation]`'s `second_signal` and `lease_stale`).
+    pub fn with_second_signal(mut self, signal: SecondSignal, lease_stale: Duration) -> Self {
+        self.second_signal = signal;
+        self.lease_stale = lease_stale;
         self
     }
 

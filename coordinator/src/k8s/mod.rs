@@ -10,8 +10,9 @@
 //!
 //! Submodules: [`config`] (the `[kubernetes]` section), [`client`] (client, error mapping),
 //! [`selector`] (label selectors), [`cordon`] (whose cordon it is), [`decision`] (pure
-//! per-pod drain decisions), [`drain`], [`release`], [`view`], [`events`], [`probe`]
-//! (`coordinator check`'s look at the API server).
+//! per-pod drain decisions), [`drain`], [`release`], [`release_wait`], [`lease`] (a Lease's
+//! age, the second signal's rule), [`view`], [`events`], [`probe`] (`coordinator check`'s
+//! look at the API server).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ pub mod cordon;
 pub mod decision;
 pub mod drain;
 pub mod events;
+pub mod lease;
 pub mod probe;
 pub mod release;
 pub mod release_wait;

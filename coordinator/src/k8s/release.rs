@@ -7,13 +7,19 @@
 //! annotations and delete the Node object, which makes the pod GC remove its pods. Either way
 //! release is complete only when no pod of the node is left (but those tolerating the taint)
 //! and no VolumeAttachment names the node. With its proof of power-off a pass force-deletes
-//! the pods the pod GC would, without waiting for it ([`super::release_wait`]). A Node that
-//! still reports Ready is not released at all, proof or not: against the real controllers
-//! the out-of-service taint alone makes the attach-detach controller detach the volumes of
-//! its terminating pods even while the kubelet renews (tests/tests/real_k8s.rs), so a proof
-//! for the wrong machine would release a live node's volumes. The pass waits, and says why,
-//! until the node lifecycle controller turns the Node not Ready. Restore removes the taint, or puts the saved labels and annotations back on
-//! the re-registered Node.
+//! the node's pods itself, as the pod GC would but without waiting for it
+//! ([`super::release_wait`]). A node whose kubelet looks alive is not released at all,
+//! proof or not: against the real controllers the out-of-service taint alone makes the
+//! attach-detach controller detach the volumes of its terminating pods even while the
+//! kubelet renews (tests/tests/real_k8s.rs), so a proof for the wrong machine would release
+//! a live node's volumes. What "looks alive" means follows `remediation.second_signal`
+//! ([`SecondSignal`]): by default the Node still reports Ready (the pass waits for the node
+//! lifecycle controller, as the pod GC would); with `lease`, the kubelet's Lease was renewed
+//! within `lease_stale`, by its stamp or as this coordinator saw it change (its own reads
+//! and the node view's, [`super::lease`]), so a kubelet that renews after the proof holds
+//! the release whatever its clock says, and a dead one does not wait for Ready. The pass
+//! waits, and says why. Restore removes the taint, or puts the saved labels and annotations
+//! back on the re-registered Node.
 //!
 //! Both require a [`DownProof`] for the node's machine: they cannot be called otherwise
 //! (invariant 1; see [`crate::fence::proof`]). Both are idempotent passes that report progress;
@@ -24,6 +30,7 @@ use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
@@ -32,8 +39,9 @@ use serde::{Deserialize, Serialize};
 use super::client::{ReleaseMethod, is_conflict, is_not_found, map_err};
 use super::drain::KubeDrainer;
 use super::events::NodeEvent;
-use super::release_wait::{is_ready, release_wait};
-use super::view::internal_ip;
+use super::lease::{SecondSignal, is_stale, lease_age, seen_since};
+use super::release_wait::{has_oos_taint, is_ready, release_wait};
+use super::view::{NODE_LEASE_NAMESPACE, internal_ip};
 use super::{KubeError, NodeRelease};
 use crate::fence::proof::DownProof;
 
@@ -77,9 +85,10 @@ pub enum ReleaseProgress {
         pods: usize,
         /// VolumeAttachments still naming the node.
         volume_attachments: usize,
-        /// The Node still reports Ready: the release is held (no taint, no Node deletion, no
-        /// force delete) until the node lifecycle controller says otherwise.
-        node_ready: bool,
+        /// Why the release is held (no taint, no Node deletion, no force delete): the node's
+        /// kubelet looks alive though its machine was confirmed off (its Node still reports
+        /// Ready, or, with `second_signal = "lease"`, its Lease is still renewed).
+        held: Option<String>,
     },
 }
 
@@ -90,13 +99,6 @@ pub enum RestoreProgress {
     Done,
     /// The Node has not re-registered yet.
     WaitingForNode,
-}
-
-fn has_oos_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
 }
 
 /// Parses a minor version as the API server reports it (`"33"`, `"28+"`).
@@ -177,8 +179,10 @@ impl KubeDrainer {
                     )));
                 };
                 Self::check_proof(node, internal_ip(&n).as_deref(), proof)?;
-                if !has_oos_taint(&n) && is_ready(&n) {
-                    return self.hold_while_ready(node, how).await;
+                if !has_oos_taint(&n)
+                    && let Some(why) = self.kubelet_alive(node, Some(&n), proof).await?
+                {
+                    return self.hold(node, how, proof, why).await;
                 }
                 if !has_oos_taint(&n) {
                     let mut taints = n
@@ -214,7 +218,7 @@ impl KubeDrainer {
                             return Ok(ReleaseProgress::Waiting {
                                 pods: 0,
                                 volume_attachments: 0,
-                                node_ready: false,
+                                held: None,
                             });
                         }
                         Err(e) => return Err(map_err(&format!("taint node {node}"), e)),
@@ -225,8 +229,8 @@ impl KubeDrainer {
                 Self::check_proof(node, saved.internal_ip.as_deref(), proof)?;
                 if let Some(n) = current {
                     Self::check_proof(node, internal_ip(&n).as_deref(), proof)?;
-                    if is_ready(&n) {
-                        return self.hold_while_ready(node, how).await;
+                    if let Some(why) = self.kubelet_alive(node, Some(&n), proof).await? {
+                        return self.hold(node, how, proof, why).await;
                     }
                     let dp = DeleteParams {
                         preconditions: Some(Preconditions {
@@ -255,26 +259,87 @@ impl KubeDrainer {
                 }
             }
         }
-        self.release_wait(node, how).await
+        self.release_wait(node, how, proof).await
     }
 
-    /// A release held because the Node still reports Ready: what is left, unreleased.
-    async fn hold_while_ready(
+    /// Whether `node`'s kubelet looks alive, as the configured second signal reads it:
+    /// `Some(why)` holds the release. With `lease-and-ready`, a Node (`current`) whose Ready
+    /// is True; with `lease`, a Lease renewed within `lease_stale` by its stamp or as this
+    /// coordinator saw it ([`super::lease`]), whatever Ready says.
+    async fn kubelet_alive(
+        &self,
+        node: &str,
+        current: Option<&Node>,
+        proof: &DownProof,
+    ) -> Result<Option<String>, KubeError> {
+        if self.second_signal == SecondSignal::LeaseAndReady {
+            return Ok(current.filter(|n| is_ready(n)).map(|_| {
+                format!(
+                    "the Node still reports Ready though its machine was confirmed off ({}); \
+                     waiting for the node lifecycle controller (if its kubelet keeps renewing, \
+                     the machine confirmed off is not this node: check the BMC mapping)",
+                    proof.describe()
+                )
+            }));
+        }
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
+        // A list by name, not a get: the coordinator's role may list Leases, not get them.
+        let renew = leases
+            .list(&ListParams::default().fields(&format!("metadata.name={node}")))
+            .await
+            .map_err(|e| map_err(&format!("read the kubelet Lease of {node}"), e))?
+            .items
+            .into_iter()
+            .next()
+            .and_then(|l| l.spec?.renew_time)
+            .map(|t| t.0);
+        let now = self.clock.now();
+        let since = {
+            let mut seen = self.lease_seen.lock().expect("lease memory poisoned");
+            let mine = seen.get(node).copied();
+            let view = self
+                .view
+                .get(node)
+                .and_then(|s| Some((s.lease_renew_time, s.lease_seen_since?)));
+            let since = [mine, view]
+                .into_iter()
+                .map(|earlier| seen_since(renew, earlier, now))
+                .min()
+                .unwrap_or(now);
+            seen.insert(node.to_string(), (renew, since));
+            since
+        };
+        let age = lease_age(now, renew, Some(since));
+        if is_stale(age, self.lease_stale) {
+            return Ok(None);
+        }
+        let age = age.unwrap_or_default();
+        Ok(Some(format!(
+            "the kubelet Lease of {node} was renewed {}s ago (renewTime {}), though its machine \
+             was confirmed off ({}); a kubelet that renews runs, so the machine confirmed off \
+             may not be this node (check the BMC mapping); held until the Lease has gone \
+             unrenewed for lease_stale {}s",
+            age.as_secs(),
+            renew.map_or("none".to_string(), |t| format!("{t:.0}")),
+            proof.describe(),
+            self.lease_stale.as_secs_f64()
+        )))
+    }
+
+    /// A release held because the node's kubelet looks alive: what is left, unreleased.
+    async fn hold(
         &self,
         node: &str,
         how: &Release,
+        proof: &DownProof,
+        why: String,
     ) -> Result<ReleaseProgress, KubeError> {
-        tracing::warn!(
-            node,
-            "not releasing: the Node still reports Ready though its machine was confirmed off; \
-             waiting for the node lifecycle controller (if its kubelet keeps renewing, the \
-             machine confirmed off is not this node: check the BMC mapping)"
-        );
-        Ok(match self.release_wait(node, how).await? {
+        tracing::warn!(node, "not releasing: {why}");
+        Ok(match self.release_wait(node, how, proof).await? {
             ReleaseProgress::Done => ReleaseProgress::Waiting {
                 pods: 0,
                 volume_attachments: 0,
-                node_ready: true,
+                held: Some(why),
             },
             ReleaseProgress::Waiting {
                 pods,
@@ -283,14 +348,20 @@ impl KubeDrainer {
             } => ReleaseProgress::Waiting {
                 pods,
                 volume_attachments,
-                node_ready: true,
+                held: Some(why),
             },
         })
     }
 
-    /// Waits for the node's pods and VolumeAttachments to go, force-deleting the pods the
-    /// pod GC would (see [`super::release_wait`]).
-    async fn release_wait(&self, node: &str, how: &Release) -> Result<ReleaseProgress, KubeError> {
+    /// Waits for the node's pods and VolumeAttachments to go, force-deleting them itself
+    /// under the proof, as the pod GC would but without its wait (see
+    /// [`super::release_wait`]), unless the node's kubelet looks alive.
+    async fn release_wait(
+        &self,
+        node: &str,
+        how: &Release,
+        proof: &DownProof,
+    ) -> Result<ReleaseProgress, KubeError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let current = nodes
             .get_opt(node)
@@ -302,7 +373,13 @@ impl KubeDrainer {
             .await
             .map_err(|e| map_err(&format!("list pods on {node}"), e))?
             .items;
-        let wait = release_wait(current.as_ref(), &on_node, matches!(how, Release::Taint));
+        let alive = self.kubelet_alive(node, current.as_ref(), proof).await?;
+        let wait = release_wait(
+            current.as_ref(),
+            &on_node,
+            matches!(how, Release::Taint),
+            alive.is_some(),
+        );
         let mut gone = 0;
         for p in &wait.force_delete {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &p.namespace);
@@ -352,7 +429,7 @@ impl KubeDrainer {
             ReleaseProgress::Waiting {
                 pods: pods_left,
                 volume_attachments: attachments,
-                node_ready: wait.node_ready,
+                held: alive,
             }
         })
     }

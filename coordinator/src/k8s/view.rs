@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::map_err;
 use super::cordon::cordoned_by_us;
+use super::lease::seen_since;
 use super::{KubeError, NodeViewSource};
 use crate::clock::Clock;
 
@@ -99,6 +100,10 @@ pub struct NodeSnapshot {
     pub cordoned_by_us: bool,
     /// The kubelet's Lease `renewTime`.
     pub lease_renew_time: Option<Timestamp>,
+    /// When this view first saw that `renewTime` value, by the coordinator's clock (`None`
+    /// before the first refresh): how long the Lease has gone unrenewed as the coordinator
+    /// saw it, whatever the kubelet's clock says ([`super::lease`]).
+    pub lease_seen_since: Option<Timestamp>,
     /// Labels.
     pub labels: BTreeMap<String, String>,
 }
@@ -184,6 +189,7 @@ pub fn snapshot_of(node: &Node) -> NodeSnapshot {
         unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
         cordoned_by_us: cordoned_by_us(node),
         lease_renew_time: None,
+        lease_seen_since: None,
         labels: node.metadata.labels.clone().unwrap_or_default(),
     }
 }
@@ -272,20 +278,25 @@ impl NodeView {
                 Some((l.metadata.name.clone()?, t))
             })
             .collect();
+        let now = self.clock.now();
         let mut snap = NodeViewSnapshot {
             nodes: BTreeMap::new(),
-            refreshed_at: Some(self.clock.now()),
+            refreshed_at: Some(now),
         };
+        let mut guard = self.current.write().expect("node view poisoned");
         for n in &node_list.items {
             let mut s = snapshot_of(n);
             s.lease_renew_time = renew.get(&s.name).copied();
+            let earlier = guard
+                .nodes
+                .get(&s.name)
+                .and_then(|o| Some((o.lease_renew_time, o.lease_seen_since?)));
+            s.lease_seen_since = Some(seen_since(s.lease_renew_time, earlier, now));
             snap.nodes.insert(s.name.clone(), s);
         }
         let snap = Arc::new(snap);
-        let old = std::mem::replace(
-            &mut *self.current.write().expect("node view poisoned"),
-            snap.clone(),
-        );
+        let old = std::mem::replace(&mut *guard, snap.clone());
+        drop(guard);
         if readiness_changed(&old, &snap) {
             self.changed.notify_one();
         }
@@ -363,7 +374,10 @@ impl NodeView {
         };
         for n in &nodes {
             let mut s = snapshot_of(n);
-            s.lease_renew_time = old.nodes.get(&s.name).and_then(|o| o.lease_renew_time);
+            if let Some(o) = old.nodes.get(&s.name) {
+                s.lease_renew_time = o.lease_renew_time;
+                s.lease_seen_since = o.lease_seen_since;
+            }
             snap.nodes.insert(s.name.clone(), s);
         }
         *guard = Arc::new(snap);

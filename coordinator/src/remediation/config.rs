@@ -19,6 +19,7 @@ pub use super::limits_config::{
 use super::sabakan::config::{SabakanConfig, Source};
 use crate::duration;
 use crate::health::MachineState;
+pub use crate::k8s::lease::SecondSignal;
 
 mod validate;
 
@@ -119,6 +120,10 @@ pub struct RemediationConfig {
     /// How long the kubelet Lease must be unrenewed before it counts as the second signal.
     #[serde(with = "duration")]
     pub lease_stale: Duration,
+    /// What the second signal of death is: the stale Lease with Ready not True
+    /// (`lease-and-ready`, the default) or the stale Lease alone (`lease`), which releases a
+    /// dead machine's workload about the node lifecycle controller's grace period sooner.
+    pub second_signal: SecondSignal,
     /// sabakan-style auto-repair.
     pub auto_repair: AutoRepair,
     /// CKE's limiter: if entries in the queue plus new candidates exceed this, none of the
@@ -147,6 +152,7 @@ impl Default for RemediationConfig {
             observe: false,
             failure_domain: FailureDomain::Rack,
             lease_stale: DEFAULT_LEASE_STALE,
+            second_signal: SecondSignal::LeaseAndReady,
             auto_repair: AutoRepair::default(),
             maximum_repair_queue_entries: DEFAULT_MAXIMUM_REPAIR_QUEUE_ENTRIES,
             wait_seconds_to_repair_rebooting: DEFAULT_WAIT_SECONDS_TO_REPAIR_REBOOTING,
@@ -586,6 +592,7 @@ mod tests {
 observe = true
 failure_domain = "label:topology.kubernetes.io/zone"
 lease_stale = "30s"
+second_signal = "lease"
 kdump_wait = "90s"
 maximum_repair_queue_entries = 4
 wait_seconds_to_repair_rebooting = 120
@@ -621,6 +628,7 @@ escalation = { max_remediations = 2, window = "12h" }
             FailureDomain::Label("topology.kubernetes.io/zone".into())
         );
         assert_eq!(c.lease_stale, Duration::from_secs(30));
+        assert_eq!(c.second_signal, SecondSignal::Lease);
         assert_eq!(c.kdump_wait, Duration::from_secs(90));
         let hc = &c.health_checks[0];
         assert_eq!(hc.max_unhealthy, Some(Threshold::Percent(40)));
@@ -650,6 +658,7 @@ escalation = { max_remediations = 2, window = "12h" }
         for (text, key) in [
             ("lease_stale = \"0s\"", "remediation.lease_stale"),
             ("lease_stale = \"soon\"", "soon"),
+            ("second_signal = \"ready\"", "second_signal"),
             ("[limits]\nrate = { per_hour = 0 }", "limits.rate.per_hour"),
             (
                 "[limits]\nfleet_cap = { percent = 150 }",

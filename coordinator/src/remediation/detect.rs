@@ -13,6 +13,7 @@ use super::decision::{Proposal, Rule};
 use super::input::{Dump, Machine};
 use super::{Candidate, Ctx, Detected, Note, elapsed, human};
 use crate::health::MachineState;
+use crate::k8s::lease::{SecondSignal, is_stale, lease_age};
 
 /// What the two signals say about a machine whose agent is silent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +34,8 @@ pub(super) enum Death {
 
 /// Two-signal death of an `unreachable` machine: agent silent past its grace (the state
 /// says so) and, with Kubernetes, the kubelet Lease unrenewed for `lease_stale` and Ready
-/// not True. kdump first: a machine whose kdump initramfs says "dumping" is known down (an
+/// not True (with `second_signal = "lease"`: the Lease unrenewed for `lease_stale` by its
+/// stamp and as the node view saw it, Ready not waited for). kdump first: a machine whose kdump initramfs says "dumping" is known down (an
 /// authenticated word from the machine itself, needing no second signal); one that would be
 /// dead but whose crash kernel was loaded is given `kdump_wait` after its last report to
 /// say so. A live kubelet, a stale view or a Ready node still decide first: a machine that
@@ -86,30 +88,43 @@ fn two_signals(m: &Machine, ctx: &Ctx<'_>, silent: &str) -> Death {
             "agent silent for {silent}; not a Kubernetes node, so the agent signal alone counts"
         ));
     };
-    let lease = node.lease_renewed_at.map(|t| elapsed(now, t));
+    let lease_only = ctx.cfg.second_signal == SecondSignal::Lease;
+    // With Ready as a second witness the kubelet's own stamp is enough (the node lifecycle
+    // controller's judgement needs no clocks to agree); without it, the Lease must also
+    // have looked unchanged to the coordinator for as long (see `crate::k8s::lease`).
+    let lease = if lease_only {
+        lease_age(now, node.lease_renewed_at, node.lease_seen_since)
+    } else {
+        node.lease_renewed_at.map(|t| elapsed(now, t))
+    };
     let lease_text = lease.map_or("never renewed".to_string(), |a| {
         format!("last renewed {} ago", human(a))
     });
-    if lease.is_some_and(|a| a < ctx.cfg.lease_stale) {
+    if !is_stale(lease, ctx.cfg.lease_stale) {
         return Death::NodeAlive(format!(
             "agent lost, node alive: agent silent for {silent}, but the kubelet Lease was \
              {lease_text} (lease_stale {}); not remediated",
             human(ctx.cfg.lease_stale)
         ));
     }
-    match node.ready() {
-        Some(r) if r.status == "True" => Death::NotConfirmed(format!(
+    let ready = node.ready();
+    let ready_text = ready.map_or("absent".to_string(), |r| {
+        format!("{} for {}", r.status, human(elapsed(now, r.since)))
+    });
+    match ready {
+        Some(r) if r.status == "True" && !lease_only => Death::NotConfirmed(format!(
             "agent silent for {silent} and kubelet Lease {lease_text}, but Ready is still True; \
              waiting for the node controller to agree"
         )),
-        r => Death::Dead(format!(
-            "agent silent for {silent}, kubelet Lease {lease_text} (lease_stale {}), Ready {}",
+        _ if lease_only => Death::Dead(format!(
+            "agent silent for {silent}, kubelet Lease {lease_text} (lease_stale {}), Ready \
+             {ready_text} (second_signal = \"lease\": Ready not waited for)",
             human(ctx.cfg.lease_stale),
-            r.map_or("absent".to_string(), |r| format!(
-                "{} for {}",
-                r.status,
-                human(elapsed(now, r.since))
-            ))
+        )),
+        _ => Death::Dead(format!(
+            "agent silent for {silent}, kubelet Lease {lease_text} (lease_stale {}), Ready \
+             {ready_text}",
+            human(ctx.cfg.lease_stale),
         )),
     }
 }
@@ -602,6 +617,57 @@ mod tests {
         let (rule, s) = case().machine("a").silent(60).lease(30).held("a");
         assert_eq!(rule, Rule::TwoSignal);
         assert!(s.contains("Ready is still True"), "{s}");
+    }
+
+    fn lease_only(c: Case) -> Case {
+        c.cfg(|c| c.second_signal = SecondSignal::Lease)
+    }
+
+    #[test]
+    fn with_second_signal_lease_a_stale_lease_is_death_without_waiting_for_ready() {
+        let p = lease_only(case()).machine("a").silent(60).lease(30).run();
+        assert_eq!(p.admitted_addresses(), ["a"], "{p:#?}");
+        let s = &p.admitted[0].sentence;
+        assert!(
+            s.contains("Lease last renewed 30s ago (lease_stale 20s)")
+                && s.contains("Ready True for")
+                && s.contains("second_signal = \"lease\": Ready not waited for"),
+            "{s}"
+        );
+        // A Lease renewed within lease_stale is still a live node, in either mode.
+        let p = lease_only(case()).machine("a").silent(60).lease(15).run();
+        assert_eq!(p.findings[0].rule, Rule::AgentLostNodeAlive, "{p:#?}");
+    }
+
+    #[test]
+    fn with_second_signal_lease_a_lease_the_view_saw_change_lately_is_alive_whatever_its_stamp() {
+        // The kubelet's clock is 60 s behind: its stamp looks a minute old, but the view
+        // saw this renewal 5 s ago. Only the Lease decides here, so the clocks must not.
+        let p = lease_only(case())
+            .machine("a")
+            .silent(60)
+            .lease(60)
+            .lease_seen(5)
+            .run();
+        assert!(p.admitted.is_empty(), "{p:#?}");
+        assert_eq!(p.findings[0].rule, Rule::AgentLostNodeAlive);
+        assert!(p.findings[0].sentence.contains("last renewed 5s ago"));
+        // Seen unchanged for lease_stale: dead.
+        let p = lease_only(case())
+            .machine("a")
+            .silent(60)
+            .lease(60)
+            .lease_seen(25)
+            .run();
+        assert_eq!(p.admitted_addresses(), ["a"], "{p:#?}");
+        // With Ready as the second witness the stamp alone still counts (unchanged).
+        let (rule, _) = case()
+            .machine("a")
+            .silent(60)
+            .lease(60)
+            .lease_seen(5)
+            .held("a");
+        assert_eq!(rule, Rule::TwoSignal);
     }
 
     #[test]

@@ -73,6 +73,7 @@ pub(super) fn healthy(address: &str, rack: &str, now: Timestamp) -> Machine {
         node: Some(NodeFacts {
             name: format!("node-{address}"),
             lease_renewed_at: Some(now),
+            lease_seen_since: None,
             conditions: vec![Condition {
                 type_: "Ready".into(),
                 status: "True".into(),
@@ -158,6 +159,11 @@ impl Case {
     /// The last machine's Lease was renewed `s` seconds ago.
     pub(super) fn lease(self, s: i64) -> Self {
         self.m(|m, now| m.node.as_mut().unwrap().lease_renewed_at = Some(ago(now, s)))
+    }
+
+    /// The view first saw the last machine's current Lease `s` seconds ago.
+    pub(super) fn lease_seen(self, s: i64) -> Self {
+        self.m(|m, now| m.node.as_mut().unwrap().lease_seen_since = Some(ago(now, s)))
     }
 
     /// The last machine's Node has condition `type_` = `status` since `s` seconds.

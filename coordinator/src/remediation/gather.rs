@@ -146,6 +146,7 @@ pub(super) fn node_facts(n: &NodeSnapshot, fallback: Option<Timestamp>) -> NodeF
     NodeFacts {
         name: n.name.clone(),
         lease_renewed_at: n.lease_renew_time,
+        lease_seen_since: n.lease_seen_since,
         conditions: n
             .conditions
             .iter()
@@ -242,6 +243,7 @@ mod tests {
             unschedulable: false,
             cordoned_by_us: false,
             lease_renew_time: Some(t(4)),
+            lease_seen_since: Some(t(5)),
             labels: BTreeMap::new(),
         }
     }
@@ -277,6 +279,7 @@ mod tests {
         let m = &i.machines[0];
         let n = m.node.as_ref().unwrap();
         assert_eq!(n.lease_renewed_at, Some(t(4)));
+        assert_eq!(n.lease_seen_since, Some(t(5)));
         // No transition time: the view's refresh is the oldest the condition can be shown to be.
         assert_eq!(n.ready().unwrap().since, t(19));
         assert_eq!(m.failing_checks[0].name, "kubelet:kubelet");

@@ -193,6 +193,9 @@ pub struct NodeFacts {
     pub name: String,
     /// The kubelet Lease's last `renewTime`.
     pub lease_renewed_at: Option<Timestamp>,
+    /// When the node view first saw that `renewTime` (the coordinator's clock; `None`:
+    /// unknown, the stamp alone counts).
+    pub lease_seen_since: Option<Timestamp>,
     /// Every condition, Ready included.
     pub conditions: Vec<Condition>,
 }

@@ -39,6 +39,7 @@
 mod api;
 mod net;
 mod patch;
+mod route;
 mod select;
 mod store;
 mod watch;
@@ -526,12 +527,17 @@ impl FakeK8s {
     }
 
     /// Marks the simulated kubelet of `node` alive (renewing) or dead (silent).
+    /// A dead kubelet also ends no graceful termination of its pods, even while its Node
+    /// still reports Ready.
     pub fn set_kubelet_alive(&self, node: &str, alive: bool) {
         let mut k = self.shared.kubelets.lock().expect("kubelets");
+        let mut st = self.state();
         if alive {
             k.insert(node.to_string());
+            st.dead_kubelets.remove(node);
         } else {
             k.remove(node);
+            st.dead_kubelets.insert(node.to_string());
         }
     }
 
@@ -931,6 +937,39 @@ mod tests {
         assert_eq!(fake.volume_attachments_on("n1").len(), 1);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(fake.volume_attachments_on("n1").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_dead_kubelets_pods_stay_terminating_while_its_node_still_reports_ready() {
+        // As against the real control plane (real_k8s.rs, second_signal = "lease"): the
+        // taint makes the pod terminating, no kubelet ends it, the pod GC leaves a Ready node.
+        let fake = FakeK8s::start().await.unwrap();
+        fake.set_gc_delay(Duration::from_millis(20));
+        fake.add_node(NodeSeed::new("n1", "10.0.0.1"));
+        fake.add_pod(PodSeed::new("a", "db-0", "n1").terminate_after(Duration::from_millis(50)));
+        fake.set_kubelet_alive("n1", false);
+        let (c, _) = call(
+            &fake,
+            "DELETE",
+            "/api/v1/namespaces/a/pods/db-0",
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(c, 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let pod = fake.pod("a", "db-0").expect("ended by a dead kubelet");
+        assert!(pod["metadata"]["deletionTimestamp"].is_string());
+        // The kubelet back: it ends the termination it missed.
+        fake.set_kubelet_alive("n1", true);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while fake.pod("a", "db-0").is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a kubelet back never ended the termination"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[tokio::test]

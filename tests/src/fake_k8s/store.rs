@@ -153,6 +153,10 @@ pub(crate) struct State {
     pub(crate) gc_delay: Duration,
     /// Reported server version (major, minor).
     pub(crate) version: (String, String),
+    /// Nodes whose simulated kubelet was marked dead ([`super::FakeK8s::set_kubelet_alive`]):
+    /// it ends no graceful termination even while its Node still reports Ready (the node
+    /// lifecycle controller has not noticed yet), as on a real cluster.
+    pub(crate) dead_kubelets: std::collections::BTreeSet<String>,
 }
 
 /// The out-of-service taint key.
@@ -211,6 +215,7 @@ impl State {
             termination: HashMap::new(),
             gc_delay: Duration::from_millis(50),
             version: ("1".into(), "33".into()),
+            dead_kubelets: Default::default(),
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             s.insert_new(
@@ -315,9 +320,10 @@ impl State {
             .unwrap_or_default()
             .is_empty();
         let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
-        // A node that is not Ready has no kubelet to end a graceful termination: the pod
-        // stays terminating until the pod GC (or a force delete) removes it.
-        let kubelet_gone = !unscheduled && !self.node_ready(node);
+        // A node that is not Ready, or whose kubelet died, has no kubelet to end a graceful
+        // termination: the pod stays terminating until the pod GC (or a force delete)
+        // removes it.
+        let kubelet_gone = !unscheduled && !self.kubelet_runs(node);
         if grace == Some(0) || unscheduled || (delay.is_zero() && !kubelet_gone) {
             self.timers
                 .pod_gone_at
@@ -358,6 +364,13 @@ impl State {
                     .any(|t| t["key"] == OOS_KEY && t["effect"] == "NoExecute")
             })
         })
+    }
+
+    /// The node's kubelet runs: its Node reports Ready and the test has not marked its
+    /// simulated kubelet dead (a real Node stays Ready for the node monitor grace period
+    /// after its kubelet died).
+    fn kubelet_runs(&self, node: &str) -> bool {
+        self.node_ready(node) && !self.dead_kubelets.contains(node)
     }
 
     /// The Node's Ready condition is True (its kubelet reports): the real pod GC never
@@ -429,7 +442,7 @@ impl State {
                 !p["metadata"]["deletionTimestamp"].is_null()
                     && p["spec"]["nodeName"]
                         .as_str()
-                        .is_some_and(|n| self.node_ready(n))
+                        .is_some_and(|n| self.kubelet_runs(n))
             })
             .map(key_of)
             .filter(|k| !self.timers.pod_gone_at.contains_key(k))

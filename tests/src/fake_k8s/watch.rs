@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::Shared;
-use super::api::{Fail, Target, bad, query_param, route};
+use super::route::{Fail, Target, bad, query_param, route};
 use super::select::{Fields, Labels};
 
 /// How often a watch looks for changes: fast enough for tests with sub-second intervals.
