@@ -548,7 +548,7 @@ mod tests {
         assert!(note.contains("kept first"), "{note}");
         assert_eq!(agent.asked.lock().unwrap()[0].0, "db-e1-r0-a0-diagnostics");
         let kept = store
-            .with(|conn| crate::repair::diagnostics::for_entry(conn, 3))
+            .with(|conn| crate::repair::store::sqlite::diagnostics::for_entry(conn, 3))
             .unwrap();
         assert_eq!(kept.len(), 1);
 
