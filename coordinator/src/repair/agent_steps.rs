@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use protocol::actions::ActionStatus;
 
-use super::command::{Outcome, RunContext};
 use super::config::AgentStep;
 use super::decide::CommandEnd;
+use super::run_context::{Outcome, RunContext};
 use crate::agent_link::{ActionAnswer, AgentActionError};
 
 /// Limit of an agent step whose `command_timeout_seconds` is 0 (no limit): a reboot of a
