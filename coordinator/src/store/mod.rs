@@ -15,6 +15,7 @@
 //! [`Store::open`] alone takes no lock (tests, tools reading a copy).
 
 pub mod backup;
+pub mod etcd;
 pub mod health;
 pub mod lock;
 pub mod repeated;
