@@ -22,6 +22,7 @@ use crate::fleet::{Fleet, FleetError};
 use crate::inventory::{InventoryError, MachineRecord, RecordSource, load_inventory};
 use crate::k8s::{Drainer, KubeDrainer, NodeView, NotANode};
 use crate::metrics::{HttpState, Metrics, MetricsSource};
+use crate::repair::store::RepairQueueStore;
 use crate::store::{Store, StoreError};
 
 /// Bounds of the sweep period. The sweep turns silent machines unreachable; running it four
@@ -550,9 +551,7 @@ pub async fn import_inventory(
     path: &std::path::Path,
 ) -> Result<InventoryImport, AppError> {
     let records = load_inventory(path, RecordSource::Inventory)?;
-    let busy = store
-        .call(|c| crate::repair::store::active_addresses(c))
-        .await?;
+    let busy = store.active_addresses().await?;
     let hostnames: std::collections::HashMap<String, String> = fleet
         .list()
         .into_iter()

@@ -483,8 +483,9 @@ fn repair_against_store(
         Ok(p) => p,
         Err(line) => return Some(line),
     };
-    let loaded =
-        crate::store::Store::open(&copy).and_then(|s| s.with(|c| crate::repair::store::load(c)));
+    // A copy of the SQLite file: read with the SQLite backend's own functions.
+    let loaded = crate::store::Sqlite::open(&copy)
+        .and_then(|s| s.with(|c| crate::repair::store::sqlite::load(c)));
     let entries = match loaded {
         Ok((_, entries)) => entries,
         Err(e) => {

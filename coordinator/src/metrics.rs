@@ -22,7 +22,7 @@ use protocol::messages::RefusalCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::Fleet;
-use crate::store::{Store, StoreHealth};
+use crate::store::{Probe, Store, StoreHealth};
 
 /// Label of a refusal reason in metrics and logs.
 pub fn refusal_label(code: RefusalCode) -> &'static str {
@@ -344,11 +344,7 @@ async fn healthz_handler(State(s): State<HttpState>) -> impl IntoResponse {
             format!("database writes are failing: {why}\n"),
         );
     }
-    match s
-        .store
-        .call(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
-        .await
-    {
+    match s.store.ping().await {
         Ok(_) => (StatusCode::OK, "ok\n".to_string()),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -8,7 +8,7 @@ use protocol::admin::fence::{
 use protocol::messages::{Refusal, RefusalCode};
 
 use super::flow::{Flow, State};
-use super::store as fence_store;
+use super::store::FenceStore;
 use crate::clock::to_unix_ms;
 use crate::k8s::release::Release;
 use crate::store::Store;
@@ -44,37 +44,36 @@ pub fn summary(f: &Flow) -> FenceFlowSummary {
 pub async fn handle(store: &Store, req: FenceRequest) -> AdminResponse {
     let result = match req {
         FenceRequest::List { limit } => store
-            .call(move |c| fence_store::list(c, limit.clamp(1, LIST_MAX)))
+            .list(limit.clamp(1, LIST_MAX))
             .await
             .map(|l| Ok(FenceResponse::List(l.iter().map(summary).collect()))),
         FenceRequest::ListFor { machine, limit } => store
-            .call(move |c| fence_store::list_for(c, &machine, limit.clamp(1, LIST_MAX)))
+            .list_for(machine, limit.clamp(1, LIST_MAX))
             .await
             .map(|l| Ok(FenceResponse::List(l.iter().map(summary).collect()))),
-        FenceRequest::Show { id } => store
-            .call(move |c| {
-                let Some(f) = fence_store::load(c, id)? else {
-                    return Ok(None);
-                };
-                Ok(Some((f, fence_store::history_of(c, id)?)))
-            })
-            .await
-            .map(|r| match r {
-                Some((f, h)) => Ok(FenceResponse::Show(Box::new(FenceFlowDetail {
-                    flow: summary(&f),
-                    steps: h
-                        .into_iter()
-                        .map(|l| FenceFlowStep {
-                            at_unix_ms: to_unix_ms(l.at),
-                            state: l.state,
-                            event: l.event,
-                        })
-                        .collect(),
-                }))),
-                None => Err(format!(
-                    "no fence flow {id}; `coordinatorctl fence list` shows the flows"
-                )),
-            }),
+        FenceRequest::Show { id } => async {
+            let Some(f) = store.load(id).await? else {
+                return Ok(None);
+            };
+            Ok(Some((f, store.history(id).await?)))
+        }
+        .await
+        .map(|r| match r {
+            Some((f, h)) => Ok(FenceResponse::Show(Box::new(FenceFlowDetail {
+                flow: summary(&f),
+                steps: h
+                    .into_iter()
+                    .map(|l| FenceFlowStep {
+                        at_unix_ms: to_unix_ms(l.at),
+                        state: l.state,
+                        event: l.event,
+                    })
+                    .collect(),
+            }))),
+            None => Err(format!(
+                "no fence flow {id}; `coordinatorctl fence list` shows the flows"
+            )),
+        }),
     };
     match result {
         Ok(Ok(r)) => AdminResponse::Fence(r),

@@ -42,7 +42,7 @@ use super::metrics::FenceMetrics;
 use super::proof::{
     DownProof, KdumpProof, PowerOffProof, ProofError, confirm_power_off, reconfirm_power_off,
 };
-use super::store as fence_store;
+use super::store::FenceStore;
 use crate::clock::{Clock, to_unix_ms};
 use crate::gateway::PowerControl;
 use crate::k8s::NodeRelease;
@@ -200,18 +200,9 @@ impl FenceRunner {
             now,
         );
         self.kill.hit("before:plan")?;
-        let f = flow.clone();
         let id = self
             .store
-            .call(move |c| {
-                if fence_store::unfinished(c)?
-                    .iter()
-                    .any(|x| x.address == f.address)
-                {
-                    return Ok(None);
-                }
-                fence_store::insert(c, &f, "fence requested", now).map(Some)
-            })
+            .start(flow.clone(), "fence requested".into(), now)
             .await?
             .ok_or(FenceError::InProgress {
                 address: req.address.clone(),
@@ -225,10 +216,7 @@ impl FenceRunner {
 
     /// The committed flow `id`.
     pub async fn load(&self, id: u64) -> Result<Flow, FenceError> {
-        self.store
-            .call(move |c| fence_store::load(c, id))
-            .await?
-            .ok_or(FenceError::NotFound(id))
+        self.store.load(id).await?.ok_or(FenceError::NotFound(id))
     }
 
     /// One pass: the committed state's action, the step, and the commit of what changed.
@@ -281,10 +269,8 @@ impl FenceRunner {
         }
         let kind = s.flow.state.kind();
         self.kill.hit(&format!("before:{kind}"))?;
-        let next = s.flow.clone();
-        let ev = event.clone();
         self.store
-            .call(move |c| fence_store::update(c, &next, &ev, now))
+            .update(s.flow.clone(), event.clone(), now)
             .await?;
         self.metrics.moved(id, &s.flow.state);
         self.kill.hit(&format!("after:{kind}"))?;
@@ -319,7 +305,7 @@ impl FenceRunner {
 
     /// Ids of the flows a restarted coordinator must resume, oldest first.
     pub async fn unfinished(&self) -> Result<Vec<u64>, FenceError> {
-        let flows = self.store.call(|c| fence_store::unfinished(c)).await?;
+        let flows = self.store.unfinished().await?;
         for f in &flows {
             self.metrics.at(f.id, &f.state);
         }
@@ -342,20 +328,19 @@ impl FenceRunner {
     /// runner, such as the repair step taking the agent's diagnostics before the flow's
     /// first power action); returns whether it did.
     pub async fn say_while(&self, id: u64, state: State, line: String) -> Result<bool, FenceError> {
-        let flow = self.load(id).await?;
-        if flow.state != state {
-            return Ok(false);
+        let now = self.deps.clock.now();
+        match self.store.note(id, Some(state), line, now).await {
+            Ok(said) => Ok(said),
+            // Unknown flow: as `load` says it.
+            Err(_) if self.store.load(id).await?.is_none() => Err(FenceError::NotFound(id)),
+            Err(e) => Err(e.into()),
         }
-        self.note(&flow, line).await?;
-        Ok(true)
     }
 
     /// Adds `line` to the history of `flow`, which stays as committed.
     async fn note(&self, flow: &Flow, line: String) -> Result<(), FenceError> {
-        let (f, now) = (flow.clone(), self.deps.clock.now());
-        self.store
-            .call(move |c| fence_store::update(c, &f, &line, now))
-            .await?;
+        let now = self.deps.clock.now();
+        self.store.note(flow.id, None, line, now).await?;
         Ok(())
     }
 
@@ -1001,7 +986,9 @@ mod tests {
         assert_clean_fence(&r.world);
         assert_eq!(r.world.log().last().map(String::as_str), Some("restore"));
         let store = Store::open(&r.db).unwrap();
-        let h = store.with(|c| fence_store::history_of(c, id)).unwrap();
+        let h = store
+            .with(|c| crate::fence::store::sqlite::history_of(c, id))
+            .unwrap();
         let states: Vec<_> = h.iter().map(|l| l.state.as_str()).collect();
         assert_eq!(
             states,
@@ -1246,7 +1233,9 @@ mod tests {
     /// The history lines of flow `id`.
     fn events(r: &Rig, id: u64) -> Vec<(String, String)> {
         let store = Store::open(&r.db).unwrap();
-        let h = store.with(|c| fence_store::history_of(c, id)).unwrap();
+        let h = store
+            .with(|c| crate::fence::store::sqlite::history_of(c, id))
+            .unwrap();
         h.into_iter().map(|l| (l.state, l.event)).collect()
     }
 
@@ -1444,7 +1433,7 @@ mod tests {
     fn states(r: &Rig, id: u64) -> Vec<String> {
         let store = Store::open(&r.db).unwrap();
         let mut v: Vec<String> = store
-            .with(|c| fence_store::history_of(c, id))
+            .with(|c| crate::fence::store::sqlite::history_of(c, id))
             .unwrap()
             .into_iter()
             .map(|l| l.state)
@@ -1513,7 +1502,9 @@ mod tests {
         assert_eq!(f.state, State::Done, "{f:?}");
         assert_clean_kdump_fence(&r.world);
         let store = Store::open(&r.db).unwrap();
-        let h = store.with(|c| fence_store::history_of(c, id)).unwrap();
+        let h = store
+            .with(|c| crate::fence::store::sqlite::history_of(c, id))
+            .unwrap();
         let cycle = h
             .iter()
             .find(|l| l.event.contains("kdump_timeout passed"))

@@ -30,13 +30,13 @@ use super::decide::{self, Action, Observations, Observed, TaskObs};
 use super::effects::Effects;
 use super::entry::Entry;
 use super::metrics::RepairMetrics;
-use super::store::{self as rstore, Write};
+use super::store::{RepairQueueStore, Write};
 use super::tasks::{Event, Tasks};
 use crate::clock::Clock;
 use crate::gateway::PowerControl;
 use crate::k8s::Drainer;
 use crate::store::repeated::RepeatedFailure;
-use crate::store::{Store, StoreError};
+use crate::store::{IdentityStore, Store, StoreError};
 
 pub use super::admin::RepairQueueError;
 pub use super::effects::{DRAIN_POLL_INTERVAL, K8S_RETRY_INTERVAL};
@@ -160,9 +160,9 @@ impl RepairQueue {
         deps: RepairDeps,
         shutdown: CancellationToken,
     ) -> Result<(Self, tokio::task::JoinHandle<()>), StoreError> {
-        let (enabled, entries) = deps.store.call(|c| rstore::load(c)).await?;
+        let (enabled, entries) = deps.store.load().await?;
         super::orphans::reap_previous(&deps.store, deps.clock.as_ref(), &entries).await?;
-        let store_id = deps.store.call(|c| crate::store::identity::read(c)).await?;
+        let store_id = deps.store.identity().await?;
         let (tx, rx) = mpsc::channel(4096);
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(RepairMetrics::default());
@@ -344,10 +344,7 @@ impl Engine {
 
     async fn commit(&self, writes: Vec<Write>) -> Result<Vec<u64>, StoreError> {
         let now = self.deps.clock.now();
-        self.deps
-            .store
-            .call(move |c| rstore::commit(c, &writes, now))
-            .await
+        self.deps.store.commit(writes, now).await
     }
 
     async fn admin_batch(&mut self, batch: Vec<(RepairQueueRequest, Requester, ReplyTx)>) {
@@ -389,17 +386,16 @@ impl Engine {
                 }
                 Reply::Show(index) => {
                     let entry = self.entries[&index].to_wire();
-                    match self
-                        .deps
-                        .store
-                        .call(move |c| {
-                            Ok((
-                                rstore::history(c, index)?,
-                                super::diagnostics::for_entry(c, index)?,
-                            ))
-                        })
-                        .await
-                    {
+                    let store = &self.deps.store;
+                    let read = async {
+                        Ok::<_, StoreError>((
+                            store.history(index).await?,
+                            store
+                                .call(move |c| super::diagnostics::for_entry(c, index))
+                                .await?,
+                        ))
+                    };
+                    match read.await {
                         Ok((history, diagnostics)) => {
                             Ok(RepairQueueResponse::Show(Box::new(RepairEntryDetail {
                                 entry,
@@ -1179,7 +1175,7 @@ mod tests {
         );
         let h = start_deps(deps).await;
         let i = h.add("op", "t", "10.0.0.1").await;
-        let sid = s.with(|c| crate::store::identity::read(c)).unwrap();
+        let sid = s.identity().await.unwrap();
         (h, i, power, d, sid)
     }
 

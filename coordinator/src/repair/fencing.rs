@@ -17,14 +17,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, params};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::clock::{Clock, to_unix_ms};
+use crate::clock::Clock;
 use crate::fence::flow::{Flow, State};
 use crate::fence::runner::{FenceError, FenceRequest, FenceRunner};
-use crate::fence::store as fence_store;
+use crate::fence::store::FenceStore;
 use crate::k8s::Drainer;
 use crate::store::Store;
 
@@ -177,21 +176,13 @@ impl FenceService {
         address: &str,
         serial: &str,
     ) -> Result<Option<u64>, String> {
-        let k = key.to_string();
         let recorded = self
             .store
-            .call(move |c| {
-                c.query_row(
-                    "SELECT flow_id FROM repair_fence_flows WHERE step_key = ?1",
-                    [&k],
-                    |r| r.get::<_, i64>(0),
-                )
-                .optional()
-            })
+            .flow_of_step(key.to_string())
             .await
             .map_err(|e| e.to_string())?;
         if let Some(id) = recorded {
-            return Ok(Some(id as u64));
+            return Ok(Some(id));
         }
         let node = match self.drainer.node_for(address).await {
             Ok(Some(n)) => n,
@@ -211,7 +202,7 @@ impl FenceService {
                 let a = address.to_string();
                 let f = self
                     .store
-                    .call(move |c| fence_store::unfinished(c))
+                    .unfinished()
                     .await
                     .map_err(|e| e.to_string())?
                     .into_iter()
@@ -222,15 +213,8 @@ impl FenceService {
             }
             Err(e) => return Err(e.to_string()),
         };
-        let (k, now) = (key.to_string(), to_unix_ms(self.clock.now()));
         self.store
-            .call(move |c| {
-                c.execute(
-                    "INSERT OR IGNORE INTO repair_fence_flows (step_key, entry_index, flow_id, created_ms)
-                     VALUES (?1, ?2, ?3, ?4)",
-                    params![k, index as i64, id as i64, now],
-                )
-            })
+            .link_step(key.to_string(), index, id, self.clock.now())
             .await
             .map_err(|e| e.to_string())?;
         Ok(Some(id))
@@ -347,7 +331,8 @@ mod tests {
     }
 
     fn flows(s: &Store) -> Vec<Flow> {
-        s.with(|c| fence_store::list(c, 100)).unwrap()
+        s.with(|c| crate::fence::store::sqlite::list(c, 100))
+            .unwrap()
     }
 
     #[tokio::test]
@@ -435,7 +420,7 @@ mod tests {
             detail: "BMC said: Unspecified error".into(),
         };
         s.store
-            .with(|c| fence_store::update(c, &f, "gave up", f.state_since))
+            .with(|c| crate::fence::store::sqlite::update(c, &f, "gave up", f.state_since))
             .unwrap();
         match s.svc.fence_step("k", 1, "10.0.0.1", "S", None).await {
             FenceEnd::Failed(f) => {

@@ -26,7 +26,7 @@ use nix::unistd::Pid;
 use rusqlite::params;
 
 use super::entry::{Entry, HistoryEvent};
-use super::store::{self as rstore, Write};
+use super::store::Write;
 use crate::clock::{Clock, to_unix_ms};
 use crate::store::{Store, StoreError};
 
@@ -326,7 +326,7 @@ pub async fn reap_previous(
     let now = clock.now();
     store
         .call(move |c| {
-            rstore::commit(c, &writes, now)?;
+            crate::repair::store::sqlite::commit(c, &writes, now)?;
             c.execute("DELETE FROM repair_command_groups", [])
         })
         .await?;
@@ -357,6 +357,7 @@ async fn kill_and_wait(pgid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use crate::repair::store::RepairQueueStore;
     use std::os::unix::process::CommandExt;
 
     use super::*;
@@ -498,13 +499,11 @@ mod tests {
         let now = Timestamp::from_second(1_800_000_000).unwrap();
         let e = Entry::new_queued("10.0.0.1", "", "qemu", "op", now);
         let ids = store
-            .with(|c| {
-                rstore::commit(
-                    c,
-                    &[Write::Insert(e.clone(), HistoryEvent::new("added", ""))],
-                    now,
-                )
-            })
+            .commit(
+                vec![Write::Insert(e.clone(), HistoryEvent::new("added", ""))],
+                now,
+            )
+            .await
             .unwrap();
         let mut e = e;
         e.index = ids[0];
@@ -531,7 +530,7 @@ mod tests {
             .expect("the recorded group was not killed within 10 s");
         assert!(!status.success(), "killed: {status}");
         assert!(members_of(pid).is_empty(), "the sleep died with its group");
-        let history = store.with(|c| rstore::history(c, e.index)).unwrap();
+        let history = store.history(e.index).await.unwrap();
         let last = history.last().unwrap();
         assert_eq!(last.event, "orphan-killed");
         assert!(

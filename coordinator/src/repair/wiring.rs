@@ -25,7 +25,7 @@ use crate::gateway::PowerControl;
 use crate::k8s::{Drainer, NodeRelease, NodeViewSource};
 use crate::metrics::MetricsSource;
 use crate::remediation::RemediationConfig;
-use crate::store::{Store, StoreError};
+use crate::store::{IdentityStore, Store, StoreError};
 
 /// Why the repair queue could not start.
 #[derive(Debug, thiserror::Error)]
@@ -205,7 +205,7 @@ pub async fn start_for_app(
     let loaded = load_file(path)?;
     let fence = match fencing {
         Some(w) => {
-            let store_id = store.call(|c| crate::store::identity::read(c)).await?;
+            let store_id = store.identity().await?;
             let runner = FenceRunner::new(
                 store.clone(),
                 store_id,

@@ -22,7 +22,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use serde::Serialize;
 
 use super::lock::StoreLock;
-use super::{Store, StoreError, identity};
+use super::{Sqlite, StoreError, identity};
 
 /// Why a backup or a restore was not made.
 #[derive(Debug, thiserror::Error)]
@@ -303,7 +303,7 @@ pub fn backup(database: &Path, to: &Path) -> Result<BackupReport, BackupError> {
         Connection::open_with_flags(database, OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(&err)?;
     c.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(&err)?;
-    super::check_ours(&c, database)?;
+    super::sqlite::check_ours(&c, database)?;
     // Written under a name of its own first, then linked to `to` once whole and on disk:
     // a backup killed half-way never leaves a file under the name asked for, only
     // `.<name>.partial-<pid>`, which says what it is.
@@ -424,7 +424,7 @@ pub fn restore(
     src.execute("VACUUM INTO ?1", [target])
         .map_err(sqlite(database))?;
     drop(src);
-    let store = Store::open(database)?;
+    let store = Sqlite::open(database)?;
     let summary_now = store.with(|c| {
         c.execute(
             "UPDATE store_identity SET store_id = lower(hex(randomblob(16))) WHERE id = 1",
@@ -445,7 +445,7 @@ pub fn restore(
 mod tests {
     use super::*;
 
-    fn add_entry(s: &Store, address: &str) {
+    fn add_entry(s: &Sqlite, address: &str) {
         s.with(|c| {
             c.execute(
                 "INSERT INTO repair_queue_entries (address, machine_type, operation, status, \
@@ -461,7 +461,7 @@ mod tests {
     fn a_restored_backup_gets_a_new_identity_and_the_replaced_store_is_kept() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("c.db");
-        let live = Store::open(&db).unwrap();
+        let live = Sqlite::open(&db).unwrap();
         add_entry(&live, "10.0.0.1");
         let copy = dir.path().join("b.db");
         let b = backup(&db, &copy).unwrap();
@@ -493,7 +493,7 @@ mod tests {
         assert!(kept.ends_with("c.db.replaced-7"), "{}", kept.display());
         let old = Connection::open(&kept).unwrap();
         assert_eq!(summary(&old).unwrap().newest_entry, Some(2), "nothing lost");
-        let reopened = Store::open(&db).unwrap();
+        let reopened = Sqlite::open(&db).unwrap();
         assert_eq!(
             reopened.with(|c| identity::read(c)).unwrap(),
             r.store.store_id
@@ -516,7 +516,7 @@ mod tests {
     fn a_backup_is_never_written_over_the_stores_own_files() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("c.db");
-        let s = Store::open(&db).unwrap();
+        let s = Sqlite::open(&db).unwrap();
         add_entry(&s, "10.0.0.1");
         drop(s);
         // The store is closed: its WAL and index do not exist, so "never overwrites" does
@@ -556,7 +556,7 @@ mod tests {
     fn bad_backups_are_refused_before_anything_is_touched() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("c.db");
-        drop(Store::open(&db).unwrap());
+        drop(Sqlite::open(&db).unwrap());
         let e = restore(&db, &db, 1).unwrap_err();
         assert!(
             e.is_bad_input() && e.to_string().contains("is the database itself"),
@@ -586,7 +586,7 @@ mod tests {
         assert!(e.to_string().contains("no such file"), "{e}");
         // A backup of a newer coordinator's schema: bad input too (exit 64).
         let newer = dir.path().join("newer.db");
-        drop(Store::open(&newer).unwrap());
+        drop(Sqlite::open(&newer).unwrap());
         Connection::open(&newer)
             .unwrap()
             .pragma_update(None, "user_version", 999)

@@ -20,8 +20,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Store;
+use std::future::Future;
+
 use super::repeated::RepeatedFailure;
+use super::{Sqlite, Store, StoreError, dispatch};
 
 /// How often [`probe_loop`] writes. Kubernetes' and most load balancers' health checks look
 /// every 10 s, so 5 s keeps `/healthz` within one of their periods; the cost is one tiny
@@ -141,13 +143,38 @@ pub fn explain(e: &rusqlite::Error, path: &Path) -> String {
     format!("{what} ({e})")
 }
 
-impl Store {
-    /// Writes to the store without changing it (the identity row updated to itself) and
-    /// commits, which marks the store healthy, or failing with why.
-    pub async fn probe(&self) -> Result<(), super::StoreError> {
+/// What `/healthz` and the probe loop ask of a backend.
+pub trait Probe {
+    /// Writes to the store without changing it and commits, which marks the store healthy,
+    /// or failing with why.
+    fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Reads something from the store: it answers at all.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+impl Probe for Sqlite {
+    async fn probe(&self) -> Result<(), StoreError> {
+        // The identity row updated to itself.
         self.call(|c| c.execute("UPDATE store_identity SET id = id WHERE id = 1", []))
             .await
             .map(drop)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.call(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
+            .await
+            .map(drop)
+    }
+}
+
+impl Probe for Store {
+    async fn probe(&self) -> Result<(), StoreError> {
+        dispatch!(self, b => b.probe().await)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        dispatch!(self, b => b.ping().await)
     }
 }
 

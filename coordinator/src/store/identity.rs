@@ -5,8 +5,34 @@
 //! test install next to production numbers its repair entries from 1 again, but under another
 //! identity. It is read once when the repair queue starts. This module does not make ids of
 //! requests itself (see [`crate::repair::entry::power_request_id`]).
+//!
+//! [`IdentityStore`] is the area's interface; [`read`] is its SQL on SQLite.
+
+use std::future::Future;
 
 use rusqlite::Connection;
+
+use super::{Sqlite, Store, StoreError, dispatch};
+
+/// The store's identity, as an area of state.
+pub trait IdentityStore {
+    /// The store's identity (32 lower-case hex digits), made with the store and never
+    /// changed but by a restore. Fails when it is missing: without it, ids could collide
+    /// with another store's, so nothing may be sent.
+    fn identity(&self) -> impl Future<Output = Result<String, StoreError>> + Send;
+}
+
+impl IdentityStore for Sqlite {
+    async fn identity(&self) -> Result<String, StoreError> {
+        self.call(|c| read(c)).await
+    }
+}
+
+impl IdentityStore for Store {
+    async fn identity(&self) -> Result<String, StoreError> {
+        dispatch!(self, b => b.identity().await)
+    }
+}
 
 /// Reads the store's identity (32 lower-case hex digits).
 ///
@@ -23,15 +49,14 @@ pub fn read(conn: &Connection) -> rusqlite::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
 
-    #[test]
-    fn each_database_gets_its_own_identity_and_keeps_it() {
+    #[tokio::test]
+    async fn each_database_gets_its_own_identity_and_keeps_it() {
         let dir = tempfile::tempdir().unwrap();
         let a = Store::open(&dir.path().join("a.db")).unwrap();
         let b = Store::open(&dir.path().join("b.db")).unwrap();
-        let ida = a.with(|c| read(c)).unwrap();
-        let idb = b.with(|c| read(c)).unwrap();
+        let ida = a.identity().await.unwrap();
+        let idb = b.identity().await.unwrap();
         assert_eq!(ida.len(), 32, "{ida}");
         assert!(
             ida.chars()
@@ -40,6 +65,6 @@ mod tests {
         assert_ne!(ida, idb, "two databases share an identity");
         drop(a);
         let again = Store::open(&dir.path().join("a.db")).unwrap();
-        assert_eq!(again.with(|c| read(c)).unwrap(), ida, "changed on reopen");
+        assert_eq!(again.identity().await.unwrap(), ida, "changed on reopen");
     }
 }

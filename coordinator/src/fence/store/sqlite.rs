@@ -1,31 +1,110 @@
-//! Persistence of fence flows in the coordinator's SQLite store (migration 0007; the kdump
-//! leg's columns come with migration 0009).
+//! Fence flows on SQLite (migration 0007; the kdump leg's columns come with migration 0009,
+//! the repair steps' links with 0008): [`FenceStore`] for [`Sqlite`].
 //!
-//! Plain synchronous functions over a `rusqlite::Connection`, called by the runner inside
-//! [`crate::store::Store::call`]. A state change and its history line are one transaction,
-//! committed before the new state's action runs.
-//!
-//! Finished flows are kept for `coordinatorctl fence list/show`, the newest
-//! [`KEPT_FINISHED_PER_MACHINE`] per machine: a flow that ends prunes its machine's older
-//! finished ones (their history goes with them), except a flow a repair entry still in the
-//! queue started, which its step may look up again after a restart.
+//! Plain synchronous functions over a `rusqlite::Connection`, run on a blocking thread by
+//! [`Sqlite::call`]. A state change and its history line are one transaction.
 
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::flow::{Flow, KdumpLeg, State};
+use super::{FenceStore, HistoryLine, KEPT_FINISHED_PER_MACHINE};
 use crate::clock::{from_unix_ms, to_unix_ms};
+use crate::fence::flow::{Flow, KdumpLeg, State};
 use crate::k8s::release::Release;
+use crate::store::{Sqlite, StoreError};
 
-/// One line of a flow's history.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HistoryLine {
-    /// When it was committed.
-    pub at: Timestamp,
-    /// The state entered (or kept).
-    pub state: String,
-    /// What happened.
-    pub event: String,
+impl FenceStore for Sqlite {
+    async fn start(
+        &self,
+        flow: Flow,
+        event: String,
+        now: Timestamp,
+    ) -> Result<Option<u64>, StoreError> {
+        self.call(move |c| {
+            if unfinished(c)?.iter().any(|x| x.address == flow.address) {
+                return Ok(None);
+            }
+            insert(c, &flow, &event, now).map(Some)
+        })
+        .await
+    }
+
+    async fn update(&self, flow: Flow, event: String, now: Timestamp) -> Result<(), StoreError> {
+        self.call(move |c| update(c, &flow, &event, now)).await
+    }
+
+    async fn note(
+        &self,
+        id: u64,
+        only_in: Option<State>,
+        event: String,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            let Some(f) = load(&tx, id)? else {
+                return Err(rusqlite::Error::QueryReturnedNoRows);
+            };
+            if only_in.is_some_and(|s| s != f.state) {
+                return Ok(false);
+            }
+            history(&tx, id, &f, &event, now)?;
+            tx.commit()?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn load(&self, id: u64) -> Result<Option<Flow>, StoreError> {
+        self.call(move |c| load(c, id)).await
+    }
+
+    async fn unfinished(&self) -> Result<Vec<Flow>, StoreError> {
+        self.call(|c| unfinished(c)).await
+    }
+
+    async fn list(&self, limit: u32) -> Result<Vec<Flow>, StoreError> {
+        self.call(move |c| list(c, limit)).await
+    }
+
+    async fn list_for(&self, address: String, limit: u32) -> Result<Vec<Flow>, StoreError> {
+        self.call(move |c| list_for(c, &address, limit)).await
+    }
+
+    async fn history(&self, id: u64) -> Result<Vec<HistoryLine>, StoreError> {
+        self.call(move |c| history_of(c, id)).await
+    }
+
+    async fn flow_of_step(&self, key: String) -> Result<Option<u64>, StoreError> {
+        self.call(move |c| {
+            c.query_row(
+                "SELECT flow_id FROM repair_fence_flows WHERE step_key = ?1",
+                [&key],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map(|id| id.map(|i| i as u64))
+        })
+        .await
+    }
+
+    async fn link_step(
+        &self,
+        key: String,
+        entry: u64,
+        flow: u64,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.call(move |c| {
+            c.execute(
+                "INSERT OR IGNORE INTO repair_fence_flows (step_key, entry_index, flow_id, created_ms)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![key, entry as i64, flow as i64, to_unix_ms(now)],
+            )
+            .map(drop)
+        })
+        .await
+    }
 }
 
 fn opt_ms(t: Option<Timestamp>) -> i64 {
@@ -74,7 +153,7 @@ fn history(
 
 /// Inserts a new flow and its first history line; returns its id. Fails (a constraint
 /// error) when the machine already has an unfinished flow.
-pub fn insert(
+pub(crate) fn insert(
     conn: &mut Connection,
     f: &Flow,
     event: &str,
@@ -113,7 +192,7 @@ pub fn insert(
 }
 
 /// Rewrites flow `f.id` and appends `event` to its history, in one transaction.
-pub fn update(
+pub(crate) fn update(
     conn: &mut Connection,
     f: &Flow,
     event: &str,
@@ -149,12 +228,6 @@ pub fn update(
     }
     tx.commit()
 }
-
-/// Finished (done or failed) flows kept per machine. A machine fenced again and again would
-/// otherwise add a flow and about ten history lines per fence for as long as the store
-/// lives; 50 is months of history for a machine that keeps failing, and a few hundred KiB
-/// for a whole fleet of them.
-pub const KEPT_FINISHED_PER_MACHINE: i64 = 50;
 
 /// Deletes `address`'s finished flows older than its newest [`KEPT_FINISHED_PER_MACHINE`]
 /// finished ones (inside the caller's transaction), with their history. A flow that a repair
@@ -236,7 +309,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Flow> {
 }
 
 /// The flow `id`, if it exists.
-pub fn load(conn: &Connection, id: u64) -> rusqlite::Result<Option<Flow>> {
+pub(crate) fn load(conn: &Connection, id: u64) -> rusqlite::Result<Option<Flow>> {
     conn.query_row(
         &format!("SELECT {COLUMNS} FROM fence_flows WHERE id = ?1"),
         [id as i64],
@@ -246,7 +319,7 @@ pub fn load(conn: &Connection, id: u64) -> rusqlite::Result<Option<Flow>> {
 }
 
 /// Every flow not yet done or failed, oldest first: what a restarted coordinator resumes.
-pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Flow>> {
+pub(crate) fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Flow>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM fence_flows WHERE state NOT IN ('done', 'failed') ORDER BY id"
     ))?;
@@ -254,7 +327,7 @@ pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Flow>> {
 }
 
 /// Every flow, newest first, at most `limit`: for `coordinatorctl fence list`.
-pub fn list(conn: &Connection, limit: u32) -> rusqlite::Result<Vec<Flow>> {
+pub(crate) fn list(conn: &Connection, limit: u32) -> rusqlite::Result<Vec<Flow>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM fence_flows ORDER BY id DESC LIMIT ?1"
     ))?;
@@ -262,7 +335,11 @@ pub fn list(conn: &Connection, limit: u32) -> rusqlite::Result<Vec<Flow>> {
 }
 
 /// The newest flows of the machine at `address`, at most `limit`, newest first.
-pub fn list_for(conn: &Connection, address: &str, limit: u32) -> rusqlite::Result<Vec<Flow>> {
+pub(crate) fn list_for(
+    conn: &Connection,
+    address: &str,
+    limit: u32,
+) -> rusqlite::Result<Vec<Flow>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM fence_flows WHERE address = ?1 ORDER BY id DESC LIMIT ?2"
     ))?;
@@ -271,7 +348,7 @@ pub fn list_for(conn: &Connection, address: &str, limit: u32) -> rusqlite::Resul
 }
 
 /// A flow's history, oldest first.
-pub fn history_of(conn: &Connection, id: u64) -> rusqlite::Result<Vec<HistoryLine>> {
+pub(crate) fn history_of(conn: &Connection, id: u64) -> rusqlite::Result<Vec<HistoryLine>> {
     let mut stmt = conn.prepare(
         "SELECT at_ms, state, event FROM fence_flow_history WHERE flow_id = ?1 ORDER BY seq",
     )?;
@@ -288,6 +365,7 @@ pub fn history_of(conn: &Connection, id: u64) -> rusqlite::Result<Vec<HistoryLin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::store::KEPT_FINISHED_PER_MACHINE;
     use crate::k8s::release::SavedNodeMetadata;
     use crate::store::Store;
 

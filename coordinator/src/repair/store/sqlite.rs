@@ -1,29 +1,35 @@
-//! Persistence of the repair queue in the coordinator's SQLite store (migration 0002).
+//! The repair queue on SQLite (migration 0002): [`RepairQueueStore`] for [`Sqlite`].
 //!
-//! Plain synchronous functions over a `rusqlite::Connection`, called by the engine inside
-//! [`crate::store::Store::call`]. A batch of writes is one transaction: the engine commits
-//! every transition of a decision pass before it acts on any of them.
+//! Plain synchronous functions over a `rusqlite::Connection`, run on a blocking thread by
+//! [`Sqlite::call`]. A batch of writes is one transaction.
+
+use std::collections::HashSet;
 
 use jiff::Timestamp;
 use protocol::admin::repair::{RepairHistoryRecord, RepairStatus, RepairStepStatus};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::entry::{Entry, HistoryEvent, Phase};
+use super::{RepairQueueStore, Write};
 use crate::clock::{from_unix_ms, to_unix_ms};
+use crate::repair::entry::{Entry, Phase};
+use crate::store::{Sqlite, StoreError};
 
-/// One durable change.
-#[derive(Debug, Clone)]
-pub enum Write {
-    /// A new entry (its index is assigned by SQLite and returned by [`commit`]).
-    Insert(Entry, HistoryEvent),
-    /// An entry changed; the event, if any, is appended to its history.
-    Update(Entry, Option<HistoryEvent>),
-    /// A history line without a change of the entry.
-    History(Entry, HistoryEvent),
-    /// The entry and its history are removed.
-    Delete(u64),
-    /// The queue's enabled flag.
-    SetEnabled(bool),
+impl RepairQueueStore for Sqlite {
+    async fn load(&self) -> Result<(bool, Vec<Entry>), StoreError> {
+        self.call(|c| load(c)).await
+    }
+
+    async fn commit(&self, writes: Vec<Write>, now: Timestamp) -> Result<Vec<u64>, StoreError> {
+        self.call(move |c| commit(c, &writes, now)).await
+    }
+
+    async fn history(&self, index: u64) -> Result<Vec<RepairHistoryRecord>, StoreError> {
+        self.call(move |c| history(c, index)).await
+    }
+
+    async fn active_addresses(&self) -> Result<HashSet<String>, StoreError> {
+        self.call(|c| active_addresses(c)).await
+    }
 }
 
 fn ms(t: Timestamp) -> i64 {
@@ -68,7 +74,7 @@ fn bad(what: &str, value: &str) -> rusqlite::Error {
 }
 
 /// Addresses with a queued or processing entry not marked for deletion.
-pub fn active_addresses(conn: &Connection) -> rusqlite::Result<std::collections::HashSet<String>> {
+pub(crate) fn active_addresses(conn: &Connection) -> rusqlite::Result<HashSet<String>> {
     let mut st = conn.prepare(
         "SELECT DISTINCT address FROM repair_queue_entries \
          WHERE deleted = 0 AND status IN ('queued', 'processing')",
@@ -78,7 +84,7 @@ pub fn active_addresses(conn: &Connection) -> rusqlite::Result<std::collections:
 }
 
 /// Loads the enabled flag and every entry, by index.
-pub fn load(conn: &Connection) -> rusqlite::Result<(bool, Vec<Entry>)> {
+pub(crate) fn load(conn: &Connection) -> rusqlite::Result<(bool, Vec<Entry>)> {
     let enabled: Option<String> = conn
         .query_row(
             "SELECT value FROM repair_queue_settings WHERE key = 'enabled'",
@@ -122,7 +128,7 @@ pub fn load(conn: &Connection) -> rusqlite::Result<(bool, Vec<Entry>)> {
 }
 
 /// Commits `writes` in one transaction; returns the indexes of inserted entries, in order.
-pub fn commit(
+pub(crate) fn commit(
     conn: &mut Connection,
     writes: &[Write],
     now: Timestamp,
@@ -135,7 +141,7 @@ pub fn commit(
                  (entry_idx, at_ms, status, step, step_status, event, detail, output)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?;
-        let mut add_history = |e: &Entry, ev: &HistoryEvent| {
+        let mut add_history = |e: &Entry, ev: &crate::repair::entry::HistoryEvent| {
             history.execute(params![
                 e.index as i64,
                 ms(now),
@@ -235,7 +241,7 @@ pub fn commit(
 }
 
 /// An entry's history, oldest first.
-pub fn history(conn: &Connection, index: u64) -> rusqlite::Result<Vec<RepairHistoryRecord>> {
+pub(crate) fn history(conn: &Connection, index: u64) -> rusqlite::Result<Vec<RepairHistoryRecord>> {
     let mut stmt = conn.prepare_cached(
         "SELECT at_ms, status, step, step_status, event, detail, output
          FROM repair_queue_history WHERE entry_idx = ?1 ORDER BY id",
@@ -255,79 +261,4 @@ pub fn history(conn: &Connection, index: u64) -> rusqlite::Result<Vec<RepairHist
         })
     })?;
     rows.collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::Store;
-
-    #[test]
-    fn entries_round_trip_and_indexes_are_never_reused() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("c.db")).unwrap();
-        let now = Timestamp::from_second(1_800_000_000).unwrap();
-        let e = Entry::new_queued("10.0.0.1", "S1", "qemu", "op", now);
-        let ids = store
-            .with(|c| {
-                commit(
-                    c,
-                    &[
-                        Write::Insert(e.clone(), HistoryEvent::new("added", "test")),
-                        Write::Insert(e.clone(), HistoryEvent::new("added", "test")),
-                    ],
-                    now,
-                )
-            })
-            .unwrap();
-        assert_eq!(ids, [1, 2]);
-        let mut changed = e.clone();
-        changed.index = 2;
-        changed.status = RepairStatus::Processing;
-        changed.step = 1;
-        changed.step_status = RepairStepStatus::Watching;
-        changed.phase = Phase::Watching { since: now };
-        changed.drain_backoff_count = 2;
-        changed.drain_backoff_expire = Some(now);
-        changed.boot_id_before = "b1".into();
-        store
-            .with(|c| {
-                commit(
-                    c,
-                    &[
-                        Write::Delete(1),
-                        Write::Update(
-                            changed.clone(),
-                            Some(HistoryEvent::new("x", "y").with_output("out")),
-                        ),
-                        Write::SetEnabled(false),
-                    ],
-                    now,
-                )
-            })
-            .unwrap();
-        let (enabled, all) = store.with(|c| load(c)).unwrap();
-        assert!(!enabled);
-        assert_eq!(all, vec![changed.clone()]);
-        let h = store.with(|c| history(c, 2)).unwrap();
-        assert_eq!(h.len(), 2);
-        assert_eq!(
-            (h[1].event.as_str(), h[1].output.as_str(), h[1].step),
-            ("x", "out", 1)
-        );
-        assert!(
-            store.with(|c| history(c, 1)).unwrap().is_empty(),
-            "history deleted with its entry"
-        );
-        let ids = store
-            .with(|c| {
-                commit(
-                    c,
-                    &[Write::Insert(e.clone(), HistoryEvent::new("added", ""))],
-                    now,
-                )
-            })
-            .unwrap();
-        assert_eq!(ids, [3], "index 1 is not reused");
-    }
 }
