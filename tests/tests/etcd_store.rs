@@ -41,31 +41,31 @@ fn thing(name: &str, n: u64) -> Thing {
 async fn compare_and_swap_on_mod_revision_writes_once_and_refuses_a_stale_writer() {
     let etcd = shared().unwrap();
     let s = store_on(&etcd, "cas").await;
-    assert!(s.create("things/a", &thing("a", 1)).await.unwrap());
+    assert!(s.kv_create("things/a", &thing("a", 1)).await.unwrap());
     assert!(
-        !s.create("things/a", &thing("a", 99)).await.unwrap(),
+        !s.kv_create("things/a", &thing("a", 99)).await.unwrap(),
         "create-if-absent wrote over an existing key"
     );
-    let v = s.get::<Thing>("things/a").await.unwrap().unwrap();
+    let v = s.kv_get::<Thing>("things/a").await.unwrap().unwrap();
     assert_eq!(v.value, thing("a", 1));
     // Two writers read the same revision; the first swap wins, the second is refused.
     assert!(
-        s.put_if("things/a", &thing("a", 2), v.mod_revision)
+        s.kv_put_if("things/a", &thing("a", 2), v.mod_revision)
             .await
             .unwrap()
     );
     assert!(
-        !s.put_if("things/a", &thing("a", 3), v.mod_revision)
+        !s.kv_put_if("things/a", &thing("a", 3), v.mod_revision)
             .await
             .unwrap()
     );
     assert_eq!(
-        s.get::<Thing>("things/a").await.unwrap().unwrap().value,
+        s.kv_get::<Thing>("things/a").await.unwrap().unwrap().value,
         thing("a", 2)
     );
     // update: read, change, swap.
     let got = s
-        .update::<Thing, _>("things/a", |t| t.map(|t| thing("a", t.n + 10)))
+        .kv_update::<Thing, _>("things/a", |t| t.map(|t| thing("a", t.n + 10)))
         .await
         .unwrap();
     assert_eq!(got, Some(thing("a", 12)));
@@ -86,17 +86,17 @@ async fn compare_and_swap_on_mod_revision_writes_once_and_refuses_a_stale_writer
         .put(s.key("things/b"), "not json", None)
         .await
         .unwrap();
-    let e = s.get::<Thing>("things/b").await.unwrap_err();
+    let e = s.kv_get::<Thing>("things/b").await.unwrap_err();
     assert!(e.to_string().contains(&s.key("things/b")), "{e}");
     // list: in key order, keys relative to the directory, a snapshot.
     s.txn().delete("things/b").commit().await.unwrap();
     for i in [3, 1, 2] {
-        s.create(&format!("things/z{i}"), &thing("z", i))
+        s.kv_create(&format!("things/z{i}"), &thing("z", i))
             .await
             .unwrap();
     }
     let names: Vec<String> = s
-        .list::<Thing>("things")
+        .kv_list::<Thing>("things")
         .await
         .unwrap()
         .into_iter()
@@ -109,8 +109,8 @@ async fn compare_and_swap_on_mod_revision_writes_once_and_refuses_a_stale_writer
 async fn a_transaction_commits_all_of_its_writes_or_none() {
     let etcd = shared().unwrap();
     let s = store_on(&etcd, "txn").await;
-    s.create("k/one", &1u64).await.unwrap();
-    let one = s.get::<u64>("k/one").await.unwrap().unwrap();
+    s.kv_create("k/one", &1u64).await.unwrap();
+    let one = s.kv_get::<u64>("k/one").await.unwrap().unwrap();
     let ok = s
         .txn()
         .if_mod_revision("k/one", one.mod_revision + 1) // wrong revision
@@ -122,9 +122,9 @@ async fn a_transaction_commits_all_of_its_writes_or_none() {
         .await
         .unwrap();
     assert!(!ok);
-    assert_eq!(s.get::<u64>("k/one").await.unwrap().unwrap().value, 1);
+    assert_eq!(s.kv_get::<u64>("k/one").await.unwrap().unwrap().value, 1);
     assert!(
-        s.get::<u64>("k/two").await.unwrap().is_none(),
+        s.kv_get::<u64>("k/two").await.unwrap().is_none(),
         "half a transaction landed"
     );
     let ok = s
@@ -138,7 +138,7 @@ async fn a_transaction_commits_all_of_its_writes_or_none() {
         .await
         .unwrap();
     assert!(ok);
-    assert_eq!(s.keys("k").await.unwrap(), ["one", "two"]);
+    assert_eq!(s.kv_keys("k").await.unwrap(), ["one", "two"]);
 }
 
 #[tokio::test]
@@ -219,9 +219,9 @@ fn v2_rename(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
     Box::pin(async move {
         STEP2_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // Converts every old `things/*` value {"name","n"} into `things2/*` with n doubled.
-        for (k, v) in store.list::<Thing>("things").await? {
+        for (k, v) in store.kv_list::<Thing>("things").await? {
             let t = thing(&v.value.name, v.value.n * 2);
-            store.create(&format!("things2/{k}"), &t).await?;
+            store.kv_create(&format!("things2/{k}"), &t).await?;
         }
         Ok(())
     })
@@ -231,7 +231,7 @@ fn v2_rename(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
 async fn a_migration_step_runs_before_the_version_moves_and_a_newer_store_is_refused() {
     let etcd = shared().unwrap();
     let s = store_on(&etcd, "migrate").await;
-    s.create("things/x", &thing("x", 21)).await.unwrap();
+    s.kv_create("things/x", &thing("x", 21)).await.unwrap();
     let steps: Vec<(u32, &str, Step)> = schema::MIGRATIONS
         .iter()
         .copied()
@@ -239,11 +239,11 @@ async fn a_migration_step_runs_before_the_version_moves_and_a_newer_store_is_ref
         .collect();
     assert_eq!(schema::ensure_with(&s, &steps).await.unwrap(), 2);
     assert_eq!(
-        s.get::<Thing>("things2/x").await.unwrap().unwrap().value,
+        s.kv_get::<Thing>("things2/x").await.unwrap().unwrap().value,
         thing("x", 42)
     );
     let rec = s
-        .get::<SchemaRecord>("schema")
+        .kv_get::<SchemaRecord>("schema")
         .await
         .unwrap()
         .unwrap()
@@ -314,9 +314,9 @@ async fn probes_and_reads_do_not_move_etcds_revision() {
     let q = store_on(&own, "quiet").await;
     let before = q.revision().await.unwrap();
     for _ in 0..20 {
-        q.probe().await.unwrap();
-        q.get::<u64>("nothing").await.unwrap();
-        q.list::<u64>("nothing").await.unwrap();
+        q.probe_quorum().await.unwrap();
+        q.kv_get::<u64>("nothing").await.unwrap();
+        q.kv_list::<u64>("nothing").await.unwrap();
     }
     assert_eq!(
         q.revision().await.unwrap(),
@@ -336,12 +336,12 @@ async fn etcd_stopped_under_a_store_fails_its_calls_within_the_bound_and_recover
     )
     .await
     .unwrap();
-    s.probe().await.unwrap();
+    s.probe_quorum().await.unwrap();
     assert_eq!(s.health().failing(), None);
 
     etcd.stop(0).unwrap();
     let start = Instant::now();
-    let e = s.create("k", &1u64).await.unwrap_err();
+    let e = s.kv_create("k", &1u64).await.unwrap_err();
     assert!(
         start.elapsed() < SHORT * 4,
         "write took {:?}",
@@ -349,7 +349,7 @@ async fn etcd_stopped_under_a_store_fails_its_calls_within_the_bound_and_recover
     );
     assert!(e.is_storage_failure(), "{e:?}");
     assert!(e.to_string().contains(&etcd.endpoint(0)), "{e}");
-    assert!(s.probe().await.is_err());
+    assert!(s.probe_quorum().await.is_err());
     let why = s.health().failing().expect("the store knows it is failing");
     assert!(why.contains(&etcd.endpoint(0)), "{why}");
 
@@ -357,7 +357,7 @@ async fn etcd_stopped_under_a_store_fails_its_calls_within_the_bound_and_recover
     etcd.restart(0).unwrap();
     etcd.pause(0).unwrap();
     let start = Instant::now();
-    let e = s.get::<u64>("k").await.unwrap_err();
+    let e = s.kv_get::<u64>("k").await.unwrap_err();
     assert!(
         start.elapsed() < SHORT * 4,
         "read took {:?}",
@@ -371,7 +371,7 @@ async fn etcd_stopped_under_a_store_fails_its_calls_within_the_bound_and_recover
 
     // Back: the probe clears the failure, and nothing written before was lost.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while s.probe().await.is_err() {
+    while s.probe_quorum().await.is_err() {
         assert!(
             Instant::now() < deadline,
             "the store did not recover: {:?}",
@@ -381,7 +381,7 @@ async fn etcd_stopped_under_a_store_fails_its_calls_within_the_bound_and_recover
     }
     assert_eq!(s.health().failing(), None);
     assert!(schema::identity(&s).await.is_ok(), "the identity was lost");
-    assert!(s.create("k", &1u64).await.unwrap());
+    assert!(s.kv_create("k", &1u64).await.unwrap());
 }
 
 #[tokio::test]
@@ -469,7 +469,7 @@ async fn client_tls_connects_with_the_certificate_and_is_refused_without() {
     )
     .await
     .unwrap();
-    assert!(s.create("k", &1u64).await.unwrap());
+    assert!(s.kv_create("k", &1u64).await.unwrap());
     // Without a client certificate etcd refuses the connection: an error naming the
     // endpoint, within the bound.
     let mut no_cert = EtcdSettings::new(etcd.endpoints())
@@ -502,4 +502,82 @@ async fn the_shared_etcd_is_one_process_for_concurrent_holders() {
     let b = shared().unwrap();
     assert!(Arc::ptr_eq(&a, &b));
     assert!(a.pid(0).is_some());
+}
+
+#[tokio::test]
+async fn a_stale_writer_of_a_repair_entry_is_refused_and_overwrites_nothing() {
+    use coordinator::repair::entry::{Entry, HistoryEvent};
+    use coordinator::repair::store::{RepairQueueStore, Write};
+    use protocol::admin::repair::RepairStatus;
+    let etcd = shared().unwrap();
+    let prefix = fresh_prefix("stale");
+    let settings = EtcdSettings::new(etcd.endpoints()).with_prefix(prefix);
+    // Two coordinators on one prefix (issue 31's deposed leader): both load the entry, the
+    // new one advances it, the old one's update must not land.
+    let old = EtcdStore::connect(settings.clone()).await.unwrap();
+    let new = EtcdStore::connect(settings).await.unwrap();
+    let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let e = Entry::new_queued("10.0.3.1", "S", "qemu", "op", now);
+    old.commit(vec![Write::Insert(e, HistoryEvent::new("added", ""))], now)
+        .await
+        .unwrap();
+    let (_, mut a) = old.load().await.unwrap();
+    let (_, mut b) = new.load().await.unwrap();
+    b[0].status = RepairStatus::Processing;
+    b[0].step = 1;
+    new.commit(
+        vec![Write::Update(
+            b[0].clone(),
+            Some(HistoryEvent::new("step", "new")),
+        )],
+        now,
+    )
+    .await
+    .unwrap();
+    a[0].status = RepairStatus::Failed;
+    let e = old
+        .commit(
+            vec![Write::Update(
+                a[0].clone(),
+                Some(HistoryEvent::new("fail", "old")),
+            )],
+            now,
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("changed by another writer"), "{e}");
+    let (_, now_entries) = new.load().await.unwrap();
+    assert_eq!(
+        now_entries[0].status,
+        RepairStatus::Processing,
+        "the stale write landed"
+    );
+    let events: Vec<String> = new
+        .history(1)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.event)
+        .collect();
+    assert_eq!(events, ["added", "step"], "the stale history line landed");
+    // Appends from both never share an index.
+    let (x, y) = tokio::join!(
+        old.commit(
+            vec![Write::Insert(
+                Entry::new_queued("10.0.3.2", "S", "qemu", "op", now),
+                HistoryEvent::new("added", "")
+            )],
+            now
+        ),
+        new.commit(
+            vec![Write::Insert(
+                Entry::new_queued("10.0.3.3", "S", "qemu", "op", now),
+                HistoryEvent::new("added", "")
+            )],
+            now
+        ),
+    );
+    let mut got = [x.unwrap()[0], y.unwrap()[0]];
+    got.sort();
+    assert_eq!(got, [2, 3]);
 }

@@ -13,8 +13,8 @@
 //! underneath is one `match` in each area's `impl … for Store` (written with [`dispatch!`]).
 //!
 //! The backends: [`Sqlite`] (bundled SQLite in WAL mode, the default, one coordinator per
-//! file); etcd is the second (built apart; it adds a variant to [`Store`] and an arm to
-//! [`dispatch!`]). Each backend keeps its code for an area with the area
+//! file); etcd is the second ([`EtcdStore`], `store/etcd/`: its variant of [`Store`] and its
+//! arm of [`dispatch!`]). Each backend keeps its code for an area with the area
 //! (`repair/store/sqlite.rs`, `fence/store/sqlite.rs`, …), so the SQL of a table sits next to
 //! the code that owns the table; the migrations stay here, in one ordered list.
 //!
@@ -37,6 +37,7 @@ pub mod identity;
 
 use std::path::{Path, PathBuf};
 
+pub use etcd::EtcdStore;
 pub use health::{Probe, StoreHealth};
 pub use identity::IdentityStore;
 pub use lock::StoreLock;
@@ -48,6 +49,8 @@ pub use sqlite::{MIGRATIONS, Sqlite, is_storage_failure};
 pub enum Store {
     /// SQLite on a local file.
     Sqlite(Sqlite),
+    /// etcd, under a key prefix ([`etcd`]).
+    Etcd(EtcdStore),
 }
 
 /// Runs `$body` with `$backend` bound to the backend inside a [`Store`]: the one place each
@@ -57,6 +60,7 @@ macro_rules! dispatch {
     ($store:expr, $backend:ident => $body:expr) => {
         match $store {
             $crate::store::Store::Sqlite($backend) => $body,
+            $crate::store::Store::Etcd($backend) => $body,
         }
     };
 }
@@ -82,16 +86,26 @@ impl Store {
 
     /// What the store is, for messages: `database /var/lib/…/coordinator.db`.
     pub fn describe(&self) -> String {
-        dispatch!(self, b => format!("database {}", b.path().display()))
+        match self {
+            Store::Sqlite(b) => format!("database {}", b.path().display()),
+            Store::Etcd(b) => format!("etcd {} under {}", b.endpoints(), b.prefix()),
+        }
+    }
+
+    /// The etcd handle, when the store is etcd.
+    pub fn as_etcd(&self) -> Option<&EtcdStore> {
+        match self {
+            Store::Etcd(s) => Some(s),
+            Store::Sqlite(_) => None,
+        }
     }
 
     /// The SQLite handle, when the store is SQLite: for what only SQLite has (a backup of
     /// the file, raw SQL in tests).
     pub fn as_sqlite(&self) -> Option<&Sqlite> {
-        #[allow(unreachable_patterns)]
         match self {
             Store::Sqlite(s) => Some(s),
-            _ => None,
+            Store::Etcd(_) => None,
         }
     }
 
@@ -111,6 +125,12 @@ impl Store {
         F: FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
     {
         self.as_sqlite().expect("a SQLite store").call(f).await
+    }
+}
+
+impl From<EtcdStore> for Store {
+    fn from(s: EtcdStore) -> Self {
+        Store::Etcd(s)
     }
 }
 
@@ -154,6 +174,9 @@ pub enum StoreError {
         /// How many schema objects it holds.
         objects: i64,
     },
+    /// etcd failed, or holds what this coordinator cannot use.
+    #[error(transparent)]
+    Etcd(#[from] etcd::EtcdError),
     /// A blocking task panicked or was cancelled.
     #[error("database task failed: {0}")]
     Task(String),
@@ -208,7 +231,11 @@ impl StoreError {
     /// True when the store itself failed ([`is_storage_failure`]): [`StoreHealth`] has
     /// counted it and says so in the log, so a caller need not log it again.
     pub fn is_storage_failure(&self) -> bool {
-        matches!(self, StoreError::Sqlite { source, .. } if is_storage_failure(source))
+        match self {
+            StoreError::Sqlite { source, .. } => is_storage_failure(source),
+            StoreError::Etcd(e) => e.is_storage_failure(),
+            _ => false,
+        }
     }
 
     /// True for transient conditions (busy/locked database); false for corruption, schema
@@ -220,6 +247,7 @@ impl StoreError {
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
             StoreError::Locked { .. } | StoreError::HeldUnderAnotherName { .. } => true,
+            StoreError::Etcd(e) => e.is_retriable(),
             _ => false,
         }
     }
@@ -235,6 +263,7 @@ impl StoreError {
             StoreError::Sqlite { source, .. } => {
                 source.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase)
             }
+            StoreError::Etcd(e) => e.is_config(),
             _ => false,
         }
     }

@@ -1,5 +1,6 @@
 //! The repair queue's state as an interface: [`RepairQueueStore`] (entries, the enabled
-//! flag and each entry's history), with one implementation per backend ([`sqlite`] here).
+//! flag and each entry's history), with one implementation per backend ([`sqlite`],
+//! [`etcd`]).
 //!
 //! The engine keeps the queue in memory and commits every transition of a decision pass in
 //! one [`RepairQueueStore::commit`] before it acts on any of them (invariant 6).
@@ -13,6 +14,7 @@ use protocol::admin::repair::RepairHistoryRecord;
 use super::entry::{Entry, HistoryEvent};
 use crate::store::{Store, StoreError, dispatch};
 
+pub mod etcd;
 pub mod sqlite;
 
 /// One durable change.

@@ -76,6 +76,15 @@ pub enum EtcdError {
         /// How many attempts were made.
         attempts: u32,
     },
+    /// A record changed under this coordinator since it read it: it was not overwritten.
+    #[error(
+        "etcd key {key} was changed by another writer since this coordinator read it, so \
+         it was not overwritten; is another coordinator acting on the same prefix?"
+    )]
+    Conflict {
+        /// The key.
+        key: String,
+    },
     /// A value is not the JSON this coordinator expects.
     #[error(
         "etcd key {key} does not hold what this coordinator expects ({source}); it was \

@@ -1,5 +1,5 @@
-//! The etcd store's health probe, for `/healthz`: like SQLite's ([`crate::store::health`])
-//! it runs on a timer so a quiet coordinator still notices etcd going away, but it writes
+//! The etcd store's health probe, for `/healthz` ([`Probe`]): like SQLite's it runs on
+//! [`crate::store::health::probe_loop`]'s timer so a quiet coordinator still notices etcd going away, but it writes
 //! nothing. Agents' reports never write to the store and neither does the probe, so etcd's
 //! revision stands still while nothing changes (issue 30's "reports never write").
 //!
@@ -7,17 +7,15 @@
 //! request timeout) when etcd is down or has no leader; the alarm list catches the one case
 //! where reads work and writes do not: the space quota (NOSPACE) or a corrupt member.
 
-use std::time::Duration;
-
 use etcd_client::{AlarmAction, AlarmType};
-use tokio_util::sync::CancellationToken;
 
 use super::{EtcdError, EtcdStore, schema};
+use crate::store::{Probe, StoreError};
 
 impl EtcdStore {
     /// Reads through etcd's quorum and asks for its alarms; marks the store healthy, or
     /// failing with why.
-    pub async fn probe(&self) -> Result<(), EtcdError> {
+    pub async fn probe_quorum(&self) -> Result<(), EtcdError> {
         let key = self.key(schema::SCHEMA_KEY);
         self.get_raw(&key).await?;
         let mut m = self.client.maintenance_client();
@@ -54,18 +52,13 @@ impl EtcdStore {
     }
 }
 
-/// Probes every `every` until `shutdown`, so `/healthz` follows etcd even while nothing
-/// else reaches it.
-pub async fn probe_loop(store: EtcdStore, every: Duration, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        if let Err(e) = store.probe().await {
-            tracing::debug!(error = %e, "etcd store probe failed");
-        }
+impl Probe for EtcdStore {
+    async fn probe(&self) -> Result<(), StoreError> {
+        Ok(self.probe_quorum().await?)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.get_raw(&self.key(schema::SCHEMA_KEY)).await?;
+        Ok(())
     }
 }

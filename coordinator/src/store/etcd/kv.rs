@@ -1,12 +1,12 @@
 //! The key-value moves the etcd-backed areas are built from, each one bounded by the store's
 //! request timeout and each read-modify-write a compare-and-swap.
 //!
-//! - [`EtcdStore::get`] / [`EtcdStore::list`]: one JSON value, or a directory's values in key
+//! - [`EtcdStore::kv_get`] / [`EtcdStore::kv_list`]: one JSON value, or a directory's values in key
 //!   order, read in pages at one revision (a consistent snapshot however large), each with
 //!   its `mod_revision` ([`Versioned`]).
 //! - [`Txn`]: compares (`mod_revision` equal, key absent) and writes in one etcd transaction;
-//!   [`EtcdStore::create`] (create-if-absent), [`EtcdStore::put_if`] (compare-and-swap on
-//!   `mod_revision`) and [`EtcdStore::update`] (read, change, swap, retried on a lost race)
+//!   [`EtcdStore::kv_create`] (create-if-absent), [`EtcdStore::kv_put_if`] (compare-and-swap on
+//!   `mod_revision`) and [`EtcdStore::kv_update`] (read, change, swap, retried on a lost race)
 //!   are built on it.
 //! - [`Sequence`]: an append-only numbered list with its write index, as CKE keeps its repair
 //!   queue: appending compares the index's `mod_revision`, writes index + 1 and the item in
@@ -113,7 +113,7 @@ impl EtcdStore {
     }
 
     /// The JSON value at `rel`, with its revisions; `None` when the key is absent.
-    pub async fn get<T: DeserializeOwned>(
+    pub async fn kv_get<T: DeserializeOwned>(
         &self,
         rel: &str,
     ) -> Result<Option<Versioned<T>>, EtcdError> {
@@ -127,7 +127,7 @@ impl EtcdStore {
     /// Every value under the directory `rel` (keys starting with `rel/`), in key order, with
     /// each key relative to the directory. Read in pages at one revision, so the listing is
     /// a snapshot even while others write.
-    pub async fn list<T: DeserializeOwned>(
+    pub async fn kv_list<T: DeserializeOwned>(
         &self,
         rel: &str,
     ) -> Result<Vec<(String, Versioned<T>)>, EtcdError> {
@@ -141,8 +141,36 @@ impl EtcdStore {
         Ok(out)
     }
 
+    /// The last `limit` values under the directory `rel` in key order, last first (the
+    /// newest of a numbered directory), with keys relative to the directory.
+    pub async fn kv_list_last<T: DeserializeOwned>(
+        &self,
+        rel: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, Versioned<T>)>, EtcdError> {
+        let dir = self.dir_key(rel);
+        let opts = GetOptions::new()
+            .with_range(range_end(dir.as_bytes()))
+            .with_sort(
+                etcd_client::SortTarget::Key,
+                etcd_client::SortOrder::Descend,
+            )
+            .with_limit(i64::from(limit));
+        let mut kv = self.client.kv_client();
+        let mut resp = self
+            .bounded("list", &dir, kv.get(dir.clone(), Some(opts)))
+            .await?;
+        let mut out = Vec::new();
+        for kv in resp.take_kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let v = decode(&key, &kv)?;
+            out.push((key[dir.len()..].to_string(), v));
+        }
+        Ok(out)
+    }
+
     /// The keys under the directory `rel`, relative to it, in key order (values not read).
-    pub async fn keys(&self, rel: &str) -> Result<Vec<String>, EtcdError> {
+    pub async fn kv_keys(&self, rel: &str) -> Result<Vec<String>, EtcdError> {
         let dir = self.dir_key(rel);
         Ok(self
             .range(&dir, true)
@@ -211,13 +239,13 @@ impl EtcdStore {
     }
 
     /// Writes `value` at `rel` only if the key does not exist; true when it was written.
-    pub async fn create<T: Serialize>(&self, rel: &str, value: &T) -> Result<bool, EtcdError> {
+    pub async fn kv_create<T: Serialize>(&self, rel: &str, value: &T) -> Result<bool, EtcdError> {
         self.txn().if_absent(rel).put(rel, value)?.commit().await
     }
 
     /// Writes `value` at `rel` only if the key's `mod_revision` is still `mod_revision`
     /// (compare-and-swap); true when it was written, false when someone wrote in between.
-    pub async fn put_if<T: Serialize>(
+    pub async fn kv_put_if<T: Serialize>(
         &self,
         rel: &str,
         value: &T,
@@ -233,18 +261,18 @@ impl EtcdStore {
     /// Reads `rel`, applies `f` to its value (`None` when absent) and writes the result with
     /// a compare-and-swap, again from a fresh read when another writer got in between.
     /// `f` returning `None` writes nothing. Returns what was written, or `None`.
-    pub async fn update<T, F>(&self, rel: &str, mut f: F) -> Result<Option<T>, EtcdError>
+    pub async fn kv_update<T, F>(&self, rel: &str, mut f: F) -> Result<Option<T>, EtcdError>
     where
         T: Serialize + DeserializeOwned,
         F: FnMut(Option<T>) -> Option<T>,
     {
         for _ in 0..CAS_ATTEMPTS {
-            let cur = self.get::<T>(rel).await?;
+            let cur = self.kv_get::<T>(rel).await?;
             let rev = cur.as_ref().map(|v| v.mod_revision).unwrap_or(0);
             let Some(new) = f(cur.map(|v| v.value)) else {
                 return Ok(None);
             };
-            if self.put_if(rel, &new, rev).await? {
+            if self.kv_put_if(rel, &new, rev).await? {
                 return Ok(Some(new));
             }
         }
@@ -255,7 +283,7 @@ impl EtcdStore {
     }
 
     /// Deletes every key under the directory `rel`; how many were deleted.
-    pub async fn delete_dir(&self, rel: &str) -> Result<i64, EtcdError> {
+    pub async fn kv_delete_dir(&self, rel: &str) -> Result<i64, EtcdError> {
         let dir = self.dir_key(rel);
         let mut kv = self.client.kv_client();
         let resp = self
@@ -358,6 +386,12 @@ impl Txn {
     /// Commits: true when every compare held and the writes were made, false when one did
     /// not hold and nothing was written.
     pub async fn commit(self) -> Result<bool, EtcdError> {
+        Ok(self.commit_at().await?.is_some())
+    }
+
+    /// Commits like [`Txn::commit`]; the revision it made (every key it wrote now has that
+    /// `mod_revision`), or `None` when a compare did not hold.
+    pub async fn commit_at(self) -> Result<Option<i64>, EtcdError> {
         let key = self.first_key.unwrap_or_default();
         let txn = etcd_client::Txn::new()
             .when(self.compares)
@@ -366,7 +400,9 @@ impl Txn {
         let resp = self.store.bounded("txn", &key, kv.txn(txn)).await?;
         // A transaction that reached etcd's quorum (either branch) shows writes work.
         self.store.wrote();
-        Ok(resp.succeeded())
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()).unwrap_or(0)))
     }
 }
 
@@ -413,7 +449,7 @@ impl Sequence {
         F: FnMut(u64, Txn) -> Result<Txn, EtcdError>,
     {
         for _ in 0..CAS_ATTEMPTS {
-            let cur = store.get::<u64>(&self.index).await?;
+            let cur = store.kv_get::<u64>(&self.index).await?;
             let (n, rev) = cur.map(|v| (v.value, v.mod_revision)).unwrap_or((1, 0));
             let mut txn = store
                 .txn()
@@ -447,7 +483,7 @@ impl Sequence {
         store: &EtcdStore,
     ) -> Result<Vec<(u64, Versioned<T>)>, EtcdError> {
         let mut out = Vec::new();
-        for (k, v) in store.list::<T>(&self.items).await? {
+        for (k, v) in store.kv_list::<T>(&self.items).await? {
             let n = k.parse::<u64>().map_err(|_| EtcdError::Json {
                 key: store.key(&format!("{}/{k}", self.items)),
                 source: serde::de::Error::custom("not a sequence number"),
@@ -460,7 +496,7 @@ impl Sequence {
     /// The number the next item will get (1 when nothing was ever appended).
     pub async fn next(&self, store: &EtcdStore) -> Result<u64, EtcdError> {
         Ok(store
-            .get::<u64>(&self.index)
+            .kv_get::<u64>(&self.index)
             .await?
             .map(|v| v.value)
             .unwrap_or(1))

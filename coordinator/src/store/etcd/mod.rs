@@ -27,8 +27,10 @@ pub mod health;
 pub mod kv;
 pub mod schema;
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
@@ -172,6 +174,9 @@ pub struct EtcdStore {
     settings: Arc<EtcdSettings>,
     endpoints: Arc<str>,
     health: Arc<StoreHealth>,
+    /// What an area keeps about its keys between calls (the repair queue: each entry's
+    /// `mod_revision`), one value per type, shared by every clone.
+    areas: Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -223,6 +228,7 @@ impl EtcdStore {
             settings: Arc::new(settings),
             endpoints,
             health: Arc::new(StoreHealth::default()),
+            areas: Arc::default(),
         };
         // The client connects lazily: one linearizable read proves a member answers and the
         // cluster has a leader.
@@ -311,6 +317,16 @@ impl EtcdStore {
             self.health.failed(e.to_string());
         }
         res
+    }
+
+    /// The area state of type `T` of this store (made on first use), shared by its clones.
+    pub(crate) fn area<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut areas = self.areas.lock().unwrap_or_else(|p| p.into_inner());
+        let any = areas
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()))
+            .clone();
+        any.downcast::<T>().expect("one value per type")
     }
 
     /// Marks the store healthy after a write (or a probe) that reached etcd's quorum.

@@ -18,6 +18,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use super::{EtcdError, EtcdStore};
+use crate::store::{IdentityStore, StoreError};
 
 /// The schema version key (relative to the prefix).
 pub const SCHEMA_KEY: &str = "schema";
@@ -71,18 +72,18 @@ fn v1_identity(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
             created_ms: now_ms(),
         };
         // Create-if-absent: a step run twice keeps the first identity.
-        store.create(IDENTITY_KEY, &id).await.map(drop)
+        store.kv_create(IDENTITY_KEY, &id).await.map(drop)
     })
 }
 
 /// The version the store under the prefix is at (0 when the prefix is empty), and the
 /// schema key's `mod_revision` (0 when absent). Refuses a prefix another program uses.
 pub async fn version(store: &EtcdStore) -> Result<(u32, i64), EtcdError> {
-    match store.get::<SchemaRecord>(SCHEMA_KEY).await? {
+    match store.kv_get::<SchemaRecord>(SCHEMA_KEY).await? {
         Some(v) => Ok((v.value.version, v.mod_revision)),
         None => {
             // Anything under the prefix without a version is someone else's.
-            if let Some(example) = store.keys("").await?.into_iter().next() {
+            if let Some(example) = store.kv_keys("").await?.into_iter().next() {
                 return Err(EtcdError::NotOurs {
                     prefix: store.prefix().to_string(),
                     key: store.key(SCHEMA_KEY),
@@ -127,7 +128,7 @@ pub async fn ensure_with(store: &EtcdStore, steps: &[(u32, &str, Step)]) -> Resu
             by: format!("fleetmend-coordinator {}", env!("CARGO_PKG_VERSION")),
             at_ms: now_ms(),
         };
-        if store.put_if(SCHEMA_KEY, &rec, rev).await? {
+        if store.kv_put_if(SCHEMA_KEY, &rec, rev).await? {
             tracing::info!(
                 prefix = store.prefix(),
                 from = found,
@@ -146,7 +147,7 @@ pub async fn ensure_with(store: &EtcdStore, steps: &[(u32, &str, Step)]) -> Resu
 /// The store's identity (32 lower-case hex digits). Fails when it is missing: without it
 /// request ids could collide with another store's, so nothing may be sent.
 pub async fn identity(store: &EtcdStore) -> Result<String, EtcdError> {
-    match store.get::<IdentityRecord>(IDENTITY_KEY).await? {
+    match store.kv_get::<IdentityRecord>(IDENTITY_KEY).await? {
         Some(v) => Ok(v.value.store_id),
         None => Err(EtcdError::Json {
             key: store.key(IDENTITY_KEY),
@@ -154,5 +155,11 @@ pub async fn identity(store: &EtcdStore) -> Result<String, EtcdError> {
                 "the store identity is missing (a store not migrated to version 1)",
             ),
         }),
+    }
+}
+
+impl IdentityStore for EtcdStore {
+    async fn identity(&self) -> Result<String, StoreError> {
+        Ok(identity(self).await?)
     }
 }
