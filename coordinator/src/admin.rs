@@ -177,18 +177,19 @@ impl Admin {
         &self,
         req: protocol::admin::diagnostics::DiagnosticsRequest,
     ) -> AdminResponse {
-        use crate::repair::diagnostics as d;
+        use crate::repair::store::diagnostics::DiagnosticsStore;
         use protocol::admin::diagnostics::{DiagnosticsRequest, DiagnosticsResponse};
         let result = match req {
             DiagnosticsRequest::List { address } => self
                 .store
-                .call(move |c| d::list(c, &address))
+                .bundles_of(address)
                 .await
                 .map(|l| Ok(DiagnosticsResponse::List(l))),
             DiagnosticsRequest::Get { address, id } => self
                 .store
-                .call(move |c| Ok((d::get(c, &address, id)?, address)))
+                .bundle(address.clone(), id)
                 .await
+                .map(|r| (r, address))
                 .map(|(r, address)| match r {
                     Some(r) => Ok(DiagnosticsResponse::Get(Box::new(r))),
                     None => Err(match id {

@@ -73,7 +73,8 @@ pub struct Config {
     pub name: Option<String>,
     /// QUIC address agents and coordinatorctl connect to.
     pub listen: SocketAddr,
-    /// SQLite database file.
+    /// SQLite database file (the store when `[store] backend` is `sqlite`, the default).
+    #[serde(default)]
     pub database: PathBuf,
     /// Inventory file (TOML, or YAML when it ends in `.yaml`/`.yml`) loaded at start.
     #[serde(default)]
@@ -109,6 +110,9 @@ pub struct Config {
     /// The fence flow's time limits (per BMC: by machine type or gateway) and `keep_off`.
     #[serde(default)]
     pub fence: FenceSection,
+    /// Which backend keeps the state (owned by the store): SQLite (`database`) or etcd.
+    #[serde(default)]
+    pub store: crate::store::config::StoreConfig,
 }
 
 /// `[tls]`: the coordinator's certificate, key and the fleet CA.
@@ -479,12 +483,9 @@ impl Config {
             message: message.to_string(),
         };
         // An empty path would be a temporary SQLite store, lost at every start.
-        if self.database.as_os_str().is_empty() {
-            return Err(invalid(
-                "database",
-                "must name a file, e.g. /var/lib/fleetmend/coordinator/coordinator.db",
-            ));
-        }
+        self.store
+            .validate(&self.database)
+            .map_err(|(key, message)| invalid(key, &message))?;
         if self
             .inventory
             .as_ref()

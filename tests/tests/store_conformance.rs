@@ -5,7 +5,7 @@
 //! The bodies are the areas' own conformance tests (`repair::store::conformance`,
 //! `fence::store::conformance`, public under the coordinator's `testing` feature) and a few
 //! written here for what both backends must do alike: the store identity, the health probe,
-//! the pruning of old finished fence flows. A backend that passes these is a store the
+//! the pruning of old finished fence flows, and the kdump area's own test. A backend that passes these is a store the
 //! coordinator can run on.
 
 use std::collections::HashSet;
@@ -73,6 +73,8 @@ conformance! {
     fence_finished_flows_are_pruned_to_the_newest_kept =>
         super::fence_finished_flows_are_pruned,
     identity_is_made_once_and_probe_passes => super::identity_and_probe,
+    kdump_the_next_notice_replaces_the_last =>
+        coordinator::kdump::store::conformance::the_next_notice_replaces_the_last,
 }
 
 fn t0() -> Timestamp {

@@ -5,7 +5,7 @@
 //! - [`flow`]: the fence flow as a pure state machine (power off → confirm off → release →
 //!   wait released → power on → wait back → restore),
 //! - [`hold`]: what a flow that waits without moving says in its history, and why,
-//! - [`store`]: its SQLite tables (migration 0007),
+//! - [`store`]: its state behind [`store::FenceStore`] (SQLite tables: migration 0007),
 //! - [`runner`]: the I/O around the step function, over the power, node-release and
 //!   agent-health traits, resumable after a restart,
 //! - [`killpoint`]: crash-test kill points, compiled only into test builds,

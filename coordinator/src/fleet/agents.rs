@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use protocol::messages::{AgentHello, GoodbyeReason, HealthReport};
 
 use super::index::{Entry, Live, row};
-use super::sql::Write;
+use super::store::Write;
 use super::{Fleet, FleetError};
 use crate::health::MachineState;
 use crate::inventory::{MachineRecord, RecordSource};

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use protocol::messages::{GoodbyeReason, HealthReport};
 
 use super::snapshot::MachineView;
-use super::sql::Row;
+use super::store::Row;
 use crate::health::MachineState;
 use crate::inventory::MachineRecord;
 
@@ -76,13 +76,13 @@ impl Live {
     }
 
     /// The write that stores the boot id when it is not the stored one.
-    pub(super) fn boot_write(&mut self, address: &str) -> Option<super::sql::Write> {
+    pub(super) fn boot_write(&mut self, address: &str) -> Option<super::store::Write> {
         let id = self.boot_id.clone()?;
         if self.stored_boot_id.as_ref() == Some(&id) {
             return None;
         }
         self.stored_boot_id = Some(id.clone());
-        Some(super::sql::Write::Boot {
+        Some(super::store::Write::Boot {
             address: address.to_string(),
             boot_id: id,
         })

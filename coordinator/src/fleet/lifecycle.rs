@@ -13,7 +13,7 @@
 use protocol::admin::machines::MachineSummary;
 
 use super::index::Entry;
-use super::sql::Write;
+use super::store::Write;
 use super::{Fleet, FleetError};
 use crate::health::MachineState;
 use crate::inventory::RecordSource;

@@ -1,11 +1,11 @@
 //! The live fleet registry: every machine's record, its live health (in memory) and its
-//! derived state (in memory and SQLite).
+//! derived state (in memory and in the store).
 //!
 //! All mutations (hellos, reports, goodbyes, registrations, the timer sweep) are serialised
-//! by one async gate; a state transition is written to SQLite (machines row + a
+//! by one async gate; a state transition is written to the store (machines row + a
 //! `machine_transitions` row, in one transaction) *before* it becomes visible in memory, so
 //! nothing reported as done is lost in a crash. Heartbeats and reports stay in memory only.
-//! Reads take a short synchronous lock and never wait for SQLite, except
+//! Reads take a short synchronous lock and never wait for the store, except
 //! [`Fleet::transitions`] and [`Fleet::detail`], which read the history.
 //!
 //! Read API for other areas (repair queue, detectors), in domain types ([`snapshot`]):
@@ -14,8 +14,8 @@
 //! - [`Fleet::live`]: last report time, boot id, connection, start of the healthy run;
 //! - [`Fleet::healthy_since`] and [`Fleet::ok_continuously_since`]: for `agent-healthy`.
 //!
-//! This module decides nothing itself: states come from [`crate::health::derive`]. Its SQL
-//! is in [`sql`].
+//! This module decides nothing itself: states come from [`crate::health::derive`]. Its state
+//! is kept through [`store::MachineStore`].
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -32,17 +32,18 @@ use crate::store::{Store, StoreError};
 
 mod agents;
 mod certs;
+mod changes;
 mod index;
 pub mod lifecycle;
 pub mod snapshot;
-mod sql;
+pub mod store;
 mod sweep;
 
 pub use certs::AgentCertificates;
 use index::{Entry, Inner, Live, row};
 pub use lifecycle::Released;
 pub use snapshot::{FleetSnapshot, LiveHealth, MachineSnapshot, MachineView};
-use sql::Write;
+use store::{MachineStore, Write};
 
 /// How many transitions `machines show` returns: enough for weeks of a flapping machine,
 /// bounded so one answer stays small.
@@ -129,7 +130,7 @@ impl Fleet {
         clock: Arc<dyn Clock>,
         cfg: HealthConfig,
     ) -> Result<Self, FleetError> {
-        let stored = store.call(sql::load).await?;
+        let stored = store.machines().await?;
         let mut inner = Inner::default();
         for m in stored {
             inner.insert(Entry {
@@ -240,8 +241,8 @@ impl Fleet {
         removed: Vec<String>,
     ) -> Result<(), FleetError> {
         if !writes.is_empty() {
-            let changes = sql::StateChanges::of(&writes);
-            self.store.call(move |c| sql::persist(c, &writes)).await?;
+            let changes = changes::StateChanges::of(&writes);
+            self.store.persist(writes).await?;
             changes.log(&changed);
         }
         let mut inner = self.lock();
@@ -493,10 +494,7 @@ impl Fleet {
     ) -> Result<Vec<StateTransition>, FleetError> {
         let address = address.to_string();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut rows = self
-            .store
-            .call(move |c| sql::transitions(c, &address, limit))
-            .await?;
+        let mut rows = self.store.transitions(address, limit).await?;
         rows.reverse();
         Ok(rows)
     }

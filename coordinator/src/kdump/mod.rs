@@ -1,5 +1,5 @@
 //! The registry of crash dumps: what each machine's kdump initramfs last said
-//! (`node-agent kdump-notify`), kept in memory and in SQLite (migration 0009), and read by
+//! (`node-agent kdump-notify`), kept in memory and in the store ([`store::KdumpStore`]), and read by
 //! the fence flow and remediation through [`KdumpView`].
 //!
 //! A notice is recorded with the coordinator's receive time ("dumping since T", "dump done
@@ -22,6 +22,7 @@ use protocol::admin::machines::KdumpDetail;
 use protocol::messages::{KdumpNotice, KdumpPhase};
 use serde::Deserialize;
 
+use self::store::KdumpStore;
 use crate::clock::{Clock, from_unix_ms, to_unix_ms};
 use crate::fence::kdump::{DumpSeen, KdumpView};
 use crate::fleet::Fleet;
@@ -29,7 +30,7 @@ use crate::k8s::Drainer;
 use crate::k8s::events::NodeEvent;
 use crate::store::{Store, StoreError};
 
-mod sql;
+pub mod store;
 
 /// Default `kdump_timeout`: writing a filtered dump of a few hundred GiB to local disk or
 /// over the network takes minutes; ten covers the common host without leaving a wedged
@@ -161,7 +162,7 @@ impl Kdumps {
         fleet: Arc<Fleet>,
         cfg: KdumpConfig,
     ) -> Result<Self, StoreError> {
-        let records = store.call(sql::load).await?;
+        let records = store.notices().await?;
         Ok(Self {
             store,
             clock,
@@ -198,9 +199,8 @@ impl Kdumps {
             boot_id: n.boot_id.clone(),
             node_time: from_unix_ms(i64::try_from(n.time_unix_ms).unwrap_or(0)),
         };
-        let (a, r) = (address.clone(), rec.clone());
         self.store
-            .call(move |c| sql::upsert(c, &a, &r, now))
+            .save_notice(address.clone(), rec.clone(), now)
             .await?;
         self.lock().insert(address.clone(), rec);
         let (event, line) = match n.phase {

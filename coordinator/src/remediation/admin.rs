@@ -11,8 +11,8 @@ use protocol::admin::remediation::{
 };
 use protocol::messages::{Refusal, RefusalCode};
 
-use super::journal;
 use super::runner::{Remediation, Shared};
+use super::store::RemediationStore;
 use super::switches::{Variables, key};
 use crate::clock::to_unix_ms;
 
@@ -62,7 +62,7 @@ impl Remediation {
             }
             R::Constraints => return ok(RemediationResponse::Constraints(self.constraints())),
             R::Events(q) => {
-                return match sh.store.call(move |c| journal::query(c, &q)).await {
+                return match sh.store.events(q).await {
                     Ok(lines) => ok(RemediationResponse::Events(lines)),
                     Err(e) => {
                         AdminResponse::Error(Refusal::new(RefusalCode::Internal, e.to_string()))
@@ -118,11 +118,7 @@ impl Remediation {
             },
             R::ClearMachine { address } => {
                 let a = address.clone();
-                let was = match sh
-                    .store
-                    .call(move |c| journal::clear_machine(c, &a, now_ms))
-                    .await
-                {
+                let was = match sh.store.clear_machine(a, now_ms).await {
                     Ok(Some(was)) => was,
                     Ok(None) => {
                         return bad(crate::fleet::FleetError::UnknownMachine(address).to_string());
@@ -146,11 +142,7 @@ impl Remediation {
         };
         let (k, v) = write;
         let stored = v.clone();
-        if let Err(e) = sh
-            .store
-            .call(move |c| journal::set_switch(c, k, stored.as_deref(), now_ms))
-            .await
-        {
+        if let Err(e) = sh.store.set_switch(k.to_string(), stored, now_ms).await {
             return AdminResponse::Error(Refusal::new(RefusalCode::Internal, e.to_string()));
         }
         {

@@ -6,8 +6,9 @@
 //! admitted, proposals held (each with the rule and the numbers that held it), findings, and
 //! the state of every limit. It does no I/O and reads no clock. The remediation loop
 //! ([`runner`]) gathers the [`Input`] ([`gather`]), enqueues the admitted entries through the
-//! same door as `repair-queue add` and writes every decision to the journal ([`journal`]);
-//! [`admin`] answers `coordinatorctl` and [`switches`] holds what operators changed.
+//! same door as `repair-queue add` and writes every decision to the journal ([`journal`],
+//! kept through [`store::RemediationStore`]); [`admin`] answers `coordinatorctl` and
+//! [`switches`] holds what operators changed.
 //!
 //! - module `detect`: two-signal death, sabakan-style auto-repair with CKE's limiters,
 //!   MachineHealthCheck-style checks with their gates;
@@ -41,6 +42,7 @@ mod limits_config;
 pub mod metrics;
 pub mod runner;
 pub mod sabakan;
+pub mod store;
 pub mod switches;
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ use super::input::RepairOutcome;
 use super::journal::{self, JournalWrite};
 use super::metrics::RemediationMetrics;
 use super::sabakan::SabakanSource;
+use super::store::RemediationStore;
 use super::switches::Switches;
 use crate::clock::{Clock, to_unix_ms};
 use crate::fleet::Fleet;
@@ -137,10 +138,8 @@ impl Remediation {
         base: RemediationConfig,
         kubernetes: bool,
     ) -> Result<Self, StoreError> {
-        let (rows, cleared) = store
-            .call(|c| Ok((journal::switches(c)?, journal::cleared(c)?)))
-            .await?;
-        let switches = Switches::from_rows(&rows, cleared);
+        let board = store.switchboard().await?;
+        let switches = Switches::from_rows(&board.switches, board.cleared);
         Ok(Self {
             shared: Arc::new(Shared {
                 store,
@@ -264,18 +263,14 @@ impl LoopState {
         let out = ago(now, shared.base.limits.slow_start.lookback);
         // A pass journalled within a few intervals before a restart is "the previous pass".
         let recent = ago(now, shared.base.interval * RESUME_INTERVALS);
-        let (seq, admissions, outcomes, last, own) = shared
-            .store
-            .call(move |c| {
-                Ok((
-                    journal::max_seq(c)?,
-                    journal::admissions(c, hist)?,
-                    journal::outcomes(c, out)?,
-                    journal::last_pass(c, recent)?,
-                    journal::own_entries(c)?,
-                ))
-            })
-            .await?;
+        let resumed = shared.store.resume(hist, out, recent).await?;
+        let (seq, admissions, outcomes, last, own) = (
+            resumed.max_seq,
+            resumed.admissions,
+            resumed.outcomes,
+            resumed.last_pass,
+            resumed.own_entries,
+        );
         let prev = last
             .into_iter()
             .filter_map(|(id, a, o, r, op)| {
@@ -381,7 +376,7 @@ impl LoopState {
             self.own.extend(added.iter().map(|(i, _)| *i));
             shared
                 .store
-                .call(move |c| journal::update_own_entries(c, &added, &[], at))
+                .update_own_entries(added, Vec::new(), at)
                 .await?;
         }
         let nodes: HashMap<&str, &str> = input
@@ -444,10 +439,7 @@ impl LoopState {
         let before = ago(now, cfg.limits.slow_start.lookback);
         if !new.is_empty() {
             let rows = new.clone();
-            shared
-                .store
-                .call(move |c| journal::add_outcomes(c, &rows, before))
-                .await?;
+            shared.store.add_outcomes(rows, before).await?;
             self.known_outcomes.extend(new.iter().map(|(i, _)| *i));
             self.outcomes.extend(new);
         }
@@ -476,10 +468,7 @@ impl LoopState {
             .collect();
         if !gone.is_empty() {
             self.own.retain(|i| listed.contains(i));
-            shared
-                .store
-                .call(move |c| journal::update_own_entries(c, &[], &gone, 0))
-                .await?;
+            shared.store.update_own_entries(Vec::new(), gone, 0).await?;
         }
         Ok(())
     }
@@ -525,10 +514,7 @@ impl LoopState {
         let ids = if writes.is_empty() {
             Vec::new()
         } else {
-            shared
-                .store
-                .call(move |c| journal::write(c, &writes))
-                .await?
+            shared.store.write_journal(writes).await?
         };
         self.prev = keys
             .into_iter()
@@ -553,10 +539,7 @@ impl LoopState {
         self.last_prune = Some(now);
         let before = ago(now, cfg.journal_retention);
         let max = cfg.journal_max_rows;
-        let gone = shared
-            .store
-            .call(move |c| journal::prune(c, before, max))
-            .await?;
+        let gone = shared.store.prune_journal(before, max).await?;
         if gone > 0 {
             tracing::debug!(lines = gone, "remediation journal pruned");
         }
@@ -815,10 +798,7 @@ mod tests {
         }
 
         async fn lines(&self) -> Vec<JournalLine> {
-            self.store
-                .call(|c| journal::query(c, &EventsQuery::default()))
-                .await
-                .unwrap()
+            self.store.events(EventsQuery::default()).await.unwrap()
         }
 
         async fn admin(&self, req: R) -> protocol::admin::AdminResponse {
@@ -987,19 +967,11 @@ mod tests {
         fx.passes(1).await;
         assert_eq!(fx.lines().await.len(), 3);
         let now = to_unix_ms(fx.clock.now());
-        let gone = fx
-            .store
-            .call(move |c| journal::prune(c, now - 3_600_000, 2))
-            .await
-            .unwrap();
+        let gone = fx.store.prune_journal(now - 3_600_000, 2).await.unwrap();
         assert_eq!(gone, 1);
         let lines = fx.lines().await;
         assert_eq!(lines[0].rule, "paused");
-        let gone = fx
-            .store
-            .call(move |c| journal::prune(c, now + 1, 10))
-            .await
-            .unwrap();
+        let gone = fx.store.prune_journal(now + 1, 10).await.unwrap();
         assert_eq!(gone, 2);
     }
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use protocol::actions::ActionStatus;
 
-use super::command::{Outcome, RunContext};
 use super::config::AgentStep;
 use super::decide::CommandEnd;
+use super::run_context::{Outcome, RunContext};
 use crate::agent_link::{ActionAnswer, AgentActionError};
 
 /// Limit of an agent step whose `command_timeout_seconds` is 0 (no limit): a reboot of a
@@ -548,7 +548,7 @@ mod tests {
         assert!(note.contains("kept first"), "{note}");
         assert_eq!(agent.asked.lock().unwrap()[0].0, "db-e1-r0-a0-diagnostics");
         let kept = store
-            .with(|conn| crate::repair::diagnostics::for_entry(conn, 3))
+            .with(|conn| crate::repair::store::sqlite::diagnostics::for_entry(conn, 3))
             .unwrap();
         assert_eq!(kept.len(), 1);
 

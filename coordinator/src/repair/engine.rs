@@ -30,6 +30,7 @@ use super::decide::{self, Action, Observations, Observed, TaskObs};
 use super::effects::Effects;
 use super::entry::Entry;
 use super::metrics::RepairMetrics;
+use super::store::diagnostics::DiagnosticsStore;
 use super::store::{RepairQueueStore, Write};
 use super::tasks::{Event, Tasks};
 use crate::clock::Clock;
@@ -390,9 +391,7 @@ impl Engine {
                     let read = async {
                         Ok::<_, StoreError>((
                             store.history(index).await?,
-                            store
-                                .call(move |c| super::diagnostics::for_entry(c, index))
-                                .await?,
+                            store.bundles_for_entry(index).await?,
                         ))
                     };
                     match read.await {

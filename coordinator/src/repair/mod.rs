@@ -1,16 +1,18 @@
-//! The repair queue: CKE's repair semantics, durable in SQLite.
+//! The repair queue: CKE's repair semantics, durable in the store ([`store::RepairQueueStore`]).
 //!
 //! - [`config`]: the `repair:` section as types (CKE's keys and defaults, `@` built-in
 //!   actions), and [`load`]: reading it from YAML with strict validation,
 //! - [`entry`]: queue entries and where each stands inside its step,
 //! - [`decide`]: the pure step decision and transitions, unit-tested case by case,
 //! - [`admin`]: the pure meaning of admin requests (writes and replies),
-//! - [`command`]: running external commands and built-ins,
+//! - [`command`]: running external commands and built-ins, and [`run_context`]: what every
+//!   run shares (its context, how it ended, the agent health it reads),
 //! - [`agent_steps`]: the steps the machine's agent carries out (`@restart-unit`,
 //!   `@reboot`, `@collect-diagnostics`), and [`diagnostics`]: where their bundles are kept,
 //! - [`orphans`]: the record of running commands' process groups, and the kill of those a
 //!   killed coordinator left behind,
-//! - [`store`]: the SQLite tables of migration 0002,
+//! - [`store`]: the repair area's state behind its interfaces (queue, command groups,
+//!   diagnostics), with their SQLite implementation,
 //! - [`engine`]: the task that owns the queue: its handle, loop, step and commit,
 //! - [`tasks`]: bookkeeping of the tasks each entry runs and what they reported,
 //! - [`effects`]: what an action does once committed (commands, drains, uncordon, Events),
@@ -39,6 +41,7 @@ pub mod load;
 pub mod metrics;
 pub mod orphans;
 mod power_steps;
+pub mod run_context;
 pub mod store;
 mod tasks;
 pub mod wiring;

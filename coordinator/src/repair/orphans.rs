@@ -5,7 +5,7 @@
 //! SIGTERM stops the coordinator cleanly and its commands' groups are killed on the way out
 //! ([`super::command`]'s guard). SIGKILL, an OOM kill or a panic under `panic = "abort"`
 //! skip that, and the command runs on. So every external command's group is written to
-//! SQLite ([`GroupLedger::record`]) right after it is spawned and removed when it ends; at
+//! the store ([`GroupLedger::record`]) right after it is spawned and removed when it ends; at
 //! start, before any entry resumes, [`reap_previous`] kills the groups still recorded and
 //! says so in the entry's history.
 //!
@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use rusqlite::params;
 
 use super::entry::{Entry, HistoryEvent};
 use super::store::Write;
-use crate::clock::{Clock, to_unix_ms};
+use super::store::groups::CommandGroupStore;
+pub use super::store::groups::GroupRecord;
+use crate::clock::Clock;
 use crate::store::{Store, StoreError};
 
 /// How long [`reap_previous`] waits for a killed group to vanish. SIGKILL cannot be caught;
@@ -77,23 +78,6 @@ impl ProcStat {
     fn is_zombie(&self) -> bool {
         self.state == 'Z'
     }
-}
-
-/// A recorded process group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupRecord {
-    /// Process group id (the leader's pid).
-    pub pgid: u32,
-    /// The repair queue entry whose command it is.
-    pub entry: u64,
-    /// The leader's start time (ticks after boot).
-    pub leader_start: u64,
-    /// The leader's session.
-    pub session: u32,
-    /// The boot it ran in.
-    pub boot_id: String,
-    /// The command line, for the history.
-    pub command: String,
 }
 
 /// What to do with a recorded group.
@@ -193,28 +177,7 @@ impl GroupLedger {
             boot_id: boot_id(),
             command: argv.join(" "),
         };
-        let now = to_unix_ms(self.clock.now());
-        let r = self
-            .store
-            .call(move |c| {
-                without_fsync(c, |c| {
-                    c.execute(
-                        "INSERT OR REPLACE INTO repair_command_groups
-                         (pgid, entry_idx, leader_start, session_id, boot_id, command, started_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                        params![
-                            rec.pgid,
-                            rec.entry as i64,
-                            rec.leader_start as i64,
-                            rec.session,
-                            rec.boot_id,
-                            rec.command,
-                            now
-                        ],
-                    )
-                })
-            })
-            .await;
+        let r = self.store.record_group(rec, self.clock.now()).await;
         if let Err(e) = r {
             tracing::error!(pid, entry = self.entry, error = %e, "cannot record the command's process group; a coordinator crash now would leave it running");
         }
@@ -223,55 +186,10 @@ impl GroupLedger {
     /// Removes the record of group `pgid` (the command ended or its group was killed).
     /// Runs from a destructor, so it is synchronous and only logs failures.
     pub fn forget(&self, pgid: u32) {
-        if let Err(e) = self.store.with(|c| {
-            without_fsync(c, |c| {
-                c.execute(
-                    "DELETE FROM repair_command_groups WHERE pgid = ?1",
-                    params![pgid],
-                )
-            })
-        }) {
+        if let Err(e) = self.store.forget_group(pgid) {
             tracing::warn!(pgid, error = %e, "cannot remove the command's group record; the next start will find it gone");
         }
     }
-}
-
-/// Runs `f` (one autocommit statement) with `synchronous = NORMAL`, then restores the
-/// store's `FULL`.
-///
-/// Why: a group record only has to outlive the coordinator *process* (SIGKILL, panic), and in
-/// WAL mode a commit without fsync already does; a crash of the *machine* kills the commands as
-/// well and changes the boot id, which [`reap_previous`] checks, so a record lost with it is
-/// never needed. Two fsyncs per command (record and forget) would otherwise cost the queue
-/// about two thirds of its throughput when many short commands run (see docs/benchmarks.md).
-fn without_fsync<T>(
-    c: &rusqlite::Connection,
-    f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    c.pragma_update(None, "synchronous", "NORMAL")?;
-    let r = f(c);
-    let restored = c.pragma_update(None, "synchronous", "FULL");
-    let v = r?;
-    restored?;
-    Ok(v)
-}
-
-fn load(c: &rusqlite::Connection) -> rusqlite::Result<Vec<GroupRecord>> {
-    let mut stmt = c.prepare(
-        "SELECT pgid, entry_idx, leader_start, session_id, boot_id, command
-         FROM repair_command_groups ORDER BY pgid",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(GroupRecord {
-            pgid: r.get(0)?,
-            entry: r.get::<_, i64>(1)? as u64,
-            leader_start: r.get::<_, i64>(2)? as u64,
-            session: r.get(3)?,
-            boot_id: r.get(4)?,
-            command: r.get(5)?,
-        })
-    })?;
-    rows.collect()
 }
 
 /// Kills the process groups a previous coordinator left running, records each kill in its
@@ -282,7 +200,7 @@ pub async fn reap_previous(
     clock: &dyn Clock,
     entries: &[Entry],
 ) -> Result<(), StoreError> {
-    let records = store.call(|c| load(c)).await?;
+    let records = store.groups().await?;
     if records.is_empty() {
         return Ok(());
     }
@@ -324,12 +242,7 @@ pub async fn reap_previous(
         }
     }
     let now = clock.now();
-    store
-        .call(move |c| {
-            crate::repair::store::sqlite::commit(c, &writes, now)?;
-            c.execute("DELETE FROM repair_command_groups", [])
-        })
-        .await?;
+    store.reaped(writes, now).await?;
     Ok(())
 }
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest};
 
-use super::command::{Outcome, RunContext};
 use super::config::Builtin;
 use super::decide::CommandEnd;
 use super::fencing::{FenceEnd, describe};
+use super::run_context::{Outcome, RunContext};
 use crate::fence::flow::State;
 use crate::fence::proof::fence_confirmed;
 

@@ -27,6 +27,7 @@
 //!   in each write it makes, so no trait changes when it comes.
 
 pub mod backup;
+pub mod config;
 pub mod etcd;
 pub mod health;
 pub mod lock;
@@ -73,6 +74,20 @@ impl Store {
         Sqlite::open(path).map(Store::Sqlite)
     }
 
+    /// How a coordinator opens the store its configuration names (`[store]`): for SQLite,
+    /// [`Store::open_exclusive`] on `database`.
+    pub fn open_configured(
+        store: &config::StoreConfig,
+        database: &Path,
+    ) -> Result<Self, StoreError> {
+        match store.backend {
+            config::Backend::Sqlite => Self::open_exclusive(database),
+            backend => Err(StoreError::NotBuilt {
+                backend: backend.as_str(),
+            }),
+        }
+    }
+
     /// How a coordinator opens a SQLite store: the exclusive lock, then proof that the files
     /// can be written, then the database ([`Sqlite::open_exclusive`]).
     pub fn open_exclusive(path: &Path) -> Result<Self, StoreError> {
@@ -82,14 +97,6 @@ impl Store {
     /// The store's failure count and state.
     pub fn health(&self) -> &StoreHealth {
         dispatch!(self, b => b.health())
-    }
-
-    /// What the store is, for messages: `database /var/lib/…/coordinator.db`.
-    pub fn describe(&self) -> String {
-        match self {
-            Store::Sqlite(b) => format!("database {}", b.path().display()),
-            Store::Etcd(b) => format!("etcd {} under {}", b.endpoints(), b.prefix()),
-        }
     }
 
     /// The etcd handle, when the store is etcd.
@@ -109,17 +116,18 @@ impl Store {
         }
     }
 
-    /// Runs `f` with the SQLite connection (tests: fault injection, fixtures).
-    /// Transitional outside tests: the areas not yet behind their interface.
-    pub fn with<T>(
+    /// Test only: runs `f` with the SQLite connection (fault injection, fixtures).
+    #[cfg(test)]
+    pub(crate) fn with<T>(
         &self,
         f: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
         self.as_sqlite().expect("a SQLite store").with(f)
     }
 
-    /// Runs `f` with the SQLite connection on a blocking thread (see [`Store::with`]).
-    pub async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    /// Test only: runs `f` with the SQLite connection on a blocking thread.
+    #[cfg(test)]
+    pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
@@ -177,6 +185,14 @@ pub enum StoreError {
     /// etcd failed, or holds what this coordinator cannot use.
     #[error(transparent)]
     Etcd(#[from] etcd::EtcdError),
+    /// The configuration names a backend this build of the coordinator does not have.
+    #[error(
+        "[store] backend = \"{backend}\" is not available in this build of the coordinator; use backend = \"sqlite\" (the default) or a build with it"
+    )]
+    NotBuilt {
+        /// The backend named.
+        backend: &'static str,
+    },
     /// A blocking task panicked or was cancelled.
     #[error("database task failed: {0}")]
     Task(String),
@@ -257,6 +273,7 @@ impl StoreError {
     pub fn is_config(&self) -> bool {
         match self {
             StoreError::DirectoryMissing { .. }
+            | StoreError::NotBuilt { .. }
             | StoreError::NotWritable { .. }
             | StoreError::NotOurs { .. }
             | StoreError::TooNew { .. } => true,

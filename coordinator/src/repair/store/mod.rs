@@ -2,6 +2,10 @@
 //! flag and each entry's history), with one implementation per backend ([`sqlite`],
 //! [`etcd`]).
 //!
+//! The repair area's other state has its own interfaces beside it:
+//! [`groups::CommandGroupStore`] (running commands' process groups) and
+//! [`diagnostics::DiagnosticsStore`] (bundles collected by `@collect-diagnostics`).
+//!
 //! The engine keeps the queue in memory and commits every transition of a decision pass in
 //! one [`RepairQueueStore::commit`] before it acts on any of them (invariant 6).
 
@@ -14,7 +18,9 @@ use protocol::admin::repair::RepairHistoryRecord;
 use super::entry::{Entry, HistoryEvent};
 use crate::store::{Store, StoreError, dispatch};
 
+pub mod diagnostics;
 pub mod etcd;
+pub mod groups;
 pub mod sqlite;
 
 /// One durable change.

@@ -25,6 +25,7 @@
 pub mod error;
 pub mod health;
 pub mod kv;
+mod not_yet;
 pub mod schema;
 
 use std::any::{Any, TypeId};

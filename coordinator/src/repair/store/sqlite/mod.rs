@@ -2,6 +2,11 @@
 //!
 //! Plain synchronous functions over a `rusqlite::Connection`, run on a blocking thread by
 //! [`Sqlite::call`]. A batch of writes is one transaction.
+//!
+//! The repair area's other tables: [`groups`] (migration 0004) and [`diagnostics`] (0006).
+
+pub(crate) mod diagnostics;
+mod groups;
 
 use std::collections::HashSet;
 
@@ -134,6 +139,13 @@ pub(crate) fn commit(
     now: Timestamp,
 ) -> rusqlite::Result<Vec<u64>> {
     let tx = conn.transaction()?;
+    let inserted = commit_in(&tx, writes, now)?;
+    tx.commit()?;
+    Ok(inserted)
+}
+
+/// [`commit`]'s writes, inside the caller's transaction `tx`.
+fn commit_in(tx: &Connection, writes: &[Write], now: Timestamp) -> rusqlite::Result<Vec<u64>> {
     let mut inserted = Vec::new();
     {
         let mut history = tx.prepare_cached(
@@ -236,7 +248,6 @@ pub(crate) fn commit(
             }
         }
     }
-    tx.commit()?;
     Ok(inserted)
 }
 

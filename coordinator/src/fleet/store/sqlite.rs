@@ -1,113 +1,35 @@
-//! The registry's SQL: the `machines` rows and the `machine_transitions` history of
-//! migration 0001. Nothing here holds state or decides; [`super::Fleet`] calls these
-//! inside `Store::call`.
+//! Machines on SQLite: the `machines` rows and the `machine_transitions` history of
+//! migration 0001, [`MachineStore`] for [`Sqlite`].
 
-use jiff::Timestamp;
 use protocol::admin::machines::StateTransition;
 use rusqlite::params;
 
+use super::{KEEP_TRANSITIONS, MachineStore, StoredMachine, Write};
 use crate::clock::{from_unix_ms, to_unix_ms};
 use crate::health::MachineState;
 use crate::inventory::{MachineRecord, RecordSource};
+use crate::store::{Sqlite, StoreError};
 
-/// The state changes among a commit's writes (not a new machine's first state), logged
-/// once the writes are stored: a change that cannot be stored (a full disk) is decided again
-/// at the next sweep, and would otherwise be logged at every one.
-pub(super) struct StateChanges(Vec<(String, String, MachineState, String)>);
-
-impl StateChanges {
-    /// The changes in `writes`.
-    pub(super) fn of(writes: &[Write]) -> Self {
-        Self(
-            writes
-                .iter()
-                .filter_map(|w| match w {
-                    Write::Transition {
-                        address,
-                        from,
-                        to,
-                        reason,
-                        ..
-                    } if !from.is_empty() => {
-                        Some((address.clone(), from.clone(), *to, reason.clone()))
-                    }
-                    _ => None,
-                })
-                .collect(),
-        )
+impl MachineStore for Sqlite {
+    async fn machines(&self) -> Result<Vec<StoredMachine>, StoreError> {
+        self.call(load).await
     }
 
-    /// Logs each change, with the hostname from `changed`.
-    pub(super) fn log(self, changed: &[super::index::Entry]) {
-        for (address, from, to, reason) in self.0 {
-            let hostname = changed
-                .iter()
-                .find(|e| e.record.address == address)
-                .map(|e| e.record.hostname.as_str())
-                .unwrap_or_default();
-            tracing::info!(
-                machine = %address,
-                hostname = %hostname,
-                from = %from,
-                to = %to,
-                reason = %reason,
-                "machine state changed"
-            );
-        }
+    async fn persist(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.call(move |c| persist(c, &writes)).await
+    }
+
+    async fn transitions(
+        &self,
+        address: String,
+        limit: i64,
+    ) -> Result<Vec<StateTransition>, StoreError> {
+        self.call(move |c| transitions(c, &address, limit)).await
     }
 }
-
-/// A machine as stored: its record and last state.
-#[derive(Debug)]
-pub(super) struct StoredMachine {
-    pub(super) record: MachineRecord,
-    pub(super) state: MachineState,
-    pub(super) since: Timestamp,
-    pub(super) reason: String,
-    /// The boot id its agent last reported, to this run or an earlier one.
-    pub(super) boot_id: Option<String>,
-    /// Its stored history has a report's state (healthy or unhealthy): its agent reported
-    /// at some time, perhaps before this coordinator started.
-    pub(super) reported: bool,
-}
-
-/// One database write, applied with others in one transaction.
-#[derive(Debug)]
-pub(super) enum Write {
-    Row(Row),
-    Delete(String),
-    Transition {
-        address: String,
-        from: String,
-        to: MachineState,
-        at: Timestamp,
-        reason: String,
-    },
-    /// The machine's agent reported another boot id than the stored one.
-    Boot {
-        address: String,
-        boot_id: String,
-    },
-}
-
-/// A machine's row.
-#[derive(Debug)]
-pub(super) struct Row {
-    pub(super) record: MachineRecord,
-    pub(super) state: MachineState,
-    pub(super) since: Timestamp,
-    pub(super) reason: String,
-    /// When it is written (`updated_ms`, and `created_ms` of a new row).
-    pub(super) now: Timestamp,
-}
-
-/// Transitions kept per machine: its newest ones. Without a bound the table would grow for
-/// as long as the coordinator runs, fastest for a flapping machine (two rows per flap, every
-/// few reports); `machines show` prints the newest [`super::SHOW_TRANSITIONS`].
-pub(super) const KEEP_TRANSITIONS: i64 = 500;
 
 /// Applies `writes` in one transaction.
-pub(super) fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusqlite::Result<()> {
+fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     for w in writes {
         match w {
@@ -176,7 +98,7 @@ pub(super) fn persist(conn: &mut rusqlite::Connection, writes: &[Write]) -> rusq
 }
 
 /// Every stored machine, ordered by address.
-pub(super) fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<StoredMachine>> {
+fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<StoredMachine>> {
     let mut stmt = conn.prepare(
         "SELECT address, hostname, serial, rack, role, machine_type, labels, source, state, \
          state_since_ms, state_reason, boot_id, \
@@ -212,7 +134,7 @@ pub(super) fn load(conn: &mut rusqlite::Connection) -> rusqlite::Result<Vec<Stor
 }
 
 /// Transitions of a machine, most recent first, at most `limit`.
-pub(super) fn transitions(
+fn transitions(
     c: &mut rusqlite::Connection,
     address: &str,
     limit: i64,
@@ -230,45 +152,4 @@ pub(super) fn transitions(
         })
     })?;
     rows.collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn transition(address: &str, i: i64) -> Write {
-        Write::Transition {
-            address: address.into(),
-            from: "healthy".into(),
-            to: MachineState::Unreachable,
-            at: from_unix_ms(1_800_000_000_000 + i),
-            reason: format!("flap {i}"),
-        }
-    }
-
-    #[test]
-    fn each_machine_keeps_its_newest_transitions_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::Store::open(&dir.path().join("c.db")).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(store.call(|c| {
-            let flapping: Vec<Write> = (0..KEEP_TRANSITIONS + 40)
-                .map(|i| transition("10.0.0.1", i))
-                .collect();
-            // In several commits, as the sweeps write them, and beside a quiet machine.
-            for chunk in flapping.chunks(100) {
-                persist(c, chunk)?;
-            }
-            persist(c, &[transition("10.0.0.2", 0), transition("10.0.0.2", 1)])?;
-            let flaps = transitions(c, "10.0.0.1", 10_000)?;
-            assert_eq!(flaps.len(), KEEP_TRANSITIONS as usize);
-            assert_eq!(flaps[0].reason, format!("flap {}", KEEP_TRANSITIONS + 39));
-            assert_eq!(flaps.last().unwrap().reason, "flap 40", "the oldest went");
-            assert_eq!(transitions(c, "10.0.0.2", 10_000)?.len(), 2);
-            Ok(())
-        }))
-        .unwrap();
-    }
 }

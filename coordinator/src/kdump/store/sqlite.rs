@@ -1,4 +1,5 @@
-//! The `kdump_status` table (migration 0009): one row per machine, replaced by each notice.
+//! Kdump notices on SQLite: the `kdump_status` table (migration 0009), one row per machine,
+//! replaced by each notice; [`KdumpStore`] for [`Sqlite`].
 
 use std::collections::BTreeMap;
 
@@ -6,8 +7,25 @@ use jiff::Timestamp;
 use protocol::messages::KdumpPhase;
 use rusqlite::{Connection, params};
 
-use super::KdumpRecord;
+use super::KdumpStore;
 use crate::clock::{from_unix_ms, to_unix_ms};
+use crate::kdump::KdumpRecord;
+use crate::store::{Sqlite, StoreError};
+
+impl KdumpStore for Sqlite {
+    async fn save_notice(
+        &self,
+        address: String,
+        record: KdumpRecord,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.call(move |c| upsert(c, &address, &record, now)).await
+    }
+
+    async fn notices(&self) -> Result<BTreeMap<String, KdumpRecord>, StoreError> {
+        self.call(load).await
+    }
+}
 
 fn opt_ms(t: Option<Timestamp>) -> i64 {
     t.map(to_unix_ms).unwrap_or(0)
@@ -18,7 +36,7 @@ fn ms_opt(ms: i64) -> Option<Timestamp> {
 }
 
 /// Replaces the machine's row with `r`.
-pub(super) fn upsert(
+fn upsert(
     c: &mut Connection,
     address: &str,
     r: &KdumpRecord,
@@ -42,7 +60,7 @@ pub(super) fn upsert(
 }
 
 /// Every machine's last notice.
-pub(super) fn load(c: &mut Connection) -> rusqlite::Result<BTreeMap<String, KdumpRecord>> {
+fn load(c: &mut Connection) -> rusqlite::Result<BTreeMap<String, KdumpRecord>> {
     let mut st = c.prepare(
         "SELECT address, phase, dump_started_ms, dump_done_ms, boot_id, node_time_ms
          FROM kdump_status",
