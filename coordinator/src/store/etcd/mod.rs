@@ -171,7 +171,9 @@ fn check_prefix(p: &str) -> Result<(), EtcdError> {
 /// A connection to etcd with the store's prefix. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    /// Behind an `Arc`: the client holds one gRPC client per etcd service (nearly 4 KiB),
+    /// and a `Store` is cloned into every task.
+    client: Arc<Client>,
     settings: Arc<EtcdSettings>,
     endpoints: Arc<str>,
     health: Arc<StoreHealth>,
@@ -225,7 +227,7 @@ impl EtcdStore {
         .map_err(|_| unreachable(format!("no answer within {:?}", settings.connect_timeout)))?
         .map_err(|e| unreachable(error::explain(&e).0))?;
         let store = Self {
-            client,
+            client: Arc::new(client),
             settings: Arc::new(settings),
             endpoints,
             health: Arc::new(StoreHealth::default()),
