@@ -27,7 +27,8 @@ for a in "$@"; do
 done
 
 # cargo-deb compresses with the system's xz (packaging/lib.sh).
-ensure_apt xz:xz-utils
+# protoc: the etcd client's build script compiles etcd's .proto files.
+ensure_apt xz:xz-utils protoc:protobuf-compiler
 ensure_cargo_deb
 
 if [ "$build" = 1 ]; then

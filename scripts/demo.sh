@@ -40,6 +40,8 @@ if ! have_ipmi_sim; then
   fi
 fi
 
+# protoc, for the etcd client's build script (installed with apt when this user may).
+scripts/setup-build-deps.sh
 cargo build --quiet -p fleetmend-coordinator -p fleetmend-node-agent -p fleetmend-bmc-gateway \
   -p fleetmend-tests --bins
 FLEETMEND_BIN_DIR="$(pwd)/target/debug" exec target/debug/fleetmend-demo "$@"

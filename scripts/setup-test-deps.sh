@@ -27,6 +27,10 @@ if [ "$(id -u)" != 0 ]; then
   SUDO="sudo -n"
 fi
 
+# protoc for the build (the etcd client's build script): its own script, also run by .ci/run
+# before the build and by scripts/demo.sh.
+scripts/setup-build-deps.sh
+
 need_apt=()
 command -v ipmitool >/dev/null 2>&1 || need_apt+=(ipmitool)
 command -v ipmi_sim >/dev/null 2>&1 || need_apt+=(openipmi)

@@ -13,8 +13,8 @@
 //! underneath is one `match` in each area's `impl … for Store` (written with [`dispatch!`]).
 //!
 //! The backends: [`Sqlite`] (bundled SQLite in WAL mode, the default, one coordinator per
-//! file); etcd is the second (built apart; it adds a variant to [`Store`] and an arm to
-//! [`dispatch!`]). Each backend keeps its code for an area with the area
+//! file); etcd is the second ([`EtcdStore`], `store/etcd/`: its variant of [`Store`] and its
+//! arm of [`dispatch!`]). Each backend keeps its code for an area with the area
 //! (`repair/store/sqlite.rs`, `fence/store/sqlite.rs`, …), so the SQL of a table sits next to
 //! the code that owns the table; the migrations stay here, in one ordered list.
 //!
@@ -28,6 +28,7 @@
 
 pub mod backup;
 pub mod config;
+pub mod etcd;
 pub mod health;
 pub mod lock;
 pub mod repeated;
@@ -37,6 +38,7 @@ pub mod identity;
 
 use std::path::{Path, PathBuf};
 
+pub use etcd::EtcdStore;
 pub use health::{Probe, StoreHealth};
 pub use identity::IdentityStore;
 pub use lock::StoreLock;
@@ -48,6 +50,8 @@ pub use sqlite::{MIGRATIONS, Sqlite, is_storage_failure};
 pub enum Store {
     /// SQLite on a local file.
     Sqlite(Sqlite),
+    /// etcd, under a key prefix ([`etcd`]).
+    Etcd(EtcdStore),
 }
 
 /// Runs `$body` with `$backend` bound to the backend inside a [`Store`]: the one place each
@@ -57,6 +61,7 @@ macro_rules! dispatch {
     ($store:expr, $backend:ident => $body:expr) => {
         match $store {
             $crate::store::Store::Sqlite($backend) => $body,
+            $crate::store::Store::Etcd($backend) => $body,
         }
     };
 }
@@ -94,13 +99,20 @@ impl Store {
         dispatch!(self, b => b.health())
     }
 
+    /// The etcd handle, when the store is etcd.
+    pub fn as_etcd(&self) -> Option<&EtcdStore> {
+        match self {
+            Store::Etcd(s) => Some(s),
+            Store::Sqlite(_) => None,
+        }
+    }
+
     /// The SQLite handle, when the store is SQLite: for what only SQLite has (a backup of
     /// the file, raw SQL in tests).
     pub fn as_sqlite(&self) -> Option<&Sqlite> {
-        #[allow(unreachable_patterns)]
         match self {
             Store::Sqlite(s) => Some(s),
-            _ => None,
+            Store::Etcd(_) => None,
         }
     }
 
@@ -121,6 +133,12 @@ impl Store {
         F: FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
     {
         self.as_sqlite().expect("a SQLite store").call(f).await
+    }
+}
+
+impl From<EtcdStore> for Store {
+    fn from(s: EtcdStore) -> Self {
+        Store::Etcd(s)
     }
 }
 
@@ -164,6 +182,9 @@ pub enum StoreError {
         /// How many schema objects it holds.
         objects: i64,
     },
+    /// etcd failed, or holds what this coordinator cannot use.
+    #[error(transparent)]
+    Etcd(#[from] etcd::EtcdError),
     /// The configuration names a backend this build of the coordinator does not have.
     #[error(
         "[store] backend = \"{backend}\" is not available in this build of the coordinator; use backend = \"sqlite\" (the default) or a build with it"
@@ -226,7 +247,11 @@ impl StoreError {
     /// True when the store itself failed ([`is_storage_failure`]): [`StoreHealth`] has
     /// counted it and says so in the log, so a caller need not log it again.
     pub fn is_storage_failure(&self) -> bool {
-        matches!(self, StoreError::Sqlite { source, .. } if is_storage_failure(source))
+        match self {
+            StoreError::Sqlite { source, .. } => is_storage_failure(source),
+            StoreError::Etcd(e) => e.is_storage_failure(),
+            _ => false,
+        }
     }
 
     /// True for transient conditions (busy/locked database); false for corruption, schema
@@ -238,6 +263,7 @@ impl StoreError {
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
             StoreError::Locked { .. } | StoreError::HeldUnderAnotherName { .. } => true,
+            StoreError::Etcd(e) => e.is_retriable(),
             _ => false,
         }
     }
@@ -254,6 +280,7 @@ impl StoreError {
             StoreError::Sqlite { source, .. } => {
                 source.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase)
             }
+            StoreError::Etcd(e) => e.is_config(),
             _ => false,
         }
     }

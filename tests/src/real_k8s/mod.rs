@@ -30,6 +30,7 @@ use anyhow::{Context, bail};
 use protocol::identity::Role;
 use protocol::pki::{Ca, IssueOptions};
 
+use crate::etcd::Etcd;
 use crate::procs::{Proc, free_tcp_port, workspace_root};
 
 /// How long the control plane may take to come up on a loaded 2-core machine (the API
@@ -73,7 +74,7 @@ pub struct RealK8s {
     // Dropped in this order: the controller manager first, etcd last.
     kcm: Option<Proc>,
     apiserver: Proc,
-    etcd: Proc,
+    etcd: Etcd,
     url: String,
     kubeconfig: PathBuf,
     client: kube::Client,
@@ -202,28 +203,15 @@ impl RealK8s {
             std::fs::write(d.join(name), text)?;
         }
 
-        let (client_port, peer_port) = (free_tcp_port(), free_tcp_port());
-        let mut etcd_cmd = Command::new(bin_dir.join("etcd"));
-        etcd_cmd.args([
-            "--name=test",
-            &format!("--data-dir={}", d.join("etcd").display()),
-            &format!("--listen-client-urls=http://127.0.0.1:{client_port}"),
-            &format!("--advertise-client-urls=http://127.0.0.1:{client_port}"),
-            &format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-            &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-            &format!("--initial-cluster=test=http://127.0.0.1:{peer_port}"),
-            // A test's store is thrown away: no fsync, so a loaded disk does not slow the
-            // API server's writes (each Lease renewal is one).
-            "--unsafe-no-fsync",
-            "--log-level=warn",
-        ]);
-        let etcd = Proc::spawn("etcd", etcd_cmd, &d.join("etcd.log"))?;
+        // The test kit's etcd (one member, plain HTTP on loopback), started without waiting:
+        // the API server retries until it answers.
+        let etcd = Etcd::launch(crate::etcd::Options::default())?;
 
         let api_port = free_tcp_port();
         let url = format!("https://127.0.0.1:{api_port}");
         let mut api_cmd = Command::new(bin_dir.join("kube-apiserver"));
         api_cmd.args([
-            &format!("--etcd-servers=http://127.0.0.1:{client_port}"),
+            &format!("--etcd-servers={}", etcd.endpoint(0)),
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
             &format!("--secure-port={api_port}"),
@@ -316,16 +304,14 @@ impl RealK8s {
                 Ok(t) => t,
                 Err(e) => e.to_string(),
             };
-            let exited = [&mut self.etcd, &mut self.apiserver]
-                .into_iter()
-                .find_map(|p| p.try_exit());
+            let exited = self.etcd.try_exit(0).or_else(|| self.apiserver.try_exit());
             if exited.is_some() || tokio::time::Instant::now() >= deadline {
                 bail!(
                     "kube-apiserver not ready (exited: {exited:?}; waited at most {START_TIMEOUT:?}; \
                      last answer: {last}); \
                      its log ends:\n{}\netcd's log ends:\n{}",
                     tail(&self.apiserver.log_text(), 20),
-                    tail(&self.etcd.log_text(), 10)
+                    self.etcd.log_tail(0, 10)
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

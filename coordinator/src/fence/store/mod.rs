@@ -1,5 +1,5 @@
 //! Fence flows as state: [`FenceStore`] (the flows, their history, and which repair step
-//! started which flow), with one implementation per backend ([`sqlite`] here).
+//! started which flow), with one implementation per backend ([`sqlite`], [`etcd`]).
 //!
 //! The runner commits a flow's new state and its history line before the new state's action
 //! runs, so a coordinator killed at any point resumes the flow from what is committed.
@@ -16,6 +16,7 @@ use jiff::Timestamp;
 use super::flow::{Flow, State};
 use crate::store::{Store, StoreError, dispatch};
 
+pub mod etcd;
 pub mod sqlite;
 
 /// One line of a flow's history.

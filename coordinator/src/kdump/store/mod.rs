@@ -1,5 +1,5 @@
 //! Kdump notices as state: [`KdumpStore`], each machine's last notice from its kdump
-//! initramfs, with one implementation per backend ([`sqlite`] here).
+//! initramfs, with one implementation per backend ([`sqlite`], [`etcd`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -9,6 +9,7 @@ use jiff::Timestamp;
 use super::KdumpRecord;
 use crate::store::{Store, StoreError, dispatch};
 
+pub mod etcd;
 pub mod sqlite;
 
 /// What kdump notices need of a store.

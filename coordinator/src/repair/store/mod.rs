@@ -1,5 +1,6 @@
 //! The repair queue's state as an interface: [`RepairQueueStore`] (entries, the enabled
-//! flag and each entry's history), with one implementation per backend ([`sqlite`] here).
+//! flag and each entry's history), with one implementation per backend ([`sqlite`],
+//! [`etcd`]).
 //!
 //! The repair area's other state has its own interfaces beside it:
 //! [`groups::CommandGroupStore`] (running commands' process groups) and
@@ -18,6 +19,7 @@ use super::entry::{Entry, HistoryEvent};
 use crate::store::{Store, StoreError, dispatch};
 
 pub mod diagnostics;
+pub mod etcd;
 pub mod groups;
 pub mod sqlite;
 

@@ -1,0 +1,426 @@
+//! The etcd store driver: the connection every etcd-backed area shares, and the few key-value
+//! moves they are built from.
+//!
+//! [`EtcdStore::connect`] takes [`EtcdSettings`] (endpoints, the client's TLS files, a key
+//! prefix, a per-request timeout), proves that etcd answers (so "etcd down at start" is an
+//! error naming the endpoints, not a hang), and checks or creates the schema under the prefix
+//! ([`schema`]). After that every request is bounded twice: by the gRPC deadline of the client
+//! and by a timer around the call, so a frozen etcd (SIGSTOP, a partition) costs at most the
+//! timeout, never a stuck loop.
+//!
+//! Values are JSON, so `etcdctl get --prefix /fleetmend/` shows an operator what the store
+//! holds (as CKE and sabakan store theirs). Keys are `<prefix>/<area>/…`; the layout is in
+//! `docs/design.md` ("The etcd store"). The moves ([`kv`]): read one key or a directory (paged,
+//! so 10,000 entries never exceed a response limit), a transaction of compares and writes,
+//! compare-and-swap on a key's `mod_revision`, create-if-absent, an append-only sequence (the
+//! repair queue's write index, as CKE keeps it) and bounded histories.
+//!
+//! Every failure of etcd itself is counted in the same [`StoreHealth`] as SQLite's, so
+//! `/healthz` answers 503 with the reason; [`health`] keeps it current without writing (a
+//! linearizable read and the alarm list), so an idle coordinator never moves etcd's
+//! revision.
+//!
+//! Not here: what each area stores (its own file per area), leader election (issue 31).
+
+pub mod error;
+pub mod health;
+pub mod kv;
+mod not_yet;
+pub mod schema;
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+
+pub use error::EtcdError;
+pub use kv::{Sequence, Txn, Versioned};
+
+use super::StoreHealth;
+
+/// The default key prefix: every key of the store starts with it.
+pub const DEFAULT_PREFIX: &str = "/fleetmend";
+
+/// The default bound on one request. etcd answers a healthy write in milliseconds and
+/// elects a new leader within its election timeout (1 s by default), so 5 s rides out an
+/// election while a stopped etcd still shows as an error within one `/healthz` period.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default bound on opening a connection: a few round trips on a LAN, with room for a
+/// TLS handshake on a loaded host.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The client's TLS files for etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    /// The CA that signed etcd's serving certificates.
+    pub ca: PathBuf,
+    /// The client certificate (etcd's `--client-cert-auth`); with `key`, or neither.
+    pub cert: Option<PathBuf>,
+    /// Its key.
+    pub key: Option<PathBuf>,
+}
+
+/// How to reach etcd and where in it the store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdSettings {
+    /// Client URLs (`http://host:2379`, `https://host:2379`).
+    pub endpoints: Vec<String>,
+    /// TLS files, for `https://` endpoints.
+    pub tls: Option<EtcdTlsFiles>,
+    /// Key prefix (`/fleetmend` by default): several fleets can share one etcd.
+    pub prefix: String,
+    /// The bound on each request.
+    pub request_timeout: Duration,
+    /// The bound on opening a connection.
+    pub connect_timeout: Duration,
+}
+
+impl EtcdSettings {
+    /// Settings for `endpoints` with the default prefix and timeouts and no TLS.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            tls: None,
+            prefix: DEFAULT_PREFIX.to_string(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// With another prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// With TLS files.
+    pub fn with_tls(mut self, tls: EtcdTlsFiles) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// With another request timeout.
+    pub fn with_request_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self
+    }
+
+    /// What is wrong with these settings, if anything, before any connection is tried.
+    pub fn validate(&self) -> Result<(), EtcdError> {
+        if self.endpoints.is_empty() {
+            return Err(EtcdError::Config(
+                "`endpoints` is empty: name at least one etcd client URL".into(),
+            ));
+        }
+        for e in &self.endpoints {
+            let https = e.starts_with("https://");
+            if !https && !e.starts_with("http://") {
+                return Err(EtcdError::Config(format!(
+                    "endpoint {e:?} is not a URL: write http://HOST:PORT or https://HOST:PORT"
+                )));
+            }
+            if https && self.tls.is_none() {
+                return Err(EtcdError::Config(format!(
+                    "endpoint {e} is https but no TLS files are set: set `tls_ca` (and \
+                     `tls_cert`/`tls_key` when etcd asks for client certificates)"
+                )));
+            }
+            if !https && self.tls.is_some() {
+                return Err(EtcdError::Config(format!(
+                    "endpoint {e} is plain http but TLS files are set: write https://"
+                )));
+            }
+        }
+        check_prefix(&self.prefix)?;
+        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(EtcdError::Config("timeouts must be above zero".into()));
+        }
+        if let Some(t) = &self.tls
+            && t.cert.is_some() != t.key.is_some()
+        {
+            return Err(EtcdError::Config(
+                "`tls_cert` and `tls_key` go together: set both or neither".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A prefix is an absolute etcd key path without a trailing slash: `/fleetmend`,
+/// `/fleetmend/prod`.
+fn check_prefix(p: &str) -> Result<(), EtcdError> {
+    let ok = p.starts_with('/')
+        && p.len() > 1
+        && !p.ends_with('/')
+        && !p.contains("//")
+        && p.chars().all(|c| c.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(EtcdError::Config(format!(
+            "prefix {p:?} must start with '/', not end with '/', and hold printable ASCII \
+             without spaces (e.g. \"/fleetmend\" or \"/fleetmend/prod\")"
+        )))
+    }
+}
+
+/// A connection to etcd with the store's prefix. Cheap to clone.
+#[derive(Clone)]
+pub struct EtcdStore {
+    /// Behind an `Arc`: the client holds one gRPC client per etcd service (nearly 4 KiB),
+    /// and a `Store` is cloned into every task.
+    client: Arc<Client>,
+    settings: Arc<EtcdSettings>,
+    endpoints: Arc<str>,
+    health: Arc<StoreHealth>,
+    /// What an area keeps about its keys between calls (the repair queue: each entry's
+    /// `mod_revision`), one value per type, shared by every clone.
+    areas: Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.settings.prefix)
+            .finish()
+    }
+}
+
+impl EtcdStore {
+    /// Connects, proves that etcd answers, and brings the schema under the prefix to this
+    /// coordinator's version ([`schema::ensure`]). An error naming the endpoints when etcd
+    /// cannot be reached.
+    pub async fn connect(settings: EtcdSettings) -> Result<Self, EtcdError> {
+        let store = Self::connect_only(settings).await?;
+        schema::ensure(&store).await?;
+        Ok(store)
+    }
+
+    /// Connects and proves that etcd answers, without touching the schema (`coordinator
+    /// check`, which only reads).
+    pub async fn connect_only(settings: EtcdSettings) -> Result<Self, EtcdError> {
+        settings.validate()?;
+        let endpoints: Arc<str> = settings.endpoints.join(",").into();
+        let mut opts = ConnectOptions::new()
+            .with_timeout(settings.request_timeout)
+            .with_connect_timeout(settings.connect_timeout)
+            // Refuse requests a member without a leader would queue until its deadline.
+            .with_require_leader(true);
+        if let Some(t) = &settings.tls {
+            opts = opts.with_tls(tls_options(t)?);
+        }
+        let named = endpoints.to_string();
+        let unreachable = move |reason: String| EtcdError::Unreachable {
+            endpoints: named.clone(),
+            reason,
+        };
+        let client = tokio::time::timeout(
+            settings.connect_timeout,
+            Client::connect(&settings.endpoints, Some(opts)),
+        )
+        .await
+        .map_err(|_| unreachable(format!("no answer within {:?}", settings.connect_timeout)))?
+        .map_err(|e| unreachable(error::explain(&e).0))?;
+        let store = Self {
+            client: Arc::new(client),
+            settings: Arc::new(settings),
+            endpoints,
+            health: Arc::new(StoreHealth::default()),
+            areas: Arc::default(),
+        };
+        // The client connects lazily: one linearizable read proves a member answers and the
+        // cluster has a leader.
+        store
+            .get_raw(&store.key(schema::SCHEMA_KEY))
+            .await
+            .map_err(|e| match e {
+                EtcdError::Timeout { after, .. } => {
+                    unreachable(format!("no answer within {after:?}"))
+                }
+                EtcdError::Request { reason, .. } => unreachable(reason),
+                other => other,
+            })?;
+        Ok(store)
+    }
+
+    /// The settings it was made with.
+    pub fn settings(&self) -> &EtcdSettings {
+        &self.settings
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.settings.prefix
+    }
+
+    /// The endpoints, comma-separated (for messages).
+    pub fn endpoints(&self) -> &str {
+        &self.endpoints
+    }
+
+    /// What the store has seen of its own health (shared with `/healthz`).
+    pub fn health(&self) -> &StoreHealth {
+        &self.health
+    }
+
+    /// The shared health, for a coordinator that hands it to `/healthz`.
+    pub fn health_arc(&self) -> Arc<StoreHealth> {
+        self.health.clone()
+    }
+
+    /// The full key of `rel` (`repair/entries/…` → `/fleetmend/repair/entries/…`).
+    pub fn key(&self, rel: &str) -> String {
+        format!("{}/{}", self.settings.prefix, rel.trim_start_matches('/'))
+    }
+
+    /// The underlying client (for the conformance suite's checks and `coordinator check`).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Runs one request under the store's timeout, mapping errors and counting failures of
+    /// etcd itself in [`StoreHealth`].
+    pub(crate) async fn bounded<T, F>(
+        &self,
+        op: &'static str,
+        key: &str,
+        f: F,
+    ) -> Result<T, EtcdError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let after = self.settings.request_timeout;
+        let res = match tokio::time::timeout(after, f).await {
+            Err(_) => Err(EtcdError::Timeout {
+                op,
+                key: key.to_string(),
+                after,
+                endpoints: self.endpoints.to_string(),
+            }),
+            Ok(Err(e)) => {
+                let (reason, storage) = error::explain(&e);
+                Err(EtcdError::Request {
+                    op,
+                    key: key.to_string(),
+                    endpoints: self.endpoints.to_string(),
+                    reason,
+                    storage,
+                })
+            }
+            Ok(Ok(v)) => Ok(v),
+        };
+        if let Err(e) = &res
+            && e.is_storage_failure()
+        {
+            self.health.failed(e.to_string());
+        }
+        res
+    }
+
+    /// The area state of type `T` of this store (made on first use), shared by its clones.
+    pub(crate) fn area<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut areas = self.areas.lock().unwrap_or_else(|p| p.into_inner());
+        let any = areas
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()))
+            .clone();
+        any.downcast::<T>().expect("one value per type")
+    }
+
+    /// Marks the store healthy after a write (or a probe) that reached etcd's quorum.
+    pub(crate) fn wrote(&self) {
+        self.health.wrote();
+    }
+}
+
+fn read_tls_file(p: &PathBuf) -> Result<Vec<u8>, EtcdError> {
+    std::fs::read(p).map_err(|source| EtcdError::TlsFile {
+        path: p.clone(),
+        source,
+    })
+}
+
+fn tls_options(t: &EtcdTlsFiles) -> Result<TlsOptions, EtcdError> {
+    let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read_tls_file(&t.ca)?));
+    if let (Some(cert), Some(key)) = (&t.cert, &t.key) {
+        tls = tls.identity(Identity::from_pem(
+            read_tls_file(cert)?,
+            read_tls_file(key)?,
+        ));
+    }
+    Ok(tls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_that_cannot_work_are_refused_with_what_to_write() {
+        let ok = EtcdSettings::new(vec!["http://127.0.0.1:2379".into()]);
+        ok.validate().unwrap();
+        let e = EtcdSettings::new(vec![])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`endpoints` is empty"), "{e}");
+        let e = EtcdSettings::new(vec!["127.0.0.1:2379".into()])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("http://HOST:PORT"), "{e}");
+        let e = EtcdSettings::new(vec!["https://e:2379".into()])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`tls_ca`"), "{e}");
+        for bad in ["fleetmend", "/", "/fleetmend/", "/a//b", "/a b"] {
+            let e = ok.clone().with_prefix(bad).validate().unwrap_err();
+            assert!(e.is_config(), "{bad}: {e}");
+            assert!(e.to_string().contains("must start with '/'"), "{e}");
+        }
+        ok.clone()
+            .with_prefix("/fleetmend/prod")
+            .validate()
+            .unwrap();
+        let e = ok
+            .clone()
+            .with_request_timeout(Duration::ZERO)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("above zero"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn etcd_down_at_start_is_an_error_naming_the_endpoints_within_the_bound() {
+        // A port nothing listens on: bind one, learn it, close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let ep = format!("http://127.0.0.1:{port}");
+        let mut s =
+            EtcdSettings::new(vec![ep.clone()]).with_request_timeout(Duration::from_secs(1));
+        s.connect_timeout = Duration::from_secs(1);
+        let start = std::time::Instant::now();
+        let e = EtcdStore::connect(s).await.unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        let msg = e.to_string();
+        assert!(matches!(e, EtcdError::Unreachable { .. }), "{e:?}");
+        assert!(
+            msg.contains(&ep) && msg.contains("cannot be reached"),
+            "{msg}"
+        );
+    }
+}
