@@ -64,7 +64,7 @@ if [ "$own_targets" = 1 ]; then
   FLEETMEND_BIN_DIR="$bin_dir" step test cargo test --workspace "$@"
   exit
 fi
-late=('real_k8s*' 'etcd*')
+late=('real_k8s*' 'etcd*' 'store_conformance*')
 mapfile -t targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
 import fnmatch, json, sys
 late = sys.argv[1:]

@@ -102,9 +102,10 @@ impl std::fmt::Debug for Etcd {
     }
 }
 
-/// The cached `etcd` binary (see [`crate::real_k8s::binaries`]).
+/// The cached `etcd` binary (see [`crate::real_k8s::etcd_binary`]: a build under way is
+/// waited for only until its etcd is built).
 pub fn binary() -> anyhow::Result<PathBuf> {
-    Ok(crate::real_k8s::binaries()?.join("etcd"))
+    Ok(crate::real_k8s::etcd_binary()?.join("etcd"))
 }
 
 impl Etcd {
