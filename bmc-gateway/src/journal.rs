@@ -25,6 +25,11 @@ use std::path::{Path, PathBuf};
 use protocol::gateway::PowerOutcome;
 use serde::{Deserialize, Serialize};
 
+pub(crate) mod error;
+
+pub use error::JournalError;
+use error::io;
+
 /// The record's file name inside the state directory.
 pub const FILE_NAME: &str = "requests.log";
 
@@ -70,42 +75,6 @@ pub struct Loaded {
     pub interrupted: Vec<String>,
     /// Lines skipped as torn or corrupt.
     pub skipped: usize,
-}
-
-/// Why the record could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum JournalError {
-    /// File system error.
-    #[error("request record {path}: {source}")]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// Another process (a second gateway) holds the state directory.
-    #[error(
-        "state_dir {dir} is in use by another bmc-gateway ({}, holding {lock}): two gateways on \
-         one state directory could each run a request id the other ran; stop the other, or give \
-         each its own state_dir",
-        holder.map_or("pid unknown".to_string(), |p| format!("pid {p}"))
-    )]
-    Locked {
-        /// The state directory.
-        dir: PathBuf,
-        /// Its lock file.
-        lock: PathBuf,
-        /// The pid written in the lock file by its holder.
-        holder: Option<u32>,
-    },
-}
-
-impl JournalError {
-    /// True when trying again may succeed (a full disk may be freed, the other gateway may
-    /// stop); the gateway refuses to execute a request it could not record either way.
-    pub fn is_retriable(&self) -> bool {
-        true
-    }
 }
 
 /// The open record file.
@@ -156,13 +125,6 @@ fn decode(line: &str) -> Option<Record> {
         return None;
     }
     serde_json::from_str(json).ok()
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
-    move |source| JournalError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 impl Journal {

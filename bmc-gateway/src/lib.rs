@@ -180,18 +180,25 @@ pub fn power_for(b: &BmcConfig, password: String) -> Result<Arc<dyn PowerControl
     }
 }
 
-/// Builds the agent device of each PDU (reading its secret), by name.
+/// Builds the agent device of each PDU (reading its secret, recorded in `credentials` for
+/// reloads), by name.
 pub fn pdu_devices(
     cfg: &Config,
+    credentials: &mut reload::Credentials,
 ) -> Result<std::collections::HashMap<String, Arc<AgentDevice>>, StartError> {
     let mut out = std::collections::HashMap::new();
     for p in &cfg.pdus {
-        out.insert(p.name.clone(), pdu_device(p)?);
+        let (device, secret) = pdu_device(p)?;
+        if let Some(s) = &secret {
+            credentials.insert_pdu(&p.name, s);
+        }
+        out.insert(p.name.clone(), device);
     }
     Ok(out)
 }
 
-fn pdu_device(p: &PduConfig) -> Result<Arc<AgentDevice>, StartError> {
+/// The agent device of PDU `p`, and the secret it was made with.
+fn pdu_device(p: &PduConfig) -> Result<(Arc<AgentDevice>, Option<String>), StartError> {
     let fail = |detail: String| StartError::Bmc {
         machine: format!("pdu {}", p.name),
         detail,
@@ -201,12 +208,13 @@ fn pdu_device(p: &PduConfig) -> Result<Arc<AgentDevice>, StartError> {
         .map_err(|e| fail(format!("password_file: {e}")))?;
     let program = fence_agent::find_agent(&p.agent)
         .ok_or_else(|| fail(format!("agent: fence agent {:?} is not installed", p.agent)))?;
-    Ok(AgentDevice::new(
+    let device = AgentDevice::new(
         p.describe(),
         program,
-        p.agent_options(secret),
+        p.agent_options(secret.clone()),
         p.timeout,
-    ))
+    );
+    Ok((device, secret))
 }
 
 /// The lower levels of `b` (level 2 on), each a list of outlets of `pdus`.
@@ -249,15 +257,15 @@ pub fn paced(
 }
 
 /// Builds the gateway core from the configuration, reading back the request record in its
-/// state directory (needs a Tokio runtime). Also returns the passwords it read, so that a
-/// reload can tell when the files no longer hold what the running gateway uses.
+/// state directory (needs a Tokio runtime). Also returns the BMC passwords and PDU secrets it
+/// read, so that a reload can tell when the files no longer hold what the running gateway uses.
 pub fn build(
     cfg: &Config,
     metrics: Arc<Metrics>,
 ) -> Result<(Arc<Gateway>, reload::Credentials), StartError> {
     let mut bmcs = Vec::new();
     let mut credentials = reload::Credentials::default();
-    let pdus = pdu_devices(cfg)?;
+    let pdus = pdu_devices(cfg, &mut credentials)?;
     for b in &cfg.bmcs {
         let password = password_of(b)?;
         credentials.insert(&b.machine, &password);
@@ -305,7 +313,7 @@ pub fn build(
 pub async fn probe_devices(cfg: &Config) -> Result<(), StartError> {
     let mut probes = Vec::new();
     for (i, p) in cfg.pdus.iter().enumerate() {
-        let d = pdu_device(p)?;
+        let (d, _) = pdu_device(p)?;
         let key = format!("pdu[{i}]");
         probes.push(tokio::spawn(async move {
             let r = d.run("monitor", None).await;
@@ -510,7 +518,7 @@ pub async fn check(cfg: &Config, timeout: Duration) -> Vec<CheckRow> {
                         let result = match pdu_device(&p) {
                             Err(e) => Err(e.to_string()),
                             // The agent's own limit bounds the read; `timeout` too.
-                            Ok(d) => match tokio::time::timeout(timeout, d.status(Some(&o.plug))).await {
+                            Ok((d, _)) => match tokio::time::timeout(timeout, d.status(Some(&o.plug))).await {
                                 Ok(Ok(s)) => Ok(PowerReading::plain(s)),
                                 Ok(Err(e)) => Err(format!("{e}; check pdu {} (host, password_file, options) and the outlet", p.name)),
                                 Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),

@@ -20,8 +20,8 @@ const EXIT_CONFIG: u8 = 64;
 /// Signals: SIGTERM/SIGINT stop it: no new requests are taken, those already taken are answered
 /// (within 10 s), then it exits. SIGHUP re-reads the configuration
 /// and puts the TLS files in place for new connections (certificate renewal); changes to
-/// BMCs, credentials (also a password file's contents), limits or listen addresses are
-/// reported and need a restart. Files that do not load, or a certificate naming another
+/// BMCs, PDUs, credentials (also the contents of a BMC's or PDU's password or community file),
+/// limits or listen addresses are reported and need a restart. Files that do not load, or a certificate naming another
 /// identity or not valid under the CA, are refused with an error log and the running ones
 /// kept.
 #[derive(Debug, Parser)]

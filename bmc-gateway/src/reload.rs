@@ -6,8 +6,8 @@
 //! listen addresses) is read and validated, but never swapped under running power actions:
 //! one action per BMC at a time and the at-most-once record rely on the BMC set staying put.
 //! When it differs from the running one, the gateway says that a restart is needed; so it
-//! does when a BMC's password file now holds another password than the one the running
-//! gateway read at start (the path alone would not show it).
+//! does when a BMC's password file, or a PDU's password or community file, now holds another
+//! secret than the one the running gateway read at start (the path alone would not show it).
 //!
 //! A file that does not load, a certificate that names another identity, or one that does
 //! not chain to the configured CA ([`crate::tls`], the start's check) is refused as a whole
@@ -56,41 +56,57 @@ pub struct Reloaded {
     pub needs_restart: bool,
     /// When the new certificate and CA expire.
     pub expiry: protocol::transport::Expiry,
-    /// Machines whose password file holds another password than the running gateway uses
-    /// (it keeps using the old one until a restart).
+    /// Machines whose password file, and PDUs (`pdu NAME`) whose password or community file,
+    /// holds another secret than the running gateway uses (it keeps using the old one until a
+    /// restart).
     pub credentials_changed: Vec<String>,
 }
 
-/// The BMC passwords the running gateway read at start, by machine; compared with what the
-/// files hold at each reload. Its `Debug` form names the machines only.
+/// The BMC passwords by machine and the PDU secrets (password or SNMP community) by PDU name
+/// that the running gateway read at start; compared with what the files hold at each reload.
+/// Its `Debug` form names the machines and PDUs only.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct Credentials(BTreeMap<String, String>);
+pub struct Credentials {
+    bmcs: BTreeMap<String, String>,
+    pdus: BTreeMap<String, String>,
+}
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.0.keys()).finish()
+        f.debug_struct("Credentials")
+            .field("bmcs", &self.bmcs.keys().collect::<Vec<_>>())
+            .field("pdus", &self.pdus.keys().collect::<Vec<_>>())
+            .finish()
     }
 }
 
 impl Credentials {
     /// Records the password `machine`'s BMC client was built with.
     pub fn insert(&mut self, machine: &str, password: &str) {
-        self.0.insert(machine.to_string(), password.to_string());
+        self.bmcs.insert(machine.to_string(), password.to_string());
     }
 
-    /// Machines of `new` whose password file now holds another password than the recorded
-    /// one. A machine added or removed is a change of the BMC list ([`needs_restart`]), not
-    /// of credentials; a file that cannot be read counts as changed.
+    /// Records the secret (password or community) the PDU `name`'s agent runs with.
+    pub fn insert_pdu(&mut self, name: &str, secret: &str) {
+        self.pdus.insert(name.to_string(), secret.to_string());
+    }
+
+    /// Machines of `new` whose password file, then PDUs of `new` (as `pdu NAME`) whose
+    /// password or community file, now hold another secret than the recorded one. A machine
+    /// or PDU added or removed, or a secret file named or no longer named, is a change of
+    /// the configuration ([`needs_restart`]), not of credentials; a file that cannot be read
+    /// counts as changed.
     pub fn changed(&self, new: &Config) -> Vec<String> {
-        new.bmcs
-            .iter()
-            .filter(|b| {
-                self.0
-                    .get(&b.machine)
-                    .is_some_and(|running| b.read_password().ok().as_ref() != Some(running))
-            })
-            .map(|b| b.machine.clone())
-            .collect()
+        let bmcs = new.bmcs.iter().filter_map(|b| {
+            let running = self.bmcs.get(&b.machine)?;
+            (b.read_password().ok().as_ref() != Some(running)).then(|| b.machine.clone())
+        });
+        let pdus = new.pdus.iter().filter_map(|p| {
+            let running = self.pdus.get(&p.name)?;
+            let now = p.read_secret().ok().flatten();
+            (now.as_ref() != Some(running)).then(|| format!("pdu {}", p.name))
+        });
+        bmcs.chain(pdus).collect()
     }
 }
 
@@ -184,8 +200,8 @@ pub async fn serve(
                 }
                 if !r.credentials_changed.is_empty() {
                     warn!(
-                        machines = ?r.credentials_changed,
-                        "BMC password files changed: BMC credentials apply only after a restart (`systemctl restart bmc-gateway`); until then the gateway uses the passwords it started with"
+                        devices = ?r.credentials_changed,
+                        "BMC password or PDU password/community files changed: device credentials apply only after a restart (`systemctl restart bmc-gateway`); until then the gateway uses the secrets it started with"
                     );
                 }
             }
@@ -316,6 +332,57 @@ mod tests {
         // The password never shows in the debug form.
         let dbg = format!("{r:?}");
         assert!(!dbg.contains("secret") && dbg.contains("m1"), "{dbg}");
+    }
+
+    /// Issue 32: a PDU's community (or password) file rewritten under a running gateway is
+    /// reported like a BMC's password file; the PDU's agent keeps the secret read at start.
+    #[tokio::test]
+    async fn a_changed_pdu_community_file_is_said_to_need_a_restart() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = files();
+        let community = f.dir.path().join("pdu-a.community");
+        std::fs::write(&community, "private\n").unwrap();
+        std::fs::set_permissions(&community, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut text = std::fs::read_to_string(&f.config).unwrap();
+        // `true` stands for an installed fence agent (any program found along PATH is one).
+        text = text.replace(
+            "[[bmc]]",
+            &format!(
+                "[[pdu]]\nname = \"pdu-a\"\nagent = \"true\"\nhost = \"10.1.0.50\"\n\
+                 password_file = {:?}\nsecret_option = \"community\"\n[[bmc]]",
+                community.display().to_string()
+            ),
+        );
+        std::fs::write(&f.config, text).unwrap();
+        let mut r = reloader(&f);
+        // As `build` records them: the PDU's secret as its device was made with it.
+        crate::pdu_devices(&r.running, &mut r.credentials).unwrap();
+        let same = r.reload().unwrap();
+        assert!(same.credentials_changed.is_empty(), "{same:?}");
+        assert!(!same.needs_restart);
+        std::fs::write(&community, "c0mmunity-2\n").unwrap();
+        let changed = r.reload().unwrap();
+        assert_eq!(changed.credentials_changed, ["pdu pdu-a"]);
+        assert!(
+            !changed.needs_restart,
+            "the configuration file itself is the same"
+        );
+        // Both kinds at once, BMCs first. A secret file that is gone refuses the reload as a
+        // whole (the configuration does not load), as at start.
+        std::fs::write(f.dir.path().join("m1.pw"), "second-secret\n").unwrap();
+        std::fs::remove_file(&community).unwrap();
+        assert!(r.reload().is_err(), "a missing secret file does not load");
+        std::fs::write(&community, "c0mmunity-3\n").unwrap();
+        std::fs::set_permissions(&community, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(r.reload().unwrap().credentials_changed, ["m1", "pdu pdu-a"]);
+        // Back to the secret it runs with: nothing to say about the PDU.
+        std::fs::write(&community, "private\n").unwrap();
+        assert_eq!(r.reload().unwrap().credentials_changed, ["m1"]);
+        let dbg = format!("{r:?}");
+        assert!(
+            !dbg.contains("private") && !dbg.contains("c0mm") && dbg.contains("pdu-a"),
+            "{dbg}"
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::journal::JournalError;
+use crate::journal::error::{JournalError, io};
 
 /// The lock file's name inside the state directory.
 pub const LOCK_FILE: &str = "bmc-gateway.lock";
@@ -25,13 +25,6 @@ pub const LOCK_FILE: &str = "bmc-gateway.lock";
 #[derive(Debug)]
 pub struct StateLock {
     _file: File,
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
-    move |source| JournalError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 impl StateLock {

@@ -10,10 +10,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 use serde::Deserialize;
 
+mod command;
+pub(crate) mod error;
 pub(crate) mod ranges;
+
+pub use command::{Cli, Command};
+pub use error::ConfigError;
 
 /// Where the configuration file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/fleetmend/node-agent.toml";
@@ -43,38 +48,6 @@ pub const DEFAULT_FAIL_FREE_PERCENT: f64 = 5.0;
 pub const DEFAULT_WARN_FREE_INODES_PERCENT: f64 = 10.0;
 /// See [`DEFAULT_WARN_FREE_INODES_PERCENT`].
 pub const DEFAULT_FAIL_FREE_INODES_PERCENT: f64 = 5.0;
-
-/// Errors loading the configuration. All of them end the agent with exit code 64.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML for this configuration (unknown key, wrong type, …).
-    #[error("invalid config file {path}: {detail}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// toml's message, naming the key and line.
-        detail: String,
-    },
-    /// A value is missing or invalid after merging file, environment and flags.
-    #[error("invalid setting `{key}` ({origin}): {detail}")]
-    Invalid {
-        /// The key (as in the file; flags and env use the same name).
-        key: &'static str,
-        /// Where the value came from (`flag --ca`, `env FLEETMEND_AGENT_CA`, `file PATH`),
-        /// or where it could have been set when it is missing.
-        origin: String,
-        /// What is wrong and how to fix it.
-        detail: String,
-    },
-}
 
 /// Where a setting given on the command line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,53 +107,6 @@ fn origin_of(key: &str, flags: &Settings, in_file: &[&str], file: Option<&Path>)
         ),
         _ => file_note,
     }
-}
-
-impl ConfigError {
-    /// Configuration errors never go away by retrying.
-    pub fn is_retriable(&self) -> bool {
-        false
-    }
-}
-
-/// The agent's command line.
-#[derive(Debug, Parser)]
-#[command(
-    name = "node-agent",
-    version = protocol::VERSION,
-    about = "Fleetmend node agent: reports this server's health to the coordinator",
-    after_help = "Signals: SIGTERM/SIGINT say goodbye to the coordinator and stop. SIGHUP re-reads the \
-configuration and the TLS files: the new report interval, checks and coordinator apply at once \
-(a changed coordinator reconnects), a new certificate from the next connection; settings that \
-do not load or name another node are refused with an error log and the running ones kept."
-)]
-pub struct Cli {
-    /// What to do (default: run).
-    #[command(subcommand)]
-    pub command: Option<Command>,
-    /// Settings, accepted before or after the subcommand.
-    #[command(flatten)]
-    pub settings: Settings,
-}
-
-/// Subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Report health to the coordinator until SIGTERM/SIGINT (the default); SIGHUP reloads
-    /// the configuration and TLS files, keeping the running ones if the new ones are invalid.
-    Run,
-    /// Run every check once and print the results, after what decides whether `run` can
-    /// work (its TLS files, the actions it allows); exit 1 if a check fails, 64 if `run`
-    /// would not start.
-    Check {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
-    /// From the kdump initramfs: tell the coordinator this machine's crash dump started or
-    /// is written. Reads no config file: give --coordinator, --ca, --cert and --key. Exit
-    /// codes: 0 recorded, 64 bad input, 69 coordinator unreachable or refusing.
-    KdumpNotify(Box<crate::kdump_notify::KdumpNotifyArgs>),
 }
 
 /// Flags (and their environment variables) that override the file.
@@ -689,6 +615,8 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {

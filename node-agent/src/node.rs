@@ -10,7 +10,7 @@ use std::path::Path;
 
 use protocol::messages::AgentHello;
 
-use crate::checks::{read_trimmed, under_root};
+use crate::checks::base::{read_trimmed, under_root};
 
 /// Errors reading node facts that the agent cannot work without.
 #[derive(Debug, thiserror::Error)]

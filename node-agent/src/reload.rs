@@ -57,7 +57,7 @@ pub enum ReloadError {
     },
     /// The new certificate does not chain to the new CA.
     #[error(transparent)]
-    ForeignCertificate(#[from] crate::agent::ForeignCertificate),
+    ForeignCertificate(#[from] crate::agent::error::ForeignCertificate),
     /// Node facts cannot be read under the new root.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -88,7 +88,7 @@ pub fn prepare(cfg: &Config, tls: &TlsMaterial, new: Config) -> Result<Reloaded,
         key: coordinator.key.clone(),
     })
     .map_err(ReloadError::Tls)?;
-    crate::agent::check_own_chain(&new_tls, &coordinator)?;
+    crate::agent::error::check_own_chain(&new_tls, &coordinator)?;
     let hostname = node::hostname(&new.root, new.hostname.as_deref())?;
     let running = tls.identity();
     if new_tls.identity() != running || running.name != hostname {

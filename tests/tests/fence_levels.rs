@@ -13,7 +13,9 @@
 //! - the coordinator SIGKILLed between the two outlets' offs resumes with no second action
 //!   on either outlet;
 //! - a missing agent, a wrong PDU community and an outlet feeding two machines are refused at
-//!   start (exit 64) naming the device and the key; `bmc-gateway check` lists every outlet.
+//!   start (exit 64) naming the device and the key; `bmc-gateway check` lists every outlet;
+//! - `docs/fencing.md`'s dual-PSU example loads in a real gateway, and `check` lists its BMC
+//!   and both outlets.
 //!
 //! Needs `ipmi_sim`, `fence-agents`, `snmpd`/`snmp` and the venv's `sushy-emulator`
 //! (scripts/setup-test-deps.sh installs them).
@@ -681,5 +683,103 @@ async fn bad_fence_devices_are_refused_at_start_naming_device_and_key() -> Resul
             .all(|r| r.contains("fence_apc_snmp") && r.contains(" on")),
         "{out}"
     );
+    Ok(())
+}
+
+/// `text` with `from` replaced by `to`; an error when `from` is not in it (the example this
+/// test swaps addresses in has changed: update the test with it).
+fn swap(text: &str, from: &str, to: &str) -> Result<String> {
+    if !text.contains(from) {
+        bail!("docs/fencing.md's dual-PSU example no longer holds {from:?}:\n{text}");
+    }
+    Ok(text.replace(from, to))
+}
+
+/// `docs/fencing.md`'s dual-PSU example, as written, only its addresses pointed at two
+/// `snmpd` PDUs and `ipmi_sim` and its secret files at this test's: a real gateway loads it
+/// and `bmc-gateway check` lists the BMC and outlet 11 of both PDUs with their state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dual_psu_example_of_the_fencing_docs_loads_and_check_lists_every_device() -> Result<()>
+{
+    let doc = std::fs::read_to_string(testkit::procs::workspace_root().join("docs/fencing.md"))?;
+    let example = doc
+        .split_once("A dual-PSU machine fed by")
+        .and_then(|(_, rest)| rest.split_once("```toml\n"))
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .map(|(toml, _)| toml)
+        .context("docs/fencing.md: no ```toml block after \"A dual-PSU machine fed by\"")?;
+    let (pdu_a, pdu_b) = (
+        SnmpPdu::start(11, "community-a").await?,
+        SnmpPdu::start(11, "community-b").await?,
+    );
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let d = pki.dir.path();
+    let (cert, key) = pki.issue_files(protocol::Role::Gateway, RACK)?;
+    let mut text = example.to_string();
+    for (pdu, name, host) in [
+        (&pdu_a, "pdu-a", "10.0.101.250"),
+        (&pdu_b, "pdu-b", "10.0.101.251"),
+    ] {
+        let secret = write_secret(d, &format!("{name}.community"), &pdu.community)?;
+        text = swap(
+            &text,
+            &format!("host = \"{host}\""),
+            &format!("host = \"127.0.0.1\"\nport = {}", pdu.port),
+        )?;
+        text = swap(
+            &text,
+            &format!("\"/etc/fleetmend/bmc/{name}.community\""),
+            &format!("{:?}", secret.display().to_string()),
+        )?;
+    }
+    let pw = write_secret(d, "bmc.pw", &sim.password)?;
+    text = swap(
+        &text,
+        "host = \"10.0.101.11\"",
+        &format!("host = \"127.0.0.1\"\nport = {}", sim.port),
+    )?;
+    text = swap(
+        &text,
+        "username = \"fleetmend\"",
+        &format!("username = {:?}", sim.username),
+    )?;
+    text = swap(
+        &text,
+        "\"/etc/fleetmend/bmc/10.0.1.11.pw\"",
+        &format!("{:?}", pw.display().to_string()),
+    )?;
+    let config = d.join("gw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstate_dir = \"{}\"\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\n{text}",
+            d.join("state").display(),
+            pki.ca_file()?.display(),
+            cert.display(),
+            key.display()
+        ),
+    )?;
+    let (code, out) = gateway_run(&config, true).await?;
+    assert_eq!(code, Some(0), "{out}");
+    let row = |what: &str| -> Result<&str> {
+        out.lines()
+            .find(|l| l.contains(what))
+            .with_context(|| format!("no row with {what:?} in:\n{out}"))
+    };
+    let bmc = row(&format!("127.0.0.1:{}", sim.port))?;
+    assert!(bmc.contains("10.0.1.11") && bmc.contains(" on"), "{out}");
+    for (pdu, name) in [(&pdu_a, "pdu-a"), (&pdu_b, "pdu-b")] {
+        let outlet = row(&format!(
+            "level 2: {name} outlet 11 (127.0.0.1:{})",
+            pdu.port
+        ))?;
+        assert!(
+            outlet.contains("fence_apc_snmp") && outlet.contains(" on"),
+            "{out}"
+        );
+    }
+    // Read, not switched: check never acts on a device.
+    assert!(pdu_a.sets().is_empty() && pdu_b.sets().is_empty());
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 
 /// Units that may be restarted when the file does not say: the kubelet and the container
 /// runtime are what hangs on a Kubernetes node and what a restart fixes.

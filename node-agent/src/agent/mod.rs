@@ -54,7 +54,7 @@ use crate::systemd::{Notifier, STEP_LIMIT, ShutdownProbe, pinging};
 
 mod certs;
 mod endpoint;
-mod error;
+pub(crate) mod error;
 pub mod preflight;
 mod report_form;
 

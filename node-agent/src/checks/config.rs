@@ -10,7 +10,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::xid::{XidAction, XidTable};
-use crate::config::{ConfigError, parse_duration};
+use protocol::duration::parse as parse_duration;
+
+use crate::config::error::ConfigError;
 
 /// node-problem-detector's default `invoke_interval` for custom plugins: a plugin written
 /// for it expects to run about this often.

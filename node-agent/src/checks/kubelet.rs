@@ -22,7 +22,7 @@ use protocol::messages::{CheckKind, CheckResult, CheckStatus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::result;
+use super::base::result;
 
 /// Subject of the kubelet result.
 pub const SUBJECT: &str = "kubelet";

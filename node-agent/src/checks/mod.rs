@@ -11,6 +11,7 @@
 //! path in its detail, so one broken subsystem cannot hide the others. They deliberately do
 //! not decide whether the machine should be repaired; the coordinator does.
 
+pub(crate) mod base;
 pub mod config;
 pub mod disk;
 pub mod gpu;
@@ -22,38 +23,14 @@ pub mod nic;
 pub mod plugin;
 pub mod xid;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use protocol::messages::{CheckKind, CheckResult, CheckStatus};
+use protocol::messages::CheckResult;
 
 use crate::config::Config;
 
-/// `<root><node_path>`: where a node path such as `/sys/class/net` lives under `root`.
-pub fn under_root(root: &Path, node_path: &str) -> PathBuf {
-    root.join(node_path.trim_start_matches('/'))
-}
-
-/// Reads a small sysfs/procfs file and trims it.
-pub(crate) fn read_trimmed(path: &Path) -> std::io::Result<String> {
-    // Not `fs::read_to_string`: its size probe (a `statx` per file) is wasted on sysfs and
-    // procfs, which report 4096 or 0; one `pread` holds any of these files.
-    kept::read_path_trimmed(path)
-}
-
-/// Builds a result.
-pub fn result(
-    kind: CheckKind,
-    subject: &str,
-    status: CheckStatus,
-    detail: impl Into<String>,
-) -> CheckResult {
-    CheckResult {
-        kind,
-        subject: subject.to_string(),
-        status,
-        detail: detail.into(),
-    }
-}
+pub(crate) use base::read_trimmed;
+pub use base::{result, under_root};
 
 /// Runs the configured checks; owns the state kept between rounds.
 pub struct Checker {
@@ -185,9 +162,12 @@ impl Checker {
 #[cfg(test)]
 mod tests {
     use std::io::{self, BufRead, BufReader, Write};
+    use std::path::Path;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
+
+    use protocol::messages::{CheckKind, CheckStatus};
 
     use super::*;
     use crate::config::{KubeletConfig, MountConfig};
