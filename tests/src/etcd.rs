@@ -102,10 +102,10 @@ impl std::fmt::Debug for Etcd {
     }
 }
 
-/// The cached `etcd` binary (see [`crate::real_k8s::etcd_binary`]: a build under way is
+/// The cached `etcd` binary (see [`crate::go_peers::etcd_binary`]: a build under way is
 /// waited for only until its etcd is built).
 pub fn binary() -> anyhow::Result<PathBuf> {
-    Ok(crate::real_k8s::etcd_binary()?.join("etcd"))
+    Ok(crate::go_peers::etcd_binary()?.join("etcd"))
 }
 
 impl Etcd {

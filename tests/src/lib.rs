@@ -16,6 +16,7 @@ pub mod etcd;
 pub mod fake_k8s;
 pub mod fake_sabakan;
 pub mod fixture;
+pub mod go_peers;
 pub mod pdu_sim;
 pub mod procs;
 pub mod real_k8s;

@@ -31,7 +31,8 @@ use protocol::identity::Role;
 use protocol::pki::{Ca, IssueOptions};
 
 use crate::etcd::Etcd;
-use crate::procs::{Proc, free_tcp_port, workspace_root};
+use crate::go_peers::binaries;
+use crate::procs::{Proc, free_tcp_port};
 
 /// How long the control plane may take to come up on a loaded 2-core machine (the API
 /// server alone needs 5–15 s to install its built-in resources).
@@ -87,63 +88,6 @@ impl std::fmt::Debug for RealK8s {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RealK8s").field("url", &self.url).finish()
     }
-}
-
-/// The directory holding `kube-apiserver`, `kube-controller-manager` and `etcd`:
-/// `FLEETMEND_K8S_BIN_DIR`, or the cache `scripts/build-k8s.sh --wait` names. A build under way
-/// (scripts/test.sh starts it in the background) is waited for; an error says what to run
-/// when there is none.
-pub fn binaries() -> anyhow::Result<PathBuf> {
-    go_built(None)
-}
-
-/// The directory holding `etcd` alone, as [`binaries`] finds it but waiting only for the
-/// build's etcd (built first), for the tests that need no control plane.
-pub fn etcd_binary() -> anyhow::Result<PathBuf> {
-    go_built(Some("etcd"))
-}
-
-fn go_built(only: Option<&str>) -> anyhow::Result<PathBuf> {
-    let names: &[&str] = match only {
-        Some(b) => &[b][..],
-        None => &["kube-apiserver", "kube-controller-manager", "etcd"],
-    };
-    if let Some(d) = std::env::var_os("FLEETMEND_K8S_BIN_DIR") {
-        let d = PathBuf::from(d);
-        check_binaries(&d, names)?;
-        return Ok(d);
-    }
-    let script = workspace_root().join("scripts/build-k8s.sh");
-    let out = Command::new(&script)
-        .arg("--wait")
-        .args(only)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} not built: {}run scripts/setup-test-deps.sh (it builds kube-apiserver, \
-             kube-controller-manager and etcd from their Go modules)",
-            names.join(", "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let d = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    check_binaries(&d, names)?;
-    Ok(d)
-}
-
-fn check_binaries(d: &Path, names: &[&str]) -> anyhow::Result<()> {
-    for b in names {
-        if !d.join(b).is_file() {
-            bail!(
-                "{} is missing: run scripts/setup-test-deps.sh (it builds kube-apiserver, \
-                 kube-controller-manager and etcd from their Go modules)",
-                d.join(b).display()
-            );
-        }
-    }
-    Ok(())
 }
 
 fn kubeconfig(url: &str, ca: &Path, user: &str, token: &str) -> String {
