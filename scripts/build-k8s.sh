@@ -134,7 +134,11 @@ say "go build go.etcd.io/etcd/server/v3"
 go build -trimpath -ldflags "-s -w" -o "$work/etcd-bin" go.etcd.io/etcd/server/v3
 say "etcd built in $((SECONDS - t)) s"
 mv "$work/etcd-bin" "$OUT/etcd"
-"$OUT/etcd" --version | head -n 1 >&2
+# Its first line only, read whole: `etcd --version | head -n 1` let head close the pipe before
+# etcd had written its other lines, and under pipefail that SIGPIPE ended the build here
+# (a race: it killed one cold build in two on the 2-core machine).
+version=$("$OUT/etcd" --version)
+say "${version%%$'\n'*}"
 touch "$OUT/.etcd-complete"
 
 # --- Kubernetes ---------------------------------------------------------------------------
