@@ -60,6 +60,18 @@ fn line(what: &'static str, r: Result<String, String>) -> CheckLine {
     }
 }
 
+/// The `database` line: the SQLite file's checks, or the refusal the start would give for a
+/// backend this build cannot open (`Store::open_configured`), not "will be created".
+fn check_store(config: &Config, copy: &DbCopy) -> Result<String, String> {
+    match config.store.backend {
+        crate::store::config::Backend::Sqlite => check_database(&config.database, copy),
+        backend => Err(crate::store::StoreError::NotBuilt {
+            backend: backend.as_str(),
+        }
+        .to_string()),
+    }
+}
+
 /// Runs every check; a configuration that does not load is one failed line.
 pub fn check(config_path: &Path) -> Vec<CheckLine> {
     let config = match Config::load(config_path) {
@@ -136,7 +148,7 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
             ));
         }
     }
-    out.push(line("database", check_database(&config.database, &copy)));
+    out.push(line("database", check_store(&config, &copy)));
     let mut served = std::collections::BTreeMap::new();
     for g in check_gateways(&config) {
         out.push(line("gateway", g.line));
@@ -211,5 +223,34 @@ mod tests {
         assert_eq!(lines.len(), 1);
         assert!(!lines[0].ok);
         assert!(render(&lines).contains("FAIL"));
+    }
+
+    #[test]
+    fn a_backend_this_build_cannot_open_fails_the_database_line_as_the_start_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let base = format!(
+            "listen = \"127.0.0.1:7443\"\ndatabase = \"{}\"\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n",
+            db.display()
+        );
+        let database_line = |extra: &str| {
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, format!("{base}{extra}")).unwrap();
+            let lines = check(&path);
+            let l = lines
+                .iter()
+                .find(|l| l.what == "database")
+                .expect("a database line")
+                .clone();
+            (l.ok, l.detail)
+        };
+        let (ok, detail) = database_line("");
+        assert!(ok, "{detail}");
+        assert!(detail.contains("will be created"), "{detail}");
+        let (ok, detail) =
+            database_line("[store]\nbackend = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\n");
+        assert!(!ok, "{detail}");
+        assert!(detail.contains("not available in this build"), "{detail}");
+        assert!(!db.exists(), "check creates nothing");
     }
 }
