@@ -165,6 +165,16 @@ pub const ANSWER_MARGIN: Duration = Duration::from_secs(15);
 /// connections).
 pub const GATEWAY_KEEP_ALIVE: Duration = Duration::from_secs(1);
 
+/// Silence after which a gateway connection is taken for dead. A gateway killed and not
+/// restarted sends no stateless reset: only this timeout says it is gone, and a request
+/// waiting on it learns that its answer is lost ([`PowerError::AnswerLost`]: the step holds
+/// and resends the same id). With keep-alives every [`GATEWAY_KEEP_ALIVE`], five missed in a
+/// row is no accident of a loaded link, while the transport's default (30 s) left a power step
+/// silent for half a minute before the entry's history said it was holding. A long power
+/// action does not count as silence: the gateway's QUIC stack answers the keep-alives while
+/// its BMC call runs. QUIC takes the lower of both sides' limits, so this one applies.
+pub const GATEWAY_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Limit the gateway applies to a request without one (it defaults to 30 s, 60 s for a fence);
 /// mirrored here to know how long to wait.
 fn gateway_default(action: PowerAction) -> Duration {
@@ -324,7 +334,9 @@ impl QuicGateways {
                 e
             }
         };
-        endpoint.set_default_client_config(tls.quinn_client_config_keep_alive(GATEWAY_KEEP_ALIVE)?);
+        endpoint.set_default_client_config(
+            tls.quinn_client_config_keep_alive(GATEWAY_KEEP_ALIVE, GATEWAY_IDLE_TIMEOUT)?,
+        );
         Ok(endpoint)
     }
 

@@ -32,6 +32,9 @@ use serde::de::DeserializeOwned;
 /// promptly, slow enough not to steal CPU from the processes being watched.
 pub const POLL: Duration = Duration::from_millis(50);
 
+/// How many of a log's last lines a failed [`Proc::wait_for_log`] shows.
+const LOG_TAIL: usize = 30;
+
 /// Generous bound for process start-up on a loaded 2-core CI machine.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -309,11 +312,21 @@ impl Proc {
             &format!("{} to log a line with {needles:?}", self.name),
             timeout,
             || {
-                self.log_text()
-                    .lines()
+                let text = self.log_text();
+                text.lines()
                     .find(|l| needles.iter().all(|n| l.contains(n)))
                     .map(str::to_string)
-                    .ok_or_else(|| "no such line".to_string())
+                    .ok_or_else(|| {
+                        // The log's end, so a timeout in CI says what the process did instead.
+                        // Without the DEBUG lines and the admin connections of the test's
+                        // own polling, which would fill it.
+                        let lines: Vec<&str> = text
+                            .lines()
+                            .filter(|l| !l.contains(" DEBUG ") && !l.contains("admin connected"))
+                            .collect();
+                        let tail = lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n");
+                        format!("no such line; the log ends:\n{tail}")
+                    })
             },
         )
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use testkit::bmc_sim::{GatewayOptions, GatewayProc, IpmiSim, TestPki, find_program, wait_until};
-use testkit::procs::{Coordinator, CoordinatorOptions, Pki, wait_for};
+use testkit::procs::{Coordinator, CoordinatorOptions, Pki, START_TIMEOUT, metric, wait_for};
 
 const MACHINE: &str = "192.0.2.31";
 const RACK: &str = "rack-7";
@@ -495,15 +495,40 @@ async fn a_gateway_outage_holds_the_power_step_until_it_is_back() -> Result<()> 
     let gw = rig.gateway(opts.clone()).await?;
     let quic = gw.quic;
     let c = rig.coordinator("c", quic).await?;
+    // The coordinator connects to the gateway at start (its reach watch): kill the gateway
+    // only once that connection is up, so the power request goes out on it and finds it
+    // dead. (Killed before, the request found nothing to connect to: another path.)
+    {
+        let c = c.clone();
+        tokio::task::spawn_blocking(move || {
+            wait_for(
+                "the coordinator to reach the gateway",
+                START_TIMEOUT,
+                || {
+                    let (_, scrape) = c.http_get("/metrics").map_err(|e| e.to_string())?;
+                    match metric(
+                        &scrape,
+                        &format!("fleetmend_power_gateway_reachable{{gateway=\"{RACK}\"}}"),
+                    ) {
+                        Some(1.0) => Ok(()),
+                        other => Err(format!("reachable = {other:?}")),
+                    }
+                },
+            )
+        })
+        .await??;
+    }
     gw.kill().await?;
     let down_at = std::time::Instant::now();
 
     let job = tokio::spawn(repair(c.clone(), Duration::from_secs(200)));
-    // While the gateway is away the entry is held: still processing, never failed.
+    // While the gateway is away the entry is held: still processing, never failed. The
+    // request went out on a connection whose peer is dead: the gateway connection's idle
+    // timeout (5 s) says so, where the transport's default (30 s) left the step silent.
     {
         let c = c.clone();
         tokio::task::spawn_blocking(move || {
-            c.wait_for_log(&["holding the step"], Duration::from_secs(30))
+            c.wait_for_log(&["holding the step"], Duration::from_secs(20))
         })
         .await??;
     }

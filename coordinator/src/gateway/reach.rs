@@ -16,7 +16,7 @@ use crate::metrics::MetricsSource;
 
 /// How often each gateway is reached. 30 s: a gateway gone is known (and alerted on after
 /// the rule's `for`) long before a fence needs it; with the connection kept open, a reach is
-/// a look at its state (QUIC keep-alives every 10 s), not a new handshake.
+/// a look at its state (QUIC keep-alives every second), not a new handshake.
 pub const REACH_EVERY: Duration = Duration::from_secs(30);
 
 /// One attempt's limit: the QUIC handshake's and the hello's own bounds are 10 s.

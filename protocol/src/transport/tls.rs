@@ -258,12 +258,13 @@ impl TlsMaterial {
     }
 
     /// As [`TlsMaterial::quinn_client_config`], with a keep-alive every `keep_alive` instead
-    /// of [`super::KEEP_ALIVE`]: for a client that waits on a few connections for answers
+    /// of [`super::KEEP_ALIVE`] and `idle_timeout` instead of [`super::IDLE_TIMEOUT`]: for a client that waits on a few connections for answers
     /// and must learn soon that the peer restarted (its stateless reset answers the first
     /// packet the client sends after the restart, and a keep-alive is that packet).
     pub fn quinn_client_config_keep_alive(
         &self,
         keep_alive: std::time::Duration,
+        idle_timeout: std::time::Duration,
     ) -> Result<quinn::ClientConfig, TransportError> {
         let crypto =
             quinn::crypto::rustls::QuicClientConfig::try_from(self.rustls_client_config()?)
@@ -271,6 +272,10 @@ impl TlsMaterial {
         let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
         let mut t = transport_config(false);
         t.keep_alive_interval(Some(keep_alive));
+        // A VarInt of milliseconds holds 146 million years: no caller's constant overflows.
+        t.max_idle_timeout(Some(
+            idle_timeout.try_into().expect("idle timeout fits a VarInt"),
+        ));
         cfg.transport_config(Arc::new(t));
         Ok(cfg)
     }
