@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs the test peers, builds everything
-# once, then cargo test. Extra arguments go to `cargo test` (e.g. `-- --nocapture`).
+# once, then runs the test binaries several at a time (scripts/run-test-binaries.py) and the
+# doc tests. Arguments: `--release`, `--no-fail-fast` (the runner never stops early), a test
+# name filter, and after `--` the test binaries' own (`-- --nocapture`); any other cargo
+# option (`--test FILE`, `-p CRATE`, ...) runs one plain `cargo test --workspace` with them.
 #
 # Build once: `cargo build --workspace --bins --tests` compiles every test target and every
 # binary with the feature resolution `cargo test --workspace` uses (dev-dependencies
@@ -27,7 +30,10 @@ step() {
 profile=debug
 build_args=()
 # Arguments that choose test targets themselves: then one plain cargo test run.
+# Any other cargo option before `--` gets one plain cargo test run too (the runner below
+# knows only --release and --no-fail-fast, and a test name filter).
 own_targets=0
+filter=()
 for a in "$@"; do
   [ "$a" = -- ] && break
   case "$a" in
@@ -35,9 +41,11 @@ for a in "$@"; do
     profile=release
     build_args=(--release)
     ;;
-  --test | --test=* | --lib | --bins | --bin | --bin=* | --doc | --tests | -p | --package | --package=*)
+  --no-fail-fast) ;;
+  -*)
     own_targets=1
     ;;
+  *) filter+=("$a") ;;
   esac
 done
 step build cargo build --workspace --bins --tests "${build_args[@]}"
@@ -54,37 +62,34 @@ bin_dir="$target_dir/$profile-bin"
 rm -rf "$bin_dir" && mkdir -p "$bin_dir"
 find "$target_dir/$profile" -maxdepth 1 -type f -perm -u+x -exec ln -s {} "$bin_dir/" \;
 ln -f "$agent_bin" "$bin_dir/node-agent"
-# Three runs of cargo test. The first runs every test that needs none of the Go-built peers
-# while a cold Go build of them (started niced in the background by setup-test-deps.sh)
-# takes the CPU those tests leave idle; the second runs the doc tests; the third, the
-# integration tests that need those peers (their names match `late` below), for which the
-# test kit waits for a build under way (scripts/build-k8s.sh --wait). All runs always
-# happen; the script fails if any did.
+# The test binaries run several at a time (scripts/run-test-binaries.py: most of the suite's
+# time is spent waiting on processes and timers, not computing), longest first. Those that
+# need the Go-built peers (their names match `late` below) are started last: a cold Go build
+# of the peers (started niced in the background by setup-test-deps.sh) takes the CPU the
+# others leave idle, and their test kit waits for a build under way (scripts/build-k8s.sh
+# --wait). Then the doc tests. Both runs always happen; the script fails if either did.
+# Arguments that pick test targets (`--test FILE`, `-p CRATE`, ...) get one plain cargo test.
 if [ "$own_targets" = 1 ]; then
   FLEETMEND_BIN_DIR="$bin_dir" step test cargo test --workspace "$@"
   exit
 fi
-late=('real_k8s*' 'etcd*' 'store_conformance*')
-mapfile -t targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
-import fnmatch, json, sys
-late = sys.argv[1:]
-for p in json.load(sys.stdin)["packages"]:
-    for t in p["targets"]:
-        if "test" in t["kind"]:
-            print(("late " if any(fnmatch.fnmatch(t["name"], g) for g in late) else "early ") + t["name"])
-' "${late[@]}")
-early_args=(--lib --bins)
-late_args=()
-for t in "${targets[@]}"; do
-  case "$t" in
-  early\ *) early_args+=(--test "${t#early }") ;;
-  late\ *) late_args+=(--test "${t#late }") ;;
-  esac
+# Before `--`: cargo's options for the runner (--release, --no-fail-fast: it never stops
+# early); after: the test binaries' own arguments (a name filter, --nocapture, ...).
+runner_args=()
+[ "$profile" = release ] && runner_args+=(--release)
+test_args=("${filter[@]}")
+seen_dashes=0
+for a in "$@"; do
+  if [ "$seen_dashes" = 1 ]; then
+    test_args+=("$a")
+  elif [ "$a" = -- ]; then
+    seen_dashes=1
+  fi
 done
 failed=0
-FLEETMEND_BIN_DIR="$bin_dir" step test cargo test --workspace "${early_args[@]}" "$@" || failed=1
-FLEETMEND_BIN_DIR="$bin_dir" step doc-tests cargo test --workspace --doc "$@" || failed=1
-if [ ${#late_args[@]} -gt 0 ]; then
-  FLEETMEND_BIN_DIR="$bin_dir" step test-go-peers cargo test --workspace "${late_args[@]}" "$@" || failed=1
-fi
+FLEETMEND_BIN_DIR="$bin_dir" step test python3 scripts/run-test-binaries.py "${runner_args[@]}" \
+  --late 'real_k8s*' --late 'etcd*' --late 'store_conformance*' -- "${test_args[@]}" || failed=1
+doc_args=()
+[ "$profile" = release ] && doc_args+=(--release)
+FLEETMEND_BIN_DIR="$bin_dir" step doc-tests cargo test --workspace --doc "${doc_args[@]}" -- "${test_args[@]}" || failed=1
 exit "$failed"
