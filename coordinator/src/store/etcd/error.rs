@@ -94,6 +94,22 @@ pub enum EtcdError {
         /// The area.
         area: &'static str,
     },
+    /// This coordinator's leadership has ended: the write was refused (by etcd's compare on
+    /// the leader key, or before sending once the term was over) and nothing was written.
+    #[error(
+        "this coordinator no longer leads (its epoch {epoch} ended: {why}); the write to {key} \
+         was refused and nothing was written; it stops acting and steps down ({leader_key})"
+    )]
+    Deposed {
+        /// The epoch this coordinator held.
+        epoch: i64,
+        /// What the leader key showed, or why the term ended.
+        why: String,
+        /// The key the refused write was for.
+        key: String,
+        /// The leader key.
+        leader_key: String,
+    },
     /// A value is not the JSON this coordinator expects.
     #[error(
         "etcd key {key} does not hold what this coordinator expects ({source}); it was \
@@ -161,6 +177,11 @@ impl EtcdError {
     /// True for conditions that may pass by themselves (etcd down or slow, a lost race).
     pub fn is_retriable(&self) -> bool {
         self.is_storage_failure() || matches!(self, EtcdError::Contended { .. })
+    }
+
+    /// True when this coordinator's leadership ended under the write ([`EtcdError::Deposed`]).
+    pub fn is_deposed(&self) -> bool {
+        matches!(self, EtcdError::Deposed { .. })
     }
 
     /// True when an operator must fix the configuration or the data (exit code 64).

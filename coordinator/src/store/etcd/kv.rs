@@ -13,10 +13,16 @@
 //!   one transaction, so two writers never get one number; with `keep`, the same transaction
 //!   deletes the item that falls out, so a history stays bounded without a sweeper.
 //!
+//! Every write of the store goes through [`Txn`] (the helpers above and
+//! [`EtcdStore::kv_delete_dir`] included), so a leader's fence ([`super::fence`]) is in each
+//! one: its compare on the leader key's create revision is added at commit, and a commit
+//! that failed on it (told apart from the write's own compares by reading the leader key in
+//! the transaction's else branch) is [`EtcdError::Deposed`], which ends the term.
+//!
 //! Numbers in keys are zero-padded to 20 digits so that etcd's byte order is numeric order.
 //! Not here: what any area stores.
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, TxnOp, TxnOpResponse, TxnResponse};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -282,22 +288,21 @@ impl EtcdStore {
         })
     }
 
-    /// Deletes every key under the directory `rel`; how many were deleted.
+    /// Deletes every key under the directory `rel`; how many were deleted. A transaction
+    /// like every write, so a leader's fence holds here too.
     pub async fn kv_delete_dir(&self, rel: &str) -> Result<i64, EtcdError> {
-        let dir = self.dir_key(rel);
-        let mut kv = self.client.kv_client();
-        let resp = self
-            .bounded(
-                "delete",
-                &dir,
-                kv.delete(
-                    dir.clone(),
-                    Some(etcd_client::DeleteOptions::new().with_prefix()),
-                ),
-            )
-            .await?;
-        self.wrote();
-        Ok(resp.deleted())
+        let resp = self.txn().delete_dir(rel).run().await?;
+        Ok(resp
+            .map(|r| {
+                r.op_responses()
+                    .into_iter()
+                    .map(|op| match op {
+                        TxnOpResponse::Delete(d) => d.deleted(),
+                        _ => 0,
+                    })
+                    .sum()
+            })
+            .unwrap_or(0))
     }
 }
 
@@ -392,17 +397,73 @@ impl Txn {
     /// Commits like [`Txn::commit`]; the revision it made (every key it wrote now has that
     /// `mod_revision`), or `None` when a compare did not hold.
     pub async fn commit_at(self) -> Result<Option<i64>, EtcdError> {
+        Ok(self
+            .run()
+            .await?
+            .map(|resp| resp.header().map(|h| h.revision()).unwrap_or(0)))
+    }
+
+    /// Sends the transaction, with the leader's fence when the store carries one; etcd's
+    /// answer when every compare held, `None` when one of the transaction's own did not,
+    /// [`EtcdError::Deposed`] when the fence did not (or the term was already over).
+    async fn run(self) -> Result<Option<TxnResponse>, EtcdError> {
         let key = self.first_key.unwrap_or_default();
+        let mut compares = self.compares;
+        let mut otherwise = Vec::new();
+        let fence = self.store.fence().cloned();
+        if let Some(f) = &fence {
+            f.term.check().map_err(|why| deposed(f, why, &key))?;
+            compares.push(Compare::create_revision(
+                f.key.clone(),
+                CompareOp::Equal,
+                f.epoch(),
+            ));
+            // Read back when a compare fails: which one it was is in the answer.
+            otherwise.push(TxnOp::get(f.key.clone(), None));
+        }
         let txn = etcd_client::Txn::new()
-            .when(self.compares)
-            .and_then(self.ops);
+            .when(compares)
+            .and_then(self.ops)
+            .or_else(otherwise);
         let mut kv = self.store.client.kv_client();
         let resp = self.store.bounded("txn", &key, kv.txn(txn)).await?;
         // A transaction that reached etcd's quorum (either branch) shows writes work.
         self.store.wrote();
-        Ok(resp
-            .succeeded()
-            .then(|| resp.header().map(|h| h.revision()).unwrap_or(0)))
+        if resp.succeeded() {
+            return Ok(Some(resp));
+        }
+        if let Some(f) = &fence {
+            let holder = resp.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(g.kvs().first().map(|kv| kv.create_revision())),
+                _ => None,
+            });
+            let why = match holder {
+                Some(Some(epoch)) if epoch == f.epoch() => None,
+                Some(Some(other)) => Some(format!(
+                    "the leader key {} now has epoch {other}: another coordinator leads",
+                    f.key
+                )),
+                Some(None) => Some(format!(
+                    "the leader key {} is gone: its lease expired or was revoked",
+                    f.key
+                )),
+                None => Some("etcd's answer did not show the leader key".to_string()),
+            };
+            if let Some(why) = why {
+                f.term.end(why.clone());
+                return Err(deposed(f, why, &key));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn deposed(f: &super::fence::Fence, why: String, key: &str) -> EtcdError {
+    EtcdError::Deposed {
+        epoch: f.epoch(),
+        why,
+        key: key.to_string(),
+        leader_key: f.key.clone(),
     }
 }
 

@@ -20,9 +20,14 @@
 //! linearizable read and the alarm list), so an idle coordinator never moves etcd's
 //! revision.
 //!
-//! Not here: what each area stores (its own file per area), leader election (issue 31).
+//! A leading coordinator's handle carries a [`fence::Fence`] ([`EtcdStore::fenced`]): every
+//! write it makes also compares the leader key's create revision with its epoch, so a
+//! deposed leader writes nothing.
+//!
+//! Not here: what each area stores (its own file per area), the election (`crate::ha`).
 
 pub mod error;
+pub mod fence;
 pub mod health;
 pub mod kv;
 mod not_yet;
@@ -180,6 +185,8 @@ pub struct EtcdStore {
     /// What an area keeps about its keys between calls (the repair queue: each entry's
     /// `mod_revision`), one value per type, shared by every clone.
     areas: Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
+    /// The leader's fence, when this handle is a leader's: compared in every write.
+    fence: Option<fence::Fence>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -187,6 +194,7 @@ impl std::fmt::Debug for EtcdStore {
         f.debug_struct("EtcdStore")
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.settings.prefix)
+            .field("epoch", &self.fence.as_ref().map(|f| f.epoch()))
             .finish()
     }
 }
@@ -232,6 +240,7 @@ impl EtcdStore {
             endpoints,
             health: Arc::new(StoreHealth::default()),
             areas: Arc::default(),
+            fence: None,
         };
         // The client connects lazily: one linearizable read proves a member answers and the
         // cluster has a leader.
@@ -246,6 +255,24 @@ impl EtcdStore {
                 other => other,
             })?;
         Ok(store)
+    }
+
+    /// This handle fenced by a leadership term: every write it makes commits only while the
+    /// leader key `leader_rel` (relative to the prefix) still has the term's epoch as its
+    /// create revision, and is not sent at all once the term is over
+    /// ([`EtcdError::Deposed`]). Clones share the areas' state with this handle.
+    pub fn fenced(&self, leader_rel: &str, term: Arc<fence::Term>) -> Self {
+        let mut s = self.clone();
+        s.fence = Some(fence::Fence {
+            key: self.key(leader_rel),
+            term,
+        });
+        s
+    }
+
+    /// The fence its writes carry, if it is a leader's handle.
+    pub fn fence(&self) -> Option<&fence::Fence> {
+        self.fence.as_ref()
     }
 
     /// The settings it was made with.
