@@ -150,6 +150,8 @@ pub struct App {
     )>,
     /// Crash-dump notices.
     kdump: Arc<crate::kdump::Kdumps>,
+    /// This coordinator's role: always leader with SQLite; elected on etcd.
+    pub role: Arc<crate::ha::RoleHandle>,
 }
 
 impl std::fmt::Debug for App {
@@ -335,6 +337,13 @@ impl App {
         if let Some((k, _)) = &kube {
             metrics_sources.push(Arc::new(k.node_view().clone()));
         }
+        // One coordinator per SQLite file: it always leads. On etcd the role comes from the
+        // election (`crate::ha`).
+        let role = match &store {
+            Store::Sqlite(_) => crate::ha::RoleHandle::sole(),
+            Store::Etcd(_) => crate::ha::RoleHandle::elected(),
+        };
+        metrics_sources.push(Arc::new(crate::ha::metrics::RoleMetrics(role.clone())));
         let cert_metrics = crate::certs::CertificateMetrics::new(tls.expiry(), fleet.clone());
         metrics_sources.push(cert_metrics.clone());
         let tls_reloader = Arc::new(crate::certs::TlsReloader::new(
@@ -367,6 +376,7 @@ impl App {
             remediation,
             kdump,
             tls_reloader,
+            role,
         })
     }
 
@@ -444,6 +454,7 @@ impl App {
                 metrics: self.metrics.clone(),
                 store: self.store.clone(),
                 sources: self.metrics_sources.clone(),
+                role: self.role.clone(),
             };
             tokio::spawn(crate::metrics::serve(listener, state, shutdown.clone()))
         });

@@ -410,8 +410,16 @@ async fn a_leader_that_loses_etcds_quorum_stops_acting_within_its_ttl() {
         .unwrap()
         .expect("not stopped");
     let took = cut.elapsed();
+    // The surviving member, if it led, answers keep-alives until it notices the lost quorum
+    // (etcd's election timeout, 1 s by default); the term then lasts one TTL from the last
+    // keep-alive it answered, and not a moment longer.
     assert!(
-        took <= ttl + Duration::from_millis(500),
+        l.term.valid_until() <= cut + ttl + Duration::from_millis(1500),
+        "a keep-alive was answered {:?} after the quorum was lost",
+        (l.term.valid_until() - ttl).saturating_duration_since(cut)
+    );
+    assert!(
+        took <= ttl + Duration::from_millis(2000),
         "stopped acting {took:?} after the quorum was lost (TTL {ttl:?}): {why}"
     );
     assert!(!c.role().is_leading());
@@ -441,4 +449,46 @@ async fn a_leader_that_loses_etcds_quorum_stops_acting_within_its_ttl() {
         1
     );
     stop.cancel();
+}
+
+/// The coordinator's path: campaign and hold; the lease lost, the role turns deposed and the
+/// token the coordinator stops on fires; a clean stop resigns, so a standby leads at once.
+#[tokio::test]
+async fn a_lost_lease_marks_the_role_deposed_and_fires_the_stop_and_a_clean_stop_resigns() {
+    use coordinator::ha::campaign_and_hold;
+    let etcd = shared().unwrap();
+    let prefix = fresh_prefix("lead");
+    let s = connect(etcd.endpoints(), &prefix).await;
+    let ttl = Duration::from_secs(10);
+    let c = candidate(&s, "a", ttl);
+    let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
+    let (l, holder) = campaign_and_hold(&c, &stop, lost.clone()).await.unwrap();
+    assert!(c.role().is_leading());
+    s.client().clone().lease_revoke(l.lease).await.unwrap();
+    tokio::time::timeout(BOUND, lost.cancelled())
+        .await
+        .expect("the stop token fired");
+    holder.await.unwrap();
+    let Role::Deposed { epoch, why, .. } = c.role().current() else {
+        panic!("{:?}", c.role().current())
+    };
+    assert_eq!(epoch, l.epoch);
+    assert!(why.contains("leader key"), "{why}");
+    // A clean stop gives the key up: the next candidate leads well within the 10 s TTL.
+    let c2 = candidate(&s, "b", ttl);
+    let (stop2, lost2) = (CancellationToken::new(), CancellationToken::new());
+    let (l2, holder2) = campaign_and_hold(&c2, &stop2, lost2.clone()).await.unwrap();
+    stop2.cancel();
+    holder2.await.unwrap();
+    assert!(!lost2.is_cancelled(), "a clean stop is not a deposal");
+    let resigned = Instant::now();
+    let c3 = candidate(&s, "c", ttl);
+    let l3 = lead(&c3).await;
+    assert!(
+        resigned.elapsed() < Duration::from_secs(2),
+        "took over {:?} after a resignation",
+        resigned.elapsed()
+    );
+    assert!(l3.epoch > l2.epoch);
+    l3.resign().await;
 }

@@ -49,3 +49,43 @@ impl MetricsSource for RoleMetrics {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::etcd::fence::Term;
+    use std::time::{Duration, Instant};
+
+    fn value(out: &str, series: &str) -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{series} missing in\n{out}"))
+            .to_string()
+    }
+
+    #[test]
+    fn the_role_is_rendered_as_leader_epoch_and_changes() {
+        let mut out = String::new();
+        RoleMetrics(RoleHandle::sole()).render(&mut out);
+        assert_eq!(value(&out, "fleetmend_coordinator_leader"), "1");
+        assert_eq!(value(&out, "fleetmend_coordinator_leader_epoch"), "0");
+        let r = RoleHandle::elected();
+        r.lead(Arc::new(Term::new(
+            9,
+            Instant::now() + Duration::from_secs(60),
+        )));
+        r.deposed("test");
+        out.clear();
+        RoleMetrics(r).render(&mut out);
+        assert_eq!(value(&out, "fleetmend_coordinator_leader"), "0");
+        assert_eq!(value(&out, "fleetmend_coordinator_leader_epoch"), "9");
+        assert_eq!(
+            value(&out, "fleetmend_coordinator_role{role=\"deposed\"}"),
+            "1"
+        );
+        assert_eq!(
+            value(&out, "fleetmend_coordinator_leadership_changes_total"),
+            "2"
+        );
+    }
+}

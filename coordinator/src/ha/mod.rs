@@ -8,6 +8,8 @@
 //!   moment either is gone or no keep-alive was answered for a TTL (monotonic clock).
 //! - [`role`]: the shared [`RoleHandle`] every acting loop, `/healthz`, `/metrics` and the
 //!   fencing tokens read.
+//! - [`lead`]: campaign, hold, and on the term's end mark the role deposed and fire the
+//!   token the coordinator stops on.
 //! - [`metrics`]: the role as Prometheus series.
 //!
 //! Every write of a leader is fenced by its epoch in the store itself
@@ -19,9 +21,11 @@
 pub mod config;
 pub mod election;
 pub mod keepalive;
+pub mod lead;
 pub mod metrics;
 pub mod role;
 
 pub use config::HaSection;
 pub use election::{Candidate, LEADER_KEY, Leadership};
+pub use lead::{EXIT_DEPOSED, campaign_and_hold};
 pub use role::{LeaderRecord, Role, RoleHandle};
