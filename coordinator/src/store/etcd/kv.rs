@@ -586,6 +586,41 @@ mod tests {
         assert_eq!(range_end(b"\xff"), vec![0]);
     }
 
+    /// The fence holds only if every write goes through [`Txn`]: no file of the coordinator
+    /// but this one opens etcd's KV client, except the election, whose writes are the leader
+    /// key itself (campaign, resign). A new area that wrote past `Txn` would write unfenced:
+    /// this test names it.
+    #[test]
+    fn no_etcd_write_bypasses_the_fenced_transaction() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(p);
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let allowed = [src.join("store/etcd/kv.rs"), src.join("ha/election.rs")];
+        let mut files = Vec::new();
+        walk(&src, &mut files);
+        assert!(files.len() > 50, "found the sources: {}", files.len());
+        let needle = ["kv_", "client()"].concat();
+        let offenders: Vec<String> = files
+            .iter()
+            .filter(|f| !allowed.contains(f))
+            .filter(|f| std::fs::read_to_string(f).unwrap().contains(&needle))
+            .map(|f| f.display().to_string())
+            .collect();
+        assert!(
+            offenders.is_empty(),
+            "etcd's KV client used outside kv.rs (write through EtcdStore::txn so the \
+             leader's fence is in it): {offenders:?}"
+        );
+    }
+
     #[test]
     fn a_value_too_large_for_etcd_is_refused_before_sending() {
         let big = "x".repeat(MAX_VALUE_BYTES);
