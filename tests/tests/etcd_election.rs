@@ -451,10 +451,12 @@ async fn a_leader_that_loses_etcds_quorum_stops_acting_within_its_ttl() {
     stop.cancel();
 }
 
-/// The coordinator's path: campaign and hold; the lease lost, the role turns deposed and the
-/// token the coordinator stops on fires; a clean stop resigns, so a standby leads at once.
+/// The coordinator's path: campaign and hold; the lease lost, the role turns deposed, the
+/// running repair command's process group is killed and the token the coordinator stops on
+/// fires; a clean stop resigns, so a standby leads at once.
 #[tokio::test]
-async fn a_lost_lease_marks_the_role_deposed_and_fires_the_stop_and_a_clean_stop_resigns() {
+async fn a_lost_lease_marks_the_role_deposed_kills_running_commands_and_fires_the_stop_and_a_clean_stop_resigns()
+ {
     use coordinator::ha::campaign_and_hold;
     let etcd = shared().unwrap();
     let prefix = fresh_prefix("lead");
@@ -464,11 +466,42 @@ async fn a_lost_lease_marks_the_role_deposed_and_fires_the_stop_and_a_clean_stop
     let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
     let (l, holder) = campaign_and_hold(&c, &stop, lost.clone()).await.unwrap();
     assert!(c.role().is_leading());
+    // A repair command running for the leader (nothing else in this test binary runs one).
+    let pidfile = tempfile::NamedTempFile::new().unwrap();
+    let argv: Vec<String> = vec![
+        "sh".into(),
+        "-c".into(),
+        format!("echo $$ > {}; exec sleep 60", pidfile.path().display()),
+    ];
+    let command = tokio::spawn(async move {
+        coordinator::repair::command::run_external(&argv, Some(BOUND * 2), None).await
+    });
+    let started = Instant::now();
+    while std::fs::read_to_string(pidfile.path())
+        .unwrap()
+        .trim()
+        .is_empty()
+    {
+        assert!(started.elapsed() < BOUND, "the command did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     s.client().clone().lease_revoke(l.lease).await.unwrap();
     tokio::time::timeout(BOUND, lost.cancelled())
         .await
         .expect("the stop token fired");
     holder.await.unwrap();
+    // Its process group was killed at the deposal, not at its 60 s end.
+    let (end, _) = tokio::time::timeout(Duration::from_secs(5), command)
+        .await
+        .expect("the command ended at the deposal")
+        .unwrap();
+    assert!(!end.ok, "{end:?}");
+    let pid = std::fs::read_to_string(pidfile.path()).unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists(),
+        "the command's process {} still runs",
+        pid.trim()
+    );
     let Role::Deposed { epoch, why, .. } = c.role().current() else {
         panic!("{:?}", c.role().current())
     };

@@ -1,7 +1,7 @@
 //! From campaign to step-down, as the coordinator runs it: campaign until leading, then hold
 //! the lead in the background; when the term ends, the role turns [`super::Role::Deposed`]
-//! and the `lost` token fires, which the coordinator treats as its shutdown (every loop
-//! stops, running repair commands' process groups are killed) before it exits with
+//! the process groups of the repair commands it runs are killed, and the `lost` token fires,
+//! which the coordinator treats as its shutdown (every loop stops) before it exits with
 //! [`EXIT_DEPOSED`] for systemd to start it again as a standby.
 
 use tokio::task::JoinHandle;
@@ -31,6 +31,14 @@ pub async fn campaign_and_hold(
                 Some(why) => {
                     tracing::error!(epoch = l.epoch, reason = %why, "this coordinator no longer leads: it stops acting and exits for systemd to restart it as a standby");
                     role.deposed(&why);
+                    // Its commands act on machines a successor now owns: killed first.
+                    let killed = crate::repair::command::kill_running_groups();
+                    if killed > 0 {
+                        tracing::warn!(
+                            killed,
+                            "killed the process groups of the repair commands this coordinator was running"
+                        );
+                    }
                     lost.cancel();
                 }
                 None => l.resign().await,
