@@ -186,7 +186,7 @@ impl App {
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
         // Exclusive and writable, or no start at all: a second coordinator on this store,
         // or one that cannot write it, must not say it serves.
-        let store = Store::open_configured(&config.store, &config.database)?;
+        let store = Store::open_configured(&config.store, &config.database).await?;
         let fleet =
             Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
         let mut inventory = None;
@@ -337,12 +337,10 @@ impl App {
         if let Some((k, _)) = &kube {
             metrics_sources.push(Arc::new(k.node_view().clone()));
         }
-        // One coordinator per SQLite file: it always leads. On etcd the role comes from the
-        // election (`crate::ha`).
-        let role = match &store {
-            Store::Sqlite(_) => crate::ha::RoleHandle::sole(),
-            Store::Etcd(_) => crate::ha::RoleHandle::elected(),
-        };
+        // One coordinator per SQLite file: it always leads. On etcd the role will come from
+        // the election (`crate::ha::campaign_and_hold`); until the start runs it, a
+        // coordinator on etcd acts as the only one of its prefix, as on SQLite.
+        let role = crate::ha::RoleHandle::sole();
         metrics_sources.push(Arc::new(crate::ha::metrics::RoleMetrics(role.clone())));
         let cert_metrics = crate::certs::CertificateMetrics::new(tls.expiry(), fleet.clone());
         metrics_sources.push(cert_metrics.clone());

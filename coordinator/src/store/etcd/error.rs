@@ -85,15 +85,6 @@ pub enum EtcdError {
         /// The key.
         key: String,
     },
-    /// An area of the coordinator's state has no etcd driver yet (`not_yet.rs`).
-    #[error(
-        "the {area} are not stored on etcd yet in this build of the coordinator; use \
-         [store] backend = \"sqlite\""
-    )]
-    NotYetOnEtcd {
-        /// The area.
-        area: &'static str,
-    },
     /// This coordinator's leadership has ended: the write was refused (by etcd's compare on
     /// the leader key, or before sending once the term was over) and nothing was written.
     #[error(
@@ -189,7 +180,6 @@ impl EtcdError {
         matches!(
             self,
             EtcdError::Config(_)
-                | EtcdError::NotYetOnEtcd { .. }
                 | EtcdError::TlsFile { .. }
                 | EtcdError::TooNew { .. }
                 | EtcdError::NotOurs { .. }
