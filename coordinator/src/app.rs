@@ -150,6 +150,8 @@ pub struct App {
     )>,
     /// Crash-dump notices.
     kdump: Arc<crate::kdump::Kdumps>,
+    /// This coordinator's role: always leader with SQLite; elected on etcd.
+    pub role: Arc<crate::ha::RoleHandle>,
 }
 
 impl std::fmt::Debug for App {
@@ -184,7 +186,7 @@ impl App {
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
         // Exclusive and writable, or no start at all: a second coordinator on this store,
         // or one that cannot write it, must not say it serves.
-        let store = Store::open_configured(&config.store, &config.database)?;
+        let store = Store::open_configured(&config.store, &config.database).await?;
         let fleet =
             Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
         let mut inventory = None;
@@ -335,6 +337,11 @@ impl App {
         if let Some((k, _)) = &kube {
             metrics_sources.push(Arc::new(k.node_view().clone()));
         }
+        // One coordinator per SQLite file: it always leads. On etcd the role will come from
+        // the election (`crate::ha::campaign_and_hold`); until the start runs it, a
+        // coordinator on etcd acts as the only one of its prefix, as on SQLite.
+        let role = crate::ha::RoleHandle::sole();
+        metrics_sources.push(Arc::new(crate::ha::metrics::RoleMetrics(role.clone())));
         let cert_metrics = crate::certs::CertificateMetrics::new(tls.expiry(), fleet.clone());
         metrics_sources.push(cert_metrics.clone());
         let tls_reloader = Arc::new(crate::certs::TlsReloader::new(
@@ -367,6 +374,7 @@ impl App {
             remediation,
             kdump,
             tls_reloader,
+            role,
         })
     }
 
@@ -444,6 +452,7 @@ impl App {
                 metrics: self.metrics.clone(),
                 store: self.store.clone(),
                 sources: self.metrics_sources.clone(),
+                role: self.role.clone(),
             };
             tokio::spawn(crate::metrics::serve(listener, state, shutdown.clone()))
         });

@@ -123,6 +123,9 @@ pub struct Config {
     /// Which backend keeps the state (owned by the store): SQLite (`database`) or etcd.
     #[serde(default)]
     pub store: crate::store::config::StoreConfig,
+    /// The leader election among coordinators sharing an etcd store (owned by `ha`).
+    #[serde(default)]
+    pub ha: crate::ha::HaSection,
 }
 
 /// `[tls]`: the coordinator's certificate, key and the fleet CA.
@@ -205,6 +208,9 @@ impl Config {
         // An empty path would be a temporary SQLite store, lost at every start.
         self.store
             .validate(&self.database)
+            .map_err(|(key, message)| invalid(key, &message))?;
+        self.ha
+            .validate()
             .map_err(|(key, message)| invalid(key, &message))?;
         if self
             .inventory

@@ -16,6 +16,7 @@ pub mod duration;
 pub mod fence;
 pub mod fleet;
 pub mod gateway;
+pub mod ha;
 pub mod health;
 pub mod inventory;
 pub mod k8s;

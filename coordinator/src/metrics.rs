@@ -304,6 +304,8 @@ pub struct HttpState {
     pub store: Store,
     /// More series.
     pub sources: Vec<Arc<dyn MetricsSource>>,
+    /// This coordinator's role (always leader with SQLite), said by `/healthz`.
+    pub role: Arc<crate::ha::RoleHandle>,
 }
 
 impl std::fmt::Debug for HttpState {
@@ -344,12 +346,59 @@ async fn healthz_handler(State(s): State<HttpState>) -> impl IntoResponse {
             format!("database writes are failing: {why}\n"),
         );
     }
+    if let Some(why) = role_unhealthy(&s.role) {
+        return (StatusCode::SERVICE_UNAVAILABLE, why);
+    }
     match s.store.ping().await {
-        Ok(_) => (StatusCode::OK, "ok\n".to_string()),
+        Ok(_) => (StatusCode::OK, role_line(&s.role)),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("database unavailable: {e}\n"),
         ),
+    }
+}
+
+/// Why `/healthz` must fail for the role: a leader whose term has ended (it stops acting and
+/// exits).
+fn role_unhealthy(role: &crate::ha::RoleHandle) -> Option<String> {
+    match role.current() {
+        crate::ha::Role::Deposed { epoch, why, .. } => Some(format!(
+            "deposed: this coordinator no longer leads (epoch {epoch}: {why}); it is stopping\n"
+        )),
+        crate::ha::Role::Leader { epoch, .. } if !role.is_leading() => Some(format!(
+            "deposed: the term of epoch {epoch} is over; this coordinator is stopping\n"
+        )),
+        _ => None,
+    }
+}
+
+/// `/healthz`'s answer when healthy: `ok`, and with an election the role (a standby is
+/// healthy: it is ready to take over).
+fn role_line(role: &crate::ha::RoleHandle) -> String {
+    if !role.is_elected() {
+        return "ok\n".to_string();
+    }
+    let since = |t: Option<jiff::Timestamp>| t.map(|t| t.to_string()).unwrap_or_default();
+    match role.current() {
+        r @ crate::ha::Role::Leader { .. } => format!(
+            "ok: leader, epoch {} since {}\n",
+            r.epoch().unwrap_or(0),
+            since(r.since())
+        ),
+        crate::ha::Role::Standby {
+            leader,
+            epoch,
+            since: s,
+        } => match leader {
+            Some(l) => format!(
+                "ok: standby since {s}; the leader is {} at {} (epoch {})\n",
+                l.name,
+                l.address,
+                epoch.unwrap_or(0)
+            ),
+            None => format!("ok: standby since {s}; no leader seen\n"),
+        },
+        r => format!("ok: {}\n", r.name()),
     }
 }
 
@@ -438,6 +487,48 @@ mod tests {
         assert_eq!(h.count(), 4);
     }
 
+    /// `/healthz` with an election: a standby is healthy and names the leader; a leader whose
+    /// term is over answers 503 at once, before its keep-alive loop has noticed.
+    #[test]
+    fn healthz_says_the_role_and_fails_a_leader_whose_term_is_over() {
+        use crate::ha::{LeaderRecord, RoleHandle};
+        use crate::store::etcd::fence::Term;
+        let sole = RoleHandle::sole();
+        assert_eq!(role_line(&sole), "ok\n");
+        assert!(role_unhealthy(&sole).is_none());
+        let r = RoleHandle::elected();
+        r.stand_by(
+            Some(LeaderRecord {
+                name: "c2".into(),
+                address: "c2.example:7443".into(),
+                since: jiff::Timestamp::UNIX_EPOCH,
+                pid: 1,
+            }),
+            Some(41),
+        );
+        let line = role_line(&r);
+        assert!(
+            line.starts_with("ok: standby since ")
+                && line.ends_with("the leader is c2 at c2.example:7443 (epoch 41)\n"),
+            "{line}"
+        );
+        let term = Arc::new(Term::new(
+            42,
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        ));
+        r.lead(term.clone());
+        assert!(role_line(&r).starts_with("ok: leader, epoch 42 since "));
+        assert!(role_unhealthy(&r).is_none());
+        // The deadline passed (a paused process): unhealthy before anyone marks it deposed.
+        let paused = Arc::new(Term::new(43, std::time::Instant::now()));
+        r.lead(paused);
+        let why = role_unhealthy(&r).expect("503");
+        assert!(why.contains("epoch 43"), "{why}");
+        r.deposed("the leader key was deleted");
+        let why = role_unhealthy(&r).expect("503");
+        assert!(why.starts_with("deposed:"), "{why}");
+    }
+
     /// The real listener: a client that sends nothing is dropped after the header-read timeout,
     /// while a GET of /healthz is answered.
     #[tokio::test]
@@ -457,6 +548,7 @@ mod tests {
             metrics: Arc::new(Metrics::default()),
             store,
             sources: Vec::new(),
+            role: crate::ha::RoleHandle::sole(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -8,7 +8,9 @@
 //!
 //! An external command's process group is recorded in the store while it runs
 //! ([`super::orphans`]), so a coordinator killed with SIGKILL has it killed by the next one;
-//! the child also gets a parent-death signal where `setpriv` can give it one.
+//! the child also gets a parent-death signal where `setpriv` can give it one. Every running
+//! command's group is also known in memory ([`kill_running_groups`]), so a coordinator whose
+//! leadership ended kills them at once, before anything else stops.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -121,26 +123,55 @@ fn agent_healthy(ctx: &RunContext) -> (CommandEnd, Outcome) {
 struct GroupGuard {
     pgid: Option<u32>,
     record: Option<(GroupLedger, u32)>,
+    /// The group as listed in [`RUNNING`], removed when the guard goes.
+    running: Option<u32>,
+}
+
+/// The process groups of the commands running now in this process (their leaders' pids).
+static RUNNING: std::sync::Mutex<std::collections::BTreeSet<u32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn running() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u32>> {
+    RUNNING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// SIGKILLs the group `pgid` and what left it under its leader (`setsid`).
+fn kill_group(pgid: u32) {
+    let Ok(raw) = i32::try_from(pgid) else { return };
+    for pid in protocol::process_tree::descendants(pgid) {
+        if let Ok(p) = i32::try_from(pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(raw),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Kills the process group of every command running in this process now; how many. For a
+/// coordinator whose leadership ended: its commands must not go on acting on machines a
+/// successor now owns. Each command's task then ends as if timed out, and its group record
+/// is removed (or, when the store refuses the deposed leader, left for the successor's
+/// reaper, which finds the group gone).
+pub fn kill_running_groups() -> usize {
+    let groups: Vec<u32> = running().iter().copied().collect();
+    for pgid in &groups {
+        kill_group(*pgid);
+    }
+    groups.len()
 }
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if let Some(pgid) = self.pgid.take()
-            && let Ok(raw) = i32::try_from(pgid)
-        {
-            // What left the group (`setsid`), found under the leader while it runs.
-            for pid in protocol::process_tree::descendants(pgid) {
-                if let Ok(p) = i32::try_from(pid) {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(p),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(raw),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        if let Some(pgid) = self.running.take() {
+            running().remove(&pgid);
+        }
+        if let Some(pgid) = self.pgid.take() {
+            kill_group(pgid);
         }
         if let Some((ledger, pgid)) = self.record.take() {
             // A destructor cannot await; the delete is one small transaction, off the
@@ -244,7 +275,11 @@ pub async fn run_external(
     let mut guard = GroupGuard {
         pgid: child.id(),
         record: None,
+        running: child.id(),
     };
+    if let Some(pgid) = child.id() {
+        running().insert(pgid);
+    }
     if let (Some(ledger), Some(pid)) = (groups, child.id()) {
         ledger.record(pid, argv).await;
         guard.record = Some((ledger.clone(), pid));

@@ -85,14 +85,21 @@ pub enum EtcdError {
         /// The key.
         key: String,
     },
-    /// An area of the coordinator's state has no etcd driver yet (`not_yet.rs`).
+    /// This coordinator's leadership has ended: the write was refused (by etcd's compare on
+    /// the leader key, or before sending once the term was over) and nothing was written.
     #[error(
-        "the {area} are not stored on etcd yet in this build of the coordinator; use \
-         [store] backend = \"sqlite\""
+        "this coordinator no longer leads (its epoch {epoch} ended: {why}); the write to {key} \
+         was refused and nothing was written; it stops acting and steps down ({leader_key})"
     )]
-    NotYetOnEtcd {
-        /// The area.
-        area: &'static str,
+    Deposed {
+        /// The epoch this coordinator held.
+        epoch: i64,
+        /// What the leader key showed, or why the term ended.
+        why: String,
+        /// The key the refused write was for.
+        key: String,
+        /// The leader key.
+        leader_key: String,
     },
     /// A value is not the JSON this coordinator expects.
     #[error(
@@ -163,12 +170,16 @@ impl EtcdError {
         self.is_storage_failure() || matches!(self, EtcdError::Contended { .. })
     }
 
+    /// True when this coordinator's leadership ended under the write ([`EtcdError::Deposed`]).
+    pub fn is_deposed(&self) -> bool {
+        matches!(self, EtcdError::Deposed { .. })
+    }
+
     /// True when an operator must fix the configuration or the data (exit code 64).
     pub fn is_config(&self) -> bool {
         matches!(
             self,
             EtcdError::Config(_)
-                | EtcdError::NotYetOnEtcd { .. }
                 | EtcdError::TlsFile { .. }
                 | EtcdError::TooNew { .. }
                 | EtcdError::NotOurs { .. }

@@ -13,10 +13,16 @@
 //!   one transaction, so two writers never get one number; with `keep`, the same transaction
 //!   deletes the item that falls out, so a history stays bounded without a sweeper.
 //!
+//! Every write of the store goes through [`Txn`] (the helpers above and
+//! [`EtcdStore::kv_delete_dir`] included), so a leader's fence ([`super::fence`]) is in each
+//! one: its compare on the leader key's create revision is added at commit, and a commit
+//! that failed on it (told apart from the write's own compares by reading the leader key in
+//! the transaction's else branch) is [`EtcdError::Deposed`], which ends the term.
+//!
 //! Numbers in keys are zero-padded to 20 digits so that etcd's byte order is numeric order.
 //! Not here: what any area stores.
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, TxnOp, TxnOpResponse, TxnResponse};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -282,22 +288,21 @@ impl EtcdStore {
         })
     }
 
-    /// Deletes every key under the directory `rel`; how many were deleted.
+    /// Deletes every key under the directory `rel`; how many were deleted. A transaction
+    /// like every write, so a leader's fence holds here too.
     pub async fn kv_delete_dir(&self, rel: &str) -> Result<i64, EtcdError> {
-        let dir = self.dir_key(rel);
-        let mut kv = self.client.kv_client();
-        let resp = self
-            .bounded(
-                "delete",
-                &dir,
-                kv.delete(
-                    dir.clone(),
-                    Some(etcd_client::DeleteOptions::new().with_prefix()),
-                ),
-            )
-            .await?;
-        self.wrote();
-        Ok(resp.deleted())
+        let resp = self.txn().delete_dir(rel).run().await?;
+        Ok(resp
+            .map(|r| {
+                r.op_responses()
+                    .into_iter()
+                    .map(|op| match op {
+                        TxnOpResponse::Delete(d) => d.deleted(),
+                        _ => 0,
+                    })
+                    .sum()
+            })
+            .unwrap_or(0))
     }
 }
 
@@ -373,6 +378,19 @@ impl Txn {
         self
     }
 
+    /// Deletes every key from `from` (included) to `to` (excluded), both relative: a
+    /// numbered directory's oldest items in one operation.
+    pub fn delete_range(mut self, from: &str, to: &str) -> Self {
+        let from = self.store.key(from);
+        let to = self.store.key(to);
+        self.note(&from);
+        self.ops.push(TxnOp::delete(
+            from,
+            Some(etcd_client::DeleteOptions::new().with_range(to)),
+        ));
+        self
+    }
+
     /// How many writes it holds.
     pub fn len(&self) -> usize {
         self.ops.len()
@@ -392,17 +410,73 @@ impl Txn {
     /// Commits like [`Txn::commit`]; the revision it made (every key it wrote now has that
     /// `mod_revision`), or `None` when a compare did not hold.
     pub async fn commit_at(self) -> Result<Option<i64>, EtcdError> {
+        Ok(self
+            .run()
+            .await?
+            .map(|resp| resp.header().map(|h| h.revision()).unwrap_or(0)))
+    }
+
+    /// Sends the transaction, with the leader's fence when the store carries one; etcd's
+    /// answer when every compare held, `None` when one of the transaction's own did not,
+    /// [`EtcdError::Deposed`] when the fence did not (or the term was already over).
+    async fn run(self) -> Result<Option<TxnResponse>, EtcdError> {
         let key = self.first_key.unwrap_or_default();
+        let mut compares = self.compares;
+        let mut otherwise = Vec::new();
+        let fence = self.store.fence().cloned();
+        if let Some(f) = &fence {
+            f.term.check().map_err(|why| deposed(f, why, &key))?;
+            compares.push(Compare::create_revision(
+                f.key.clone(),
+                CompareOp::Equal,
+                f.epoch(),
+            ));
+            // Read back when a compare fails: which one it was is in the answer.
+            otherwise.push(TxnOp::get(f.key.clone(), None));
+        }
         let txn = etcd_client::Txn::new()
-            .when(self.compares)
-            .and_then(self.ops);
+            .when(compares)
+            .and_then(self.ops)
+            .or_else(otherwise);
         let mut kv = self.store.client.kv_client();
         let resp = self.store.bounded("txn", &key, kv.txn(txn)).await?;
         // A transaction that reached etcd's quorum (either branch) shows writes work.
         self.store.wrote();
-        Ok(resp
-            .succeeded()
-            .then(|| resp.header().map(|h| h.revision()).unwrap_or(0)))
+        if resp.succeeded() {
+            return Ok(Some(resp));
+        }
+        if let Some(f) = &fence {
+            let holder = resp.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(g.kvs().first().map(|kv| kv.create_revision())),
+                _ => None,
+            });
+            let why = match holder {
+                Some(Some(epoch)) if epoch == f.epoch() => None,
+                Some(Some(other)) => Some(format!(
+                    "the leader key {} now has epoch {other}: another coordinator leads",
+                    f.key
+                )),
+                Some(None) => Some(format!(
+                    "the leader key {} is gone: its lease expired or was revoked",
+                    f.key
+                )),
+                None => Some("etcd's answer did not show the leader key".to_string()),
+            };
+            if let Some(why) = why {
+                f.term.end(why.clone());
+                return Err(deposed(f, why, &key));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn deposed(f: &super::fence::Fence, why: String, key: &str) -> EtcdError {
+    EtcdError::Deposed {
+        epoch: f.epoch(),
+        why,
+        key: key.to_string(),
+        leader_key: f.key.clone(),
     }
 }
 
@@ -523,6 +597,41 @@ mod tests {
         assert_eq!(range_end(b"/f/a/"), b"/f/a0".to_vec());
         assert_eq!(range_end(b"a\xff"), b"b".to_vec());
         assert_eq!(range_end(b"\xff"), vec![0]);
+    }
+
+    /// The fence holds only if every write goes through [`Txn`]: no file of the coordinator
+    /// but this one opens etcd's KV client, except the election, whose writes are the leader
+    /// key itself (campaign, resign). A new area that wrote past `Txn` would write unfenced:
+    /// this test names it.
+    #[test]
+    fn no_etcd_write_bypasses_the_fenced_transaction() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(p);
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let allowed = [src.join("store/etcd/kv.rs"), src.join("ha/election.rs")];
+        let mut files = Vec::new();
+        walk(&src, &mut files);
+        assert!(files.len() > 50, "found the sources: {}", files.len());
+        let needle = ["kv_", "client()"].concat();
+        let offenders: Vec<String> = files
+            .iter()
+            .filter(|f| !allowed.contains(f))
+            .filter(|f| std::fs::read_to_string(f).unwrap().contains(&needle))
+            .map(|f| f.display().to_string())
+            .collect();
+        assert!(
+            offenders.is_empty(),
+            "etcd's KV client used outside kv.rs (write through EtcdStore::txn so the \
+             leader's fence is in it): {offenders:?}"
+        );
     }
 
     #[test]

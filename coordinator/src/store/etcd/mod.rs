@@ -20,12 +20,16 @@
 //! linearizable read and the alarm list), so an idle coordinator never moves etcd's
 //! revision.
 //!
-//! Not here: what each area stores (its own file per area), leader election (issue 31).
+//! A leading coordinator's handle carries a [`fence::Fence`] ([`EtcdStore::fenced`]): every
+//! write it makes also compares the leader key's create revision with its epoch, so a
+//! deposed leader writes nothing.
+//!
+//! Not here: what each area stores (its own file per area), the election (`crate::ha`).
 
 pub mod error;
+pub mod fence;
 pub mod health;
 pub mod kv;
-mod not_yet;
 pub mod schema;
 
 use std::any::{Any, TypeId};
@@ -80,6 +84,30 @@ pub struct EtcdSettings {
 }
 
 impl EtcdSettings {
+    /// The settings a coordinator's `[store]` section names (checked there; the prefix is
+    /// written with a trailing `/` in the configuration, without it here).
+    pub fn configured(store: &crate::store::config::StoreConfig) -> Result<Self, EtcdError> {
+        let c = store
+            .etcd_settings()
+            .map_err(|(key, why)| EtcdError::Config(format!("{key}: {why}")))?;
+        let prefix = c.prefix.trim_end_matches('/');
+        Ok(Self {
+            endpoints: c.endpoints,
+            tls: c.ca.map(|ca| EtcdTlsFiles {
+                ca,
+                cert: c.identity.as_ref().map(|i| i.0.clone()),
+                key: c.identity.map(|i| i.1),
+            }),
+            prefix: if prefix.is_empty() {
+                DEFAULT_PREFIX.to_string()
+            } else {
+                prefix.to_string()
+            },
+            request_timeout: c.timeout,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        })
+    }
+
     /// Settings for `endpoints` with the default prefix and timeouts and no TLS.
     pub fn new(endpoints: Vec<String>) -> Self {
         Self {
@@ -150,6 +178,12 @@ impl EtcdSettings {
     }
 }
 
+/// `s` as one key level: `%` and `/` escaped, so an address or a name never adds a level
+/// to a key (`10.0.0.1` stays `10.0.0.1`, `a/b` becomes `a%2Fb`).
+pub fn key_level(s: &str) -> String {
+    s.replace('%', "%25").replace('/', "%2F")
+}
+
 /// A prefix is an absolute etcd key path without a trailing slash: `/fleetmend`,
 /// `/fleetmend/prod`.
 fn check_prefix(p: &str) -> Result<(), EtcdError> {
@@ -180,6 +214,8 @@ pub struct EtcdStore {
     /// What an area keeps about its keys between calls (the repair queue: each entry's
     /// `mod_revision`), one value per type, shared by every clone.
     areas: Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
+    /// The leader's fence, when this handle is a leader's: compared in every write.
+    fence: Option<fence::Fence>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -187,6 +223,7 @@ impl std::fmt::Debug for EtcdStore {
         f.debug_struct("EtcdStore")
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.settings.prefix)
+            .field("epoch", &self.fence.as_ref().map(|f| f.epoch()))
             .finish()
     }
 }
@@ -232,6 +269,7 @@ impl EtcdStore {
             endpoints,
             health: Arc::new(StoreHealth::default()),
             areas: Arc::default(),
+            fence: None,
         };
         // The client connects lazily: one linearizable read proves a member answers and the
         // cluster has a leader.
@@ -246,6 +284,24 @@ impl EtcdStore {
                 other => other,
             })?;
         Ok(store)
+    }
+
+    /// This handle fenced by a leadership term: every write it makes commits only while the
+    /// leader key `leader_rel` (relative to the prefix) still has the term's epoch as its
+    /// create revision, and is not sent at all once the term is over
+    /// ([`EtcdError::Deposed`]). Clones share the areas' state with this handle.
+    pub fn fenced(&self, leader_rel: &str, term: Arc<fence::Term>) -> Self {
+        let mut s = self.clone();
+        s.fence = Some(fence::Fence {
+            key: self.key(leader_rel),
+            term,
+        });
+        s
+    }
+
+    /// The fence its writes carry, if it is a leader's handle.
+    pub fn fence(&self) -> Option<&fence::Fence> {
+        self.fence.as_ref()
     }
 
     /// The settings it was made with.
