@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use protocol::fencing::{Epochs, FencingToken, Verdict};
 use protocol::gateway::{PowerAction, PowerOutcome, PowerRequest, PowerResponse};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, error, info, info_span, warn};
@@ -87,6 +88,10 @@ pub struct Gateway {
     log: Mutex<RequestLog>,
     /// The record on disk; `None` = memory only (unit tests).
     journal: Option<Arc<Mutex<Journal>>>,
+    /// The highest fencing epoch seen per store identity (also in the record). An async
+    /// lock: it is held while a raised epoch is written, so no request of an older epoch
+    /// runs between the check and the write.
+    epochs: tokio::sync::Mutex<Epochs>,
     metrics: Arc<Metrics>,
     defaults: Defaults,
 }
@@ -177,9 +182,10 @@ impl Gateway {
         for id in &loaded.interrupted {
             warn!(%id, "request record: this request was running when the gateway stopped; its outcome is unknown and it will not be executed again");
         }
-        info!(file = %journal.path().display(), remembered = loaded.finished.len(), "request record loaded");
+        info!(file = %journal.path().display(), remembered = loaded.finished.len(), stores = loaded.epochs.len(), "request record loaded");
         let mut g = Self::assemble(bmcs, defaults, metrics, Arc::new(SystemClock));
         g.log = Mutex::new(log);
+        g.epochs = tokio::sync::Mutex::new(loaded.epochs);
         g.journal = Some(Arc::new(Mutex::new(journal)));
         Ok(Arc::new(g))
     }
@@ -235,6 +241,7 @@ impl Gateway {
             bmcs: map,
             log: Mutex::new(RequestLog::new()),
             journal: None,
+            epochs: tokio::sync::Mutex::new(Epochs::new()),
             metrics,
             defaults,
         }
@@ -267,8 +274,56 @@ impl Gateway {
         v
     }
 
-    /// Handles one request: at most once per id, queued behind earlier actions on the same BMC.
+    /// Handles one request of a coordinator from before fencing tokens (protocol version 1):
+    /// no epoch to judge. See [`Gateway::handle_fenced`].
     pub async fn handle(&self, req: PowerRequest) -> PowerResponse {
+        self.handle_fenced(req, None).await
+    }
+
+    /// Judges `token` before a new request runs: an epoch older than one seen for its store
+    /// is refused (final, not retriable), a higher one is recorded (fsync'd) first. `Err`
+    /// is the refusal.
+    async fn admit_epoch(&self, id: &str, token: &FencingToken) -> Result<(), PowerOutcome> {
+        let mut epochs = self.epochs.lock().await;
+        match epochs.judge(token) {
+            Verdict::Current => Ok(()),
+            Verdict::Older(detail) => {
+                warn!(%id, store = %token.store, epoch = token.epoch, seen = epochs.get(&token.store), "refused a power request of an older fencing epoch: a newer coordinator leads; no BMC was touched");
+                self.metrics.refused_older_epoch(&token.store);
+                Err(PowerOutcome::Failed {
+                    detail,
+                    retriable: false,
+                })
+            }
+            Verdict::Newer => {
+                let rec = Record::Epoch {
+                    store: token.store.clone(),
+                    epoch: token.epoch,
+                };
+                if let Err(e) = self.record(rec).await {
+                    error!(%id, error = %e, "cannot record a new fencing epoch; not executing the request");
+                    return Err(PowerOutcome::Failed {
+                        detail: format!("not executed: the gateway cannot record {token}: {e}"),
+                        retriable: true,
+                    });
+                }
+                info!(store = %token.store, epoch = token.epoch, before = epochs.get(&token.store), "a coordinator of a newer fencing epoch spoke; older epochs of its store are refused from now on");
+                epochs.raise(&token.store, token.epoch);
+                Ok(())
+            }
+        }
+    }
+
+    /// Handles one request: at most once per id, queued behind earlier actions on the same
+    /// BMC. A repeated id is answered from the record whatever its token; a new one whose
+    /// `token` is older than one seen for its store is refused before any BMC is touched,
+    /// and not remembered under its id (the successor may send the same id: a resumed flow
+    /// keeps its request ids).
+    pub async fn handle_fenced(
+        &self,
+        req: PowerRequest,
+        token: Option<FencingToken>,
+    ) -> PowerResponse {
         let arrived = Instant::now();
         let admission = self.log.lock().expect("not poisoned").admit(&req);
         let outcome = match admission {
@@ -287,6 +342,16 @@ impl Gateway {
                 }
             }
             Admission::Execute(tx) => {
+                if let Some(token) = &token
+                    && let Err(o) = self.admit_epoch(&req.id, token).await
+                {
+                    self.log.lock().expect("not poisoned").forget(&req.id);
+                    tx.send_replace(Some(o.clone()));
+                    return PowerResponse {
+                        id: req.id,
+                        outcome: o,
+                    };
+                }
                 let fingerprint = dedup::fingerprint(&req);
                 let started = Record::Started {
                     id: req.id.clone(),
@@ -781,6 +846,81 @@ mod tests {
         let c = g.handle(req("r2", "m1", PowerAction::Status)).await;
         assert!(matches!(c.outcome, PowerOutcome::Done { .. }));
         assert_eq!(second.calls(), ["status"]);
+    }
+
+    #[tokio::test]
+    async fn an_older_epoch_is_refused_before_any_bmc_also_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = |epoch| {
+            Some(FencingToken {
+                store: "s1".into(),
+                epoch,
+            })
+        };
+        let first = Arc::new(FakePower::new(PowerState::On));
+        let g = durable(dir.path(), first.clone());
+        let a = g
+            .handle_fenced(req("r1", "m1", PowerAction::Off), token(42))
+            .await;
+        assert!(matches!(a.outcome, PowerOutcome::Done { .. }), "{a:?}");
+        let calls = first.calls();
+        drop(g);
+        // Restarted: the record says 42 was seen.
+        let p = Arc::new(FakePower::new(PowerState::Off));
+        let g = durable(dir.path(), p.clone());
+        let refused = g
+            .handle_fenced(req("r2", "m1", PowerAction::On), token(41))
+            .await;
+        assert!(refused.outcome.is_refused_epoch(), "{refused:?}");
+        let PowerOutcome::Failed { detail, retriable } = &refused.outcome else {
+            unreachable!()
+        };
+        assert!(!retriable);
+        assert!(
+            detail.starts_with(
+                "refused: epoch 41 is older than 42 for store s1; a newer coordinator leads"
+            ),
+            "{detail}"
+        );
+        assert!(p.calls().is_empty(), "a BMC was touched: {:?}", p.calls());
+        assert!(
+            g.metrics()
+                .render()
+                .contains("fleetmend_gateway_requests_refused_older_epoch_total{store=\"s1\"} 1")
+        );
+        // A repeated id is answered from its record, whatever its epoch.
+        let again = g
+            .handle_fenced(req("r1", "m1", PowerAction::Off), token(41))
+            .await;
+        assert_eq!(again, a);
+        // The refused id was not remembered: the successor may send it.
+        let newer = g
+            .handle_fenced(req("r2", "m1", PowerAction::On), token(43))
+            .await;
+        assert!(
+            matches!(newer.outcome, PowerOutcome::Done { .. }),
+            "{newer:?}"
+        );
+        // Another store's epochs are its own; a coordinator from before tokens is not judged.
+        let other = g
+            .handle_fenced(
+                req("r3", "m1", PowerAction::Status),
+                Some(FencingToken {
+                    store: "s2".into(),
+                    epoch: 1,
+                }),
+            )
+            .await;
+        assert!(
+            matches!(other.outcome, PowerOutcome::Done { .. }),
+            "{other:?}"
+        );
+        let legacy = g.handle(req("r4", "m1", PowerAction::Status)).await;
+        assert!(
+            matches!(legacy.outcome, PowerOutcome::Done { .. }),
+            "{legacy:?}"
+        );
+        assert!(!calls.is_empty());
     }
 
     #[tokio::test]

@@ -2,6 +2,13 @@
 //! directory, so that a request id executed before a restart (a crash, SIGKILL, an upgrade) is
 //! still answered from the record afterwards and never executed again.
 //!
+//! The record also keeps the highest fencing epoch seen per store identity
+//! ([`Record::Epoch`], see [`protocol::fencing`]): written and fsync'd whenever a request
+//! raises it, before that request runs, and kept through every compaction, so that a
+//! gateway restarted between a coordinator's successor and a deposed coordinator still
+//! refuses the deposed one. One line per store identity ever seen (a restored store has a
+//! new one), so it stays small.
+//!
 //! Two records per executed id: [`Record::Started`] is written and fsync'd before the action
 //! runs, [`Record::Finished`] with the outcome is written and fsync'd before the answer is sent.
 //! At start the file is read back: a finished id answers its outcome; an id that was started
@@ -22,6 +29,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
+use protocol::fencing::Epochs;
 use protocol::gateway::PowerOutcome;
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +61,14 @@ pub enum Record {
         /// What was answered.
         outcome: PowerOutcome,
     },
+    /// A request raised the highest epoch of a store identity to this one (written before
+    /// that request runs).
+    Epoch {
+        /// The coordinator's store identity.
+        store: String,
+        /// The highest epoch seen for it.
+        epoch: u64,
+    },
 }
 
 /// A finished id read back from the record, oldest first.
@@ -75,6 +91,8 @@ pub struct Loaded {
     pub interrupted: Vec<String>,
     /// Lines skipped as torn or corrupt.
     pub skipped: usize,
+    /// The highest fencing epoch seen per store identity.
+    pub epochs: Epochs,
 }
 
 /// The open record file.
@@ -142,13 +160,14 @@ impl Journal {
         let lock = crate::state_lock::StateLock::acquire(dir)?;
         let path = dir.join(FILE_NAME);
         let capacity = capacity.max(1);
-        let (read, skipped) = match File::open(&path) {
+        let (read, epochs, skipped) = match File::open(&path) {
             Ok(f) => read_back(f, capacity).map_err(io(&path))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), Epochs::new(), 0),
             Err(e) => return Err(io(&path)(e)),
         };
         let mut loaded = Loaded {
             skipped,
+            epochs,
             ..Loaded::default()
         };
         // An id started but never finished becomes finished: "outcome unknown". It is kept
@@ -164,13 +183,17 @@ impl Journal {
                 outcome,
             });
         }
-        let file = rewrite(dir, &path, loaded.finished.iter().map(finished_record))?;
+        let records: Vec<Record> = epoch_records(&loaded.epochs)
+            .chain(loaded.finished.iter().map(finished_record))
+            .collect();
+        let lines = records.len();
+        let file = rewrite(dir, &path, records.into_iter())?;
         let journal = Self {
             _lock: lock,
             dir: dir.to_path_buf(),
             path,
             file,
-            lines: loaded.finished.len(),
+            lines,
             capacity,
         };
         Ok((journal, loaded))
@@ -190,20 +213,23 @@ impl Journal {
         Ok(())
     }
 
-    /// Rewrites the file with the newest `capacity` finished ids and every id still running.
+    /// Rewrites the file with the highest epoch of each store, the newest `capacity`
+    /// finished ids and every id still running.
     pub fn compact(&mut self) -> Result<(), JournalError> {
         let f = File::open(&self.path).map_err(io(&self.path))?;
-        let (read, _) = read_back(f, self.capacity).map_err(io(&self.path))?;
-        let records: Vec<Record> = read
-            .into_iter()
-            .map(|(id, fingerprint, outcome)| match outcome {
-                Some(outcome) => Record::Finished {
-                    id,
-                    fingerprint,
-                    outcome,
-                },
-                None => Record::Started { id, fingerprint },
-            })
+        let (read, epochs, _) = read_back(f, self.capacity).map_err(io(&self.path))?;
+        let records: Vec<Record> = epoch_records(&epochs)
+            .chain(
+                read.into_iter()
+                    .map(|(id, fingerprint, outcome)| match outcome {
+                        Some(outcome) => Record::Finished {
+                            id,
+                            fingerprint,
+                            outcome,
+                        },
+                        None => Record::Started { id, fingerprint },
+                    }),
+            )
             .collect();
         self.lines = records.len();
         self.file = rewrite(&self.dir, &self.path, records.into_iter())?;
@@ -214,6 +240,13 @@ impl Journal {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+fn epoch_records(epochs: &Epochs) -> impl Iterator<Item = Record> + '_ {
+    epochs.iter().map(|(store, epoch)| Record::Epoch {
+        store: store.to_string(),
+        epoch,
+    })
 }
 
 fn finished_record(r: &Remembered) -> Record {
@@ -228,9 +261,11 @@ fn finished_record(r: &Remembered) -> Record {
 type ReadBack = (String, String, Option<PowerOutcome>);
 
 /// Reads every whole line; returns the newest `capacity` finished ids and every running one,
-/// in the order they were first seen, and how many lines were skipped.
-fn read_back(f: File, capacity: usize) -> std::io::Result<(Vec<ReadBack>, usize)> {
+/// in the order they were first seen, the highest epoch of each store, and how many lines
+/// were skipped.
+fn read_back(f: File, capacity: usize) -> std::io::Result<(Vec<ReadBack>, Epochs, usize)> {
     let mut out = Vec::new();
+    let mut epochs = Epochs::new();
     let mut skipped = 0;
     // id → (fingerprint, outcome or None while running); order of first appearance.
     let mut state: HashMap<String, (String, Option<PowerOutcome>)> = HashMap::new();
@@ -250,6 +285,7 @@ fn read_back(f: File, capacity: usize) -> std::io::Result<(Vec<ReadBack>, usize)
             .and_then(decode);
         match rec {
             None => skipped += 1,
+            Some(Record::Epoch { store, epoch }) => epochs.raise(&store, epoch),
             Some(Record::Started { id, fingerprint }) => {
                 if let std::collections::hash_map::Entry::Vacant(v) = state.entry(id.clone()) {
                     order.push_back(id);
@@ -280,7 +316,7 @@ fn read_back(f: File, capacity: usize) -> std::io::Result<(Vec<ReadBack>, usize)
         }
         out.push((id, fingerprint, outcome));
     }
-    Ok((out, skipped))
+    Ok((out, epochs, skipped))
 }
 
 /// Writes `records` to a new file, fsyncs it, renames it over `path`, fsyncs the directory,
@@ -374,6 +410,35 @@ mod tests {
         let (_, again) = Journal::open(dir.path(), 10).unwrap();
         assert!(again.interrupted.is_empty());
         assert_eq!(again.finished, l.finished);
+    }
+
+    #[test]
+    fn the_highest_epoch_of_each_store_survives_reopening_and_compaction() {
+        let tmp = tempfile::tempdir().unwrap();
+        let epoch = |store: &str, epoch| Record::Epoch {
+            store: store.into(),
+            epoch,
+        };
+        {
+            let (mut j, _) = Journal::open(tmp.path(), 2).unwrap();
+            j.append(&epoch("s1", 41)).unwrap();
+            j.append(&epoch("s1", 42)).unwrap();
+            j.append(&epoch("s2", 7)).unwrap();
+            // Far more finished ids than the capacity: compaction runs several times.
+            for i in 0..20 {
+                j.append(&started(&format!("r{i}"))).unwrap();
+                j.append(&finished(&format!("r{i}"))).unwrap();
+            }
+        }
+        let (_j, loaded) = Journal::open(tmp.path(), 2).unwrap();
+        assert_eq!(loaded.epochs.get("s1"), Some(42));
+        assert_eq!(loaded.epochs.get("s2"), Some(7));
+        assert_eq!(ids(&loaded), vec!["r18", "r19"]);
+        drop(_j);
+        // And once more, from the compacted file.
+        let (_j, loaded) = Journal::open(tmp.path(), 2).unwrap();
+        assert_eq!(loaded.epochs.get("s1"), Some(42));
+        assert_eq!(loaded.epochs.len(), 2);
     }
 
     #[test]

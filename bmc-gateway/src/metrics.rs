@@ -41,6 +41,8 @@ struct Inner {
     reachable: BTreeMap<String, (String, Reach)>,
     /// Connections refused, by reason.
     refused: BTreeMap<String, u64>,
+    /// Power requests refused for an older fencing epoch, by store identity.
+    older_epoch: BTreeMap<String, u64>,
     /// When the gateway's certificate and its CA expire, as loaded at start or reload.
     expiry: Option<protocol::transport::Expiry>,
 }
@@ -102,6 +104,18 @@ impl Metrics {
             .expect("not poisoned")
             .refused
             .entry(reason.to_string())
+            .or_default() += 1;
+    }
+
+    /// Counts a power request refused because its fencing epoch is older than one seen for
+    /// its store.
+    pub fn refused_older_epoch(&self, store: &str) {
+        *self
+            .inner
+            .lock()
+            .expect("not poisoned")
+            .older_epoch
+            .entry(store.to_string())
             .or_default() += 1;
     }
 
@@ -169,6 +183,17 @@ impl Metrics {
                 out,
                 "fleetmend_gateway_connections_refused_total{{reason=\"{}\"}} {n}",
                 escape(r)
+            );
+        }
+        out.push_str(
+            "# HELP fleetmend_gateway_requests_refused_older_epoch_total Power requests refused because a newer coordinator of the same store had spoken: their fencing epoch was older than one seen.\n",
+        );
+        out.push_str("# TYPE fleetmend_gateway_requests_refused_older_epoch_total counter\n");
+        for (store, n) in &g.older_epoch {
+            let _ = writeln!(
+                out,
+                "fleetmend_gateway_requests_refused_older_epoch_total{{store=\"{}\"}} {n}",
+                escape(store)
             );
         }
         if let Some(e) = g.expiry {

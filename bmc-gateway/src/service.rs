@@ -15,7 +15,9 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use protocol::gateway::{PowerRequest, PowerResponse, ServedMachines, ServedQuery};
+use protocol::gateway::{
+    FencedPowerRequest, PowerRequest, PowerResponse, ServedMachines, ServedQuery,
+};
 use protocol::messages::{HelloBody, Refusal, RefusalCode};
 use protocol::transport::{self, HelloError};
 use protocol::{Identity, Role, frame};
@@ -142,7 +144,11 @@ async fn connection(
             return;
         }
     };
-    info!(%peer, "coordinator connected");
+    let version = session.version;
+    if version < protocol::fencing::FENCING_VERSION {
+        warn!(%peer, version, "coordinator of a release from before fencing tokens connected: its requests carry no epoch, so this gateway cannot refuse them if it lost the lead; upgrade it");
+    }
+    info!(%peer, version, "coordinator connected");
     let conn = session.conn.clone();
     loop {
         let (mut send, mut recv) = tokio::select! {
@@ -187,7 +193,13 @@ async fn connection(
                 }
                 return;
             }
-            let req: PowerRequest = match frame::decode_payload(&payload) {
+            let read = if version >= protocol::fencing::FENCING_VERSION {
+                frame::decode_payload::<FencedPowerRequest>(&payload)
+                    .map(|f| (f.request, Some(f.token)))
+            } else {
+                frame::decode_payload::<PowerRequest>(&payload).map(|r| (r, None))
+            };
+            let (req, token) = match read {
                 Ok(r) => r,
                 Err(e) => {
                     warn!(%peer, error = %e, "unreadable power request");
@@ -195,8 +207,9 @@ async fn connection(
                     return;
                 }
             };
-            let span = info_span!("request", id = %req.id, machine = %req.address, coordinator = %peer.name);
-            let resp: PowerResponse = gw.handle(req).instrument(span).await;
+            let epoch = token.as_ref().map(|t| t.epoch);
+            let span = info_span!("request", id = %req.id, machine = %req.address, coordinator = %peer.name, epoch);
+            let resp: PowerResponse = gw.handle_fenced(req, token).instrument(span).await;
             if let Err(e) = transport::write_msg(&mut send, &resp, frame::MAX_FRAME_LEN).await {
                 warn!(%peer, error = %e, "could not send the power response");
                 return;

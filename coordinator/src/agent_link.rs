@@ -7,6 +7,12 @@
 //! coordinator never dials an agent: a machine without a live connection is unreachable
 //! and the call fails at once, so a repair procedure moves on to its next (power) step.
 //!
+//! Every request carries the coordinator's fencing token ([`crate::lease_token`]), read when
+//! it is sent, on connections of [`FENCING_VERSION`] or later; an agent of an older release
+//! gets the request alone. An agent that has seen a newer epoch of this store refuses it
+//! ([`ActionFailure::OlderEpoch`]); the refusal comes back as the action's answer, and is
+//! logged here. With no token (this coordinator does not lead) nothing is sent.
+//!
 //! Which agent is asked is decided here by the address only; the connection itself was
 //! authenticated as that machine's node certificate, so no other node can be asked through
 //! it, and nodes cannot open action streams towards anyone (agents accept them, the
@@ -18,10 +24,14 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use protocol::actions::{
-    ActionReply, ActionRequest, ActionStatus, AgentAction, MAX_ACTION_FRAME_LEN,
+    ActionFailure, ActionReply, ActionRequest, ActionStatus, AgentAction, FencedActionRequest,
+    MAX_ACTION_FRAME_LEN,
 };
+use protocol::fencing::{FENCING_VERSION, FencingToken};
 use protocol::transport::{TransportError, read_msg, write_msg};
 use quinn::Connection;
+
+use crate::lease_token::LeaseToken;
 
 /// Why an action could not be asked for or its answer not read.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +78,16 @@ pub enum AgentActionError {
         action: String,
         /// The limit.
         timeout: Duration,
+    },
+    /// This coordinator holds no fencing token (it does not lead): nothing was sent.
+    #[error(
+        "{action} was not asked of the agent of {address}: this coordinator holds no fencing token (it does not lead)"
+    )]
+    NoToken {
+        /// The machine.
+        address: String,
+        /// The action.
+        action: String,
     },
 }
 
@@ -126,22 +146,32 @@ pub const CLOSE_DELETED: u32 = 3;
 /// The connections of the agents connected now.
 #[derive(Debug, Default)]
 pub struct AgentLinks {
-    /// address → (session number, connection).
-    links: Mutex<HashMap<String, (u64, Connection)>>,
+    /// address → (session number, connection, protocol version spoken on it).
+    links: Mutex<HashMap<String, (u64, Connection, u16)>>,
     next: Mutex<u64>,
+    /// The token every request is sent with.
+    lease: LeaseToken,
 }
 
 impl AgentLinks {
-    /// An empty registry.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// An empty registry whose requests carry the token `lease` holds when each is sent.
+    pub fn new(lease: LeaseToken) -> Arc<Self> {
+        Arc::new(Self {
+            lease,
+            ..Self::default()
+        })
     }
 
     /// Registers the connection of the agent of `address` as its current session; returns
     /// the session number to pass to [`AgentLinks::remove`] and [`AgentLinks::is_current`],
     /// and the connection it replaced, if one was registered (the caller closes it: one
     /// machine, one session).
-    pub fn insert(&self, address: &str, conn: Connection) -> (u64, Option<Connection>) {
+    pub fn insert(
+        &self,
+        address: &str,
+        conn: Connection,
+        version: u16,
+    ) -> (u64, Option<Connection>) {
         let n = {
             let mut next = self.next.lock().expect("links lock");
             *next += 1;
@@ -151,15 +181,15 @@ impl AgentLinks {
             .links
             .lock()
             .expect("links lock")
-            .insert(address.to_string(), (n, conn));
-        (n, old.map(|(_, c)| c))
+            .insert(address.to_string(), (n, conn, version));
+        (n, old.map(|(_, c, _)| c))
     }
 
     /// Closes the session of the machine at `address`, which was just deleted, so that its
     /// agent reconnects and shows up as awaiting registration at once instead of reporting
     /// about a machine the coordinator no longer has. True when one was connected.
     pub fn close_deleted(&self, address: &str) -> bool {
-        let Some(conn) = self.get(address) else {
+        let Some((conn, _)) = self.get(address) else {
             return false;
         };
         conn.close(
@@ -175,13 +205,13 @@ impl AgentLinks {
             .lock()
             .expect("links lock")
             .get(address)
-            .is_some_and(|(m, _)| *m == n)
+            .is_some_and(|(m, _, _)| *m == n)
     }
 
     /// Forgets session `n` of `address`, unless a newer session replaced it.
     pub fn remove(&self, address: &str, n: u64) {
         let mut links = self.links.lock().expect("links lock");
-        if links.get(address).is_some_and(|(m, _)| *m == n) {
+        if links.get(address).is_some_and(|(m, _, _)| *m == n) {
             links.remove(address);
         }
     }
@@ -197,7 +227,7 @@ impl AgentLinks {
             let links = self.links.lock().expect("links lock");
             addresses
                 .iter()
-                .filter_map(|a| links.get(a).map(|(_, c)| (a.clone(), c.clone())))
+                .filter_map(|a| links.get(a).map(|(_, c, _)| (a.clone(), c.clone())))
                 .collect()
         };
         conns
@@ -209,22 +239,31 @@ impl AgentLinks {
             .collect()
     }
 
-    fn get(&self, address: &str) -> Option<Connection> {
+    fn get(&self, address: &str) -> Option<(Connection, u16)> {
         self.links
             .lock()
             .expect("links lock")
             .get(address)
-            .map(|(_, c)| c.clone())
+            .map(|(_, c, v)| (c.clone(), *v))
     }
 }
 
 async fn ask(
-    conn: Connection,
+    (conn, version): (Connection, u16),
     req: ActionRequest,
+    token: FencingToken,
     accepted: &std::sync::atomic::AtomicBool,
 ) -> Result<ActionAnswer, TransportError> {
     let (mut send, mut recv) = conn.open_bi().await.map_err(TransportError::from)?;
-    write_msg(&mut send, &req, MAX_ACTION_FRAME_LEN).await?;
+    if version >= FENCING_VERSION {
+        let fenced = FencedActionRequest {
+            request: req.clone(),
+            token,
+        };
+        write_msg(&mut send, &fenced, MAX_ACTION_FRAME_LEN).await?;
+    } else {
+        write_msg(&mut send, &req, MAX_ACTION_FRAME_LEN).await?;
+    }
     let _ = send.finish();
     let mut answer = ActionAnswer {
         accepted: false,
@@ -254,6 +293,7 @@ impl AgentActions for AgentLinks {
     ) -> BoxFuture<'static, Result<ActionAnswer, AgentActionError>> {
         let address = address.to_string();
         let conn = self.get(&address);
+        let token = self.lease.current();
         let req = ActionRequest {
             id: id.to_string(),
             action,
@@ -263,9 +303,17 @@ impl AgentActions for AgentLinks {
                 return Err(AgentActionError::NotConnected { address });
             };
             let what = req.action.describe();
-            tracing::info!(machine = %address, id = %req.id, action = %what, "asking the agent");
+            let Some(token) = token else {
+                return Err(AgentActionError::NoToken {
+                    address,
+                    action: what,
+                });
+            };
+            tracing::info!(machine = %address, id = %req.id, action = %what, epoch = token.epoch, "asking the agent");
             let accepted = std::sync::atomic::AtomicBool::new(false);
-            match tokio::time::timeout(timeout, ask(conn, req, &accepted)).await {
+            let id = req.id.clone();
+            let epoch = token.epoch;
+            match tokio::time::timeout(timeout, ask(conn, req, token, &accepted)).await {
                 Err(_) if accepted.load(std::sync::atomic::Ordering::Relaxed) => {
                     Err(AgentActionError::StillRunning {
                         address,
@@ -283,7 +331,16 @@ impl AgentActions for AgentLinks {
                     action: what,
                     detail: e.to_string(),
                 }),
-                Ok(Ok(a)) => Ok(a),
+                Ok(Ok(a)) => {
+                    if let Some(ActionStatus::Failed {
+                        code: ActionFailure::OlderEpoch,
+                        detail,
+                    }) = &a.status
+                    {
+                        tracing::error!(machine = %address, %id, action = %what, epoch, %detail, "the agent refused this coordinator's action: a coordinator of a newer epoch of this store has spoken to it, so this one no longer leads; nothing was done");
+                    }
+                    Ok(a)
+                }
             }
         })
     }

@@ -74,6 +74,8 @@ pub struct ServerCtx {
     pub links: Arc<crate::agent_link::AgentLinks>,
     /// Crash-dump notices from kdump initramfs; `None` refuses them.
     pub kdump: Option<Arc<crate::kdump::Kdumps>>,
+    /// Whether this coordinator leads: a standby answers every hello with the leader.
+    pub leadership: crate::leadership::Leadership,
 }
 
 /// Accepts connections until `shutdown`, then gives open sessions up to `grace` to end and
@@ -175,6 +177,13 @@ async fn after_hello(
     shutdown: &CancellationToken,
 ) -> Option<(AgentConn, tracing::Span)> {
     let peer = pending.peer.clone();
+    if let Some(leader) = ctx.leadership.standby_of() {
+        // Not leading: nothing is served or recorded here; the client goes to the leader.
+        ctx.metrics.refused("standby");
+        tracing::info!(%peer, leader = ?leader, "hello answered as a standby");
+        pending.refuse_standby(leader).await;
+        return None;
+    }
     match (peer.role, pending.hello.clone()) {
         (Role::Node, HelloBody::Agent(hello)) => {
             if hello.hostname != peer.name {
@@ -352,7 +361,11 @@ async fn agent_hello(
         }
     };
     let Session {
-        conn, send, recv, ..
+        conn,
+        send,
+        recv,
+        version,
+        ..
     } = match pending.accept(&ctx.name).await {
         Ok(s) => s,
         Err(e) => {
@@ -361,8 +374,8 @@ async fn agent_hello(
             return None;
         }
     };
-    let (link, replaced) = ctx.links.insert(&address, conn.clone());
-    tracing::info!(machine = %address, agent_version = %hello.agent_version, boot_id = %hello.boot_id, "agent connected");
+    let (link, replaced) = ctx.links.insert(&address, conn.clone(), version);
+    tracing::info!(machine = %address, agent_version = %hello.agent_version, boot_id = %hello.boot_id, version, "agent connected");
     if let Some(old) = replaced {
         replace_session(&old, &address, &hostname, remote, ctx);
     }

@@ -187,6 +187,7 @@ impl App {
         // Exclusive and writable, or no start at all: a second coordinator on this store,
         // or one that cannot write it, must not say it serves.
         let store = Store::open_configured(&config.store, &config.database).await?;
+        let lease = crate::lease_token::at_start(&store).await?;
         let fleet =
             Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
         let mut inventory = None;
@@ -223,7 +224,7 @@ impl App {
             None => Arc::new(NotANode),
         };
         let shared_tls: crate::gateway::SharedTls = Arc::new(std::sync::RwLock::new(tls.clone()));
-        let (power, gateways) = power_control(&config, &shared_tls, &name, &fleet);
+        let (power, gateways) = power_control(&config, &shared_tls, &name, &fleet, &lease);
         let kdump = Arc::new(
             crate::kdump::Kdumps::open(
                 store.clone(),
@@ -234,7 +235,7 @@ impl App {
             .await?
             .with_events(drainer.clone()),
         );
-        let links = crate::agent_link::AgentLinks::new();
+        let links = crate::agent_link::AgentLinks::new(lease);
         let fence_metrics = Arc::new(crate::fence::metrics::FenceMetrics::default());
         // The engine starts now, so a bad `repair:` file fails the build, but stops with
         // the app: `run` cancels this token when its shutdown token fires.
@@ -405,6 +406,7 @@ impl App {
             admin: self.admin.clone(),
             links: self.links.clone(),
             kdump: Some(self.kdump.clone()),
+            leadership: crate::leadership::Leadership::from_env(),
         });
         tracing::info!(
             name = %self.name,
@@ -503,6 +505,7 @@ fn power_control(
     tls: &crate::gateway::SharedTls,
     name: &str,
     fleet: &Arc<Fleet>,
+    lease: &crate::lease_token::LeaseToken,
 ) -> (
     Arc<dyn crate::gateway::PowerControl>,
     Option<Arc<crate::gateway::QuicGateways>>,
@@ -532,6 +535,7 @@ fn power_control(
         name,
         targets,
         rack_of,
+        lease.clone(),
     ));
     (gateways.clone(), Some(gateways))
 }

@@ -22,11 +22,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use protocol::gateway::{CoordinatorHello, PowerAction, PowerRequest, PowerResponse};
+use protocol::fencing::{FENCING_VERSION, FencingToken};
+use protocol::gateway::{
+    CoordinatorHello, FencedPowerRequest, PowerAction, PowerRequest, PowerResponse,
+};
 use protocol::messages::HelloBody;
 use protocol::transport::{self, TlsMaterial, TransportError};
 use protocol::{Role, frame};
 use serde::Deserialize;
+
+use crate::lease_token::LeaseToken;
 
 pub mod config;
 pub mod reach;
@@ -35,7 +40,7 @@ mod served;
 /// What [`QuicGateways::probe`] learnt of a gateway that answered: the machines it has a BMC
 /// for, or why that is not known (a gateway from before the question).
 pub type Served = Result<Vec<String>, String>;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 /// Why a power request could not be carried to a gateway or answered.
 #[derive(Debug, thiserror::Error)]
@@ -196,7 +201,10 @@ pub struct QuicGateways {
     coordinator: String,
     targets: Vec<GatewayTarget>,
     rack_of: RackOf,
-    conns: std::sync::Mutex<HashMap<usize, (quinn::Endpoint, quinn::Connection)>>,
+    /// The fencing token every request is sent with, read at send time.
+    lease: LeaseToken,
+    /// target → (endpoint, connection, the protocol version spoken on it).
+    conns: std::sync::Mutex<HashMap<usize, (quinn::Endpoint, quinn::Connection, u16)>>,
     /// The client endpoint of each address family (IPv4, IPv6), made at the first connection
     /// and shared by every gateway connection after it. Not one per connection: each
     /// endpoint has a receive buffer of about 2.9 MiB (quinn), and once one is freed glibc
@@ -221,12 +229,14 @@ impl std::fmt::Debug for QuicGateways {
 }
 
 impl QuicGateways {
-    /// A client presenting `tls` (a coordinator certificate) as `coordinator`.
+    /// A client presenting `tls` (a coordinator certificate) as `coordinator`, sending each
+    /// request with the token `lease` holds at that moment (none: nothing is sent).
     pub fn new(
         tls: SharedTls,
         coordinator: impl Into<String>,
         targets: Vec<GatewayTarget>,
         rack_of: RackOf,
+        lease: LeaseToken,
     ) -> Self {
         let connecting = targets
             .iter()
@@ -237,6 +247,7 @@ impl QuicGateways {
             coordinator: coordinator.into(),
             targets,
             rack_of,
+            lease,
             conns: std::sync::Mutex::new(HashMap::new()),
             endpoints: std::sync::Mutex::new([None, None]),
             connecting,
@@ -253,21 +264,26 @@ impl QuicGateways {
         serving(&self.targets, address, || (self.rack_of)(address))
     }
 
+    #[allow(clippy::type_complexity)]
     fn conns(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<usize, (quinn::Endpoint, quinn::Connection)>> {
+    ) -> std::sync::MutexGuard<'_, HashMap<usize, (quinn::Endpoint, quinn::Connection, u16)>> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The open connection to target `i`, if any.
-    fn open(&self, i: usize) -> Option<quinn::Connection> {
+    /// The open connection to target `i` and its protocol version, if any.
+    fn open(&self, i: usize) -> Option<(quinn::Connection, u16)> {
         self.conns()
             .get(&i)
-            .filter(|(_, c)| c.close_reason().is_none())
-            .map(|(_, c)| c.clone())
+            .filter(|(_, c, _)| c.close_reason().is_none())
+            .map(|(_, c, v)| (c.clone(), *v))
     }
 
-    async fn connection(&self, i: usize, fresh: bool) -> Result<quinn::Connection, PowerError> {
+    async fn connection(
+        &self,
+        i: usize,
+        fresh: bool,
+    ) -> Result<(quinn::Connection, u16), PowerError> {
         let t = &self.targets[i];
         if !fresh && let Some(c) = self.open(i) {
             return Ok(c);
@@ -311,9 +327,13 @@ impl QuicGateways {
                     });
                 }
             };
-        debug!(gateway = %t.name, addr = %t.address, "connected to gateway");
-        self.conns().insert(i, (endpoint, session.conn.clone()));
-        Ok(session.conn)
+        debug!(gateway = %t.name, addr = %t.address, version = session.version, "connected to gateway");
+        if session.version < FENCING_VERSION {
+            warn!(gateway = %t.name, addr = %t.address, "the gateway is of a release from before fencing tokens: it cannot refuse a coordinator that lost the lead; upgrade it");
+        }
+        self.conns()
+            .insert(i, (endpoint, session.conn.clone(), session.version));
+        Ok((session.conn, session.version))
     }
 
     /// The shared client endpoint for `peer`'s family (see `endpoints`), presenting `tls`:
@@ -352,7 +372,7 @@ impl QuicGateways {
         let each = (0..self.targets.len()).map(|i| async move {
             let t = &self.targets[i];
             let r = match tokio::time::timeout(limit, self.connection(i, true)).await {
-                Ok(Ok(conn)) => {
+                Ok(Ok((conn, _))) => {
                     let served = served::ask(&conn, limit).await;
                     conn.close(0u32.into(), b"check");
                     Ok(served)
@@ -368,24 +388,35 @@ impl QuicGateways {
         let out = futures::future::join_all(each).await;
         // The closes reach the gateways before the caller's runtime ends, so they log a
         // closed connection, not a lost one.
-        let endpoints: Vec<quinn::Endpoint> = self.conns().drain().map(|(_, (e, _))| e).collect();
+        let endpoints: Vec<quinn::Endpoint> =
+            self.conns().drain().map(|(_, (e, _, _))| e).collect();
         let idle = futures::future::join_all(endpoints.iter().map(|e| e.wait_idle()));
         let _ = tokio::time::timeout(Duration::from_secs(1), idle).await;
         out
     }
 
-    /// Sends `req` and reads the answer. On error, says whether anything was sent: `false`
-    /// only when no stream could be opened.
+    /// Sends `req` (with `token` on a connection of [`FENCING_VERSION`] or later) and reads
+    /// the answer. On error, says whether anything was sent: `false` only when no stream
+    /// could be opened.
     async fn exchange(
-        conn: &quinn::Connection,
+        (conn, version): &(quinn::Connection, u16),
         req: &PowerRequest,
+        token: &FencingToken,
         wait: Duration,
     ) -> Result<PowerResponse, (TransportError, bool)> {
         let sent = std::sync::atomic::AtomicBool::new(false);
         let work = async {
             let (mut send, mut recv) = conn.open_bi().await?;
             sent.store(true, std::sync::atomic::Ordering::SeqCst);
-            transport::write_msg(&mut send, req, frame::MAX_FRAME_LEN).await?;
+            if *version >= FENCING_VERSION {
+                let fenced = FencedPowerRequest {
+                    request: req.clone(),
+                    token: token.clone(),
+                };
+                transport::write_msg(&mut send, &fenced, frame::MAX_FRAME_LEN).await?;
+            } else {
+                transport::write_msg(&mut send, req, frame::MAX_FRAME_LEN).await?;
+            }
             let _ = send.finish();
             transport::expect_msg::<PowerResponse>(&mut recv, frame::MAX_FRAME_LEN).await
         };
@@ -422,6 +453,12 @@ impl PowerControl for QuicGateways {
                 });
             };
             let t = &self.targets[i];
+            let Some(token) = self.lease.current() else {
+                return Err(PowerError::NotAvailable {
+                    address: req.address.clone(),
+                    reason: "this coordinator holds no fencing token (it does not lead): nothing is sent".into(),
+                });
+            };
             let limit = if req.timeout_ms > 0 {
                 Duration::from_millis(req.timeout_ms)
             } else {
@@ -431,8 +468,13 @@ impl PowerControl for QuicGateways {
             let mut last = None;
             for fresh in [false, true] {
                 let conn = self.connection(i, fresh).await?;
-                match Self::exchange(&conn, &req, wait).await {
-                    Ok(resp) => return Ok(resp),
+                match Self::exchange(&conn, &req, &token, wait).await {
+                    Ok(resp) => {
+                        if resp.outcome.is_refused_epoch() {
+                            error!(gateway = %t.name, id = %req.id, machine = %req.address, epoch = token.epoch, store = %token.store, "the gateway refused this coordinator's request: a coordinator of a newer epoch of this store has spoken to it, so this one no longer leads; nothing was done");
+                        }
+                        return Ok(resp);
+                    }
                     Err((e @ TransportError::Timeout(_), _)) => {
                         // The gateway holds the request; resending at once would only wait again.
                         return Err(answer_lost(t, &req, &e));
@@ -498,8 +540,10 @@ mod tests {
                     }
                     let s = p.accept("rack-a").await.unwrap();
                     while let Ok((mut send, mut recv)) = s.conn.accept_bi().await {
-                        let req: PowerRequest =
+                        let fenced: FencedPowerRequest =
                             transport::expect_msg(&mut recv, 65536).await.unwrap();
+                        assert_eq!(fenced.token, test_lease().current().unwrap());
+                        let req = fenced.request;
                         served.fetch_add(1, Ordering::SeqCst);
                         let resp = PowerResponse {
                             id: req.id.clone(),
@@ -541,9 +585,9 @@ mod tests {
                     froms.lock().unwrap().push(p.conn.remote_address());
                     let s = p.accept("rack-a").await.unwrap();
                     if let Ok((_send, mut recv)) = s.conn.accept_bi().await {
-                        let req: PowerRequest =
+                        let req: FencedPowerRequest =
                             transport::expect_msg(&mut recv, 65536).await.unwrap();
-                        ids.lock().unwrap().push(req.id);
+                        ids.lock().unwrap().push(req.request.id);
                         s.conn.close(0u32.into(), b"gone");
                     }
                 });
@@ -567,6 +611,7 @@ mod tests {
             "c1",
             vec![target(addr)],
             racks(),
+            test_lease(),
         );
         let e = tokio::time::timeout(Duration::from_secs(30), g.power(req("lost", "10.0.0.1")))
             .await
@@ -602,6 +647,13 @@ mod tests {
         }
     }
 
+    fn test_lease() -> LeaseToken {
+        LeaseToken::fixed(FencingToken {
+            store: "s".into(),
+            epoch: 1,
+        })
+    }
+
     fn target(addr: SocketAddr) -> GatewayTarget {
         GatewayTarget {
             name: "rack-a".into(),
@@ -630,6 +682,7 @@ mod tests {
             "c1",
             vec![target(addr)],
             racks(),
+            test_lease(),
         );
         for (i, m) in ["10.0.0.1", "10.9.9.9", "10.0.0.2"].iter().enumerate() {
             let r = tokio::time::timeout(Duration::from_secs(10), g.power(req(&i.to_string(), m)))
@@ -678,6 +731,7 @@ mod tests {
                 gateway("rack-b", good, &[], &["10.9.9.9"]),
             ],
             racks(),
+            test_lease(),
         ));
         let stuck = {
             let g = g.clone();
@@ -707,6 +761,7 @@ mod tests {
             "alice",
             vec![target(addr)],
             racks(),
+            test_lease(),
         );
         let e = tokio::time::timeout(Duration::from_secs(10), g.power(req("a", "10.0.0.1")))
             .await
@@ -729,6 +784,7 @@ mod tests {
             "c1",
             vec![target(dead)],
             racks(),
+            test_lease(),
         );
         let e = tokio::time::timeout(Duration::from_secs(30), g.power(req("b", "10.0.0.1")))
             .await

@@ -21,6 +21,8 @@ pub mod health;
 pub mod inventory;
 pub mod k8s;
 pub mod kdump;
+pub mod leadership;
+pub mod lease_token;
 pub mod lifecycle;
 pub mod metrics;
 pub mod remediation;

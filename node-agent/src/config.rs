@@ -321,10 +321,16 @@ impl MountConfig {
 /// The coordinator and the TLS files: needed by `run`, not by `check`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CoordinatorConfig {
-    /// `host:port`.
+    /// `host:port`, or several separated by commas: the coordinators that may lead, tried
+    /// in turn (a standby names the leader and the agent goes there at once).
     pub address: String,
-    /// TLS server name (default: host part of `address`).
+    /// TLS server name (default: host part of `address`, of its first for several).
     pub server_name: String,
+    /// Each coordinator of `address` with its TLS server name (`server_name` when set,
+    /// else the host part of that address).
+    pub targets: Vec<(String, String)>,
+    /// `server_name` as configured, if it was: the name of a leader a standby names too.
+    pub server_name_set: Option<String>,
     /// Fleet CA.
     pub ca: PathBuf,
     /// Node certificate.
@@ -468,7 +474,13 @@ impl Config {
                 None
             }
             Some(address) => {
-                let (host, _) = split_host_port(&address).map_err(|e| invalid("coordinator", e))?;
+                let mut targets = Vec::new();
+                for one in address.split(',').map(str::trim) {
+                    let (host, _) = split_host_port(one).map_err(|e| invalid("coordinator", e))?;
+                    let name = server_name.clone().unwrap_or(host);
+                    targets.push((one.to_string(), name));
+                }
+                let host = targets[0].1.clone();
                 let need = |k: &'static str, v: Option<PathBuf>| {
                     v.ok_or_else(|| {
                         invalid(
@@ -478,7 +490,9 @@ impl Config {
                     })
                 };
                 Some(CoordinatorConfig {
+                    server_name_set: server_name.clone(),
                     server_name: server_name.unwrap_or(host),
+                    targets,
                     ca: need("ca", ca)?,
                     cert: need("cert", cert)?,
                     key: need("key", key)?,
@@ -808,6 +822,39 @@ path = "//"
             e.contains("(env FLEETMEND_AGENT_REPORT_INTERVAL): \"xyz\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn several_coordinators_are_tried_each_under_its_own_name_unless_one_is_set() {
+        let c = parse(
+            "coordinator = \"c1.example:7443, [::1]:7443,c3:1\"\nca = \"/ca\"\ncert = \"/c\"\nkey = \"/k\"\n",
+        )
+        .unwrap();
+        let co = c.coordinator.unwrap();
+        assert_eq!(
+            co.targets,
+            vec![
+                ("c1.example:7443".to_string(), "c1.example".to_string()),
+                ("[::1]:7443".to_string(), "::1".to_string()),
+                ("c3:1".to_string(), "c3".to_string()),
+            ]
+        );
+        assert_eq!(co.server_name, "c1.example");
+        let c = parse(
+            "coordinator = \"a:1,b:2\"\nserver_name = \"coord\"\nca = \"/ca\"\ncert = \"/c\"\nkey = \"/k\"\n",
+        )
+        .unwrap();
+        assert!(
+            c.coordinator
+                .unwrap()
+                .targets
+                .iter()
+                .all(|(_, n)| n == "coord")
+        );
+        let e = parse("coordinator = \"a:1,nohost\"\nca = \"/ca\"\ncert = \"/c\"\nkey = \"/k\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"nohost\" has no port"), "{e}");
     }
 
     #[test]

@@ -19,9 +19,11 @@
 //! the coordinator knows it is done when the agent returns with a new boot id.
 //!
 //! Version: these messages only travel on streams the coordinator opens, after both ends
-//! spoke [`crate::PROTOCOL_VERSION`] 1; they are new types, not changes to existing ones,
-//! so the version is unchanged. An agent from before them never accepts such a stream and
-//! the coordinator's request times out with a reason saying so.
+//! spoke protocol version 1 or later; they were new types, not changes to existing ones. An
+//! agent from before them never accepts such a stream and the coordinator's request times
+//! out with a reason saying so. From version 2 ([`crate::fencing::FENCING_VERSION`]) the
+//! request travels as a [`FencedActionRequest`] with the coordinator's fencing token; on a
+//! version 1 connection (an agent or a coordinator of an older release) as before.
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +52,18 @@ pub struct ActionRequest {
     pub id: String,
     /// What to do.
     pub action: AgentAction,
+}
+
+/// An [`ActionRequest`] with the coordinator's fencing token: what a coordinator sends on a
+/// connection whose hello spoke [`crate::fencing::FENCING_VERSION`] or later (the request's
+/// encoding with the token after it); on a version 1 connection the request travels alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FencedActionRequest {
+    /// The request.
+    pub request: ActionRequest,
+    /// Who asks, in which epoch: an agent that has seen a higher epoch of the same store
+    /// refuses it ([`ActionFailure::OlderEpoch`]) before doing anything.
+    pub token: crate::fencing::FencingToken,
 }
 
 /// The fixed set of actions an agent can be asked for.
@@ -143,6 +157,10 @@ pub enum ActionFailure {
     TimedOut,
     /// The command could not be started, or the agent could not record the request.
     Error,
+    /// The request's fencing token is older than one the agent has seen for the same store:
+    /// a newer coordinator leads ([`crate::fencing::refusal`]). Only sent on connections of
+    /// [`crate::fencing::FENCING_VERSION`] or later.
+    OlderEpoch,
 }
 
 impl ActionFailure {
@@ -154,6 +172,7 @@ impl ActionFailure {
             ActionFailure::CommandFailed => "command-failed",
             ActionFailure::TimedOut => "timed-out",
             ActionFailure::Error => "error",
+            ActionFailure::OlderEpoch => "older-epoch",
         }
     }
 }

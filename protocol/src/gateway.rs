@@ -48,6 +48,19 @@ pub struct PowerRequest {
     pub timeout_ms: u64,
 }
 
+/// A [`PowerRequest`] with the sender's fencing token: what a coordinator sends on a
+/// connection whose hello spoke [`crate::fencing::FENCING_VERSION`] or later. postcard writes
+/// a struct as its fields in order, so this is the request's encoding with the token after
+/// it; on a version 1 connection the request travels alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FencedPowerRequest {
+    /// The request.
+    pub request: PowerRequest,
+    /// Who sends it, in which epoch: a gateway that has seen a higher epoch of the same
+    /// store refuses it before touching any BMC.
+    pub token: crate::fencing::FencingToken,
+}
+
 /// Power state as read from a BMC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -83,6 +96,12 @@ impl PowerOutcome {
     /// ([`POWERED_ON_ONLY`]).
     pub fn is_powered_on_only(&self) -> bool {
         matches!(self, PowerOutcome::Done { detail, .. } if detail.starts_with(POWERED_ON_ONLY))
+    }
+
+    /// True for a refusal because a newer coordinator of the same store has spoken to the
+    /// gateway ([`crate::fencing::refusal`]): final, never retried.
+    pub fn is_refused_epoch(&self) -> bool {
+        matches!(self, PowerOutcome::Failed { detail, .. } if crate::fencing::is_refused_epoch(detail))
     }
 
     /// True for the answer to an id the gateway was running when it restarted

@@ -19,6 +19,7 @@
 pub mod actions;
 pub mod admin;
 pub mod duration;
+pub mod fencing;
 pub mod file;
 pub mod frame;
 pub mod gateway;
@@ -43,7 +44,16 @@ pub use identity::{Identity, IdentityError, Role};
 /// Peers exchange it in the first message of every connection; a peer speaking another
 /// version is refused with [`messages::RefusalCode::UnsupportedVersion`] before anything else
 /// is decoded.
-pub const PROTOCOL_VERSION: u16 = 1;
+///
+/// 2: power requests and agent actions carry a fencing token ([`fencing`]). A server of this
+/// release also accepts a hello of every version down to [`OLDEST_PROTOCOL_VERSION`] and
+/// talks that version on the connection ([`transport::Session::version`]); a client of this
+/// release refused by an older server says hello again in the oldest version. So an
+/// upgrade can still go a part at a time.
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// The oldest protocol version this release still speaks: 1, before fencing tokens.
+pub const OLDEST_PROTOCOL_VERSION: u16 = 1;
 
 /// The longest an agent waits between two connection attempts (its reconnect backoff's
 /// cap). After its own restart the coordinator gives a machine that reported to its

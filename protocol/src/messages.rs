@@ -150,6 +150,24 @@ pub enum HelloReply {
     },
     /// The connection is refused; the server closes it after this.
     Refused(Refusal),
+    /// The server is a coordinator that does not lead now (a standby): the client goes to
+    /// the leader, or to its next coordinator address. Sent only to clients whose hello
+    /// spoke version 2 or later (older ones get a `shutting-down` refusal with the same
+    /// words); the server closes the connection after this.
+    Standby {
+        /// The leading coordinator's QUIC address (`host:port`), when this one knows it.
+        leader: Option<String>,
+        /// For a person: `standby; the leader is …`.
+        reason: String,
+    },
+}
+
+/// The words of a [`HelloReply::Standby`] for `leader`.
+pub fn standby_reason(leader: Option<&str>) -> String {
+    match leader {
+        Some(l) => format!("standby; the leader is {l}"),
+        None => "standby; no leader is known now: try another coordinator".to_string(),
+    }
 }
 
 /// A refusal with a machine-readable code and a reason for a person.

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use crate::procs::{free_tcp_port, free_udp_port, workspace_root};
 use anyhow::{Context, Result, anyhow, bail};
 use protocol::Role;
-use protocol::gateway::{CoordinatorHello, PowerRequest, PowerResponse};
+use protocol::fencing::FencingToken;
+use protocol::gateway::{CoordinatorHello, FencedPowerRequest, PowerRequest, PowerResponse};
 use protocol::messages::HelloBody;
 use protocol::pki::{Ca, IssueOptions};
 use protocol::transport::{self, TlsMaterial};
@@ -1035,11 +1036,41 @@ impl GatewayClient {
         })
     }
 
-    /// Sends one request on its own stream and waits (up to `wait`) for the answer.
+    /// The token [`GatewayClient::request`] sends with: epoch 1 of a store of its own.
+    pub fn test_token() -> FencingToken {
+        FencingToken {
+            store: "test-store".into(),
+            epoch: 1,
+        }
+    }
+
+    /// Sends one request on its own stream, with [`GatewayClient::test_token`], and waits (up
+    /// to `wait`) for the answer.
     pub async fn request(&self, req: PowerRequest, wait: Duration) -> Result<PowerResponse> {
+        self.request_fenced(req, Self::test_token(), wait).await
+    }
+
+    /// Sends one request with `token` (as a coordinator of this release does: on a connection
+    /// of protocol version 1 the request goes without it) and waits (up to `wait`) for the
+    /// answer.
+    pub async fn request_fenced(
+        &self,
+        req: PowerRequest,
+        token: FencingToken,
+        wait: Duration,
+    ) -> Result<PowerResponse> {
         let work = async {
             let (mut send, mut recv) = self.session.conn.open_bi().await?;
-            transport::write_msg(&mut send, &req, protocol::frame::MAX_FRAME_LEN).await?;
+            let max = protocol::frame::MAX_FRAME_LEN;
+            if self.session.version >= protocol::fencing::FENCING_VERSION {
+                let fenced = FencedPowerRequest {
+                    request: req.clone(),
+                    token,
+                };
+                transport::write_msg(&mut send, &fenced, max).await?;
+            } else {
+                transport::write_msg(&mut send, &req, max).await?;
+            }
             send.finish()?;
             let resp: PowerResponse =
                 transport::expect_msg(&mut recv, protocol::frame::MAX_FRAME_LEN).await?;

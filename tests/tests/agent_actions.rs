@@ -724,3 +724,90 @@ fn sigterm_while_the_reboot_command_runs_stops_the_agent_at_once() -> anyhow::Re
     assert_eq!(lines(&reboots), 1, "rebooted again");
     Ok(())
 }
+
+/// Issue 31, fencing tokens at the agent: a copy of the coordinator's database taken while
+/// the store was at epoch 1, started after the live store's coordinator has acted at epoch 3
+/// (and after the agent restarted), starts at epoch 2: the agent refuses its restart before
+/// running anything, with the gateways' words, the refusal is the step's answer in the
+/// entry's history, and the coordinator says it no longer leads.
+#[test]
+fn an_agent_refuses_the_actions_of_an_older_epoch_also_after_its_restart() -> anyhow::Result<()> {
+    let yaml = "repair:\n  repair_procedures:\n    - machine_types: [qemu]\n      repair_operations:\n        - operation: unhealthy\n          repair_steps:\n            - repair_command: [\"@restart-unit\", \"kubelet\"]\n              watch_seconds: 30\n          health_check_command: [\"@agent-healthy\"]\n";
+    let mut env = Env::start(yaml, &[("10.12.0.9", "node-f")])?;
+    let db = env.coord.dir.join("coordinator.db");
+    // The live store: epoch 1 now. Stopped cleanly, copied (file and WAL), started twice more.
+    let code = env
+        .coord
+        .proc
+        .take()
+        .context("coordinator")?
+        .sigterm(SETTLE)?;
+    assert_eq!(code, Some(0));
+    let stale = env.dir.join("stale.db");
+    std::fs::copy(&db, &stale)?;
+    for ext in ["-wal", "-shm"] {
+        let side = PathBuf::from(format!("{}{ext}", db.display()));
+        if side.exists() {
+            std::fs::copy(&side, format!("{}{ext}", stale.display()))?;
+        }
+    }
+    env.coord.restart()?;
+    env.coord.restart()?;
+    env.coord
+        .wait_for_log(&["fencing epoch of this start", "epoch=3"], SETTLE)?;
+    let (fx, agent) = env.agent(
+        "node-f",
+        "10.12.0.9",
+        "restart_command = [\"sh\", \"-c\", \"echo \\\"$0\\\" >> @D@/restarts\"]\n",
+        |b| b,
+    )?;
+    env.coord.wait_for_state("node-f", "healthy", SETTLE)?;
+    let i = env.add("unhealthy", "10.12.0.9")?;
+    let v = env.finished(&i)?;
+    assert_eq!(v["status"], "succeeded", "{v}");
+    let restarts = env.dir.join("restarts");
+    assert_eq!(lines(&restarts), 1);
+
+    // The agent restarts (its record is on disk), and the stale copy takes over the port.
+    let mut agent = agent;
+    agent.sigterm(SETTLE)?;
+    let code = env
+        .coord
+        .proc
+        .take()
+        .context("coordinator")?
+        .sigterm(SETTLE)?;
+    assert_eq!(code, Some(0));
+    let config = std::fs::read_to_string(&env.coord.config)?;
+    std::fs::write(
+        &env.coord.config,
+        config.replace(
+            &format!("{:?}", db.display().to_string()),
+            &format!("{:?}", stale.display().to_string()),
+        ),
+    )?;
+    env.coord.restart()?;
+    env.coord
+        .wait_for_log(&["fencing epoch of this start", "epoch=2"], SETTLE)?;
+    let agent = testkit::procs::start_agent(
+        "node-f",
+        &fx.root().join("etc/fleetmend/node-agent.toml"),
+        &env.dir.join("node-f-2.log"),
+    )?;
+    env.coord.wait_for_state("node-f", "healthy", SETTLE)?;
+    let i = env.add("unhealthy", "10.12.0.9")?;
+    let v = env.finished(&i)?;
+    let history = env.history(&i)?;
+    assert_eq!(v["status"], "failed", "{v}\n{history:?}");
+    assert!(
+        history.iter().any(|(_, d)| d.contains("older-epoch")
+            && d.contains("refused: epoch 2 is older than 3 for store")
+            && d.contains("a newer coordinator leads")),
+        "{history:?}"
+    );
+    assert_eq!(lines(&restarts), 1, "the stale coordinator's restart ran");
+    agent.wait_for_log(&["action refused", "epoch=2"], SETTLE)?;
+    env.coord
+        .wait_for_log(&["the agent refused this coordinator's action"], SETTLE)?;
+    Ok(())
+}

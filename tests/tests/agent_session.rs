@@ -250,3 +250,77 @@ fn a_second_agent_with_the_same_certificate_replaces_the_first_and_its_goodbye_i
     coord.wait_for_state("node-1", "stopped", SETTLE)?;
     Ok(())
 }
+
+/// Issue 31 item 4: an agent given several coordinators finds the one that leads. Its list
+/// is [a standby that knows no leader, a standby that names the leader]; the leader is not
+/// in the list at all. The agent passes the first on to the second at once, is sent by the
+/// second to the leader at once (no backoff for a standby), and reports there within
+/// seconds. The standbys are coordinators of a test build told to answer as standbys
+/// (`FLEETMEND_TEST_ONLY_STANDBY_OF`: the election that makes real ones is not merged yet).
+#[test]
+fn test_only_standbys_send_an_agent_to_the_leader_at_once() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(tmp.path(), "e2e.test")?;
+    let opts = CoordinatorOptions {
+        inventory: Some(inventory_toml(&[("10.0.0.1", "node-1")])),
+        ..Default::default()
+    };
+    let leader = Coordinator::start(&tmp.path().join("leader"), &pki, &opts)?;
+    let standby = |name: &str, of: String| -> anyhow::Result<Coordinator> {
+        // The same CA, certificates of its own (each coordinator's are issued as "coord").
+        let own = Pki {
+            ca_dir: pki.ca_dir.clone(),
+            certs_dir: tmp.path().join(format!("certs-{name}")),
+        };
+        let mut c = Coordinator::start(&tmp.path().join(name), &own, &opts)?;
+        c.env = vec![("FLEETMEND_TEST_ONLY_STANDBY_OF".into(), of)];
+        c.restart()?;
+        Ok(c)
+    };
+    let lost = standby("lost", String::new())?;
+    let knows = standby("knows", leader.quic.to_string())?;
+    let fixture = NodeFixture::builder("node-1")
+        .nic("eth0")
+        .address("10.0.0.1".parse()?)
+        .build()?;
+    let tls = pki.issue("node", "node-1", &[])?;
+    let cfg_path = fixture.write_agent_config(
+        &AgentConfig::new(
+            &format!("{}, {}", lost.quic, knows.quic),
+            &tls.ca,
+            &tls.cert,
+            &tls.key,
+        )
+        .report_interval(Duration::from_millis(300)),
+    )?;
+    let started = Instant::now();
+    let agent = start_agent("agent", &cfg_path, &tmp.path().join("agent.log"))?;
+    leader.wait_for_state("node-1", "healthy", SETTLE)?;
+    let took = started.elapsed();
+    eprintln!("agent start → healthy report at the leader: {took:?}");
+    // The agent's own start is in it; the point is that no backoff (1 s and more) was
+    // waited for either standby.
+    ensure!(took < Duration::from_secs(5), "took {took:?}");
+    lost.wait_for_log(&["hello answered as a standby"], SETTLE)?;
+    knows.wait_for_log(&["hello answered as a standby"], SETTLE)?;
+    let log = agent.wait_for_log(&["does not lead", "standby; the leader is"], SETTLE)?;
+    ensure!(log.contains(&leader.quic.to_string()), "{log}");
+    agent.wait_for_log(&["does not lead", "no leader is known"], SETTLE)?;
+    // coordinatorctl is sent on the same way: by the standby that knows the leader, to it…
+    let out = knows.ctl_command(&["machines", "list"]).output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "{err}");
+    ensure!(text.contains("node-1"), "{text}");
+    ensure!(
+        err.contains(&format!("standby; the leader is {}", leader.quic))
+            && err.contains(&format!("using {}", leader.quic)),
+        "{err}"
+    );
+    // …while the one that knows none says so and serves nothing.
+    let out = lost.ctl_command(&["machines", "list"]).output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "a standby answered machines list");
+    ensure!(err.contains("standby; no leader is known"), "{err}");
+    Ok(())
+}

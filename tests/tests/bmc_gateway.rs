@@ -855,6 +855,7 @@ async fn coordinator_client_fences_through_the_real_gateway() -> Result<()> {
             machines: vec![],
         }],
         Arc::new(|addr: &str| addr.starts_with("10.0.3.").then(|| "r3".to_string())),
+        coordinator::lease_token::LeaseToken::fixed(GatewayClient::test_token()),
     );
 
     // The coordinator's fence proof, obtained from the real gateway and BMC.
@@ -1034,6 +1035,98 @@ async fn a_gateway_killed_after_executing_answers_the_resend_from_its_record() -
         .request(req("kill-3", m, PowerAction::Status), ANSWER)
         .await?;
     assert_eq!(done(&r.outcome)?.0, PowerState::Off);
+    Ok(())
+}
+
+/// Issue 31, fencing tokens at the gateway: once a coordinator of epoch 42 has spoken, a
+/// request of epoch 41 of the same store is refused before any BMC is touched, also by a
+/// gateway restarted in between (the epoch is in its durable record); the refusal is final
+/// and counted. A repeated id is still answered from the record, and the refused id was not
+/// remembered, so the successor can send it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_coordinator_is_refused_by_the_gateway_also_after_its_restart() -> Result<()> {
+    use protocol::fencing::FencingToken;
+    let sim = IpmiSim::start(true).await?;
+    let pki = TestPki::new()?;
+    let m = "10.0.0.1";
+    let cfg = ipmi_bmc(pki.dir.path(), m, sim.port, &sim.username, &sim.password);
+    let state = tempfile::tempdir()?;
+    let opts = GatewayOptions {
+        quic: None,
+        state_dir: Some(state.path().to_path_buf()),
+        ..Default::default()
+    };
+    let token = |epoch| FencingToken {
+        store: "0123456789abcdef0123456789abcdef".into(),
+        epoch,
+    };
+    let gw = GatewayProc::start_with(&pki, &cfg, opts.clone()).await?;
+    let c = coordinator(&pki, &gw).await?;
+    assert_eq!(c.session.version, protocol::PROTOCOL_VERSION);
+    let newer = c
+        .request_fenced(req("new-1", m, PowerAction::Off), token(42), ANSWER)
+        .await?;
+    done(&newer.outcome)?;
+    assert!(!sim.power_is_on().await?);
+    let quic = gw.quic;
+    gw.terminate().await?;
+    drop(c);
+
+    let gw = GatewayProc::start_with(
+        &pki,
+        &cfg,
+        GatewayOptions {
+            quic: Some(quic),
+            ..opts
+        },
+    )
+    .await?;
+    let events = sim.events();
+    let c = coordinator(&pki, &gw).await?;
+    let old = c
+        .request_fenced(req("old-1", m, PowerAction::On), token(41), ANSWER)
+        .await?;
+    let (detail, retriable) = failed(&old.outcome)?;
+    assert!(
+        detail.starts_with(&format!(
+            "refused: epoch 41 is older than 42 for store {}; a newer coordinator leads",
+            token(41).store
+        )),
+        "{detail}"
+    );
+    assert!(!retriable, "a refusal for an older epoch must be final");
+    assert!(old.outcome.is_refused_epoch());
+    // The deposed coordinator's resend of the successor's id is answered from the record.
+    let again = c
+        .request_fenced(req("new-1", m, PowerAction::Off), token(41), ANSWER)
+        .await?;
+    assert_eq!(again.outcome, newer.outcome);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sim.events(), events, "the BMC was touched for epoch 41");
+    assert!(
+        !sim.power_is_on().await?,
+        "the deposed coordinator powered it on"
+    );
+    let metrics = gw.metrics().await?;
+    assert!(
+        metrics.contains(&format!(
+            "fleetmend_gateway_requests_refused_older_epoch_total{{store=\"{}\"}} 1",
+            token(41).store
+        )),
+        "{metrics}"
+    );
+    assert!(
+        gw.log()
+            .contains("refused a power request of an older fencing epoch"),
+        "{}",
+        gw.log()
+    );
+    // The successor (and any newer epoch) acts, with the very id that was refused.
+    let r = c
+        .request_fenced(req("old-1", m, PowerAction::On), token(43), ANSWER)
+        .await?;
+    done(&r.outcome)?;
+    assert!(sim.power_is_on().await?);
     Ok(())
 }
 

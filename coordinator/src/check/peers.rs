@@ -61,6 +61,8 @@ pub(super) fn check_gateways(config: &Config) -> Vec<GatewayLine> {
         name,
         targets,
         std::sync::Arc::new(|_: &str| None),
+        // A check never acts: no token, so no power request could leave.
+        crate::lease_token::LeaseToken::unset(),
     );
     runtime
         .block_on(gateways.probe(GATEWAY_PROBE_LIMIT))

@@ -389,22 +389,41 @@ fn store_failing_warning(why: &str) -> String {
 
 impl AdminClient {
     /// Connects and completes the admin hello, with the first server of the list that
-    /// answers (several coordinators: tried in order, each within the time limit).
+    /// answers (several coordinators: tried in order, each within the time limit). A
+    /// coordinator that does not lead names the leader, and the leader is tried next at once
+    /// (once: two standbys naming each other cannot keep it), or the next server when it
+    /// knows none.
     pub async fn connect(args: &ConnectArgs) -> anyhow::Result<Self> {
         let r = args.resolve()?;
         let tls = load_tls(&r)?;
         warn_if_expiring(&tls, &r);
         let mut failed = Vec::new();
-        for server in &r.server.value {
-            match Self::connect_to(&r, &tls, server).await {
+        let mut queue: std::collections::VecDeque<String> =
+            r.server.value.iter().cloned().collect();
+        let mut redirected = false;
+        while let Some(server) = queue.pop_front() {
+            match Self::connect_to(&r, &tls, &server).await {
                 Ok(c) => {
                     if !failed.is_empty() {
                         eprintln!("coordinatorctl: {}; using {server}", failed.join("; "));
                     }
                     return Ok(c);
                 }
-                Err(e) if r.server.value.len() == 1 => return Err(e),
-                Err(e) => failed.push(format!("{server} did not answer ({e:#})")),
+                Err(e) => {
+                    let leader = match e.downcast_ref::<TransportError>() {
+                        Some(TransportError::Standby { leader, .. }) => leader.clone(),
+                        _ => None,
+                    };
+                    match leader.filter(|_| !redirected) {
+                        Some(leader) => {
+                            redirected = true;
+                            failed.push(format!("{server} does not lead ({e:#})"));
+                            queue.push_front(leader);
+                        }
+                        None if r.server.value.len() == 1 && failed.is_empty() => return Err(e),
+                        None => failed.push(format!("{server} did not answer ({e:#})")),
+                    }
+                }
             }
         }
         bail!(

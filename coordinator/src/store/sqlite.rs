@@ -73,6 +73,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("migrations/0010_remediation_entries.sql"),
     ),
     (11, "boot_ids", include_str!("migrations/0011_boot_ids.sql")),
+    (
+        12,
+        "store_epoch",
+        include_str!("migrations/0012_store_epoch.sql"),
+    ),
 ];
 
 /// True when `e` says the store itself failed (cannot write, disk full, I/O error, locked,

@@ -10,11 +10,17 @@
 //! A unit has one restart running at a time (`restart.rs`). A reboot is handed to the
 //! reporting loop, which says goodbye with reason reboot before running the reboot command.
 //!
+//! Every request of a coordinator of this release carries its fencing token
+//! ([`protocol::fencing`]): one whose epoch is older than one seen for its store is refused
+//! before anything else ([`epochs`]), with the words the gateways use, and the refusal is the
+//! answer. A coordinator of an older release (a protocol version 1 connection) sends none.
+//!
 //! This module does not decide when an action is wise; the coordinator's repair steps do.
 
 pub mod allowed;
 pub mod config;
 pub mod diagnostics;
+pub mod epochs;
 pub mod exec;
 pub mod ledger;
 mod restart;
@@ -25,9 +31,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use protocol::actions::{
-    ActionFailure, ActionReply, ActionRequest, ActionStatus, AgentAction, MAX_ACTION_FRAME_LEN,
-    MAX_REQUEST_ID_LEN,
+    ActionFailure, ActionReply, ActionRequest, ActionStatus, AgentAction, FencedActionRequest,
+    MAX_ACTION_FRAME_LEN, MAX_REQUEST_ID_LEN,
 };
+use protocol::fencing::{FENCING_VERSION, FencingToken};
 use protocol::frame::MAX_FRAME_LEN;
 use protocol::messages::CheckResult;
 use protocol::transport::{read_msg, write_msg};
@@ -36,6 +43,7 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, info, warn};
 
 use self::config::ActionsConfig;
+use self::epochs::EpochRecord;
 use self::exec::Ran;
 use self::ledger::{Begin, Ledger};
 
@@ -62,6 +70,8 @@ pub struct ActionServer {
     cfg: Mutex<ActionsConfig>,
     root: PathBuf,
     ledger: Mutex<Ledger>,
+    /// The highest fencing epoch seen per coordinator store.
+    epochs: Mutex<EpochRecord>,
     /// Failing and warning checks of the last round, for diagnostics.
     checks: Mutex<Vec<CheckResult>>,
     reboots: mpsc::UnboundedSender<RebootOrder>,
@@ -132,10 +142,12 @@ impl ActionServer {
         let mut ledger = Ledger::load(&cfg.state_dir);
         ledger.set_boot(&crate::node::boot_id(&root).unwrap_or_default());
         warn_about_unusable_settings(&cfg);
+        let epochs = EpochRecord::load(&cfg.state_dir);
         Self {
             cfg: Mutex::new(cfg),
             root,
             ledger: Mutex::new(ledger),
+            epochs: Mutex::new(epochs),
             checks: Mutex::new(Vec::new()),
             reboots,
             running: Mutex::new(HashMap::new()),
@@ -147,6 +159,10 @@ impl ActionServer {
         self.ledger
             .lock()
             .expect("ledger lock")
+            .move_to(&cfg.state_dir);
+        self.epochs
+            .lock()
+            .expect("epochs lock")
             .move_to(&cfg.state_dir);
         warn_about_unusable_settings(&cfg);
         *self.cfg.lock().expect("actions config lock") = cfg;
@@ -226,8 +242,10 @@ impl ActionServer {
         }
     }
 
-    /// Carries out one request, writing each answer with `answer`.
-    async fn handle(&self, req: ActionRequest, send: &mut SendStream) {
+    /// Carries out one request, writing each answer with `answer`. `token` is the
+    /// coordinator's (none from a coordinator of a release before fencing tokens): an older
+    /// epoch than one seen for its store is refused before anything else, a resent id too.
+    async fn handle(&self, req: ActionRequest, token: Option<FencingToken>, send: &mut SendStream) {
         let id = req.id.clone();
         if id.is_empty() || id.len() > MAX_REQUEST_ID_LEN {
             let detail = format!("request id must be 1..={MAX_REQUEST_ID_LEN} bytes");
@@ -242,6 +260,15 @@ impl ActionServer {
             .await;
         }
         let what = req.action.describe();
+        if let Some(token) = &token {
+            let admitted = self.epochs.lock().expect("epochs lock").admit(token);
+            if let Err(status) = admitted {
+                if let ActionStatus::Failed { detail, .. } = &status {
+                    warn!(id, action = %what, epoch = token.epoch, store = %token.store, %detail, "action refused");
+                }
+                return answer(send, &id, status).await;
+            }
+        }
         if let Err(detail) = self.allowed(&req.action) {
             warn!(id, action = %what, %detail, "action refused");
             return answer(
@@ -382,25 +409,30 @@ async fn answer(send: &mut SendStream, id: &str, status: ActionStatus) {
     }
 }
 
-/// Serves action streams the coordinator opens on `conn` until the connection ends.
-pub async fn serve(conn: Connection, server: Arc<ActionServer>) {
+/// Serves action streams the coordinator opens on `conn`, whose hello spoke protocol
+/// `version`, until the connection ends.
+pub async fn serve(conn: Connection, server: Arc<ActionServer>, version: u16) {
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(s) => s,
             Err(_) => return,
         };
         let server = server.clone();
-        tokio::spawn(async move { one(send, recv, &server).await }.in_current_span());
+        tokio::spawn(async move { one(send, recv, &server, version).await }.in_current_span());
     }
 }
 
-async fn one(mut send: SendStream, mut recv: RecvStream, server: &ActionServer) {
-    let req = match tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        read_msg::<ActionRequest>(&mut recv, MAX_FRAME_LEN),
-    )
-    .await
-    {
+async fn one(mut send: SendStream, mut recv: RecvStream, server: &ActionServer, version: u16) {
+    let read = async {
+        if version >= FENCING_VERSION {
+            let r = read_msg::<FencedActionRequest>(&mut recv, MAX_FRAME_LEN).await?;
+            Ok(r.map(|f| (f.request, Some(f.token))))
+        } else {
+            let r = read_msg::<ActionRequest>(&mut recv, MAX_FRAME_LEN).await?;
+            Ok::<_, protocol::transport::TransportError>(r.map(|r| (r, None)))
+        }
+    };
+    let (req, token) = match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
         Ok(Ok(Some(r))) => r,
         Ok(Ok(None)) => return,
         Ok(Err(e)) => {
@@ -413,7 +445,7 @@ async fn one(mut send: SendStream, mut recv: RecvStream, server: &ActionServer) 
         }
     };
     let span = tracing::info_span!("action", id = %req.id, action = %req.action.describe());
-    server.handle(req, &mut send).instrument(span).await;
+    server.handle(req, token, &mut send).instrument(span).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(ANSWER_LINGER, send.stopped()).await;
 }

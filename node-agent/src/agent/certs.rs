@@ -59,6 +59,8 @@ mod tests {
         let files = crate::config::CoordinatorConfig {
             address: "127.0.0.1:1".into(),
             server_name: "127.0.0.1".into(),
+            targets: vec![("127.0.0.1:1".into(), "127.0.0.1".into())],
+            server_name_set: None,
             ca: ca_path,
             cert,
             key,

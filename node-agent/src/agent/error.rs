@@ -96,6 +96,9 @@ pub(super) enum RoundError {
     ReplyTimeout { seq: u64, timeout: Duration },
     #[error(transparent)]
     Node(#[from] NodeError),
+    /// Every coordinator tried answered that it does not lead (the last one's words).
+    #[error("no coordinator tried leads now: {0}")]
+    Standby(String),
 }
 
 impl RoundError {

@@ -332,8 +332,8 @@ impl Agent {
         }
     }
 
-    async fn resolve(&self) -> Result<Vec<SocketAddr>, RoundError> {
-        let addr = &self.coordinator.address;
+    async fn resolve(&self, addr: &str) -> Result<Vec<SocketAddr>, RoundError> {
+        let addr = &addr.to_string();
         let resolved: Vec<SocketAddr> = tokio::net::lookup_host(addr.as_str())
             .await
             .map_err(|e| RoundError::Resolve {
@@ -371,16 +371,67 @@ impl Agent {
         }
     }
 
-    /// Resolves the coordinator and connects to its addresses in turn.
+    /// Resolves each configured coordinator in turn and connects to its addresses. A
+    /// coordinator that does not lead names the leader, and the agent goes there at once
+    /// (once per round, so two standbys naming each other cannot keep it), or on to the
+    /// next coordinator when it knows none: no backoff for a standby.
     async fn connect(&self) -> Result<Link, RoundError> {
         let hello = node::hello(&self.cfg.root, self.cfg.hostname.as_deref())?;
-        let mut last = None;
-        for addr in self.resolve().await? {
-            let endpoint = self.client_endpoint(addr)?;
+        let mut last: Option<RoundError> = None;
+        let mut queue: std::collections::VecDeque<(String, String)> =
+            self.coordinator.targets.iter().cloned().collect();
+        let mut redirected = false;
+        'targets: while let Some((target, server_name)) = queue.pop_front() {
+            let resolved = match self.resolve(&target).await {
+                Ok(r) => r,
+                Err(e) => {
+                    debug!(coordinator = %target, error = %e, "cannot resolve");
+                    last = Some(e);
+                    continue;
+                }
+            };
+            for addr in resolved {
+                match self.connect_one(addr, &server_name, &hello).await {
+                    Ok(link) => return Ok(link),
+                    Err(TransportError::Standby { leader, reason, .. }) => {
+                        info!(coordinator = %addr, %reason, "this coordinator does not lead; trying the leader or the next coordinator");
+                        if let Some(leader) = leader.filter(|_| !redirected) {
+                            redirected = true;
+                            let name = match &self.coordinator.server_name_set {
+                                Some(n) => n.clone(),
+                                None => crate::config::split_host_port(&leader)
+                                    .map(|(h, _)| h)
+                                    .unwrap_or_else(|_| leader.clone()),
+                            };
+                            queue.push_front((leader, name));
+                        }
+                        last = Some(RoundError::Standby(reason));
+                        continue 'targets;
+                    }
+                    Err(TransportError::Refused(r)) => return Err(RoundError::Refused(r)),
+                    Err(e) => {
+                        debug!(coordinator = %addr, error = %e, "connect attempt failed");
+                        last = Some(e.into());
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| RoundError::Standby("no coordinator address".into())))
+    }
+
+    /// One connection attempt to the coordinator at `addr`.
+    async fn connect_one(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+        hello: &protocol::messages::AgentHello,
+    ) -> Result<Link, TransportError> {
+        let endpoint = self.client_endpoint(addr)?;
+        {
             match transport::connect(
                 &endpoint,
                 addr,
-                &self.coordinator.server_name,
+                server_name,
                 Role::Coordinator,
                 HelloBody::Agent(hello.clone()),
             )
@@ -390,23 +441,18 @@ impl Agent {
                     info!(coordinator = %addr, peer = %session.peer, "connected");
                     let span = info_span!("connection", coordinator = %addr);
                     tokio::spawn(
-                        actions::serve(session.conn.clone(), self.actions.clone())
+                        actions::serve(session.conn.clone(), self.actions.clone(), session.version)
                             .instrument(span.clone()),
                     );
-                    return Ok(Link {
+                    Ok(Link {
                         endpoint,
                         session,
                         span,
-                    });
+                    })
                 }
-                Err(TransportError::Refused(r)) => return Err(RoundError::Refused(r)),
-                Err(e) => {
-                    debug!(coordinator = %addr, error = %e, "connect attempt failed");
-                    last = Some(e);
-                }
+                Err(e) => Err(e),
             }
         }
-        Err(last.expect("at least one address was tried").into())
     }
 
     /// Runs the checks, sends one report and reads its ack.

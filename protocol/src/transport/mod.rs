@@ -21,7 +21,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::frame::{self, FrameError, HEADER_LEN};
 use crate::identity::{Identity, IdentityError, Role};
 use crate::messages::{ClientHello, HelloBody, HelloReply, Refusal, RefusalCode, peek_version};
-use crate::{ALPN, PROTOCOL_VERSION};
+use crate::{ALPN, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
 pub mod clock;
 pub mod expiry;
@@ -109,6 +109,16 @@ pub enum TransportError {
     /// The peer refused us.
     #[error(transparent)]
     Refused(#[from] Refusal),
+    /// The coordinator at `addr` does not lead now ([`HelloReply::Standby`]).
+    #[error("the coordinator at {addr} answered {reason}")]
+    Standby {
+        /// Who answered.
+        addr: SocketAddr,
+        /// The leader's address, when the standby knows it.
+        leader: Option<String>,
+        /// Its words.
+        reason: String,
+    },
     /// The peer's certificate names no usable identity.
     #[error("peer identity: {0}")]
     Identity(#[from] IdentityError),
@@ -187,7 +197,8 @@ impl TransportError {
             | TransportError::Closed
             | TransportError::Timeout(_)
             | TransportError::NoAnswer { .. }
-            | TransportError::NothingListens { .. } => true,
+            | TransportError::NothingListens { .. }
+            | TransportError::Standby { .. } => true,
             TransportError::Refused(r) => matches!(r.code, RefusalCode::ShuttingDown),
             _ => false,
         }
@@ -314,6 +325,11 @@ pub struct Session {
     pub send: SendStream,
     /// Receive half of the hello stream.
     pub recv: RecvStream,
+    /// The protocol version spoken on this connection: the client's hello's, between
+    /// [`OLDEST_PROTOCOL_VERSION`] and [`PROTOCOL_VERSION`]. What travels on the
+    /// connection's streams depends on it (e.g. fencing tokens from version 2,
+    /// [`crate::fencing`]).
+    pub version: u16,
 }
 
 /// Client side: connects to `addr`, checks the server's certificate names a `server_role`,
@@ -351,8 +367,14 @@ pub async fn connect_within(
     body: HelloBody,
     limit: Duration,
 ) -> Result<Session, TransportError> {
-    let connecting = endpoint.connect(addr, server_name);
-    hello_exchange(connecting, addr, server_role, body, limit).await
+    negotiate(
+        || endpoint.connect(addr, server_name),
+        addr,
+        server_role,
+        body,
+        limit,
+    )
+    .await
 }
 
 /// [`connect_within`] with a client configuration of its own instead of the endpoint's
@@ -367,8 +389,53 @@ pub async fn connect_with(
     body: HelloBody,
     limit: Duration,
 ) -> Result<Session, TransportError> {
-    let connecting = endpoint.connect_with(config, addr, server_name);
-    hello_exchange(connecting, addr, server_role, body, limit).await
+    negotiate(
+        || endpoint.connect_with(config.clone(), addr, server_name),
+        addr,
+        server_role,
+        body,
+        limit,
+    )
+    .await
+}
+
+/// Says hello in [`PROTOCOL_VERSION`]; when the server refuses that version (a server of an
+/// older release), says it again on a new connection in [`OLDEST_PROTOCOL_VERSION`], which
+/// every release speaks. The session's [`Session::version`] says which was accepted.
+async fn negotiate(
+    connect: impl Fn() -> Result<quinn::Connecting, quinn::ConnectError>,
+    addr: SocketAddr,
+    server_role: Role,
+    body: HelloBody,
+    limit: Duration,
+) -> Result<Session, TransportError> {
+    let first = hello_exchange(
+        connect(),
+        addr,
+        server_role,
+        body.clone(),
+        limit,
+        PROTOCOL_VERSION,
+    )
+    .await;
+    match first {
+        Err(TransportError::Refused(r))
+            if r.code == RefusalCode::UnsupportedVersion
+                && OLDEST_PROTOCOL_VERSION < PROTOCOL_VERSION =>
+        {
+            tracing::info!(%addr, server = %server_role, reason = %r.reason, version = OLDEST_PROTOCOL_VERSION, "the server is of an older release; saying hello in the older protocol version");
+            hello_exchange(
+                connect(),
+                addr,
+                server_role,
+                body,
+                limit,
+                OLDEST_PROTOCOL_VERSION,
+            )
+            .await
+        }
+        other => other,
+    }
 }
 
 /// The client side after `Endpoint::connect`: QUIC handshake, server role check and hello.
@@ -378,6 +445,7 @@ async fn hello_exchange(
     server_role: Role,
     body: HelloBody,
     limit: Duration,
+    version: u16,
 ) -> Result<Session, TransportError> {
     let handshaken = std::sync::atomic::AtomicBool::new(false);
     let attempt = async {
@@ -400,7 +468,7 @@ async fn hello_exchange(
         let exchange = async {
             let (mut send, mut recv) = conn.open_bi().await?;
             let hello = ClientHello {
-                protocol_version: PROTOCOL_VERSION,
+                protocol_version: version,
                 body,
             };
             write_msg(&mut send, &hello, frame::MAX_FRAME_LEN).await?;
@@ -415,8 +483,14 @@ async fn hello_exchange(
                 peer,
                 send,
                 recv,
+                version,
             }),
             Ok((_, _, HelloReply::Refused(r))) => Err(TransportError::Refused(r)),
+            Ok((_, _, HelloReply::Standby { leader, reason })) => Err(TransportError::Standby {
+                addr,
+                leader,
+                reason,
+            }),
             Err(e) => Err(conn
                 .close_reason()
                 .and_then(|reason| certificate_rejected(&reason, server_role))
@@ -523,6 +597,8 @@ pub struct PendingHello {
     pub peer: Identity,
     /// What the peer said.
     pub hello: HelloBody,
+    /// The protocol version of the peer's hello, spoken on this connection.
+    pub version: u16,
     send: SendStream,
     recv: RecvStream,
 }
@@ -536,7 +612,7 @@ impl PendingHello {
                 .set_max_concurrent_bi_streams(MULTIPLEXED_STREAMS.into());
         }
         let reply = HelloReply::Accepted {
-            protocol_version: PROTOCOL_VERSION,
+            protocol_version: self.version,
             server: server.to_string(),
         };
         write_msg(&mut self.send, &reply, frame::MAX_FRAME_LEN).await?;
@@ -545,6 +621,7 @@ impl PendingHello {
             peer: self.peer,
             send: self.send,
             recv: self.recv,
+            version: self.version,
         })
     }
 
@@ -552,13 +629,38 @@ impl PendingHello {
     pub async fn refuse(mut self, refusal: Refusal) {
         send_refusal(&self.conn, &mut self.send, refusal).await;
     }
+
+    /// Answers that this coordinator does not lead and names the leader if it knows it
+    /// ([`HelloReply::Standby`]), then closes the connection. A client of version 1 cannot
+    /// read that answer: it gets a `shutting-down` refusal with the same words, which it
+    /// retries later.
+    pub async fn refuse_standby(mut self, leader: Option<String>) {
+        let reason = crate::messages::standby_reason(leader.as_deref());
+        if self.version >= 2 {
+            let reply = HelloReply::Standby { leader, reason };
+            send_reply_and_close(&self.conn, &mut self.send, &reply).await;
+        } else {
+            let r = Refusal::new(RefusalCode::ShuttingDown, reason);
+            send_refusal(&self.conn, &mut self.send, r).await;
+        }
+    }
 }
 
 /// Writes a refusal hello reply, finishes the stream, and closes the connection once the
 /// peer has had a moment to read it.
 pub async fn send_refusal(conn: &Connection, send: &mut SendStream, refusal: Refusal) {
-    let reason = refusal.reason.clone();
-    let _ = write_msg(send, &HelloReply::Refused(refusal), frame::MAX_FRAME_LEN).await;
+    send_reply_and_close(conn, send, &HelloReply::Refused(refusal)).await;
+}
+
+/// Writes `reply`, finishes the stream, and closes the connection once the peer has had a
+/// moment to read it.
+async fn send_reply_and_close(conn: &Connection, send: &mut SendStream, reply: &HelloReply) {
+    let reason = match reply {
+        HelloReply::Refused(r) => r.reason.clone(),
+        HelloReply::Standby { reason, .. } => reason.clone(),
+        HelloReply::Accepted { .. } => String::new(),
+    };
+    let _ = write_msg(send, reply, frame::MAX_FRAME_LEN).await;
     let _ = send.finish();
     // Give the reply a chance to be delivered before the close frame overtakes it.
     let _ = tokio::time::timeout(Duration::from_secs(2), send.stopped()).await;
@@ -646,11 +748,12 @@ pub async fn accept_hello(
                 });
             }
         };
-        if version != PROTOCOL_VERSION {
+        if !(OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
             let r = refuse(
                 RefusalCode::UnsupportedVersion,
                 format!(
-                    "protocol version {version} is not supported; this server speaks {PROTOCOL_VERSION}"
+                    "protocol version {version} is not supported; this server speaks {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}: \
+                     run this client and this server from releases that share a version (upgrade the older one)"
                 ),
             );
             send_refusal(&conn, &mut send, r.clone()).await;
@@ -674,6 +777,7 @@ pub async fn accept_hello(
             conn,
             peer,
             hello: hello.body,
+            version,
             send,
             recv,
         })

@@ -162,4 +162,14 @@ impl IdentityStore for EtcdStore {
     async fn identity(&self) -> Result<String, StoreError> {
         Ok(identity(self).await?)
     }
+
+    /// A placeholder: 0, always. On etcd the epoch is the leader key's create revision,
+    /// which the election (issue 31, the `ha` work) yields and feeds into
+    /// [`crate::lease_token::LeaseToken::set`]; until then a coordinator on etcd sends its
+    /// identity with epoch 0, which every gateway and agent accepts (nothing older exists)
+    /// and which any create revision (at least 1) supersedes. Not a counter here: a counter
+    /// could grow past the revisions the election will use and get the real leader refused.
+    async fn next_epoch(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
 }
