@@ -395,6 +395,14 @@ mod tests {
             action: PowerAction::Status,
             timeout_ms: 0,
         };
+        // A protocol version 2 session: the request travels with its fencing token.
+        let req = protocol::gateway::FencedPowerRequest {
+            request: req,
+            token: protocol::fencing::FencingToken {
+                store: "0123456789abcdef0123456789abcdef".into(),
+                epoch: 1,
+            },
+        };
         transport::write_msg(&mut send, &req, frame::MAX_FRAME_LEN)
             .await
             .unwrap();

@@ -276,6 +276,36 @@ async fn a_migration_step_runs_before_the_version_moves_and_a_newer_store_is_ref
     );
 }
 
+/// Two coordinators starting on one empty prefix: the first has run the version 1 step (the
+/// identity is written) but not yet moved the version when the second looks. That is a
+/// migration under way, not another program's prefix: the second joins it. (Under load the
+/// concurrent start above lost this race and failed with `NotOurs`.)
+#[tokio::test]
+async fn a_prefix_caught_between_the_identity_step_and_the_version_is_ours() {
+    let etcd = shared().unwrap();
+    let prefix = fresh_prefix("between");
+    let mut c = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .unwrap();
+    let id = "0123456789abcdef0123456789abcdef";
+    c.put(
+        format!("{prefix}/identity"),
+        format!("{{\"store_id\":\"{id}\",\"created_ms\":1}}"),
+        None,
+    )
+    .await
+    .unwrap();
+    let s = EtcdStore::connect(EtcdSettings::new(etcd.endpoints()).with_prefix(prefix.clone()))
+        .await
+        .expect("a half-migrated prefix is ours");
+    assert_eq!(
+        schema::identity(&s).await.unwrap(),
+        id,
+        "the first identity is kept"
+    );
+    assert_eq!(schema::version(&s).await.unwrap().0, schema::known());
+}
+
 #[tokio::test]
 async fn a_prefix_holding_another_programs_keys_is_refused_and_left_alone() {
     let etcd = shared().unwrap();

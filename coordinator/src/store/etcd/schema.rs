@@ -25,6 +25,11 @@ pub const SCHEMA_KEY: &str = "schema";
 /// The store identity key (relative to the prefix).
 pub const IDENTITY_KEY: &str = "identity";
 
+/// The keys the migration steps write before the version moves (relative to the prefix):
+/// found under a prefix without a version, they mean another coordinator is migrating it,
+/// not that another program owns it.
+const STEP_KEYS: &[&str] = &[IDENTITY_KEY];
+
 /// What the schema key holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchemaRecord {
@@ -82,8 +87,15 @@ pub async fn version(store: &EtcdStore) -> Result<(u32, i64), EtcdError> {
     match store.kv_get::<SchemaRecord>(SCHEMA_KEY).await? {
         Some(v) => Ok((v.value.version, v.mod_revision)),
         None => {
-            // Anything under the prefix without a version is someone else's.
-            if let Some(example) = store.kv_keys("").await?.into_iter().next() {
+            // Anything under the prefix without a version is someone else's, except what
+            // a migration step writes before the version moves: another coordinator
+            // migrating the same empty prefix at this moment (the steps are idempotent).
+            if let Some(example) = store
+                .kv_keys("")
+                .await?
+                .into_iter()
+                .find(|k| !STEP_KEYS.contains(&k.as_str()))
+            {
                 return Err(EtcdError::NotOurs {
                     prefix: store.prefix().to_string(),
                     key: store.key(SCHEMA_KEY),
