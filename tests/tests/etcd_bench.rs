@@ -1,5 +1,6 @@
 //! The store benchmark of issue 30, both backends in one run: the repair queue at 10,000
-//! entries on SQLite (on disk, as a coordinator opens it) and on the test kit's real etcd,
+//! entries on SQLite (on disk, as a coordinator opens it) and on a real etcd of the test
+//! kit (one member, fsyncing as in production),
 //! one commit per enqueue and per completion as the engine makes them, and the read a
 //! remediation pass starts from (the whole queue). Numbers are printed, never asserted
 //! (`docs/benchmarks.md`, "The store: SQLite and etcd").
@@ -17,7 +18,7 @@ use coordinator::store::etcd::EtcdSettings;
 use coordinator::store::{EtcdStore, Store};
 use jiff::Timestamp;
 use protocol::admin::repair::RepairStatus;
-use testkit::etcd::{fresh_prefix, shared};
+use testkit::etcd::{Etcd, Options, fresh_prefix};
 
 fn entries() -> usize {
     std::env::var("BENCH_ENTRIES")
@@ -95,7 +96,8 @@ async fn repair_queue_on_sqlite_and_etcd() {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = Store::open_exclusive(&dir.path().join("coordinator.db")).unwrap();
     run("sqlite", &sqlite, n).await;
-    let etcd = shared().unwrap();
+    // Its own member, fsyncing every commit as in production (the kit's shared one does not).
+    let etcd = Etcd::start(Options::default().durable()).unwrap();
     let store =
         EtcdStore::connect(EtcdSettings::new(etcd.endpoints()).with_prefix(fresh_prefix("bench")))
             .await
