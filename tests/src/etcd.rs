@@ -37,6 +37,8 @@ pub struct Options {
     pub members: usize,
     /// Client TLS with client-certificate authentication.
     pub tls: bool,
+    /// fsync as a production member does (benchmarks); tests skip it.
+    pub durable: bool,
 }
 
 impl Default for Options {
@@ -44,6 +46,7 @@ impl Default for Options {
         Self {
             members: 1,
             tls: false,
+            durable: false,
         }
     }
 }
@@ -60,6 +63,13 @@ impl Options {
     /// With client TLS.
     pub fn with_tls(mut self) -> Self {
         self.tls = true;
+        self
+    }
+
+    /// Writing to disk as a production member does (every commit fsynced), for figures
+    /// comparable with SQLite's `synchronous = FULL`.
+    pub fn durable(mut self) -> Self {
+        self.durable = true;
         self
     }
 }
@@ -91,6 +101,7 @@ pub struct Etcd {
     bin: PathBuf,
     tls: Option<ClientTls>,
     token: String,
+    durable: bool,
     dir: tempfile::TempDir,
 }
 
@@ -155,6 +166,7 @@ impl Etcd {
             bin,
             tls,
             token,
+            durable: opts.durable,
             dir,
         };
         for i in 0..etcd.members.len() {
@@ -192,11 +204,13 @@ impl Etcd {
             // Ignored by a member that restarts on its data directory.
             "--initial-cluster-state=new".into(),
             format!("--listen-metrics-urls=http://127.0.0.1:{}", m.metrics_port),
-            // A test's store is thrown away: no fsync, so a loaded disk does not slow every
-            // write (the API server's Lease renewals, a conformance suite's transactions).
-            "--unsafe-no-fsync".into(),
             "--log-level=warn".into(),
         ]);
+        // A test's store is thrown away: no fsync, so a loaded disk does not slow every
+        // write (the API server's Lease renewals, a conformance suite's transactions).
+        if !self.durable {
+            cmd.arg("--unsafe-no-fsync");
+        }
         if let Some(tls) = &self.tls {
             let d = self.dir.path();
             cmd.args([

@@ -67,6 +67,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Copy a SQLite store into the etcd store that `[store]` names (backend = "etcd"),
+    /// every area, and print what was copied. The SQLite file is only read (under its lock:
+    /// stop its coordinator first); the etcd prefix must be empty; the etcd store gets a
+    /// new identity. A copy cut short is started over by running the command again.
+    Migrate {
+        /// The SQLite database to copy (the old `database`).
+        #[arg(long, value_name = "FILE")]
+        from_sqlite: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -106,6 +118,21 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if matches!(
+        args.command,
+        Some(Command::Backup { .. } | Command::Restore { .. })
+    ) && config.store.backend == coordinator::store::config::Backend::Etcd
+    {
+        eprintln!(
+            "coordinator: [store] backend = \"etcd\": `coordinator backup` and `restore` work on a \
+             SQLite file only. On etcd, back up with `etcdctl snapshot save FILE`; to restore, \
+             stop every coordinator, restore the snapshot (`etcdutl snapshot restore`), and give \
+             the store a new identity before any coordinator starts (docs/operations.md, \
+             \"Backup and restore on etcd\"), so that no gateway answers a new power request \
+             with an old result"
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
     match args.command {
         Some(Command::Backup { to, json }) => {
             return store_command(
@@ -122,6 +149,9 @@ fn main() -> ExitCode {
                 json,
                 coordinator::store::backup::restore(&config.database, &from, now),
             );
+        }
+        Some(Command::Migrate { from_sqlite, json }) => {
+            return migrate(&config, &from_sqlite, json);
         }
         _ => {}
     }
@@ -171,6 +201,59 @@ fn store_command<R: serde::Serialize + std::fmt::Display>(
     json: bool,
     r: Result<R, coordinator::store::backup::BackupError>,
 ) -> ExitCode {
+    match r {
+        Ok(report) => {
+            if json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => eprintln!("coordinator: {e}"),
+                }
+            } else {
+                println!("{report}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("coordinator: {e}");
+            if e.is_bad_input() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// `coordinator migrate`: the copy, with progress on stderr and the report on stdout; exit
+/// 0, 64 for bad input (no such file, a non-empty or wrongly configured target), 1 for
+/// anything else (a coordinator holding the file, etcd failing halfway).
+fn migrate(config: &Config, from: &std::path::Path, json: bool) -> ExitCode {
+    use coordinator::store::migrate;
+    let target = match migrate::target_settings(&config.store) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("coordinator: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("coordinator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Progress: every thousandth item of a long area, so a copy of 10,000 entries shows it
+    // moves without flooding a terminal.
+    let progress = |area: &'static str, done: u64, of: u64| {
+        if done > 0 && done.is_multiple_of(1000) {
+            eprintln!("coordinator migrate: {area}: {done} of {of}");
+        }
+    };
+    let r = rt.block_on(migrate::migrate(from, target, &progress));
     match r {
         Ok(report) => {
             if json {

@@ -31,6 +31,7 @@ pub mod config;
 pub mod etcd;
 pub mod health;
 pub mod lock;
+pub mod migrate;
 pub mod repeated;
 pub mod sqlite;
 

@@ -549,3 +549,94 @@ impl FenceStore for EtcdStore {
         Ok(())
     }
 }
+
+/// A repair step's link to the flow it started, as `coordinator migrate` brings it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StepLink {
+    /// The step's key.
+    pub(crate) step: String,
+    /// The repair entry.
+    pub(crate) entry: u64,
+    /// The flow.
+    pub(crate) flow: u64,
+    /// When it was linked (Unix ms).
+    pub(crate) created_ms: i64,
+}
+
+impl EtcdStore {
+    /// `coordinator migrate`: writes one flow under its own id with its history as it was
+    /// (times included), its machine's listing key, its `active` key when unfinished (created
+    /// only if absent: one machine, one unfinished flow) and the step links that name it, in
+    /// one transaction when it fits etcd's operation limit.
+    pub(crate) async fn import_fence_flow(
+        &self,
+        flow: &Flow,
+        history: &[HistoryLine],
+        links: &[StepLink],
+    ) -> Result<(), StoreError> {
+        let key = flow_key(flow.id);
+        let seq = history_seq(flow.id);
+        let mut txn = self
+            .txn()
+            .if_absent(&key)
+            .put(&key, &FlowRecord::of(flow))
+            .and_then(|t| t.put(&machine_key(&flow.address, flow.id), &Empty {}))
+            .and_then(|t| t.put(&seq.index, &(history.len() as u64 + 1)))
+            .map_err(err)?;
+        if !finished(&flow.state) {
+            let active = active_key(&flow.address);
+            txn = txn
+                .if_absent(&active)
+                .put(&active, &ActiveRecord { flow: flow.id })
+                .map_err(err)?;
+        }
+        for l in links {
+            let rec = StepRecord {
+                entry: l.entry,
+                flow: l.flow,
+                created_ms: l.created_ms,
+            };
+            let step = level(&l.step);
+            txn = txn
+                .put(&format!("{STEPS}/{step}"), &rec)
+                .and_then(|t| t.put(&format!("{FLOW_STEPS}/{}/{step}", num_key(flow.id)), &rec))
+                .map_err(err)?;
+        }
+        let mut first = true;
+        for (i, line) in history.iter().enumerate() {
+            if txn.len() >= crate::repair::store::etcd::MAX_TXN_OPS {
+                if !txn.commit().await.map_err(err)? && first {
+                    return Err(err(EtcdError::Conflict {
+                        key: self.key(&key),
+                    }));
+                }
+                first = false;
+                txn = self.txn();
+            }
+            let rec = HistoryRecord {
+                at: line.at,
+                state: line.state.clone(),
+                event: line.event.clone(),
+            };
+            txn = txn.put(&seq.item(i as u64 + 1), &rec).map_err(err)?;
+        }
+        if !txn.commit().await.map_err(err)? && first {
+            return Err(err(EtcdError::Conflict {
+                key: self.key(&key),
+            }));
+        }
+        Ok(())
+    }
+
+    /// `coordinator migrate`, after every flow: the next flow id, so that no id the source
+    /// gave out is given out again.
+    pub(crate) async fn import_fence_write_index(&self, next_id: u64) -> Result<(), StoreError> {
+        self.txn()
+            .put(flows().index.as_str(), &next_id)
+            .map_err(err)?
+            .commit()
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+}

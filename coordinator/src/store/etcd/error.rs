@@ -152,6 +152,21 @@ pub enum EtcdError {
         /// One key found there.
         example: String,
     },
+    /// `coordinator migrate` into this prefix started and did not finish: what is there is
+    /// part of a store, and a coordinator on it would act on half of its state.
+    #[error(
+        "the store under {prefix} is a copy that `coordinator migrate` started from {from} \
+         and did not finish ({key} is set): run `coordinator migrate --from-sqlite {from}` \
+         again to finish it (it starts the copy over; the SQLite file was only read)"
+    )]
+    MigrationUnfinished {
+        /// The key prefix.
+        prefix: String,
+        /// The marker key.
+        key: String,
+        /// The SQLite file being copied.
+        from: String,
+    },
 }
 
 impl EtcdError {
@@ -183,6 +198,7 @@ impl EtcdError {
                 | EtcdError::TlsFile { .. }
                 | EtcdError::TooNew { .. }
                 | EtcdError::NotOurs { .. }
+                | EtcdError::MigrationUnfinished { .. }
         )
     }
 }

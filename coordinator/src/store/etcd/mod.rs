@@ -232,8 +232,11 @@ impl EtcdStore {
     /// Connects, proves that etcd answers, and brings the schema under the prefix to this
     /// coordinator's version ([`schema::ensure`]). An error naming the endpoints when etcd
     /// cannot be reached.
+    /// A store that `coordinator migrate` has not finished copying is refused
+    /// ([`EtcdError::MigrationUnfinished`]).
     pub async fn connect(settings: EtcdSettings) -> Result<Self, EtcdError> {
         let store = Self::connect_only(settings).await?;
+        schema::refuse_unfinished(&store).await?;
         schema::ensure(&store).await?;
         Ok(store)
     }

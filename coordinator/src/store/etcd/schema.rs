@@ -185,3 +185,30 @@ impl IdentityStore for EtcdStore {
         Ok(0)
     }
 }
+
+/// The marker key (relative to the prefix) of a copy under way.
+pub const MARKER_KEY: &str = "migration";
+
+/// What the marker key holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkerRecord {
+    /// The SQLite file being copied.
+    pub from: String,
+    /// Its store identity.
+    pub source_store_id: String,
+    /// When the copy started (Unix ms).
+    pub started_ms: i64,
+}
+
+/// Refuses a store whose migration has not finished ([`EtcdError::MigrationUnfinished`]):
+/// called by [`EtcdStore::connect`] (`coordinator migrate` writes the marker, `store/migrate/`), so no coordinator starts on half a copy.
+pub async fn refuse_unfinished(store: &EtcdStore) -> Result<(), EtcdError> {
+    match store.kv_get::<MarkerRecord>(MARKER_KEY).await? {
+        None => Ok(()),
+        Some(m) => Err(EtcdError::MigrationUnfinished {
+            prefix: store.prefix().to_string(),
+            key: store.key(MARKER_KEY),
+            from: m.value.from,
+        }),
+    }
+}

@@ -403,3 +403,62 @@ impl EtcdStore {
         Ok(())
     }
 }
+
+/// One entry as `coordinator migrate` brings it over: the entry with its own index and its
+/// history lines with their own times.
+pub(crate) type ImportedEntry = (Entry, Vec<RepairHistoryRecord>);
+
+impl EtcdStore {
+    /// `coordinator migrate`: writes `entries` under their own indexes with their history as
+    /// it was (times included), then the enabled flag and the write index `next_index`, so
+    /// that no index the source gave out is given out again. Each entry is created only if
+    /// absent, in transactions of at most [`MAX_TXN_OPS`] operations; the write indexes go
+    /// last, so a copy cut short leaves no index that a coordinator would count on.
+    /// `progress` hears how many entries are written, before each.
+    pub(crate) async fn import_repair_queue(
+        &self,
+        enabled: bool,
+        entries: Vec<ImportedEntry>,
+        next_index: u64,
+        progress: &(dyn Fn(u64) + Send + Sync),
+    ) -> Result<(), StoreError> {
+        let mut hnext: u64 = 1;
+        for (done, (e, history)) in entries.into_iter().enumerate() {
+            progress(done as u64);
+            let key = entry_key(e.index);
+            let mut txn = self
+                .txn()
+                .if_absent(&key)
+                .put(&key, &EntryRecord::of(&e))
+                .map_err(err)?;
+            for line in history {
+                if txn.len() >= MAX_TXN_OPS {
+                    if !txn.commit().await.map_err(err)? {
+                        return Err(err(EtcdError::Conflict {
+                            key: self.key(&key),
+                        }));
+                    }
+                    txn = self.txn();
+                }
+                let hkey = format!("{}/{}", history_dir(e.index), num_key(hnext));
+                hnext += 1;
+                txn = txn.put(&hkey, &line).map_err(err)?;
+            }
+            if !txn.commit().await.map_err(err)? {
+                return Err(err(EtcdError::Conflict {
+                    key: self.key(&key),
+                }));
+            }
+        }
+        let mut txn = self
+            .txn()
+            .put(WRITE_INDEX, &next_index)
+            .and_then(|t| t.put(HISTORY_INDEX, &hnext))
+            .map_err(err)?;
+        if !enabled {
+            txn = txn.put(ENABLED, &EnabledRecord { enabled }).map_err(err)?;
+        }
+        txn.commit().await.map_err(err)?;
+        Ok(())
+    }
+}
