@@ -184,7 +184,7 @@ impl App {
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
         // Exclusive and writable, or no start at all: a second coordinator on this store,
         // or one that cannot write it, must not say it serves.
-        let store = Store::open_configured(&config.store, &config.database)?;
+        let store = Store::open_configured(&config.store, &config.database).await?;
         let fleet =
             Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
         let mut inventory = None;

@@ -362,12 +362,11 @@ async fn a_copy_killed_halfway_is_refused_until_a_rerun_finishes_it() -> anyhow:
     Ok(())
 }
 
-/// Every area, the ones whose etcd driver comes with branch `etcd2` included (machines and
+/// Every area (machines and
 /// their transitions, diagnostics bundles, command groups, the remediation journal with its
 /// switches, clearings, outcomes and own entries): the copy reads back the same through the
-/// same traits. Ignored until those drivers are merged; then it runs by default.
+/// same traits.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the etcd drivers of machines, diagnostics, command groups and remediation (branch etcd2)"]
 async fn every_area_moves_to_etcd_whole() -> anyhow::Result<()> {
     use coordinator::remediation::decision::{Decision, Outcome, Proposal, Rule};
     use coordinator::remediation::input::RepairOutcome;

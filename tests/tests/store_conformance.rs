@@ -5,7 +5,9 @@
 //! The bodies are the areas' own conformance tests (`repair::store::conformance`,
 //! `fence::store::conformance`, public under the coordinator's `testing` feature) and a few
 //! written here for what both backends must do alike: the store identity, the health probe,
-//! the pruning of old finished fence flows, and the kdump area's own test. A backend that passes these is a store the
+//! the pruning of old finished fence flows, and the kdump area's own test; machine records,
+//! command process groups, diagnostics bundles and the remediation journal run their areas'
+//! bodies, and one batch of machines larger than an etcd transaction. A backend that passes these is a store the
 //! coordinator can run on.
 
 use std::collections::HashSet;
@@ -75,6 +77,21 @@ conformance! {
     identity_is_made_once_and_probe_passes => super::identity_and_probe,
     kdump_the_next_notice_replaces_the_last =>
         coordinator::kdump::store::conformance::the_next_notice_replaces_the_last,
+    machines_round_trip => coordinator::fleet::store::conformance::machines_round_trip,
+    machines_keep_their_newest_transitions_only =>
+        coordinator::fleet::store::conformance::each_machine_keeps_its_newest_transitions_only,
+    machines_many_in_one_batch =>
+        coordinator::fleet::store::conformance::many_machines_in_one_batch,
+    command_groups_are_recorded_forgotten_and_reaped =>
+        coordinator::repair::store::groups::conformance::groups_are_recorded_forgotten_and_reaped,
+    diagnostics_kept_replaced_and_bounded =>
+        coordinator::repair::store::diagnostics::conformance::kept_listed_replaced_on_resend_and_bounded_per_machine,
+    diagnostics_at_the_agents_limit_are_kept_whole =>
+        coordinator::repair::store::diagnostics::conformance::bundles_at_the_agents_limit_are_kept_whole,
+    remediation_switches_outcomes_and_own_entries =>
+        coordinator::remediation::store::conformance::switches_outcomes_and_own_entries,
+    remediation_journal_lines_repeat_query_resume_and_prune =>
+        coordinator::remediation::store::conformance::journal_lines_repeat_query_resume_and_prune,
 }
 
 fn t0() -> Timestamp {

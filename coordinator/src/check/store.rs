@@ -268,6 +268,50 @@ pub(super) fn check_database(db: &Path, copy: &DbCopy) -> Result<String, String>
     }
 }
 
+/// The `database` line of an etcd store: connects (read only) and reads the schema under
+/// the prefix: its version against this coordinator's, or that the start will create it.
+/// Writes nothing. Runs on a runtime of its own on its own thread, so it can be called from
+/// anywhere.
+pub(super) fn check_etcd(store: &crate::store::config::StoreConfig) -> Result<String, String> {
+    use crate::store::etcd::{EtcdSettings, EtcdStore, schema};
+    let settings = EtcdSettings::configured(store).map_err(|e| e.to_string())?;
+    let work = move || -> Result<String, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a runtime to reach etcd: {e}"))?;
+        rt.block_on(async move {
+            let store = EtcdStore::connect_only(settings)
+                .await
+                .map_err(|e| e.to_string())?;
+            let known = schema::known();
+            let at = format!("etcd {} under {}", store.endpoints(), store.prefix());
+            let (found, _) = schema::version(&store).await.map_err(|e| e.to_string())?;
+            if found > known {
+                return Err(crate::store::etcd::EtcdError::TooNew {
+                    prefix: store.prefix().to_string(),
+                    found,
+                    known,
+                }
+                .to_string());
+            }
+            Ok(match found {
+                0 => format!(
+                    "{at}: reachable, nothing stored yet; the first start creates schema \
+                     version {known}"
+                ),
+                v if v == known => format!("{at}: reachable, schema version {v} (current)"),
+                v => {
+                    format!("{at}: reachable, schema version {v}; the start migrates it to {known}")
+                }
+            })
+        })
+    };
+    std::thread::spawn(work)
+        .join()
+        .unwrap_or_else(|_| Err("the etcd check panicked".into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

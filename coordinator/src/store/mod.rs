@@ -76,16 +76,18 @@ impl Store {
     }
 
     /// How a coordinator opens the store its configuration names (`[store]`): for SQLite,
-    /// [`Store::open_exclusive`] on `database`.
-    pub fn open_configured(
+    /// [`Store::open_exclusive`] on `database`; for etcd, [`EtcdStore::connect`] (etcd
+    /// unreachable is an error naming the endpoints; the schema is checked and migrated).
+    pub async fn open_configured(
         store: &config::StoreConfig,
         database: &Path,
     ) -> Result<Self, StoreError> {
         match store.backend {
             config::Backend::Sqlite => Self::open_exclusive(database),
-            backend => Err(StoreError::NotBuilt {
-                backend: backend.as_str(),
-            }),
+            config::Backend::Etcd => {
+                let settings = etcd::EtcdSettings::configured(store)?;
+                Ok(Store::Etcd(EtcdStore::connect(settings).await?))
+            }
         }
     }
 
@@ -186,14 +188,6 @@ pub enum StoreError {
     /// etcd failed, or holds what this coordinator cannot use.
     #[error(transparent)]
     Etcd(#[from] etcd::EtcdError),
-    /// The configuration names a backend this build of the coordinator does not have.
-    #[error(
-        "[store] backend = \"{backend}\" is not available in this build of the coordinator; use backend = \"sqlite\" (the default) or a build with it"
-    )]
-    NotBuilt {
-        /// The backend named.
-        backend: &'static str,
-    },
     /// A blocking task panicked or was cancelled.
     #[error("database task failed: {0}")]
     Task(String),
@@ -274,7 +268,6 @@ impl StoreError {
     pub fn is_config(&self) -> bool {
         match self {
             StoreError::DirectoryMissing { .. }
-            | StoreError::NotBuilt { .. }
             | StoreError::NotWritable { .. }
             | StoreError::NotOurs { .. }
             | StoreError::TooNew { .. } => true,

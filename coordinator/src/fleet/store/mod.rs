@@ -15,6 +15,7 @@ use crate::health::MachineState;
 use crate::inventory::MachineRecord;
 use crate::store::{Store, StoreError, dispatch};
 
+pub(crate) mod etcd;
 pub(crate) mod sqlite;
 
 /// A machine as stored: its record and last state.
@@ -215,6 +216,59 @@ pub mod conformance {
             2
         );
     }
+
+    /// An inventory import's batch (300 machines, each with its record, a transition and a
+    /// boot id: more than one etcd transaction holds) is stored whole.
+    pub async fn many_machines_in_one_batch(s: &Store) {
+        let at = from_unix_ms(1_800_000_000_000);
+        let mut writes = Vec::new();
+        for i in 0..300 {
+            let address = format!("10.1.{}.{}", i / 200, i % 200);
+            writes.push(Write::Row(Row {
+                record: MachineRecord {
+                    address: address.clone(),
+                    hostname: format!("n{i}"),
+                    serial: format!("S{i}"),
+                    rack: format!("r{}", i % 7),
+                    role: "worker".into(),
+                    machine_type: Some("qemu".into()),
+                    labels: Default::default(),
+                    source: RecordSource::Inventory,
+                },
+                state: MachineState::Uninitialized,
+                since: at,
+                reason: "imported".into(),
+                now: at,
+            }));
+            writes.push(Write::Transition {
+                address: address.clone(),
+                from: "uninitialized".into(),
+                to: MachineState::Healthy,
+                at,
+                reason: "reported".into(),
+            });
+            writes.push(Write::Boot {
+                address,
+                boot_id: format!("b{i}"),
+            });
+        }
+        s.persist(writes).await.unwrap();
+        let all = s.machines().await.unwrap();
+        assert_eq!(all.len(), 300);
+        assert!(
+            all.windows(2)
+                .all(|w| w[0].record.address < w[1].record.address)
+        );
+        let m = all
+            .iter()
+            .find(|m| m.record.address == "10.1.1.99")
+            .unwrap();
+        assert_eq!(
+            (m.record.hostname.as_str(), m.boot_id.as_deref(), m.reported),
+            ("n299", Some("b299"), true)
+        );
+        assert_eq!(s.transitions("10.1.0.0".into(), 10).await.unwrap().len(), 1);
+    }
 }
 
 #[cfg(test)]
@@ -229,5 +283,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("c.db")).unwrap();
         super::conformance::each_machine_keeps_its_newest_transitions_only(&store).await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        super::conformance::many_machines_in_one_batch(&store).await;
     }
 }

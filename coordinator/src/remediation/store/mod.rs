@@ -15,6 +15,7 @@ use super::input::RepairOutcome;
 use super::journal::{JournalWrite, LastLine};
 use crate::store::{Store, StoreError, dispatch};
 
+pub mod etcd;
 pub mod sqlite;
 
 /// What a restarted loop reads to go on where the last one stopped, in one read.
@@ -234,6 +235,161 @@ pub mod conformance {
         assert!(s.events(EventsQuery::default()).await.unwrap().is_empty());
         assert_eq!(s.prune_journal(i64::MAX, 10).await.unwrap(), 0);
     }
+    /// The journal: lines inserted and repeated (a repeat moves the line to its new
+    /// sequence number and counts), queried by machine, time and sequence, resumed (the
+    /// largest sequence number, admissions, the last pass), pruned by age then by count;
+    /// clearing a machine says whether its newest decision needed a human.
+    pub async fn journal_lines_repeat_query_resume_and_prune(s: &Store) {
+        use crate::clock::from_unix_ms;
+        use crate::fleet::store::{MachineStore, Row, Write as MachineWrite};
+        use crate::health::MachineState;
+        use crate::inventory::{MachineRecord, RecordSource};
+        use crate::remediation::decision::{Outcome, Proposal, Rule};
+
+        let d = |ms: i64, address: &str, outcome: Outcome, rule: Rule, sentence: &str| Decision {
+            at: from_unix_ms(ms),
+            address: address.into(),
+            domain: "rack-1".into(),
+            outcome,
+            rule,
+            proposal: (outcome == Outcome::Admitted).then(|| Proposal {
+                operation: "unhealthy".into(),
+                machine_type: "qemu".into(),
+                serial: "S".into(),
+                source: "auto-repair".into(),
+                reason: "r".into(),
+            }),
+            sentence: sentence.into(),
+        };
+        let ids = s
+            .write_journal(vec![
+                JournalWrite::Insert {
+                    seq: 1,
+                    decision: d(1_000, "10.0.0.1", Outcome::Admitted, Rule::AutoRepair, "a1"),
+                },
+                JournalWrite::Insert {
+                    seq: 2,
+                    decision: d(1_000, "10.0.0.2", Outcome::Held, Rule::NeedsHuman, "h1"),
+                },
+            ])
+            .await
+            .unwrap();
+        assert_eq!(ids.len(), 2);
+        assert_ne!(ids[0], ids[1]);
+        let again = s
+            .write_journal(vec![
+                JournalWrite::Repeat {
+                    id: ids[1],
+                    seq: 3,
+                    decision: d(2_000, "10.0.0.2", Outcome::Held, Rule::NeedsHuman, "h2"),
+                },
+                JournalWrite::Insert {
+                    seq: 4,
+                    decision: d(2_000, "10.0.0.3", Outcome::Held, Rule::Paused, "p1"),
+                },
+            ])
+            .await
+            .unwrap();
+        assert_eq!(again[0], ids[1], "a repeat keeps its line");
+        let all = s.events(EventsQuery::default()).await.unwrap();
+        assert_eq!(
+            all.iter().map(|l| l.seq).collect::<Vec<_>>(),
+            [1, 3, 4],
+            "ordered by sequence number"
+        );
+        let repeated = &all[1];
+        assert_eq!(
+            (
+                repeated.count,
+                repeated.first_unix_ms,
+                repeated.last_unix_ms,
+                repeated.sentence.as_str()
+            ),
+            (2, 1_000, 2_000, "h2")
+        );
+        assert_eq!(all[0].operation.as_deref(), Some("unhealthy"));
+        let q = |machine: Option<&str>, since: Option<u64>, after: Option<u64>, limit: u32| {
+            EventsQuery {
+                machine: machine.map(str::to_string),
+                since_unix_ms: since,
+                after_seq: after,
+                limit,
+            }
+        };
+        assert_eq!(
+            s.events(q(Some("10.0.0.2"), None, None, 0))
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            s.events(q(None, Some(1_500), None, 0)).await.unwrap().len(),
+            2
+        );
+        assert_eq!(s.events(q(None, None, Some(3), 0)).await.unwrap()[0].seq, 4);
+        let newest = s.events(q(None, None, None, 2)).await.unwrap();
+        assert_eq!(newest.iter().map(|l| l.seq).collect::<Vec<_>>(), [3, 4]);
+
+        let r = s.resume(0, 0, 1_500).await.unwrap();
+        assert_eq!(r.max_seq, 4);
+        assert_eq!(r.admissions.len(), 1);
+        assert_eq!(r.admissions[0].sentence, "a1");
+        let mut last: Vec<String> = r.last_pass.iter().map(|l| l.1.clone()).collect();
+        last.sort();
+        assert_eq!(last, ["10.0.0.2", "10.0.0.3"], "the lines last seen at 2 s");
+        assert!(
+            s.resume(1_001, 0, 2_001)
+                .await
+                .unwrap()
+                .admissions
+                .is_empty()
+        );
+        assert!(s.resume(0, 0, 2_001).await.unwrap().last_pass.is_empty());
+
+        // Clearing: only a known machine; whether its newest line needed a human.
+        let record = |address: &str| MachineRecord {
+            address: address.into(),
+            hostname: address.into(),
+            serial: "S".into(),
+            rack: "r1".into(),
+            role: "worker".into(),
+            machine_type: Some("qemu".into()),
+            labels: Default::default(),
+            source: RecordSource::Inventory,
+        };
+        let row = |address: &str| {
+            MachineWrite::Row(Row {
+                record: record(address),
+                state: MachineState::Healthy,
+                since: from_unix_ms(0),
+                reason: String::new(),
+                now: from_unix_ms(0),
+            })
+        };
+        s.persist(vec![row("10.0.0.2"), row("10.0.0.3")])
+            .await
+            .unwrap();
+        assert_eq!(
+            s.clear_machine("10.0.0.2".into(), 5).await.unwrap(),
+            Some(true)
+        );
+        assert_eq!(
+            s.clear_machine("10.0.0.3".into(), 5).await.unwrap(),
+            Some(false)
+        );
+        assert_eq!(s.clear_machine("10.0.0.9".into(), 5).await.unwrap(), None);
+        let board = s.switchboard().await.unwrap();
+        assert_eq!(board.cleared.len(), 2, "{:?}", board.cleared);
+        assert_eq!(board.cleared["10.0.0.2"], from_unix_ms(5));
+
+        // Pruned by age (last seen before 1.5 s), then to the newest one.
+        assert_eq!(s.prune_journal(1_500, 10).await.unwrap(), 1);
+        assert_eq!(s.prune_journal(0, 1).await.unwrap(), 1);
+        let left = s.events(EventsQuery::default()).await.unwrap();
+        assert_eq!(left.iter().map(|l| l.seq).collect::<Vec<_>>(), [4]);
+        assert_eq!(s.resume(0, 0, 0).await.unwrap().max_seq, 4);
+    }
 }
 
 #[cfg(test)]
@@ -245,5 +401,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("c.db")).unwrap();
         super::conformance::switches_outcomes_and_own_entries(&store).await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        super::conformance::journal_lines_repeat_query_resume_and_prune(&store).await;
     }
 }

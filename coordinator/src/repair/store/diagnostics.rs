@@ -137,6 +137,31 @@ pub mod conformance {
         assert_eq!(of_entry.len() as i64, KEPT_PER_MACHINE);
         assert!(of_entry[0].id < of_entry[1].id, "oldest first");
     }
+
+    /// Bundles at the agent's size limit (256 KiB, journal text with its newlines and
+    /// tabs), twenty of them for one machine, are kept and read back whole.
+    pub async fn bundles_at_the_agents_limit_are_kept_whole(s: &impl DiagnosticsStore) {
+        let line = "Nov 28 04:06:42 n1 kubelet[812]:\tE1128 \"PLEG is not healthy\" pleg=x\n";
+        let content: String = line.repeat(256 * 1024 / line.len());
+        let mut last = 0;
+        for i in 0..KEPT_PER_MACHINE {
+            last = s
+                .keep_bundle(new(9, "10.0.0.3", &format!("big{i}"), &content, ""))
+                .await
+                .unwrap();
+        }
+        let got = s
+            .bundle("10.0.0.3".into(), Some(last))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.content.len(), content.len());
+        assert!(got.content == content, "read back as written");
+        assert_eq!(
+            s.bundles_of("10.0.0.3".into()).await.unwrap().len() as i64,
+            KEPT_PER_MACHINE
+        );
+    }
 }
 
 #[cfg(test)]
@@ -148,5 +173,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("c.db")).unwrap();
         super::conformance::kept_listed_replaced_on_resend_and_bounded_per_machine(&store).await;
+        super::conformance::bundles_at_the_agents_limit_are_kept_whole(&store).await;
     }
 }

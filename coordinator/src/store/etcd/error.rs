@@ -85,15 +85,6 @@ pub enum EtcdError {
         /// The key.
         key: String,
     },
-    /// An area of the coordinator's state has no etcd driver yet (`not_yet.rs`).
-    #[error(
-        "the {area} are not stored on etcd yet in this build of the coordinator; use \
-         [store] backend = \"sqlite\""
-    )]
-    NotYetOnEtcd {
-        /// The area.
-        area: &'static str,
-    },
     /// A value is not the JSON this coordinator expects.
     #[error(
         "etcd key {key} does not hold what this coordinator expects ({source}); it was \
@@ -183,7 +174,6 @@ impl EtcdError {
         matches!(
             self,
             EtcdError::Config(_)
-                | EtcdError::NotYetOnEtcd { .. }
                 | EtcdError::TlsFile { .. }
                 | EtcdError::TooNew { .. }
                 | EtcdError::NotOurs { .. }

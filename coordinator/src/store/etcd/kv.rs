@@ -373,6 +373,19 @@ impl Txn {
         self
     }
 
+    /// Deletes every key from `from` (included) to `to` (excluded), both relative: a
+    /// numbered directory's oldest items in one operation.
+    pub fn delete_range(mut self, from: &str, to: &str) -> Self {
+        let from = self.store.key(from);
+        let to = self.store.key(to);
+        self.note(&from);
+        self.ops.push(TxnOp::delete(
+            from,
+            Some(etcd_client::DeleteOptions::new().with_range(to)),
+        ));
+        self
+    }
+
     /// How many writes it holds.
     pub fn len(&self) -> usize {
         self.ops.len()

@@ -25,7 +25,6 @@
 pub mod error;
 pub mod health;
 pub mod kv;
-mod not_yet;
 pub mod schema;
 
 use std::any::{Any, TypeId};
@@ -80,6 +79,30 @@ pub struct EtcdSettings {
 }
 
 impl EtcdSettings {
+    /// The settings a coordinator's `[store]` section names (checked there; the prefix is
+    /// written with a trailing `/` in the configuration, without it here).
+    pub fn configured(store: &crate::store::config::StoreConfig) -> Result<Self, EtcdError> {
+        let c = store
+            .etcd_settings()
+            .map_err(|(key, why)| EtcdError::Config(format!("{key}: {why}")))?;
+        let prefix = c.prefix.trim_end_matches('/');
+        Ok(Self {
+            endpoints: c.endpoints,
+            tls: c.ca.map(|ca| EtcdTlsFiles {
+                ca,
+                cert: c.identity.as_ref().map(|i| i.0.clone()),
+                key: c.identity.map(|i| i.1),
+            }),
+            prefix: if prefix.is_empty() {
+                DEFAULT_PREFIX.to_string()
+            } else {
+                prefix.to_string()
+            },
+            request_timeout: c.timeout,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        })
+    }
+
     /// Settings for `endpoints` with the default prefix and timeouts and no TLS.
     pub fn new(endpoints: Vec<String>) -> Self {
         Self {
@@ -148,6 +171,12 @@ impl EtcdSettings {
         }
         Ok(())
     }
+}
+
+/// `s` as one key level: `%` and `/` escaped, so an address or a name never adds a level
+/// to a key (`10.0.0.1` stays `10.0.0.1`, `a/b` becomes `a%2Fb`).
+pub fn key_level(s: &str) -> String {
+    s.replace('%', "%25").replace('/', "%2F")
 }
 
 /// A prefix is an absolute etcd key path without a trailing slash: `/fleetmend`,

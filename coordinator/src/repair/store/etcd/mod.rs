@@ -24,6 +24,9 @@ use protocol::admin::repair::{RepairHistoryRecord, RepairStatus, RepairStepStatu
 use serde::{Deserialize, Serialize};
 
 use super::{RepairQueueStore, Write};
+
+mod diagnostics;
+mod groups;
 use crate::clock::to_unix_ms;
 use crate::repair::entry::{Entry, HistoryEvent, Phase};
 use crate::store::StoreError;
@@ -208,6 +211,45 @@ impl RepairQueueStore for EtcdStore {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
+        self.commit_with(writes, now, 0, Ok).await
+    }
+
+    async fn history(&self, index: u64) -> Result<Vec<RepairHistoryRecord>, StoreError> {
+        Ok(self
+            .kv_list::<RepairHistoryRecord>(&history_dir(index))
+            .await
+            .map_err(err)?
+            .into_iter()
+            .map(|(_, v)| v.value)
+            .collect())
+    }
+
+    async fn active_addresses(&self) -> Result<HashSet<String>, StoreError> {
+        Ok(self
+            .kv_list::<EntryRecord>(ENTRIES)
+            .await
+            .map_err(err)?
+            .into_iter()
+            .map(|(_, v)| v.value)
+            .filter(|e| {
+                !e.deleted && matches!(e.status, RepairStatus::Queued | RepairStatus::Processing)
+            })
+            .map(|e| e.address)
+            .collect())
+    }
+}
+
+impl EtcdStore {
+    /// Commits `writes` as [`RepairQueueStore::commit`] does, with what `also` adds (at most
+    /// `extra_ops` operations) in the same transaction: the command groups' reap clears its
+    /// records in the transaction that writes the reap's history.
+    pub(crate) async fn commit_with(
+        &self,
+        writes: Vec<Write>,
+        now: Timestamp,
+        extra_ops: usize,
+        also: impl Fn(crate::store::etcd::Txn) -> Result<crate::store::etcd::Txn, EtcdError>,
+    ) -> Result<Vec<u64>, StoreError> {
         let ops: usize = writes
             .iter()
             .map(|w| match w {
@@ -216,7 +258,8 @@ impl RepairQueueStore for EtcdStore {
                 Write::History(..) | Write::SetEnabled(_) => 1,
             })
             .sum::<usize>()
-            + 2;
+            + 2
+            + extra_ops;
         if ops > MAX_TXN_OPS {
             return Err(err(EtcdError::Config(format!(
                 "one repair-queue commit of {} changes needs {ops} etcd operations, more than \
@@ -283,6 +326,7 @@ impl RepairQueueStore for EtcdStore {
                     };
                 }
             }
+            let txn = also(txn).map_err(err)?;
             let txn = txn
                 .put(WRITE_INDEX, &next)
                 .and_then(|t| t.put(HISTORY_INDEX, &hnext))
@@ -319,32 +363,6 @@ impl RepairQueueStore for EtcdStore {
         }))
     }
 
-    async fn history(&self, index: u64) -> Result<Vec<RepairHistoryRecord>, StoreError> {
-        Ok(self
-            .kv_list::<RepairHistoryRecord>(&history_dir(index))
-            .await
-            .map_err(err)?
-            .into_iter()
-            .map(|(_, v)| v.value)
-            .collect())
-    }
-
-    async fn active_addresses(&self) -> Result<HashSet<String>, StoreError> {
-        Ok(self
-            .kv_list::<EntryRecord>(ENTRIES)
-            .await
-            .map_err(err)?
-            .into_iter()
-            .map(|(_, v)| v.value)
-            .filter(|e| {
-                !e.deleted && matches!(e.status, RepairStatus::Queued | RepairStatus::Processing)
-            })
-            .map(|e| e.address)
-            .collect())
-    }
-}
-
-impl EtcdStore {
     /// After a failed commit: an error when an entry the commit changes or deletes was
     /// written (or deleted, or created) by someone else since this store last saw it.
     async fn check_entries_unchanged(

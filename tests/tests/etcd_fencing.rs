@@ -1,0 +1,125 @@
+//! Issue 30's end to end on etcd, with real processes: a coordinator started with
+//! `[store] backend = "etcd"` on the test kit's etcd, a real bmc-gateway in front of OpenIPMI's
+//! `ipmi_sim`, a node-agent, and the fake Kubernetes API server, through the same rig as
+//! `fencing.rs` (`fence_rig`), with the store as its one difference:
+//! - the dead-machine story (`fencing.rs`'s body): found dead by automatic remediation,
+//!   powered off, released after the off, powered on, restored;
+//! - etcd stopped under the running coordinator: `/healthz` turns 503 naming etcd, a machine
+//!   that dies meanwhile gets no power request, and once etcd is back the machine is fenced
+//!   with one off and one on;
+//! - the coordinator SIGKILLed in the middle of a fence flow (the power-off sent and
+//!   committed): started again, it resumes the flow from etcd, one off and one on at the BMC,
+//!   no release before the off.
+//!
+//! Named `etcd_*` so `scripts/test.sh` runs it after the Go build that makes etcd. Needs
+//! `ipmi_sim` and `ipmitool` (scripts/setup-test-deps.sh installs them).
+
+mod fence_rig;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use fence_rig::*;
+use testkit::etcd::{Etcd, Options, fresh_prefix, shared};
+use testkit::procs::wait_for;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_machine_is_fenced_released_and_restored_with_the_store_on_etcd() -> Result<()> {
+    let etcd = shared()?;
+    let tuning = Tuning::quick(true).on_etcd(&etcd.endpoints(), &fresh_prefix("story"));
+    dead_machine_story(tuning).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_killed_after_the_power_off_resumes_the_flow_from_etcd() -> Result<()> {
+    let etcd = shared()?;
+    let tuning = Tuning::quick(false).on_etcd(&etcd.endpoints(), &fresh_prefix("crash"));
+    let outcome = crash_at_with(tuning, "after:power-off").await?;
+    eprintln!("after:power-off on etcd: {outcome}");
+    Ok(())
+}
+
+/// etcd stopped under a running coordinator: `/healthz` says so, nothing is powered while it
+/// is down, and the repair goes on once it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_stopped_under_the_coordinator_holds_every_power_request_until_it_returns()
+-> Result<()> {
+    // Its own etcd: this test stops it.
+    let mut etcd = blocking(|| Etcd::start(Options::default()))?;
+    let tuning = Tuning::quick(true).on_etcd(&etcd.endpoints(), "/fleetmend");
+    let mut rig = Rig::start_tuned(tuning, REPAIR_YML, None).await?;
+    let (code, body) = blocking(|| rig.coord.http_get("/healthz"))?;
+    assert_eq!(code, 200, "{body}");
+
+    blocking(|| etcd.stop(0))?;
+    let reason = blocking(|| {
+        wait_for(
+            "/healthz to turn 503 with etcd stopped",
+            SETTLE,
+            || match rig.coord.http_get("/healthz") {
+                Ok((503, body)) => Ok(body),
+                other => Err(format!("{other:?}")),
+            },
+        )
+    })?;
+    assert!(
+        reason.contains("etcd") && reason.contains(&etcd.endpoints()[0]),
+        "the reason names etcd and its endpoint: {reason}"
+    );
+
+    // The machine dies while etcd is down: detected (its agent silent, its Lease stale) but
+    // nothing can be recorded, so nothing is acted on.
+    rig.kill_machine();
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(10) {
+        assert_eq!(
+            rig.sim
+                .events()
+                .iter()
+                .filter(|e| e.starts_with("set power"))
+                .count(),
+            0,
+            "a power request reached the BMC while etcd was down: {:?}",
+            rig.sim.events()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, _) = blocking(|| rig.coord.http_get("/healthz"))?;
+    assert_eq!(code, 503, "still failing while etcd is down");
+    assert!(
+        rig.coord
+            .proc
+            .as_mut()
+            .context("coordinator")?
+            .try_exit()
+            .is_none(),
+        "the coordinator exited while etcd was down:\n{}",
+        rig.coord.log_text()
+    );
+
+    blocking(|| etcd.restart(0))?;
+    blocking(|| {
+        wait_for(
+            "/healthz to answer 200 with etcd back",
+            SETTLE,
+            || match rig.coord.http_get("/healthz") {
+                Ok((200, body)) => Ok(body),
+                other => Err(format!("{other:?}")),
+            },
+        )
+    })?;
+    rig.wait_powered_on()?;
+    rig.boot_machine()?;
+    let v = blocking(|| finished(&rig, SETTLE))?;
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    rig.assert_back()?;
+    let off = rig.first_power("0").context("never powered off")?;
+    for (at, what) in rig.node_writes() {
+        assert!(at > off, "{what} came before the simulator powered off");
+    }
+    eprintln!(
+        "etcd down {:.1} s without a power request; fenced after it returned",
+        outage.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
