@@ -55,6 +55,8 @@ pub struct Admin {
     pub kdump: Option<Arc<crate::kdump::Kdumps>>,
     /// The connected agents, whose session ends when their machine is deleted.
     pub links: Arc<crate::agent_link::AgentLinks>,
+    /// This coordinator's name and role, for `coordinatorctl status`.
+    pub role: (String, Arc<crate::ha::RoleHandle>),
 }
 
 /// `d` without the plugin, gpu and memory results in its last report: every released
@@ -132,6 +134,7 @@ impl Admin {
             },
             AdminRequest::Diagnostics(d) => self.diagnostics(d).await,
             AdminRequest::Fence(f) => crate::fence::admin::handle(&self.store, f).await,
+            AdminRequest::Status => AdminResponse::Status(self.status()),
             AdminRequest::Remediation(r) => match &self.remediation {
                 Some(rem) => rem.handle_admin(r).await,
                 None => error(
@@ -140,6 +143,23 @@ impl Admin {
                      [remediation] section to its config",
                 ),
             },
+        }
+    }
+
+    fn status(&self) -> protocol::admin::CoordinatorStatus {
+        let (name, role) = &self.role;
+        let now = role.current();
+        protocol::admin::CoordinatorStatus {
+            name: name.clone(),
+            role: now.name().to_string(),
+            epoch: now.epoch().and_then(|e| u64::try_from(e).ok()).unwrap_or(0),
+            since_unix_ms: now.since().map(|t| t.as_millisecond()),
+            store: match self.store {
+                crate::store::Store::Sqlite(_) => "sqlite",
+                crate::store::Store::Etcd(_) => "etcd",
+            }
+            .to_string(),
+            elected: role.is_elected(),
         }
     }
 

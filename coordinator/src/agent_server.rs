@@ -52,6 +52,9 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(2);
 
 /// QUIC application close code for a normal close.
 const CLOSE_OK: u32 = 0;
+/// The close of every session of a coordinator whose term ended: the same code as a clean
+/// close, so clients reconnect at once (and find the new leader).
+pub(crate) const CLOSE_DEPOSED: u32 = CLOSE_OK;
 /// QUIC application close code after a refusal.
 const CLOSE_REFUSED: u32 = 1;
 /// QUIC application close code of a session replaced by a newer one of the same machine.

@@ -6,9 +6,11 @@
 //! read it for each request. On SQLite the epoch is the store's counter, bumped durably at
 //! each start ([`at_start`]): a second coordinator started on a copy of the file, or an old
 //! process that wakes up after a newer one started, sends an older epoch and is refused by
-//! every gateway and agent the newer one has spoken to. On etcd the epoch is a placeholder
-//! (0) until the election (issue 31, the `ha` work) sets the leader key's create revision
-//! here with [`LeaseToken::set`] when it wins, and [`LeaseToken::clear`] when it loses.
+//! every gateway and agent the newer one has spoken to. On etcd the epoch is the leader
+//! key's create revision, set when this coordinator wins the election (`crate::app`), and
+//! the token is bound to the election's role ([`LeaseToken::bound_to`]): it is there only
+//! while the role leads and its term holds by the monotonic clock, read at each send, so a
+//! leader paused past its lease sends nothing when it wakes.
 //!
 //! A handle with no token (cleared, or `coordinator check`, which never acts) makes every
 //! send fail before anything leaves: nothing is sent without a token.
@@ -17,12 +19,15 @@ use std::sync::{Arc, RwLock};
 
 use protocol::fencing::FencingToken;
 
+use crate::ha::RoleHandle;
 use crate::store::{IdentityStore, Store, StoreError};
 
 /// The token the coordinator sends with, shared by every sender.
 #[derive(Debug, Clone, Default)]
 pub struct LeaseToken {
     inner: Arc<RwLock<Option<FencingToken>>>,
+    /// The elected role the token is good for only while it leads.
+    role: Option<Arc<RoleHandle>>,
 }
 
 impl LeaseToken {
@@ -38,6 +43,12 @@ impl LeaseToken {
         t
     }
 
+    /// The same token, there only while `role` leads ([`RoleHandle::is_leading`]).
+    pub fn bound_to(mut self, role: Arc<RoleHandle>) -> Self {
+        self.role = Some(role);
+        self
+    }
+
     /// Sends with `token` from now on (a start, a won election).
     pub fn set(&self, token: FencingToken) {
         *self.inner.write().unwrap_or_else(|p| p.into_inner()) = Some(token);
@@ -50,6 +61,9 @@ impl LeaseToken {
 
     /// The token to send with now, if any.
     pub fn current(&self) -> Option<FencingToken> {
+        if self.role.as_ref().is_some_and(|r| !r.is_leading()) {
+            return None;
+        }
         self.inner.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -87,5 +101,27 @@ mod tests {
         shared.set(first.clone());
         assert_eq!(second.current(), Some(first));
         assert_eq!(LeaseToken::unset().current(), None);
+    }
+
+    #[test]
+    fn a_token_bound_to_an_elected_role_is_there_only_while_its_term_holds() {
+        use crate::store::etcd::fence::Term;
+        use std::time::{Duration, Instant};
+        let role = RoleHandle::elected();
+        let t = LeaseToken::fixed(FencingToken {
+            store: "s".into(),
+            epoch: 42,
+        })
+        .bound_to(role.clone());
+        assert_eq!(t.current(), None, "not leading yet");
+        let term = Arc::new(Term::new(42, Instant::now() + Duration::from_millis(50)));
+        role.lead(term);
+        assert_eq!(t.current().map(|t| t.epoch), Some(42));
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(
+            t.current(),
+            None,
+            "the term's deadline passed: nothing is sent"
+        );
     }
 }

@@ -198,13 +198,16 @@ impl Metrics {
     }
 
     /// Renders the coordinator's series in Prometheus text format.
-    pub fn render(&self, fleet: &Fleet, out: &mut String) {
-        let _ = writeln!(
-            out,
-            "# HELP fleetmend_machines Machines by health state.\n# TYPE fleetmend_machines gauge"
-        );
-        for (state, n) in fleet.counts_by_state() {
-            let _ = writeln!(out, "fleetmend_machines{{state=\"{state}\"}} {n}");
+    /// Without a registry (a standby has not loaded one) the machine counts are left out.
+    pub fn render(&self, fleet: Option<&Fleet>, out: &mut String) {
+        if let Some(fleet) = fleet {
+            let _ = writeln!(
+                out,
+                "# HELP fleetmend_machines Machines by health state.\n# TYPE fleetmend_machines gauge"
+            );
+            for (state, n) in fleet.counts_by_state() {
+                let _ = writeln!(out, "fleetmend_machines{{state=\"{state}\"}} {n}");
+            }
         }
         let _ = writeln!(
             out,
@@ -296,8 +299,8 @@ pub trait MetricsSource: Send + Sync + 'static {
 /// What the HTTP handlers read.
 #[derive(Clone)]
 pub struct HttpState {
-    /// The registry.
-    pub fleet: Arc<Fleet>,
+    /// The registry; `None` on a standby, which has not loaded it.
+    pub fleet: Option<Arc<Fleet>>,
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// The database, probed by `/healthz`.
@@ -318,7 +321,7 @@ impl std::fmt::Debug for HttpState {
 
 async fn metrics_handler(State(s): State<HttpState>) -> impl IntoResponse {
     let mut out = String::new();
-    s.metrics.render(&s.fleet, &mut out);
+    s.metrics.render(s.fleet.as_deref(), &mut out);
     render_store(s.store.health(), &mut out);
     for src in &s.sources {
         src.render(&mut out);
@@ -446,7 +449,7 @@ mod tests {
         m.refused(refusal_label(RefusalCode::IdentityMismatch));
         let g = m.session_opened(SessionKind::Agent);
         let mut out = String::new();
-        m.render(&fleet, &mut out);
+        m.render(Some(&fleet), &mut out);
         assert!(out.contains("fleetmend_machines{state=\"unreachable\"} 0"));
         assert!(out.contains("fleetmend_reports_received_total 1"));
         assert!(
@@ -455,7 +458,7 @@ mod tests {
         assert!(out.contains("fleetmend_connections_open{kind=\"agent\"} 1"));
         drop(g);
         out.clear();
-        m.render(&fleet, &mut out);
+        m.render(Some(&fleet), &mut out);
         assert!(out.contains("fleetmend_connections_open{kind=\"agent\"} 0"));
     }
 
@@ -544,7 +547,7 @@ mod tests {
         .await
         .unwrap();
         let state = HttpState {
-            fleet: Arc::new(fleet),
+            fleet: Some(Arc::new(fleet)),
             metrics: Arc::new(Metrics::default()),
             store,
             sources: Vec::new(),

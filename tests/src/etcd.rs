@@ -325,9 +325,20 @@ impl Etcd {
     }
 
     /// Freezes member `i` (SIGSTOP): its ports stay open and answer nothing.
+    /// Returns once every thread of it is stopped: `kill` returns when the signal is sent,
+    /// and a thread running on another CPU (or a descheduled virtual CPU) may still answer
+    /// a request for a moment after that.
     pub fn pause(&mut self, i: usize) -> anyhow::Result<()> {
         self.signal(i, "-STOP")?;
         self.members[i].paused = true;
+        let pid = self.pid(i).context("etcd stopped while being paused")?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !all_threads_stopped(pid) {
+            if std::time::Instant::now() > deadline {
+                bail!("etcd m{i} (pid {pid}) did not stop within 10 s of SIGSTOP");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         Ok(())
     }
 
@@ -383,6 +394,23 @@ impl Drop for Etcd {
             }
         }
     }
+}
+
+/// Whether every thread of process `pid` is in the stopped state (`T` in
+/// `/proc/<pid>/task/<tid>/stat`). A thread that is gone counts as stopped.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            return true;
+        };
+        // The state is the first field after the command name's closing parenthesis.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "T" || state == "t")
+    })
 }
 
 /// A CA, a serving certificate for 127.0.0.1 and localhost, and a client certificate.

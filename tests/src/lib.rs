@@ -21,3 +21,4 @@ pub mod pdu_sim;
 pub mod procs;
 pub mod real_k8s;
 pub mod relay;
+pub mod tcp_relay;

@@ -467,6 +467,101 @@ impl Coordinator {
         Ok(c)
     }
 
+    /// Another coordinator of the same store (etcd) and fleet: this one's configuration with
+    /// `name`, its own ports and `dir` (its database path too, unused on etcd). Started; a
+    /// standby's `/healthz` answers 200 as a leader's does.
+    pub fn start_peer(&self, dir: &Path, name: &str) -> anyhow::Result<Self> {
+        self.start_peer_edited(dir, name, |t| t)
+    }
+
+    /// [`Coordinator::start_peer`], its configuration text passed through `edit` last (an
+    /// etcd endpoint of its own, say).
+    pub fn start_peer_edited(
+        &self,
+        dir: &Path,
+        name: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let quic = SocketAddr::from(([127, 0, 0, 1], free_udp_port()));
+        let http = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
+        let text = std::fs::read_to_string(&self.config)?;
+        let replace = |text: String, from: &str, to: &str| -> anyhow::Result<String> {
+            if !text.contains(from) {
+                bail!("{} has no {from:?}", self.config.display());
+            }
+            Ok(text.replacen(from, to, 1))
+        };
+        let text = replace(text, "name = \"coord\"", &format!("name = {name:?}"))?;
+        let text = replace(
+            text,
+            &format!("listen = \"{}\"", self.quic),
+            &format!("listen = \"{quic}\""),
+        )?;
+        let text = replace(
+            text,
+            &format!("listen = \"{}\"", self.http),
+            &format!("listen = \"{http}\""),
+        )?;
+        let text = replace(
+            text,
+            &format!("{:?}", self.dir.join("coordinator.db").to_string_lossy()),
+            &format!("{:?}", dir.join("coordinator.db").to_string_lossy()),
+        )?;
+        let config = dir.join("coordinator.toml");
+        std::fs::write(&config, edit(text))?;
+        let mut c = Self {
+            proc: None,
+            quic,
+            http,
+            dir: dir.to_path_buf(),
+            config,
+            admin: self.admin.clone(),
+            env: Vec::new(),
+            starts: 0,
+        };
+        c.restart()?;
+        Ok(c)
+    }
+
+    /// Starts the process again after it exited by itself (as systemd's `Restart=` does
+    /// for a deposed leader's exit 75), without waiting for it to serve (its etcd may be
+    /// down); returns the exit status it had.
+    pub fn respawn_after_exit(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let status = match self.proc.as_mut() {
+            Some(p) => p
+                .try_exit()
+                .context("the coordinator is still running: nothing to restart")?,
+            None => bail!("the coordinator was not started"),
+        };
+        self.proc = None;
+        self.proc = Some(self.spawn()?);
+        Ok(status)
+    }
+
+    /// Waits until its `/healthz` says it leads (`ok` alone for the sole coordinator of a
+    /// SQLite store, `ok: leader …` when elected); the body.
+    pub fn wait_leading(&self, timeout: Duration) -> anyhow::Result<String> {
+        wait_for("the coordinator to lead", timeout, || {
+            match http_get(self.http, "/healthz") {
+                Ok((200, body)) if body == "ok\n" || body.starts_with("ok: leader") => Ok(body),
+                Ok((code, body)) => Err(format!("{code} {body}")),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<Proc> {
+        self.starts += 1;
+        let mut cmd = command("coordinator");
+        cmd.arg("--config")
+            .arg(&self.config)
+            .env("FLEETMEND_LOG", "info,coordinator=debug")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        let log = self.dir.join(format!("coordinator-{}.log", self.starts));
+        Proc::spawn("coordinator", cmd, &log)
+    }
+
     /// Starts the process (again) with the same config and waits until it serves.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         if let Some(mut p) = self.proc.take() {
@@ -479,14 +574,7 @@ impl Coordinator {
                 );
             }
         }
-        self.starts += 1;
-        let mut cmd = command("coordinator");
-        cmd.arg("--config")
-            .arg(&self.config)
-            .env("FLEETMEND_LOG", "info,coordinator=debug")
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
-        let log = self.dir.join(format!("coordinator-{}.log", self.starts));
-        let mut proc = Proc::spawn("coordinator", cmd, &log)?;
+        let mut proc = self.spawn()?;
         let http = self.http;
         wait_for("coordinator /healthz", START_TIMEOUT, || {
             if let Some(s) = proc.try_exit() {

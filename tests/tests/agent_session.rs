@@ -256,7 +256,8 @@ fn a_second_agent_with_the_same_certificate_replaces_the_first_and_its_goodbye_i
 /// in the list at all. The agent passes the first on to the second at once, is sent by the
 /// second to the leader at once (no backoff for a standby), and reports there within
 /// seconds. The standbys are coordinators of a test build told to answer as standbys
-/// (`FLEETMEND_TEST_ONLY_STANDBY_OF`: the election that makes real ones is not merged yet).
+/// (`FLEETMEND_TEST_ONLY_STANDBY_OF`), so the agent's side is tested alone; elected standbys
+/// are in `etcd_ha.rs`.
 #[test]
 fn test_only_standbys_send_an_agent_to_the_leader_at_once() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

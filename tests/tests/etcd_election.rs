@@ -464,7 +464,9 @@ async fn a_lost_lease_marks_the_role_deposed_kills_running_commands_and_fires_th
     let ttl = Duration::from_secs(10);
     let c = candidate(&s, "a", ttl);
     let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
-    let (l, holder) = campaign_and_hold(&c, &stop, lost.clone()).await.unwrap();
+    let (l, holder) = campaign_and_hold(&c, &stop, stop.clone(), lost.clone())
+        .await
+        .unwrap();
     assert!(c.role().is_leading());
     // A repair command running for the leader (nothing else in this test binary runs one).
     let pidfile = tempfile::NamedTempFile::new().unwrap();
@@ -510,7 +512,9 @@ async fn a_lost_lease_marks_the_role_deposed_kills_running_commands_and_fires_th
     // A clean stop gives the key up: the next candidate leads well within the 10 s TTL.
     let c2 = candidate(&s, "b", ttl);
     let (stop2, lost2) = (CancellationToken::new(), CancellationToken::new());
-    let (l2, holder2) = campaign_and_hold(&c2, &stop2, lost2.clone()).await.unwrap();
+    let (l2, holder2) = campaign_and_hold(&c2, &stop2, stop2.clone(), lost2.clone())
+        .await
+        .unwrap();
     stop2.cancel();
     holder2.await.unwrap();
     assert!(!lost2.is_cancelled(), "a clean stop is not a deposal");

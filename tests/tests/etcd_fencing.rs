@@ -4,9 +4,10 @@
 //! `fencing.rs` (`fence_rig`), with the store as its one difference:
 //! - the dead-machine story (`fencing.rs`'s body): found dead by automatic remediation,
 //!   powered off, released after the off, powered on, restored;
-//! - etcd stopped under the running coordinator: `/healthz` turns 503 naming etcd, a machine
-//!   that dies meanwhile gets no power request, and once etcd is back the machine is fenced
-//!   with one off and one on;
+//! - etcd stopped under the running coordinator: `/healthz` turns 503 naming etcd, the
+//!   leader steps down within its lease TTL and exits 75, started again it waits for etcd,
+//!   a machine that dies meanwhile gets no power request, and once etcd is back the
+//!   coordinator leads again and the machine is fenced with one off and one on;
 //! - the coordinator SIGKILLed in the middle of a fence flow (the power-off sent and
 //!   committed): started again, it resumes the flow from etcd, one off and one on at the BMC,
 //!   no release before the off.
@@ -18,7 +19,7 @@ mod fence_rig;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use fence_rig::*;
 use testkit::etcd::{Etcd, Options, fresh_prefix, shared};
 use testkit::procs::wait_for;
@@ -46,7 +47,10 @@ async fn etcd_stopped_under_the_coordinator_holds_every_power_request_until_it_r
 -> Result<()> {
     // Its own etcd: this test stops it.
     let mut etcd = blocking(|| Etcd::start(Options::default()))?;
-    let tuning = Tuning::quick(true).on_etcd(&etcd.endpoints(), "/fleetmend");
+    // A short lease: the coordinator steps down sooner, and leads sooner once etcd returns.
+    let tuning = Tuning::quick(true)
+        .on_etcd(&etcd.endpoints(), "/fleetmend")
+        .with_lease_ttl("3s");
     let mut rig = Rig::start_tuned(tuning, REPAIR_YML, None).await?;
     let (code, body) = blocking(|| rig.coord.http_get("/healthz"))?;
     assert_eq!(code, 200, "{body}");
@@ -68,46 +72,59 @@ async fn etcd_stopped_under_the_coordinator_holds_every_power_request_until_it_r
     );
 
     // The machine dies while etcd is down: detected (its agent silent, its Lease stale) but
-    // nothing can be recorded, so nothing is acted on.
+    // nothing can be recorded, so nothing is acted on. Its keep-alives unanswered, the
+    // leader stops acting within its lease TTL (10 s by default) and exits 75 for systemd
+    // to start it again.
     rig.kill_machine();
     let outage = Instant::now();
-    while outage.elapsed() < Duration::from_secs(10) {
-        assert_eq!(
-            rig.sim
-                .events()
-                .iter()
-                .filter(|e| e.starts_with("set power"))
-                .count(),
-            0,
-            "a power request reached the BMC while etcd was down: {:?}",
-            rig.sim.events()
+    let no_power = |rig: &Rig| {
+        let sent: Vec<String> = rig
+            .sim
+            .events()
+            .into_iter()
+            .filter(|e| e.starts_with("set power"))
+            .collect();
+        assert!(
+            sent.is_empty(),
+            "a power request reached the BMC while etcd was down: {sent:?}"
         );
+    };
+    let code = loop {
+        no_power(&rig);
+        let proc = rig.coord.proc.as_mut().context("coordinator")?;
+        if let Some(st) = proc.try_exit() {
+            break st.code();
+        }
+        if outage.elapsed() > Duration::from_secs(25) {
+            bail!(
+                "the leader did not step down with etcd down:\n{}",
+                proc.log_text()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let (code, _) = blocking(|| rig.coord.http_get("/healthz"))?;
-    assert_eq!(code, 503, "still failing while etcd is down");
+    };
+    let log = rig.coord.log_text();
+    assert_eq!(code, Some(75), "the deposed leader's exit status:\n{log}");
+    assert!(log.contains("no longer leads"), "{log}");
+    let stepped_down = outage.elapsed();
+    // systemd starts it again: it waits for etcd, acting on nothing.
+    blocking(|| rig.coord.respawn_after_exit())?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    no_power(&rig);
+    let proc = rig.coord.proc.as_mut().context("coordinator")?;
     assert!(
-        rig.coord
-            .proc
-            .as_mut()
-            .context("coordinator")?
-            .try_exit()
-            .is_none(),
-        "the coordinator exited while etcd was down:\n{}",
-        rig.coord.log_text()
+        proc.try_exit().is_none(),
+        "the coordinator gave up waiting for etcd:\n{}",
+        proc.log_text()
+    );
+    assert!(
+        proc.log_text().contains("cannot start without etcd"),
+        "{}",
+        proc.log_text()
     );
 
     blocking(|| etcd.restart(0))?;
-    blocking(|| {
-        wait_for(
-            "/healthz to answer 200 with etcd back",
-            SETTLE,
-            || match rig.coord.http_get("/healthz") {
-                Ok((200, body)) => Ok(body),
-                other => Err(format!("{other:?}")),
-            },
-        )
-    })?;
+    blocking(|| rig.coord.wait_leading(SETTLE))?;
     rig.wait_powered_on()?;
     rig.boot_machine()?;
     let v = blocking(|| finished(&rig, SETTLE))?;
@@ -118,8 +135,7 @@ async fn etcd_stopped_under_the_coordinator_holds_every_power_request_until_it_r
         assert!(at > off, "{what} came before the simulator powered off");
     }
     eprintln!(
-        "etcd down {:.1} s without a power request; fenced after it returned",
-        outage.elapsed().as_secs_f64()
+        "etcd down: the leader stepped down after {stepped_down:.1?} and no power request was sent; fenced after etcd returned"
     );
     Ok(())
 }

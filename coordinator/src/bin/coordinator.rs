@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use coordinator::app::App;
+use coordinator::app::{Bound, Ended};
+use coordinator::clock::SystemClock;
 use coordinator::config::{Config, DEFAULT_CONFIG_PATH};
+use coordinator::ha::EXIT_DEPOSED;
 use tokio_util::sync::CancellationToken;
 
 /// Exit code for an unusable configuration (EX_USAGE).
@@ -170,33 +172,65 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(async move {
-        let app = match App::build(config).await {
-            Ok(app) => app,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start");
-                return if e.is_config() {
-                    ExitCode::from(EXIT_CONFIG)
-                } else {
-                    ExitCode::FAILURE
-                };
-            }
+        let bound = match Bound::open(config, std::sync::Arc::new(SystemClock)).await {
+            Ok(b) => b,
+            Err(e) => return cannot_start(&e),
         };
         let shutdown = CancellationToken::new();
-        tokio::spawn(wait_for_signal(shutdown.clone(), app.tls_reloader()));
-        // Bound and loaded: from here on connections are accepted.
-        let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-        if let Some(period) = sd_notify::watchdog_enabled() {
-            tokio::spawn(watchdog(period, app.fleet.clone(), shutdown.clone()));
+        let loaded = Loaded::default();
+        tokio::spawn(wait_for_signal(shutdown.clone(), loaded.clone()));
+        let ready = || {
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+            if let Some(period) = sd_notify::watchdog_enabled() {
+                tokio::spawn(watchdog(period, loaded.clone(), shutdown.clone()));
+            }
+        };
+        // On etcd a standby is started: its ports answer (as a standby) until it leads,
+        // which may be never. On SQLite READY waits for the load, so a bad inventory or
+        // repair file fails the start itself.
+        let elected = bound.is_elected();
+        if elected {
+            ready();
         }
-        app.run(shutdown).await;
+        let app = match bound.lead(&shutdown).await {
+            Ok(Some(app)) => app,
+            Ok(None) => {
+                tracing::info!("stopped before leading");
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => return cannot_start(&e),
+        };
+        let _ = loaded.tls.set(app.tls_reloader());
+        let _ = loaded.fleet.set(app.fleet.clone());
+        if !elected {
+            ready();
+        }
+        let ended = app.run(shutdown).await;
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-        ExitCode::SUCCESS
+        match ended {
+            Ended::Stopped => ExitCode::SUCCESS,
+            Ended::Deposed => ExitCode::from(EXIT_DEPOSED),
+        }
     })
 }
 
-/// Prints a backup's or a restore's report (or its error) and picks the exit code: 0, 64
-/// for bad input (a missing or unsound backup, an existing target, the wrong user), 1 for
-/// anything else (a running coordinator holding the store, a storage failure).
+/// What the signal handler and the watchdog use once the coordinator has loaded (it leads).
+#[derive(Clone, Default)]
+struct Loaded {
+    tls: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<coordinator::certs::TlsReloader>>>,
+    fleet: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<coordinator::fleet::Fleet>>>,
+}
+
+fn cannot_start(e: &coordinator::app::AppError) -> ExitCode {
+    tracing::error!(error = %e, "cannot start");
+    if e.is_config() {
+        ExitCode::from(EXIT_CONFIG)
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn store_command<R: serde::Serialize + std::fmt::Display>(
     json: bool,
     r: Result<R, coordinator::store::backup::BackupError>,
@@ -278,27 +312,23 @@ fn migrate(config: &Config, from: &std::path::Path, json: bool) -> ExitCode {
 }
 
 /// Pings systemd's watchdog at half its period while the runtime runs and the fleet
-/// registry's lock can be taken (a wedged registry stops the pings and systemd restarts us).
-async fn watchdog(
-    period: std::time::Duration,
-    fleet: std::sync::Arc<coordinator::fleet::Fleet>,
-    shutdown: CancellationToken,
-) {
+/// registry's lock can be taken (a wedged registry stops the pings and systemd restarts us);
+/// a standby, which has no registry, while the runtime runs.
+async fn watchdog(period: std::time::Duration, loaded: Loaded, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(period / 2);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let _ = fleet.counts_by_state();
+        if let Some(fleet) = loaded.fleet.get() {
+            let _ = fleet.counts_by_state();
+        }
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
     }
 }
 
-async fn wait_for_signal(
-    shutdown: CancellationToken,
-    tls: std::sync::Arc<coordinator::certs::TlsReloader>,
-) {
+async fn wait_for_signal(shutdown: CancellationToken, loaded: Loaded) {
     use tokio::signal::unix::{SignalKind, signal};
     let (mut term, mut int, mut hup) = match (
         signal(SignalKind::terminate()),
@@ -315,7 +345,11 @@ async fn wait_for_signal(
         tokio::select! {
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
-            _ = hup.recv() => match tls.reload() {
+            _ = hup.recv() => match loaded.tls.get().map(|tls| tls.reload()) {
+                None => tracing::warn!(
+                    "SIGHUP: this coordinator does not lead yet and has not loaded its parts; restart it to apply renewed TLS files"
+                ),
+                Some(r) => match r {
                 Ok(_) => tracing::info!(
                     "SIGHUP: TLS files reloaded; new connections use them (the configuration is not read again: restart to apply a change to it)"
                 ),
@@ -323,6 +357,7 @@ async fn wait_for_signal(
                     error = %e,
                     "SIGHUP: reload refused; keeping the running certificate"
                 ),
+                },
             },
         }
     };

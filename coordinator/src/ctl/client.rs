@@ -434,6 +434,21 @@ impl AdminClient {
         )
     }
 
+    /// Connects to every server of the list, each on its own (no redirect to a leader): the
+    /// servers with what each answered, for `coordinatorctl status`.
+    pub async fn connect_each(
+        args: &ConnectArgs,
+    ) -> anyhow::Result<Vec<(String, anyhow::Result<Self>)>> {
+        let r = args.resolve()?;
+        let tls = load_tls(&r)?;
+        warn_if_expiring(&tls, &r);
+        let mut out = Vec::new();
+        for server in &r.server.value {
+            out.push((server.clone(), Self::connect_to(&r, &tls, server).await));
+        }
+        Ok(out)
+    }
+
     /// Connects to `server`, one of the resolved servers.
     async fn connect_to(r: &Resolved, tls: &TlsMaterial, server: &str) -> anyhow::Result<Self> {
         let addr: SocketAddr = tokio::net::lookup_host(server)
@@ -570,6 +585,7 @@ fn timed_out(req: &AdminRequest, timeout: Duration) -> String {
         AdminRequest::Diagnostics(_) => "coordinatorctl diagnostics list ADDRESS",
         AdminRequest::Remediation(_) => "coordinatorctl remediation status",
         AdminRequest::Fence(_) => "coordinatorctl fence list",
+        AdminRequest::Status => "coordinatorctl status",
     };
     format!(
         "no answer from the coordinator within {timeout:?} (--timeout): the outcome is unknown, the request may or may not have been carried out; check with `{check}` before retrying, and the coordinator's /healthz and log for why it is slow"

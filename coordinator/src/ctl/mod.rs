@@ -22,6 +22,7 @@ pub mod pki;
 pub mod profile;
 pub mod remediation;
 pub mod repair_queue;
+pub mod status;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
@@ -67,6 +68,8 @@ command_groups! {
     Events(remediation::EventsArgs),
     /// Fence flows: power off, confirm, release, power on, restore.
     Fence(fence::FenceCommand),
+    /// Each coordinator of --server and its role: who leads, the epoch, since when.
+    Status(status::StatusCommand),
 }
 
 /// Fleetmend's operator CLI.

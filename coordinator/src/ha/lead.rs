@@ -12,22 +12,24 @@ use super::keepalive;
 
 /// The exit status of a coordinator whose leadership ended (`EX_TEMPFAIL`): systemd's
 /// `Restart=on-failure` starts it again, as a standby.
-pub const EXIT_DEPOSED: i32 = 75;
+pub const EXIT_DEPOSED: u8 = 75;
 
 /// Campaigns until this coordinator leads (`None` when `stop` fired first), then holds the
 /// lead in a task: when the term ends, the role is marked deposed and `lost` is cancelled;
-/// when `stop` fires first, it resigns (a standby takes over at once).
+/// when `resign` fires first, it resigns (a standby takes over at once). The coordinator
+/// fires `resign` once its loops have stopped, so no successor acts beside them.
 pub async fn campaign_and_hold(
     candidate: &Candidate,
     stop: &CancellationToken,
+    resign: CancellationToken,
     lost: CancellationToken,
 ) -> Option<(Leadership, JoinHandle<()>)> {
     let l = candidate.campaign(stop).await?;
     let role = candidate.role().clone();
     let holder = tokio::spawn({
-        let (l, stop) = (l.clone(), stop.clone());
+        let l = l.clone();
         async move {
-            match keepalive::hold(&l, &stop).await {
+            match keepalive::hold(&l, &resign).await {
                 Some(why) => {
                     tracing::error!(epoch = l.epoch, reason = %why, "this coordinator no longer leads: it stops acting and exits for systemd to restart it as a standby");
                     role.deposed(&why);

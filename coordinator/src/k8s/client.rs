@@ -16,11 +16,19 @@ use std::time::Duration;
 use super::KubeError;
 pub use super::config::{KubernetesConfig, ReleaseMethod};
 
-/// Builds the client from `cfg`, with kube's silent retries turned off.
-pub async fn build_client(cfg: &KubernetesConfig) -> Result<kube::Client, KubeError> {
+/// Builds the client from `cfg`, with kube's silent retries turned off, and its writes
+/// behind `gate` when given ([`super::gate`]).
+pub async fn build_client(
+    cfg: &KubernetesConfig,
+    gate: Option<&super::gate::WriteGate>,
+) -> Result<kube::Client, KubeError> {
     let config = load_config(cfg).await?;
-    kube::Client::try_from(config)
-        .map_err(|e| KubeError::Config(format!("cannot build Kubernetes client: {e}")))
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| KubeError::Config(format!("cannot build Kubernetes client: {e}")))?;
+    Ok(match gate {
+        Some(g) => builder.with_layer(g).build(),
+        None => builder.build(),
+    })
 }
 
 /// The client configuration `cfg` names (kubeconfig, context or in-cluster account), with

@@ -103,7 +103,16 @@ impl KubeDrainer {
         cfg: &KubernetesConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, KubeError> {
-        let client = client::build_client(cfg).await?;
+        Self::from_config_gated(cfg, clock, None).await
+    }
+
+    /// [`KubeDrainer::from_config`] with every write behind `gate` ([`super::gate`]).
+    pub async fn from_config_gated(
+        cfg: &KubernetesConfig,
+        clock: Arc<dyn Clock>,
+        gate: Option<&super::gate::WriteGate>,
+    ) -> Result<Self, KubeError> {
+        let client = client::build_client(cfg, gate).await?;
         let instance = cfg.instance.clone().unwrap_or_else(|| "coordinator".into());
         let mut me = Self::new(client, instance, clock);
         me.release_method = cfg.release_method;

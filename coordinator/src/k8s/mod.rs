@@ -26,6 +26,7 @@ pub mod cordon;
 pub mod decision;
 pub mod drain;
 pub mod events;
+pub mod gate;
 pub mod lease;
 pub mod probe;
 pub mod release;

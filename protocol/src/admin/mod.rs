@@ -29,6 +29,8 @@ pub enum AdminRequest {
     Remediation(remediation::RemediationRequest),
     /// Fence flows.
     Fence(fence::FenceRequest),
+    /// This coordinator's role: who it is, whether it leads, its epoch and since when.
+    Status,
 }
 
 /// The answer to one [`AdminRequest`].
@@ -56,4 +58,23 @@ pub enum AdminResponse {
         /// The answer itself.
         answer: Box<AdminResponse>,
     },
+    /// Answer to [`AdminRequest::Status`].
+    Status(CoordinatorStatus),
+}
+
+/// A coordinator's role as it reports it (`coordinatorctl status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorStatus {
+    /// Its name.
+    pub name: String,
+    /// `leader`, `standby`, `starting` or `deposed`.
+    pub role: String,
+    /// The epoch it leads with (0 for the sole coordinator of a SQLite store).
+    pub epoch: u64,
+    /// Since when it has played this role (Unix ms), when known.
+    pub since_unix_ms: Option<i64>,
+    /// Its store: `sqlite` or `etcd`.
+    pub store: String,
+    /// True when its role comes from an election (several coordinators may share its store).
+    pub elected: bool,
 }

@@ -87,6 +87,22 @@ impl Tuning {
         );
         self
     }
+
+    /// With `[ha] lease_ttl = ttl`: several coordinators of the store elect a leader.
+    pub(crate) fn with_lease_ttl(mut self, ttl: &str) -> Self {
+        self.store
+            .push_str(&format!("[ha]\nlease_ttl = \"{ttl}\"\n\n"));
+        self
+    }
+}
+
+/// How a crash test brings the fence flow back after the coordinator died.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recovery {
+    /// The same coordinator is started again (systemd's restart).
+    Restart,
+    /// A standby started before the crash takes the lead (etcd with `[ha]`).
+    Failover,
 }
 
 /// The machine's BMC: OpenIPMI's simulator, or a pyghmi BMC that is busy after an off.
@@ -133,6 +149,8 @@ pub(crate) struct Rig {
     pub(crate) _gw: GatewayProc,
     pub(crate) k8s: BackgroundFake,
     pub(crate) coord: Coordinator,
+    /// Other coordinators of the same store (standbys), which the agent knows too.
+    pub(crate) peers: Vec<Coordinator>,
     pub(crate) pki: Pki,
     pub(crate) fixture: NodeFixture,
     pub(crate) kubelet: FakeKubelet,
@@ -241,6 +259,7 @@ impl Rig {
             _gw: gw,
             k8s,
             coord,
+            peers: Vec::new(),
             pki,
             fixture,
             kubelet,
@@ -261,8 +280,12 @@ impl Rig {
                 t
             }
         };
+        let addresses: Vec<String> = std::iter::once(&self.coord)
+            .chain(&self.peers)
+            .map(|c| c.quic.to_string())
+            .collect();
         let cfg = self.fixture.write_agent_config(
-            &AgentConfig::new(&self.coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+            &AgentConfig::new(&addresses.join(","), &tls.ca, &tls.cert, &tls.key)
                 .report_interval(self.report)
                 .kubelet_url(&self.kubelet.url()),
         )?;
@@ -453,9 +476,29 @@ pub(crate) async fn crash_at(point: &str) -> Result<String> {
 
 /// [`crash_at`] with `tuning` (its store among them).
 pub(crate) async fn crash_at_with(tuning: Tuning, point: &str) -> Result<String> {
+    crash_and_recover(tuning, point, Recovery::Restart).await
+}
+
+/// [`crash_at_with`], the flow brought back by `recovery`: with [`Recovery::Failover`] a
+/// second coordinator of the same etcd store stands by before the crash and takes the lead
+/// after it (`tuning` must be on etcd with a short lease).
+pub(crate) async fn crash_and_recover(
+    tuning: Tuning,
+    point: &str,
+    recovery: Recovery,
+) -> Result<String> {
     let mut rig = Rig::start_tuned(tuning, REPAIR_YML, None).await?;
     rig.coord.env = vec![("FLEETMEND_FENCE_KILL_AT".into(), point.into())];
     blocking(|| rig.coord.restart())?;
+    if recovery == Recovery::Failover {
+        let dir = rig.dir.join("coord-b");
+        let peer = blocking(|| rig.coord.start_peer(&dir, "coord-b"))?;
+        let (_, says) = blocking(|| peer.http_get("/healthz"))?;
+        if !says.contains("standby") {
+            bail!("the second coordinator does not stand by: {says}");
+        }
+        rig.peers.push(peer);
+    }
     rig.kill_machine();
     let t0 = Instant::now();
     rig.enqueue_unreachable()?;
@@ -489,10 +532,24 @@ pub(crate) async fn crash_at_with(tuning: Tuning, point: &str) -> Result<String>
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    rig.coord.proc.take();
-    rig.coord.env.clear();
-    blocking(|| rig.coord.restart())?;
     let t1 = Instant::now();
+    match recovery {
+        Recovery::Restart => {
+            rig.coord.proc.take();
+            rig.coord.env.clear();
+            blocking(|| rig.coord.restart())?;
+            // On etcd the new process leads once its predecessor's lease has expired.
+            blocking(|| rig.coord.wait_leading(SETTLE))?;
+        }
+        Recovery::Failover => {
+            // The standby leads from now on: the rig's coordinator is that one.
+            std::mem::swap(&mut rig.coord, &mut rig.peers[0]);
+            blocking(|| rig.coord.wait_leading(SETTLE))?;
+        }
+    }
+    let took_over = t1.elapsed();
+    blocking(|| rig.coord.wait_for_log(&["resuming fence flow"], SETTLE))?;
+    let resumed = t1.elapsed();
     let entry = loop {
         boot_if_on(&mut rig)?;
         let list = blocking(|| rig.entries())?;
@@ -516,8 +573,14 @@ pub(crate) async fn crash_at_with(tuning: Tuning, point: &str) -> Result<String>
         .filter(|(at, _)| off_at.is_none_or(|off| *at <= off))
         .collect();
     let outcome = format!(
-        "killed after {:.1} s; entry {} {:.1} s after restart; flows {:?}; off x{offs}, on x{ons}; machine {}",
+        "killed after {:.1} s; {} in {:.1} s, flow resumed in {:.1} s; entry {} {:.1} s after the crash; flows {:?}; off x{offs}, on x{ons}; machine {}",
         killed_after.as_secs_f64(),
+        match recovery {
+            Recovery::Restart => "restarted",
+            Recovery::Failover => "standby leading",
+        },
+        took_over.as_secs_f64(),
+        resumed.as_secs_f64(),
         entry["status"].as_str().unwrap_or("?"),
         t1.elapsed().as_secs_f64(),
         flows

@@ -1,8 +1,11 @@
 //! Wiring: from a [`Config`] to a running coordinator.
 //!
-//! [`App::build`] does everything that can fail on a bad configuration (TLS files, database,
-//! inventory file, binding the ports) so the binary can report it and exit before it says
-//! READY; [`App::run`] serves until the shutdown token fires, then drains.
+//! [`Bound::open`] does what can fail on a bad configuration before anything is loaded (TLS
+//! files, the store, binding the ports) so the binary can report it and exit before it says
+//! READY; [`Bound::lead`] takes the lead (at once on SQLite; by election on etcd, answering
+//! as a standby meanwhile, [`standby`]) and loads the state and the parts into an [`App`];
+//! [`App::run`] serves until the shutdown token fires or the term ends, then stops.
+//! [`App::build`] is the two steps in one.
 //!
 //! Nothing here makes decisions; it starts the parts and connects them.
 
@@ -14,15 +17,20 @@ use protocol::Role;
 use protocol::transport::{TlsFiles, TlsMaterial, TransportError};
 use tokio_util::sync::CancellationToken;
 
+mod inventory;
+mod standby;
+
+pub use inventory::{InventoryImport, import_inventory};
+
 use crate::admin::Admin;
 use crate::agent_server::{self, ServerCtx};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::fleet::{Fleet, FleetError};
-use crate::inventory::{InventoryError, MachineRecord, RecordSource, load_inventory};
+use crate::inventory::InventoryError;
 use crate::k8s::{Drainer, KubeDrainer, NodeView, NotANode};
 use crate::metrics::{HttpState, Metrics, MetricsSource};
-use crate::repair::store::RepairQueueStore;
+use crate::store::IdentityStore;
 use crate::store::{Store, StoreError};
 
 /// Bounds of the sweep period. The sweep turns silent machines unreachable; running it four
@@ -116,7 +124,7 @@ impl AppError {
     }
 }
 
-/// A built, bound, not yet serving coordinator.
+/// A loaded, bound, not yet serving coordinator that leads.
 pub struct App {
     /// The configuration.
     pub config: Config,
@@ -152,6 +160,8 @@ pub struct App {
     kdump: Arc<crate::kdump::Kdumps>,
     /// This coordinator's role: always leader with SQLite; elected on etcd.
     pub role: Arc<crate::ha::RoleHandle>,
+    /// The election's handles, on etcd.
+    elected: Option<Elected>,
 }
 
 impl std::fmt::Debug for App {
@@ -164,14 +174,71 @@ impl std::fmt::Debug for App {
 }
 
 impl App {
-    /// Loads TLS material, opens and migrates the database, loads machines, imports the
-    /// inventory file, and binds the QUIC and HTTP ports.
+    /// Opens the store, binds the ports, and (on etcd, after winning the election) loads
+    /// the state and starts the parts: [`Bound::open`] then [`Bound::lead`]. On etcd this
+    /// waits until this coordinator leads.
     pub async fn build(config: Config) -> Result<Self, AppError> {
         Self::build_with_clock(config, Arc::new(SystemClock)).await
     }
 
     /// [`App::build`] with a given clock.
     pub async fn build_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Self, AppError> {
+        Bound::open(config, clock)
+            .await?
+            .lead(&CancellationToken::new())
+            .await
+            .map(|app| app.expect("a campaign without a stop token ends only by leading"))
+    }
+}
+
+/// A coordinator whose configuration, TLS files and store checked out and whose ports are
+/// bound: everything that can fail on a bad configuration has been tried, so the binary can
+/// report it and exit before it says READY. Nothing is loaded yet: [`Bound::lead`].
+pub struct Bound {
+    config: Config,
+    clock: Arc<dyn Clock>,
+    tls: TlsMaterial,
+    me: protocol::Identity,
+    name: String,
+    store: Store,
+    endpoint: quinn::Endpoint,
+    http: Option<tokio::net::TcpListener>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bound")
+            .field("name", &self.name)
+            .field("quic", &self.endpoint.local_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The election's handles, for a coordinator that leads by election (etcd).
+struct Elected {
+    /// Fires when the term ends: the coordinator stops and exits.
+    lost: CancellationToken,
+    /// Fired by [`App::run`] once every loop has stopped: the lead is given up at once.
+    resign: CancellationToken,
+    /// The task holding the lead (keep-alives, the watch on the leader key).
+    holder: tokio::task::JoinHandle<()>,
+}
+
+/// How [`App::run`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The shutdown token fired (a signal): a clean stop.
+    Stopped,
+    /// Its term as leader ended: it stopped acting at once, and exits with
+    /// [`crate::ha::EXIT_DEPOSED`] for systemd to start it again as a standby.
+    Deposed,
+}
+
+impl Bound {
+    /// Loads the TLS material, opens the store (exclusively, on SQLite) and binds the QUIC
+    /// and HTTP ports.
+    pub async fn open(config: Config, clock: Arc<dyn Clock>) -> Result<Self, AppError> {
         let tls = TlsMaterial::load(&TlsFiles {
             ca: config.tls.ca.clone(),
             cert: config.tls.cert.clone(),
@@ -186,16 +253,7 @@ impl App {
         let name = config.name.clone().unwrap_or_else(|| me.name.clone());
         // Exclusive and writable, or no start at all: a second coordinator on this store,
         // or one that cannot write it, must not say it serves.
-        let store = Store::open_configured(&config.store, &config.database).await?;
-        let lease = crate::lease_token::at_start(&store).await?;
-        let fleet =
-            Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
-        let mut inventory = None;
-        if let Some(path) = &config.inventory {
-            let import = import_inventory(&fleet, &store, path).await?;
-            tracing::info!(path = %path.display(), machines = import.records.len(), "inventory loaded");
-            inventory = Some(import.records);
-        }
+        let store = open_store(&config).await?;
         let endpoint = tls.server_endpoint(config.listen)?;
         let http = match config.http.listen {
             Some(addr) => Some(
@@ -205,12 +263,149 @@ impl App {
             ),
             None => None,
         };
+        Ok(Self {
+            config,
+            clock,
+            tls,
+            me,
+            name,
+            store,
+            endpoint,
+            http,
+            metrics: Arc::new(Metrics::default()),
+        })
+    }
+
+    /// The bound QUIC address.
+    pub fn quic_addr(&self) -> Option<SocketAddr> {
+        self.endpoint.local_addr().ok()
+    }
+
+    /// True when this coordinator must win an election before it acts (etcd).
+    pub fn is_elected(&self) -> bool {
+        self.store.as_etcd().is_some()
+    }
+
+    /// Takes the lead and loads: on SQLite at once (the sole coordinator of its file, with
+    /// the next epoch of the file's counter); on etcd it campaigns, answering as a standby
+    /// meanwhile, and loads the state from etcd once it wins, every write fenced by its
+    /// epoch. `None` when `stop` fired before it led.
+    pub async fn lead(self, stop: &CancellationToken) -> Result<Option<App>, AppError> {
+        let Some(etcd) = self.store.as_etcd().cloned() else {
+            let lease = crate::lease_token::at_start(&self.store).await?;
+            return self
+                .load(crate::ha::RoleHandle::sole(), lease, None)
+                .await
+                .map(Some);
+        };
+        let role = crate::ha::RoleHandle::elected();
+        let listen = self.quic_addr().unwrap_or(self.config.listen);
+        let candidate = crate::ha::Candidate::new(
+            etcd,
+            self.name.clone(),
+            self.config.ha.advertised(listen),
+            self.config.ha.lease_ttl,
+            role.clone(),
+        );
+        let standby = standby::Standby::spawn(standby::StandbyParts {
+            endpoint: &self.endpoint,
+            http: self.http.as_ref(),
+            trust_domain: &self.me.trust_domain,
+            role: &role,
+            store: &self.store,
+            metrics: &self.metrics,
+        })
+        .map_err(|source| AppError::Bind {
+            addr: self.config.http.listen.unwrap_or(listen),
+            source,
+        })?;
+        tracing::info!(name = %self.name, "campaigning for the lead; answering as a standby meanwhile");
+        let (lost, resign) = (CancellationToken::new(), CancellationToken::new());
+        let won =
+            crate::ha::campaign_and_hold(&candidate, stop, resign.clone(), lost.clone()).await;
+        standby.stop().await;
+        let Some((leadership, holder)) = won else {
+            return Ok(None);
+        };
+        let elected = Elected {
+            lost,
+            resign,
+            holder,
+        };
+        let store_id = match self.store.identity().await {
+            Ok(id) => id,
+            Err(e) => {
+                elected.resign.cancel();
+                let _ = elected.holder.await;
+                return Err(e.into());
+            }
+        };
+        let lease = crate::lease_token::LeaseToken::fixed(protocol::fencing::FencingToken {
+            store: store_id,
+            epoch: u64::try_from(leadership.epoch).unwrap_or(0),
+        })
+        .bound_to(role.clone());
+        let mut bound = self;
+        bound.store = Store::Etcd(leadership.store.clone());
+        bound.load(role, lease, Some(elected)).await.map(Some)
+    }
+
+    /// Loads machines, imports the inventory file, and starts the parts, as `role`, sending
+    /// with `lease`.
+    async fn load(
+        self,
+        role: Arc<crate::ha::RoleHandle>,
+        lease: crate::lease_token::LeaseToken,
+        elected: Option<Elected>,
+    ) -> Result<App, AppError> {
+        match self.load_parts(role, lease).await {
+            Ok(mut app) => {
+                app.elected = elected;
+                Ok(app)
+            }
+            Err(e) => {
+                if let Some(el) = elected {
+                    el.resign.cancel();
+                    let _ = el.holder.await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn load_parts(
+        self,
+        role: Arc<crate::ha::RoleHandle>,
+        lease: crate::lease_token::LeaseToken,
+    ) -> Result<App, AppError> {
+        let Bound {
+            config,
+            clock,
+            tls,
+            me,
+            name,
+            store,
+            endpoint,
+            http,
+            metrics,
+        } = self;
+        let fleet =
+            Arc::new(Fleet::open(store.clone(), clock.clone(), config.health.resolved()).await?);
+        let mut inventory = None;
+        if let Some(path) = &config.inventory {
+            let import = import_inventory(&fleet, &store, path).await?;
+            tracing::info!(path = %path.display(), machines = import.records.len(), "inventory loaded");
+            inventory = Some(import.records);
+        }
         let kube = match &config.kubernetes {
             Some(k) => Some((
                 Arc::new({
                     // The release judges a kubelet alive by the same rule as the detectors.
                     let rem = config.remediation.clone().unwrap_or_default();
-                    KubeDrainer::from_config(k, clock.clone())
+                    let gate = role
+                        .is_elected()
+                        .then(|| crate::k8s::gate::WriteGate::leading(role.clone()));
+                    KubeDrainer::from_config_gated(k, clock.clone(), gate.as_ref())
                         .await
                         .map_err(AppError::Kubernetes)?
                         .with_second_signal(rem.second_signal, rem.lease_stale)
@@ -323,6 +518,7 @@ impl App {
             remediation: remediation.as_ref().map(|(r, _)| r.clone()),
             kdump: Some(kdump.clone()),
             links: links.clone(),
+            role: (name.clone(), role.clone()),
         });
         let mut metrics_sources: Vec<Arc<dyn MetricsSource>> = repair
             .iter()
@@ -338,10 +534,6 @@ impl App {
         if let Some((k, _)) = &kube {
             metrics_sources.push(Arc::new(k.node_view().clone()));
         }
-        // One coordinator per SQLite file: it always leads. On etcd the role will come from
-        // the election (`crate::ha::campaign_and_hold`); until the start runs it, a
-        // coordinator on etcd acts as the only one of its prefix, as on SQLite.
-        let role = crate::ha::RoleHandle::sole();
         metrics_sources.push(Arc::new(crate::ha::metrics::RoleMetrics(role.clone())));
         let cert_metrics = crate::certs::CertificateMetrics::new(tls.expiry(), fleet.clone());
         metrics_sources.push(cert_metrics.clone());
@@ -356,11 +548,11 @@ impl App {
             shared_tls,
             cert_metrics,
         ));
-        Ok(Self {
+        Ok(App {
             config,
             store,
             fleet,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             admin,
             metrics_sources,
             name,
@@ -376,9 +568,12 @@ impl App {
             kdump,
             tls_reloader,
             role,
+            elected: None,
         })
     }
+}
 
+impl App {
     /// What puts renewed TLS files in place (on SIGHUP).
     pub fn tls_reloader(&self) -> Arc<crate::certs::TlsReloader> {
         self.tls_reloader.clone()
@@ -395,9 +590,30 @@ impl App {
     }
 
     /// Serves until `shutdown` fires, then drains open connections within the configured
-    /// grace and returns.
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// grace and returns [`Ended::Stopped`]; a coordinator that leads by election gives the
+    /// lead up then. When its term ends first, every part stops at once (its connections
+    /// are closed, not drained: its clients go to the new leader) and it returns
+    /// [`Ended::Deposed`].
+    pub async fn run(mut self, shutdown: CancellationToken) -> Ended {
         let grace = self.config.shutdown_grace;
+        let elected = self.elected.take();
+        let lost = elected.as_ref().map(|e| e.lost.clone());
+        // Every part stops on `stop`: the shutdown, or the end of the term.
+        let stop = CancellationToken::new();
+        tokio::spawn({
+            let (stop, shutdown, lost) = (stop.clone(), shutdown.clone(), lost.clone());
+            async move {
+                match lost {
+                    Some(lost) => tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = lost.cancelled() => {}
+                    },
+                    None => shutdown.cancelled().await,
+                }
+                stop.cancel();
+            }
+        });
+        let shutdown = stop;
         let ctx = Arc::new(ServerCtx {
             name: self.name.clone(),
             trust_domain: self.trust_domain.clone(),
@@ -406,13 +622,15 @@ impl App {
             admin: self.admin.clone(),
             links: self.links.clone(),
             kdump: Some(self.kdump.clone()),
-            leadership: crate::leadership::Leadership::from_env(),
+            leadership: crate::leadership::Leadership::new(self.role.clone()),
         });
         tracing::info!(
             name = %self.name,
             quic = %protocol::telemetry::OrNone(&self.quic_addr()),
             http = %protocol::telemetry::OrNone(&self.http_addr()),
             machines = self.fleet.list().len(),
+            role = self.role.current().name(),
+            epoch = self.role.current().epoch().unwrap_or(0),
             "coordinator serving"
         );
         let server = tokio::spawn(agent_server::serve(
@@ -448,9 +666,9 @@ impl App {
         let remediation = self
             .remediation
             .map(|(rem, deps)| rem.spawn(deps, shutdown.clone()));
-        let http = self.http.map(|listener| {
+        let http = self.http.take().map(|listener| {
             let state = HttpState {
-                fleet: self.fleet.clone(),
+                fleet: Some(self.fleet.clone()),
                 metrics: self.metrics.clone(),
                 store: self.store.clone(),
                 sources: self.metrics_sources.clone(),
@@ -460,7 +678,17 @@ impl App {
         });
         shutdown.cancelled().await;
         self.metrics.set_shutting_down();
-        tracing::info!(grace = ?grace, "shutting down");
+        let deposed = lost.as_ref().is_some_and(CancellationToken::is_cancelled);
+        if deposed {
+            // Its sessions belong to the new leader now: closed at once, not drained.
+            self.endpoint.close(
+                agent_server::CLOSE_DEPOSED.into(),
+                b"this coordinator no longer leads",
+            );
+            tracing::warn!("deposed: every part stops now");
+        } else {
+            tracing::info!(grace = ?grace, "shutting down");
+        }
         self.repair_stop.cancel();
         let _ = server.await;
         let _ = sweeper.await;
@@ -476,7 +704,7 @@ impl App {
             let _ = poller.await;
             let _ = watcher.await;
         }
-        if let Some(h) = self.repair_join
+        if let Some(h) = self.repair_join.take()
             && tokio::time::timeout(grace, h).await.is_err()
         {
             tracing::warn!("repair queue did not stop within the grace");
@@ -488,7 +716,56 @@ impl App {
                 _ => tracing::warn!("HTTP endpoint did not stop within the grace"),
             }
         }
-        tracing::info!("coordinator stopped");
+        match elected {
+            Some(e) if !deposed => {
+                // Every loop has stopped: a standby may take over now, at once.
+                e.resign.cancel();
+                let _ = e.holder.await;
+                tracing::info!("coordinator stopped; the lead was given up");
+                Ended::Stopped
+            }
+            Some(e) => {
+                let _ = e.holder.await;
+                tracing::warn!(
+                    exit = crate::ha::EXIT_DEPOSED,
+                    "coordinator stopped: it no longer leads"
+                );
+                Ended::Deposed
+            }
+            None => {
+                tracing::info!("coordinator stopped");
+                Ended::Stopped
+            }
+        }
+    }
+}
+
+/// Opens the store the configuration names. An etcd that does not answer is waited for
+/// (tried every second, said at once and then once a minute): with several coordinators an
+/// etcd outage would otherwise make every one of them fail its start again and again until
+/// systemd gave up on it, and none would be there when etcd returns.
+async fn open_store(config: &Config) -> Result<Store, StoreError> {
+    let mut said: Option<tokio::time::Instant> = None;
+    loop {
+        match Store::open_configured(&config.store, &config.database).await {
+            Ok(s) => {
+                if said.is_some() {
+                    tracing::info!("etcd answers: starting");
+                }
+                return Ok(s);
+            }
+            Err(e)
+                if config.store.backend == crate::store::config::Backend::Etcd
+                    && e.is_retriable() =>
+            {
+                if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    tracing::error!(error = %e, "cannot start without etcd; trying again every second until it answers");
+                    said = Some(tokio::time::Instant::now());
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -538,84 +815,6 @@ fn power_control(
         lease.clone(),
     ));
     (gateways.clone(), Some(gateways))
-}
-
-/// What importing the inventory file at a start did (or, on a copy of the store, would do:
-/// `coordinator check`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InventoryImport {
-    /// Listed machines the store did not know.
-    pub new: Vec<String>,
-    /// Machines the file no longer lists: retired and released to the operator.
-    pub released: Vec<String>,
-    /// Hostnames the file gives to another address: (hostname, old address, new address);
-    /// the retired record at the old address is deleted (its history stays).
-    pub moved: Vec<(String, String, String)>,
-    /// Listed machines left out of this start: their hostname is held by a machine with an
-    /// active repair.
-    pub deferred: Vec<String>,
-    /// The records the file lists, as read.
-    pub records: Vec<MachineRecord>,
-}
-
-/// Imports the inventory file at `path` into `fleet`: the file is the source of truth for
-/// its machines. One it dropped is retired and released to the operator, and gives up its
-/// hostname to the address the file now gives it to, unless a repair of it is under way.
-pub async fn import_inventory(
-    fleet: &Fleet,
-    store: &Store,
-    path: &std::path::Path,
-) -> Result<InventoryImport, AppError> {
-    let records = load_inventory(path, RecordSource::Inventory)?;
-    let busy = store.active_addresses().await?;
-    let hostnames: std::collections::HashMap<String, String> = fleet
-        .list()
-        .into_iter()
-        .map(|m| (m.spec.address, m.spec.hostname))
-        .collect();
-    let released = fleet.release_unlisted(&records, path, &busy).await?;
-    let moved = released
-        .moved
-        .iter()
-        .filter_map(|old| {
-            let hostname = hostnames.get(old)?;
-            let new = records.iter().find(|r| &r.hostname == hostname)?;
-            Some((hostname.clone(), old.clone(), new.address.clone()))
-        })
-        .collect();
-    let records: Vec<_> = records
-        .into_iter()
-        .filter(|r| !released.deferred.contains(&r.address))
-        .collect();
-    let new = records
-        .iter()
-        .filter(|r| fleet.machine(&r.address).is_none())
-        .map(|r| r.address.clone())
-        .collect();
-    let by_hostname: std::collections::HashMap<String, String> = records
-        .iter()
-        .map(|r| (r.hostname.clone(), r.address.clone()))
-        .collect();
-    fleet.upsert(records.clone()).await.map_err(|e| match e {
-        FleetError::HostnameTaken { hostname, address } => AppError::InventoryHostnameTaken {
-            file: path.to_path_buf(),
-            address: by_hostname.get(&hostname).cloned().unwrap_or_default(),
-            hostname,
-            holder: address,
-        },
-        e => AppError::Fleet(e),
-    })?;
-    Ok(InventoryImport {
-        new,
-        released: released
-            .released
-            .into_iter()
-            .filter(|a| !released.moved.contains(a))
-            .collect(),
-        moved,
-        deferred: released.deferred,
-        records,
-    })
 }
 
 async fn sweep_loop(
