@@ -30,19 +30,17 @@
 //! what the coordinator does with reports.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use protocol::frame::MAX_FRAME_LEN;
-use protocol::identity::Role;
 use protocol::messages::{
-    AgentMessage, CoordinatorReply, Goodbye, GoodbyeReason, HealthReport, HelloBody, RefusalCode,
+    AgentMessage, CoordinatorReply, Goodbye, GoodbyeReason, HealthReport, RefusalCode,
 };
-use protocol::transport::{self, Session, TlsFiles, TlsMaterial, TransportError};
+use protocol::transport::{self, Session, TlsFiles, TlsMaterial};
 use quinn::Endpoint;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::actions::{self, ActionServer, RebootOrder};
 use crate::backoff::{Backoff, INITIAL_BACKOFF, MAX_BACKOFF};
@@ -53,6 +51,7 @@ use crate::reload::{self, Reloads};
 use crate::systemd::{Notifier, STEP_LIMIT, ShutdownProbe, pinging};
 
 mod certs;
+mod connect;
 mod endpoint;
 pub(crate) mod error;
 pub mod preflight;
@@ -120,6 +119,8 @@ struct Link {
     session: Session,
     /// One span per connection, so every report's log lines name the coordinator.
     span: tracing::Span,
+    /// The configured coordinator (`host:port`) it connected to.
+    target: String,
 }
 
 impl Link {
@@ -170,6 +171,8 @@ pub struct Agent {
     /// The client endpoint of each address family (IPv4, IPv6), made at the first connect and
     /// kept for the agent's life; see [`Agent::client_endpoint`].
     endpoints: std::sync::Mutex<[Option<Endpoint>; 2]>,
+    /// What the connect rounds learnt about the coordinators ([`connect::Route`]).
+    route: std::sync::Mutex<connect::Route>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -245,6 +248,7 @@ impl Agent {
             form: ReportForm::Full,
             sent_newer_kinds: false,
             endpoints: std::sync::Mutex::new([None, None]),
+            route: std::sync::Mutex::default(),
         })
     }
 
@@ -332,24 +336,6 @@ impl Agent {
         }
     }
 
-    async fn resolve(&self, addr: &str) -> Result<Vec<SocketAddr>, RoundError> {
-        let addr = &addr.to_string();
-        let resolved: Vec<SocketAddr> = tokio::net::lookup_host(addr.as_str())
-            .await
-            .map_err(|e| RoundError::Resolve {
-                addr: addr.clone(),
-                detail: e.to_string(),
-            })?
-            .collect();
-        if resolved.is_empty() {
-            return Err(RoundError::Resolve {
-                addr: addr.clone(),
-                detail: "no addresses".into(),
-            });
-        }
-        Ok(resolved)
-    }
-
     /// Re-reads the TLS files before a reconnect, so a renewed certificate is used without
     /// restarting the agent. Unreadable files or a certificate naming someone else keep the
     /// material already loaded (with a warning): a half-written renewal must not take the
@@ -368,90 +354,6 @@ impl Agent {
                 "certificate file now names another identity; keeping the previous certificate"
             ),
             Err(e) => warn!(error = %e, "cannot reload TLS files; keeping the previous ones"),
-        }
-    }
-
-    /// Resolves each configured coordinator in turn and connects to its addresses. A
-    /// coordinator that does not lead names the leader, and the agent goes there at once
-    /// (once per round, so two standbys naming each other cannot keep it), or on to the
-    /// next coordinator when it knows none: no backoff for a standby.
-    async fn connect(&self) -> Result<Link, RoundError> {
-        let hello = node::hello(&self.cfg.root, self.cfg.hostname.as_deref())?;
-        let mut last: Option<RoundError> = None;
-        let mut queue: std::collections::VecDeque<(String, String)> =
-            self.coordinator.targets.iter().cloned().collect();
-        let mut redirected = false;
-        'targets: while let Some((target, server_name)) = queue.pop_front() {
-            let resolved = match self.resolve(&target).await {
-                Ok(r) => r,
-                Err(e) => {
-                    debug!(coordinator = %target, error = %e, "cannot resolve");
-                    last = Some(e);
-                    continue;
-                }
-            };
-            for addr in resolved {
-                match self.connect_one(addr, &server_name, &hello).await {
-                    Ok(link) => return Ok(link),
-                    Err(TransportError::Standby { leader, reason, .. }) => {
-                        info!(coordinator = %addr, %reason, "this coordinator does not lead; trying the leader or the next coordinator");
-                        if let Some(leader) = leader.filter(|_| !redirected) {
-                            redirected = true;
-                            let name = match &self.coordinator.server_name_set {
-                                Some(n) => n.clone(),
-                                None => crate::config::split_host_port(&leader)
-                                    .map(|(h, _)| h)
-                                    .unwrap_or_else(|_| leader.clone()),
-                            };
-                            queue.push_front((leader, name));
-                        }
-                        last = Some(RoundError::Standby(reason));
-                        continue 'targets;
-                    }
-                    Err(TransportError::Refused(r)) => return Err(RoundError::Refused(r)),
-                    Err(e) => {
-                        debug!(coordinator = %addr, error = %e, "connect attempt failed");
-                        last = Some(e.into());
-                    }
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| RoundError::Standby("no coordinator address".into())))
-    }
-
-    /// One connection attempt to the coordinator at `addr`.
-    async fn connect_one(
-        &self,
-        addr: SocketAddr,
-        server_name: &str,
-        hello: &protocol::messages::AgentHello,
-    ) -> Result<Link, TransportError> {
-        let endpoint = self.client_endpoint(addr)?;
-        {
-            match transport::connect(
-                &endpoint,
-                addr,
-                server_name,
-                Role::Coordinator,
-                HelloBody::Agent(hello.clone()),
-            )
-            .await
-            {
-                Ok(session) => {
-                    info!(coordinator = %addr, peer = %session.peer, "connected");
-                    let span = info_span!("connection", coordinator = %addr);
-                    tokio::spawn(
-                        actions::serve(session.conn.clone(), self.actions.clone(), session.version)
-                            .instrument(span.clone()),
-                    );
-                    Ok(Link {
-                        endpoint,
-                        session,
-                        span,
-                    })
-                }
-                Err(e) => Err(e),
-            }
         }
     }
 
@@ -591,7 +493,11 @@ impl Agent {
                         link = Some(l);
                     }
                     Some(Err(e)) => {
-                        let d = backoff.next(rand::random::<f64>());
+                        // Only standbys answered: a takeover is under way; ask again soon.
+                        let jitter = rand::random::<f64>();
+                        let d = self
+                            .standby_wait(jitter)
+                            .unwrap_or_else(|| backoff.next(jitter));
                         e.log(d, self.tls.identity());
                         self.notifier.watchdog();
                         if !self.pause(d, &mut *stop).await {
@@ -659,6 +565,11 @@ impl Agent {
                 }
                 Err(e) => {
                     if let Some(l) = link.take() {
+                        // Its coordinator may be dead: the next round tries the others first.
+                        self.route
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .lost(&l.target);
                         l.close(b"report failed").await;
                     }
                     self.note_failed_report(&e);
@@ -742,9 +653,11 @@ impl Agent {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use protocol::messages::{AgentHello, CheckKind, CheckStatus, Refusal};
+    use protocol::identity::Role;
+    use protocol::messages::{AgentHello, CheckKind, CheckStatus, HelloBody, Refusal};
     use protocol::pki::{Ca, IssueOptions};
     use protocol::transport::{accept_hello, read_payload, write_msg};
     use tokio::sync::{mpsc, oneshot};
