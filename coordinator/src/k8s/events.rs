@@ -54,6 +54,9 @@ pub enum NodeEvent {
     KdumpStarted,
     /// The machine's kdump initramfs says the crash dump is written.
     KdumpDone,
+    /// A coordinator that started or took the lead resumed the node's fence flow where the
+    /// store had it.
+    FenceResumed,
 }
 
 impl NodeEvent {
@@ -75,6 +78,7 @@ impl NodeEvent {
             NodeEvent::AgentLostNodeAlive => "FleetmendAgentLostNodeAlive",
             NodeEvent::KdumpStarted => "FleetmendKdumpStarted",
             NodeEvent::KdumpDone => "FleetmendKdumpDone",
+            NodeEvent::FenceResumed => "FleetmendFenceResumed",
         }
     }
 

@@ -123,7 +123,23 @@ impl FenceService {
     pub async fn resume_unfinished(self: &Arc<Self>) -> Result<usize, FenceError> {
         let ids = self.runner.unfinished().await?;
         for &id in &ids {
-            tracing::info!(flow = id, "resuming fence flow left unfinished");
+            let flow = self.runner.load(id).await?;
+            tracing::info!(
+                flow = id,
+                address = %flow.address,
+                state = flow.state.kind(),
+                "resuming fence flow left unfinished"
+            );
+            if !flow.node.is_empty() {
+                let message = format!(
+                    "fence flow {id} of {} resumed at {} by a coordinator that started or took the lead",
+                    flow.address,
+                    flow.state.kind()
+                );
+                self.drainer
+                    .record_event(&flow.node, crate::k8s::NodeEvent::FenceResumed, &message)
+                    .await;
+            }
             self.drive(id);
         }
         Ok(ids.len())

@@ -564,6 +564,18 @@ pub(crate) async fn crash_and_recover(
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let flows: Vec<Value> = blocking(|| rig.coord.ctl_json(&["fence", "list", "--json"]))?;
+    let resumed_events = rig
+        .k8s
+        .node_events(HOST)
+        .iter()
+        .filter(|e| e["reason"] == "FleetmendFenceResumed")
+        .count();
+    if resumed_events != 1 {
+        bail!(
+            "{point}: {resumed_events} FleetmendFenceResumed Events on the Node, not one: {:?}",
+            rig.k8s.node_events(HOST)
+        );
+    }
     let (offs, ons) = (rig.count_power("0"), rig.count_power("1"));
     let on = blocking(|| rig.sim_power_is_on())?;
     let off_at = rig.first_power("0");
