@@ -5,6 +5,8 @@
 # hung kubelet, a dead machine and a rack power loss while printing what the coordinator
 # decides by itself. Exit 0 when every failure ended as described.
 # Pass --keep to leave the fleet running (until Ctrl-C) for the commands it prints.
+# Pass --ha for two coordinators on an etcd: the leader is killed in the middle of the
+# dead-machine story and the standby takes over (the timeline says who led when).
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
@@ -42,6 +44,15 @@ fi
 
 # protoc, for the etcd client's build script (installed with apt when this user may).
 scripts/setup-build-deps.sh
+# --ha needs etcd, built from its Go module (the first time: minutes; scripts/build-k8s.sh
+# builds etcd first and marks it complete on its own, then goes on with Kubernetes).
+for a in "$@"; do
+  if [ "$a" = --ha ] && ! scripts/build-k8s.sh --find >/dev/null 2>&1; then
+    echo "demo.sh: --ha: building etcd (and then the real control plane, in the background) with scripts/build-k8s.sh"
+    scripts/build-k8s.sh --background >/dev/null
+    FLEETMEND_K8S_WAIT=3600 scripts/build-k8s.sh --wait etcd >/dev/null
+  fi
+done
 cargo build --quiet -p fleetmend-coordinator -p fleetmend-node-agent -p fleetmend-bmc-gateway \
   -p fleetmend-tests --bins
 FLEETMEND_BIN_DIR="$(pwd)/target/debug" exec target/debug/fleetmend-demo "$@"

@@ -308,3 +308,32 @@ fn with_the_stand_in_it_says_plainly_there_is_no_bmc_and_sigterm_stops_it() -> a
     run.assert_nothing_left()?;
     Ok(())
 }
+
+/// `scripts/demo.sh --ha`: two coordinators on an etcd; the leader is killed in the middle of
+/// the dead-machine story, the standby takes the lead and finishes it, every agent comes back
+/// to it, and the rack story still ends as described. Needs the etcd that
+/// `scripts/setup-test-deps.sh` builds.
+/// `cargo test -p fleetmend-tests --test demo -- --ignored --nocapture ha`
+#[test]
+#[ignore = "slow (about 40 s more than the default demo); run by name"]
+fn with_ha_the_standby_takes_over_in_the_middle_of_the_dead_machine_story() -> anyhow::Result<()> {
+    let mut run = Run::start(&["--ha"])?;
+    let (code, out) = run.finish(DEMO_TIMEOUT)?;
+    assert_eq!(code, Some(0), "{out}");
+    for needle in [
+        "coord-b (127.0.0.1:",
+        "ok: standby since ",
+        "the leading coordinator (coord, 127.0.0.1:",
+        "took the lead",
+        "it resumes the flow from etcd",
+        "agents report to coord-b",
+        "All 3 injected failures ended as described.",
+    ] {
+        assert!(out.contains(needle), "no {needle:?} in:\n{out}");
+    }
+    // The takeover comes after the dead machine's power-off and before the rack story.
+    let at = |needle: &str| out.find(needle).unwrap_or(usize::MAX);
+    assert!(at("took the lead") < at("rack-2 loses power"), "{out}");
+    run.assert_nothing_left()?;
+    Ok(())
+}

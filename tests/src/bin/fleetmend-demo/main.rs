@@ -41,6 +41,7 @@ use testkit::procs::{Coordinator, CoordinatorOptions, Pki, Proc, bin, start_agen
 
 mod assets;
 mod bmc;
+mod ha;
 mod stories;
 mod timeline;
 
@@ -189,6 +190,8 @@ struct Demo {
     seen: Seen,
     snap: Snapshot,
     last_poll: Option<Instant>,
+    /// With `--ha`: the etcd and the standby coordinator.
+    ha: Option<ha::Ha>,
 }
 
 fn field<'a>(v: &'a Value, k: &str) -> &'a str {
@@ -218,7 +221,7 @@ impl Demo {
 
     /// Starts the fleet in `dir`; `stand_in` uses the power-cycle stand-in even when
     /// `ipmi_sim` is installed.
-    fn start(dir: &Path, stand_in: bool) -> anyhow::Result<Self> {
+    fn start(dir: &Path, stand_in: bool, with_ha: bool) -> anyhow::Result<Self> {
         let started = Instant::now();
         out(&format!("Fleetmend demo: working in {}", dir.display()));
         let pki = Pki::create(&dir.join("pki"), "demo.fleetmend")?;
@@ -287,6 +290,13 @@ impl Demo {
                 b.quic
             ));
         }
+        let etcd = if with_ha {
+            let (etcd, section) = ha::start_etcd()?;
+            extra.push_str(&section);
+            Some(etcd)
+        } else {
+            None
+        };
         let coord = Coordinator::start(
             &dir.join("coordinator"),
             &pki,
@@ -298,12 +308,24 @@ impl Demo {
                 health_extra: String::new(),
             },
         )?;
+        let ha = match etcd {
+            Some(etcd) => Some(ha::Ha {
+                standby: Some(ha::start_standby(dir, &coord)?),
+                etcd,
+                took_over: None,
+            }),
+            None => None,
+        };
+        let servers: Vec<String> = std::iter::once(&coord)
+            .chain(ha.as_ref().and_then(|h| h.standby.as_ref()))
+            .map(|c| c.quic.to_string())
+            .collect();
         let profile = dir.join("coordinatorctl.toml");
         std::fs::write(
             &profile,
             format!(
-                "server = \"{}\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
-                coord.quic,
+                "server = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+                servers,
                 coord.admin.ca.display().to_string(),
                 coord.admin.cert.display().to_string(),
                 coord.admin.key.display().to_string()
@@ -321,7 +343,7 @@ impl Demo {
                 let kubelet = FakeKubelet::start_with_state_file(&kubelet_state)?;
                 let tls = pki.issue("node", host, &[])?;
                 let config = fixture.write_agent_config(
-                    &AgentConfig::new(&coord.quic.to_string(), &tls.ca, &tls.cert, &tls.key)
+                    &AgentConfig::new(&servers.join(","), &tls.ca, &tls.cert, &tls.key)
                         .report_interval(REPORT)
                         .kubelet_url(&kubelet.url()),
                 )?;
@@ -362,6 +384,7 @@ impl Demo {
             seen: Seen::default(),
             snap: Snapshot::default(),
             last_poll: None,
+            ha,
         };
         demo.say(
             "start",
@@ -379,6 +402,20 @@ impl Demo {
                 demo.coord().http
             ),
         );
+        if demo.ha.is_some() {
+            demo.say(
+                "start",
+                &format!(
+                    "--ha: an etcd at {} holds the state; coord-b stands by (lease TTL {})",
+                    demo.ha
+                        .as_ref()
+                        .map(|h| h.etcd.endpoint(0))
+                        .unwrap_or_default(),
+                    ha::TTL
+                ),
+            );
+            demo.say_roles();
+        }
         for i in 0..demo.machines.len() {
             let m = &mut demo.machines[i];
             m.agent = Some(start_agent(m.host, &m.config, &m.log)?);
@@ -731,6 +768,11 @@ impl Demo {
         {
             let _ = p.sigterm(Duration::from_secs(5));
         }
+        if let Some(mut c) = self.ha.as_mut().and_then(|h| h.standby.take())
+            && let Some(mut p) = c.proc.take()
+        {
+            let _ = p.sigterm(Duration::from_secs(5));
+        }
         if let Some(b) = &mut self.bmcs {
             b.stop();
         }
@@ -756,12 +798,12 @@ fn write_script(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn run(keep: bool, stand_in: bool) -> anyhow::Result<bool> {
+fn run(keep: bool, stand_in: bool, with_ha: bool) -> anyhow::Result<bool> {
     catch_signals()?;
     let work = tempfile::Builder::new()
         .prefix("fleetmend-demo-")
         .tempdir()?;
-    let mut demo = Demo::start(work.path(), stand_in)?;
+    let mut demo = Demo::start(work.path(), stand_in, with_ha)?;
     let outcomes = [
         demo.scenario("a kubelet hangs on demo-r1-n2", Demo::kubelet_failure)?,
         demo.scenario("demo-r1-n3 dies", Demo::dead_machine)?,
@@ -808,20 +850,23 @@ fn run(keep: bool, stand_in: bool) -> anyhow::Result<bool> {
     Ok(all)
 }
 
-const USAGE: &str = "usage: fleetmend-demo [--keep] [--stand-in]\n\n\
+const USAGE: &str = "usage: fleetmend-demo [--keep] [--stand-in] [--ha]\n\n\
 The full-story Fleetmend demo on loopback (run it through scripts/demo.sh, which builds the\n\
 binaries first). --keep leaves the fleet running until Ctrl-C. --stand-in powers machines\n\
 with a stand-in script instead of a bmc-gateway and ipmi_sim (the default without ipmi_sim).\n\
+--ha runs two coordinators on an etcd and kills the leader in the middle of the dead-machine\n\
+story (needs the etcd scripts/setup-test-deps.sh builds).\n\
 Exit 0 when every injected failure ended as described, 1 when one did not, 128 plus the\n\
 signal when stopped by one (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), 141 when its output\n\
 was closed (`| head`).";
 
 fn main() -> ExitCode {
-    let (mut keep, mut stand_in) = (false, false);
+    let (mut keep, mut stand_in, mut with_ha) = (false, false, false);
     for a in std::env::args().skip(1) {
         match a.as_str() {
             "--keep" => keep = true,
             "--stand-in" => stand_in = true,
+            "--ha" => with_ha = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -832,7 +877,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    match run(keep, stand_in) {
+    match run(keep, stand_in, with_ha) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) if e.is::<Interrupted>() && STDOUT_GONE.load(Ordering::SeqCst) => {

@@ -85,6 +85,23 @@ impl Demo {
                 admitted.sentence
             );
         }
+        if self.ha.is_some() {
+            // --ha: the leader dies once its fence has powered the machine off.
+            if self.bmcs.is_some() {
+                self.wait(
+                    &format!("the fence to power {host} off"),
+                    SCENARIO_TIMEOUT,
+                    |d| {
+                        d.machines
+                            .iter()
+                            .find(|m| m.host == host)
+                            .is_some_and(|m| !m.powered)
+                            .then_some(())
+                    },
+                )?;
+            }
+            self.failover()?;
+        }
         let entry = self.wait_finished(addr)?;
         let index = field(&entry, "index").to_string();
         if field(&entry, "operation") != "unreachable" || field(&entry, "status") != "succeeded" {
@@ -192,6 +209,9 @@ fn fences() -> bool {
 impl Demo {
     /// 3. A rack losing power: held as one event, nothing enqueued.
     pub(super) fn rack_power_loss(&mut self) -> anyhow::Result<String> {
+        // --ha: after a takeover a machine not heard from since gets the start's grace
+        // (agents reconnecting); the rack goes down once every agent reports to the leader.
+        self.wait_fleet_back()?;
         let rack = "rack-2";
         let entries_before = self.snap.entries.len();
         let hosts: Vec<(&'static str, &'static str)> = self
