@@ -78,11 +78,20 @@ pub fn check(config_path: &Path) -> Vec<CheckLine> {
     let mut out = vec![line(
         "config",
         Ok(format!(
-            "{}: listen {}, http {}, database {}",
+            "{}: listen {}, http {}, {}",
             config_path.display(),
             config.listen,
             protocol::telemetry::OrNone(&config.http.listen),
-            config.database.display()
+            match config.store.backend {
+                crate::store::config::Backend::Sqlite =>
+                    format!("database {}", config.database.display()),
+                // `database` is not read on etcd; the `database` line names the endpoints.
+                crate::store::config::Backend::Etcd => format!(
+                    "store on etcd; several coordinators elect a leader (lease TTL {}, advertised as {})",
+                    protocol::duration::display(config.ha.lease_ttl),
+                    config.ha.advertised(config.listen)
+                ),
+            }
         )),
     )];
     out.push(line("tls", check_tls(&config)));

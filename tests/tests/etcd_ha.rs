@@ -503,3 +503,42 @@ async fn a_failover_under_50_agents_judges_no_machine_unreachable_and_queues_not
     );
     Ok(())
 }
+
+/// `coordinator check` on etcd names the election's settings on its config line, not the
+/// SQLite path it does not use.
+#[test]
+fn coordinator_check_on_etcd_says_the_election_and_no_database_path() -> Result<()> {
+    use testkit::procs::{Pki, command};
+    let etcd = shared()?;
+    let tmp = tempfile::tempdir()?;
+    let pki = Pki::create(&tmp.path().join("pki"), "fleet.test")?;
+    let tls = pki.issue("coordinator", "c1", &[std::net::Ipv4Addr::LOCALHOST.into()])?;
+    let config = tmp.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:7443\"\ndatabase = \"/nonexistent/c.db\"\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n\
+             [store]\nbackend = \"etcd\"\nendpoints = [{:?}]\nprefix = \"{}/\"\n[ha]\nlease_ttl = \"4s\"\nadvertise = \"c1.example.net:7443\"\n",
+            tls.ca,
+            tls.cert,
+            tls.key,
+            etcd.endpoint(0),
+            fresh_prefix("check")
+        ),
+    )?;
+    let out = command("coordinator")
+        .arg("--config")
+        .arg(&config)
+        .arg("check")
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "store on etcd; several coordinators elect a leader (lease TTL 4s, advertised as c1.example.net:7443)"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("/nonexistent/c.db"), "{text}");
+    Ok(())
+}
