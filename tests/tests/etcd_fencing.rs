@@ -77,20 +77,8 @@ async fn etcd_stopped_under_the_coordinator_holds_every_power_request_until_it_r
     // to start it again.
     rig.kill_machine();
     let outage = Instant::now();
-    let no_power = |rig: &Rig| {
-        let sent: Vec<String> = rig
-            .sim
-            .events()
-            .into_iter()
-            .filter(|e| e.starts_with("set power"))
-            .collect();
-        assert!(
-            sent.is_empty(),
-            "a power request reached the BMC while etcd was down: {sent:?}"
-        );
-    };
     let code = loop {
-        no_power(&rig);
+        rig.assert_no_power();
         let proc = rig.coord.proc.as_mut().context("coordinator")?;
         if let Some(st) = proc.try_exit() {
             break st.code();
@@ -110,7 +98,7 @@ async fn etcd_stopped_under_the_coordinator_holds_every_power_request_until_it_r
     // systemd starts it again: it waits for etcd, acting on nothing.
     blocking(|| rig.coord.respawn_after_exit())?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    no_power(&rig);
+    rig.assert_no_power();
     let proc = rig.coord.proc.as_mut().context("coordinator")?;
     assert!(
         proc.try_exit().is_none(),

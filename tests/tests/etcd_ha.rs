@@ -49,34 +49,11 @@ async fn a_standby_completes_the_fence_flow_of_a_leader_killed_after_the_power_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "slow: one full fence and a failover per kill point; run by name"]
 async fn a_standby_completes_the_flow_at_every_kill_point() -> Result<()> {
-    let only = std::env::var("FENCE_KILL_POINTS").ok();
-    let mut table = Vec::new();
-    let mut failed = 0;
-    for point in KILL_POINTS {
-        if only
-            .as_deref()
-            .is_some_and(|o| !o.split(',').any(|p| p == *point))
-        {
-            continue;
-        }
+    kill_point_table(|point| async move {
         let (_etcd, tuning) = ha_tuning("table")?;
-        let outcome = match crash_and_recover(tuning, point, Recovery::Failover).await {
-            Ok(o) => format!("ok: {o}"),
-            Err(e) => {
-                failed += 1;
-                format!("FAILED: {e:#}")
-            }
-        };
-        eprintln!("{point:<22} {outcome}");
-        table.push((point, outcome));
-    }
-    eprintln!("\nkill point             outcome");
-    for (p, o) in &table {
-        eprintln!("{p:<22} {}", o.lines().next().unwrap_or(""));
-    }
-    assert!(table.len() >= 8 || only.is_some(), "too few kill points");
-    assert_eq!(failed, 0, "see the table above");
-    Ok(())
+        crash_and_recover(tuning, point, Recovery::Failover).await
+    })
+    .await
 }
 
 /// Issue 31's takeover time with the default lease TTL (10 s): the leader SIGKILLed right
@@ -229,17 +206,6 @@ async fn exited(c: &mut testkit::procs::Coordinator, within: Duration) -> Result
     }
 }
 
-/// The BMC saw no power request.
-fn no_power(rig: &Rig) {
-    let sent: Vec<String> = rig
-        .sim
-        .events()
-        .into_iter()
-        .filter(|e| e.starts_with("set power"))
-        .collect();
-    assert!(sent.is_empty(), "a power request reached the BMC: {sent:?}");
-}
-
 /// The leader cut off from etcd (a relay between them goes silent) but not from its agent,
 /// its gateway or the API server: it stops acting within its lease TTL and exits 75; the
 /// standby, which reaches etcd, takes the lead and fences a machine that dies afterwards.
@@ -270,7 +236,7 @@ async fn a_leader_cut_off_from_etcd_steps_down_and_the_standby_that_reaches_it_l
     let log = rig.coord.log_text();
     assert_eq!(code, Some(75), "{log}");
     assert!(log.contains("no longer leads"), "{log}");
-    no_power(&rig);
+    rig.assert_no_power();
     std::mem::swap(&mut rig.coord, &mut rig.peers[0]);
     blocking(|| rig.coord.wait_leading(SETTLE))?;
     let leading = cut_at.elapsed();
@@ -332,7 +298,7 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
         !body.starts_with("ok: leader"),
         "the standby leads without quorum: {status} {body}"
     );
-    no_power(&rig);
+    rig.assert_no_power();
     blocking(|| rig.coord.respawn_after_exit())?;
 
     // Quorum back: exactly one leads, with a newer epoch; the machine is still known.

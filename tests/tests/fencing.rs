@@ -538,33 +538,7 @@ async fn kdump_dumping_releases_with_no_power_action_and_dump_done_lets_the_cycl
 #[ignore = "slow: one full fence per kill point; run by name"]
 async fn crash_at_every_kill_point_completes_with_one_off_one_on_and_no_early_release() -> Result<()>
 {
-    let only = std::env::var("FENCE_KILL_POINTS").ok();
-    let mut table = Vec::new();
-    let mut failed = 0;
-    for point in KILL_POINTS {
-        if only
-            .as_deref()
-            .is_some_and(|o| !o.split(',').any(|p| p == *point))
-        {
-            continue;
-        }
-        let outcome = match crash_at(point).await {
-            Ok(o) => format!("ok: {o}"),
-            Err(e) => {
-                failed += 1;
-                format!("FAILED: {e:#}")
-            }
-        };
-        eprintln!("{point:<22} {outcome}");
-        table.push((point, outcome));
-    }
-    eprintln!("\nkill point             outcome");
-    for (p, o) in &table {
-        eprintln!("{p:<22} {}", o.lines().next().unwrap_or(""));
-    }
-    assert!(table.len() >= 8 || only.is_some(), "too few kill points");
-    assert_eq!(failed, 0, "see the table above");
-    Ok(())
+    kill_point_table(crash_at).await
 }
 
 /// Milliseconds since the Unix epoch of a JSON time: a number of ms, or an RFC 3339 string.

@@ -371,6 +371,32 @@ pub fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// For a command that takes flags, not subcommands (`events`, `status`): clap's group list
+/// wants a subcommand type, so this adds the flags of `$args` (an `Args` type) to the
+/// command itself.
+macro_rules! flags_only_command {
+    ($args:ty) => {
+        impl clap::Subcommand for $args {
+            fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+                <Self as clap::Args>::augment_args(
+                    cmd.subcommand_required(false).arg_required_else_help(false),
+                )
+            }
+
+            fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+                <Self as clap::Args>::augment_args_for_update(
+                    cmd.subcommand_required(false).arg_required_else_help(false),
+                )
+            }
+
+            fn has_subcommand(_name: &str) -> bool {
+                false
+            }
+        }
+    };
+}
+pub(crate) use flags_only_command;
+
 #[cfg(test)]
 mod tests {
 

@@ -327,23 +327,7 @@ pub struct EventsArgs {
     limit: u32,
 }
 
-/// `events` takes flags, not subcommands: clap's group list wants a subcommand type, so
-/// this adds the flags to the `events` command itself.
-impl Subcommand for EventsArgs {
-    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
-        <Self as Args>::augment_args(cmd.subcommand_required(false).arg_required_else_help(false))
-    }
-
-    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
-        <Self as Args>::augment_args_for_update(
-            cmd.subcommand_required(false).arg_required_else_help(false),
-        )
-    }
-
-    fn has_subcommand(_name: &str) -> bool {
-        false
-    }
-}
+super::common::flags_only_command!(EventsArgs);
 
 /// Parses `--since`.
 pub fn parse_since(s: &str, now: jiff::Timestamp) -> anyhow::Result<u64> {

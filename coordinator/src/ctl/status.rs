@@ -133,19 +133,4 @@ fn as_json(server: &str, s: &Seen) -> serde_json::Value {
     }
 }
 
-/// `status` takes flags, not subcommands (as `events`): this adds them to the command.
-impl clap::Subcommand for StatusCommand {
-    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
-        <Self as Args>::augment_args(cmd.subcommand_required(false).arg_required_else_help(false))
-    }
-
-    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
-        <Self as Args>::augment_args_for_update(
-            cmd.subcommand_required(false).arg_required_else_help(false),
-        )
-    }
-
-    fn has_subcommand(_name: &str) -> bool {
-        false
-    }
-}
+super::common::flags_only_command!(StatusCommand);

@@ -409,6 +409,17 @@ impl Rig {
         }
     }
 
+    /// The BMC saw no power request.
+    pub(crate) fn assert_no_power(&self) {
+        let sent: Vec<String> = self
+            .sim
+            .events()
+            .into_iter()
+            .filter(|e| e.starts_with("set power"))
+            .collect();
+        assert!(sent.is_empty(), "a power request reached the BMC: {sent:?}");
+    }
+
     pub(crate) fn has_out_of_service_taint(&self) -> bool {
         self.k8s.node(HOST).is_some_and(|n| {
             n["spec"]["taints"].as_array().is_some_and(|t| {
@@ -466,6 +477,42 @@ pub(crate) const KILL_POINTS: &[&str] = &[
     "after:restore",
     "before:done",
 ];
+
+/// Runs `run` at each of [`KILL_POINTS`] (those of `FENCE_KILL_POINTS`, comma-separated, when
+/// set), printing the table of outcomes; fails if one failed or fewer than 8 ran.
+pub(crate) async fn kill_point_table<F, Fut>(mut run: F) -> Result<()>
+where
+    F: FnMut(&'static str) -> Fut,
+    Fut: std::future::Future<Output = Result<String>>,
+{
+    let only = std::env::var("FENCE_KILL_POINTS").ok();
+    let mut table = Vec::new();
+    let mut failed = 0;
+    for point in KILL_POINTS {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|p| p == *point))
+        {
+            continue;
+        }
+        let outcome = match run(point).await {
+            Ok(o) => format!("ok: {o}"),
+            Err(e) => {
+                failed += 1;
+                format!("FAILED: {e:#}")
+            }
+        };
+        eprintln!("{point:<22} {outcome}");
+        table.push((point, outcome));
+    }
+    eprintln!("\nkill point             outcome");
+    for (p, o) in &table {
+        eprintln!("{p:<22} {}", o.lines().next().unwrap_or(""));
+    }
+    assert!(table.len() >= 8 || only.is_some(), "too few kill points");
+    assert_eq!(failed, 0, "see the table above");
+    Ok(())
+}
 
 /// One crash run: the coordinator kills itself at `point` during the flow of an `@fence`
 /// entry, is started again, and the flow must complete with one off and one on, the
