@@ -11,6 +11,7 @@
 //! - [`bmc_sim`]: launchers for `ipmi_sim` and `sushy-emulator`.
 
 pub mod bmc_sim;
+pub mod coordinator_proc;
 pub mod ctl_json;
 pub mod etcd;
 pub mod fake_k8s;
@@ -18,6 +19,7 @@ pub mod fake_sabakan;
 pub mod fixture;
 pub mod go_peers;
 pub mod pdu_sim;
+pub mod process;
 pub mod procs;
 pub mod real_k8s;
 pub mod relay;
