@@ -421,6 +421,20 @@ async fn a_failover_under_50_agents_judges_no_machine_unreachable_and_queues_not
     let killed = Instant::now();
     blocking(|| standby.wait_leading(SETTLE))?;
     let led = killed.elapsed();
+    // While the agents come back, `remediation status` says how many are.
+    let warming = blocking(|| {
+        wait_for("remediation status to say it is warming up", SETTLE, || {
+            let out = standby
+                .ctl(&["remediation", "status"])
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .find(|l| l.contains("warming up after a start or a takeover"))
+                .map(str::to_string)
+                .ok_or(text)
+        })
+    })?;
+    assert!(warming.contains("of 50 agents back"), "{warming}");
     let took_over = jiff::Timestamp::now();
     // Watch until every agent reports to the new leader and ten seconds more.
     let mut back: Option<Duration> = None;
@@ -459,13 +473,20 @@ async fn a_failover_under_50_agents_judges_no_machine_unreachable_and_queues_not
         worst.is_empty(),
         "never reported to the new leader: {worst:?}"
     );
+    let out = blocking(|| standby.ctl(&["remediation", "status"]))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains("warming up"),
+        "still warming up with every agent back:\n{text}"
+    );
     let queued: Vec<serde_json::Value> =
         blocking(|| standby.ctl_json(&["repair-queue", "list", "--json"]))?;
     assert!(queued.is_empty(), "the failover queued repairs: {queued:?}");
     eprintln!(
-        "50 agents, leader SIGKILLed: the standby led after {:.1} s (TTL {TTL}); every agent reported to it {:.1} s later; 0 unreachable, 0 entries",
+        "50 agents, leader SIGKILLed: the standby led after {:.1} s (TTL {TTL}); every agent reported to it {:.1} s later; 0 unreachable, 0 entries; status said: {}",
         led.as_secs_f64(),
-        back.unwrap_or_default().as_secs_f64()
+        back.unwrap_or_default().as_secs_f64(),
+        warming.trim()
     );
     Ok(())
 }

@@ -365,6 +365,20 @@ impl LoopState {
         }
         let mut status = status_of(shared, &pass, now);
         explain_stale_view(&mut status, view_failure);
+        let machines: Vec<(String, Option<u64>)> = deps
+            .fleet
+            .list()
+            .into_iter()
+            .map(|m| (m.state, m.last_report_unix_ms))
+            .collect();
+        if let Some(line) = warming_up(
+            deps.fleet.started_at(),
+            deps.fleet.config().unreachable_grace + protocol::AGENT_RECONNECT_MAX,
+            now,
+            &machines,
+        ) {
+            status.limits.insert(0, line);
+        }
         *shared.last() = status;
         self.prune(shared, &cfg, now).await
     }
@@ -578,6 +592,47 @@ fn explain_stale_view(status: &mut RemediationStatus, failure: Option<String>) {
     }
 }
 
+/// While the grace of a start (or a takeover) runs and not every agent that reported before
+/// it is back: a `remediation status` line counting the agents back. Until the grace ends no
+/// machine is judged unreachable by its silence alone (`crate::health`), so a failover or a
+/// restart never looks like a mass failure; this line says so, and how far the fleet is.
+/// `machines` are (state, last report in Unix ms) of every machine.
+fn warming_up(
+    started: Timestamp,
+    grace: Duration,
+    now: Timestamp,
+    machines: &[(String, Option<u64>)],
+) -> Option<LimitLine> {
+    let since = crate::health::elapsed(now, started);
+    if since > grace {
+        return None;
+    }
+    let started_ms = u64::try_from(to_unix_ms(started)).unwrap_or(0);
+    // Those expected to report: in service and not already judged down.
+    let expected: Vec<&Option<u64>> = machines
+        .iter()
+        .filter(|(state, _)| matches!(state.as_str(), "healthy" | "unhealthy"))
+        .map(|(_, at)| at)
+        .collect();
+    let back = expected
+        .iter()
+        .filter(|at| at.is_some_and(|ms| ms >= started_ms))
+        .count();
+    if back == expected.len() {
+        return None;
+    }
+    Some(LimitLine {
+        rule: "warming-up".into(),
+        holding: true,
+        sentence: format!(
+            "warming up after a start or a takeover {} s ago: {back} of {} agents back;              silence alone judges no machine unreachable for {} s after it",
+            since.as_secs(),
+            expected.len(),
+            grace.as_secs()
+        ),
+    })
+}
+
 fn status_of(shared: &Shared, pass: &Pass, now: Timestamp) -> RemediationStatus {
     let mut s = super::admin::switch_status(shared);
     s.last_pass_unix_ms = u64::try_from(to_unix_ms(now)).ok();
@@ -753,6 +808,38 @@ mod tests {
 
     /// A hold on a stale view named no reason in `events`; the view's last failure is the
     /// reason (a 403, a refused connection).
+    #[test]
+    fn the_warm_up_line_counts_agents_back_until_all_are_or_the_grace_ends() {
+        let t0 = Timestamp::from_second(1_000_000).unwrap();
+        let ms = |s: i64| Some(u64::try_from((1_000_000 + s) * 1000).unwrap());
+        let fleet = vec![
+            ("healthy".to_string(), ms(5)),
+            ("healthy".to_string(), ms(-20)),
+            ("unhealthy".to_string(), None),
+            ("unreachable".to_string(), ms(-100)),
+        ];
+        let grace = Duration::from_secs(75);
+        let at = |s: i64| t0.checked_add(jiff::SignedDuration::from_secs(s)).unwrap();
+        let line = warming_up(t0, grace, at(10), &fleet).expect("warming up");
+        assert_eq!(line.rule, "warming-up");
+        assert!(
+            line.sentence.contains("10 s ago: 1 of 3 agents back"),
+            "{}",
+            line.sentence
+        );
+        assert_eq!(
+            warming_up(t0, grace, at(80), &fleet),
+            None,
+            "the grace is over"
+        );
+        let back: Vec<_> = fleet.iter().map(|(s, _)| (s.clone(), ms(6))).collect();
+        assert_eq!(
+            warming_up(t0, grace, at(10), &back),
+            None,
+            "every agent is back"
+        );
+    }
+
     #[tokio::test]
     async fn a_hold_on_a_stale_view_says_why_the_view_is_stale() {
         let mut fx = Fx::new().await;
