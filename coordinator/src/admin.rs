@@ -154,11 +154,7 @@ impl Admin {
             role: now.name().to_string(),
             epoch: now.epoch().and_then(|e| u64::try_from(e).ok()).unwrap_or(0),
             since_unix_ms: now.since().map(|t| t.as_millisecond()),
-            store: match self.store {
-                crate::store::Store::Sqlite(_) => "sqlite",
-                crate::store::Store::Etcd(_) => "etcd",
-            }
-            .to_string(),
+            store: self.store.backend().as_str().to_string(),
             elected: role.is_elected(),
         }
     }

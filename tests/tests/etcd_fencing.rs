@@ -118,11 +118,7 @@ async fn etcd_stopped_under_the_coordinator_holds_every_power_request_until_it_r
     // more, docs/install.md "What a failover costs"). Queued by hand, as an operator who
     // knows it is dead would.
     rig.enqueue_unreachable()?;
-    rig.wait_powered_on()?;
-    rig.boot_machine()?;
-    let v = blocking(|| finished(&rig, SETTLE))?;
-    assert_eq!(v["status"], "succeeded", "{v:#}");
-    rig.assert_back()?;
+    rig.fence_completes()?;
     let off = rig.first_power("0").context("never powered off")?;
     for (at, what) in rig.node_writes() {
         assert!(at > off, "{what} came before the simulator powered off");

@@ -136,6 +136,15 @@ struct Elected {
     holder: tokio::task::JoinHandle<()>,
 }
 
+impl Elected {
+    /// Gives the lead up (a start that failed after winning, or a clean stop once every
+    /// loop has stopped) and waits until the key is deleted and the lease revoked.
+    async fn give_up(self) {
+        self.resign.cancel();
+        let _ = self.holder.await;
+    }
+}
+
 /// How [`App::run`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
@@ -194,7 +203,7 @@ impl Bound {
 
     /// True when this coordinator must win an election before it acts (etcd).
     pub fn is_elected(&self) -> bool {
-        self.store.as_etcd().is_some()
+        self.store.backend() == crate::store::config::Backend::Etcd
     }
 
     /// Takes the lead and loads: on SQLite at once (the sole coordinator of its file, with
@@ -246,8 +255,7 @@ impl Bound {
         let store_id = match self.store.identity().await {
             Ok(id) => id,
             Err(e) => {
-                elected.resign.cancel();
-                let _ = elected.holder.await;
+                elected.give_up().await;
                 return Err(e.into());
             }
         };
@@ -276,8 +284,7 @@ impl Bound {
             }
             Err(e) => {
                 if let Some(el) = elected {
-                    el.resign.cancel();
-                    let _ = el.holder.await;
+                    el.give_up().await;
                 }
                 Err(e)
             }

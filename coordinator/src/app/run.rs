@@ -44,20 +44,16 @@ impl App {
         let elected = self.elected.take();
         let lost = elected.as_ref().map(|e| e.lost.clone());
         // Every part stops on `stop`: the shutdown, or the end of the term.
-        let stop = CancellationToken::new();
-        tokio::spawn({
-            let (stop, shutdown, lost) = (stop.clone(), shutdown.clone(), lost.clone());
-            async move {
-                match lost {
-                    Some(lost) => tokio::select! {
-                        _ = shutdown.cancelled() => {}
-                        _ = lost.cancelled() => {}
-                    },
-                    None => shutdown.cancelled().await,
+        let stop = shutdown.child_token();
+        if let Some(lost) = lost.clone() {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = lost.cancelled() => stop.cancel(),
+                    _ = stop.cancelled() => {}
                 }
-                stop.cancel();
-            }
-        });
+            });
+        }
         let shutdown = stop;
         let ctx = Arc::new(ServerCtx {
             name: self.name.clone(),
@@ -164,8 +160,7 @@ impl App {
         match elected {
             Some(e) if !deposed => {
                 // Every loop has stopped: a standby may take over now, at once.
-                e.resign.cancel();
-                let _ = e.holder.await;
+                e.give_up().await;
                 tracing::info!("coordinator stopped; the lead was given up");
                 Ended::Stopped
             }

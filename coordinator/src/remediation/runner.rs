@@ -40,6 +40,7 @@ use super::shared::{LoopDeps, Remediation, Shared};
 use super::store::RemediationStore;
 use super::switches::Switches;
 use crate::clock::{Clock, to_unix_ms};
+use crate::health::MachineState;
 use crate::k8s::NodeEvent;
 use crate::repair::Requester;
 use crate::store::{Store, StoreError};
@@ -365,17 +366,11 @@ impl LoopState {
         }
         let mut status = status_of(shared, &pass, now);
         explain_stale_view(&mut status, view_failure);
-        let machines: Vec<(String, Option<u64>)> = deps
-            .fleet
-            .list()
-            .into_iter()
-            .map(|m| (m.state, m.last_report_unix_ms))
-            .collect();
         if let Some(line) = warming_up(
             deps.fleet.started_at(),
             deps.fleet.config().unreachable_grace + protocol::AGENT_RECONNECT_MAX,
             now,
-            &machines,
+            input.machines.iter().map(|m| (m.state, m.last_report_at)),
         ) {
             status.limits.insert(0, line);
         }
@@ -596,29 +591,28 @@ fn explain_stale_view(status: &mut RemediationStatus, failure: Option<String>) {
 /// it is back: a `remediation status` line counting the agents back. Until the grace ends no
 /// machine is judged unreachable by its silence alone (`crate::health`), so a failover or a
 /// restart never looks like a mass failure; this line says so, and how far the fleet is.
-/// `machines` are (state, last report in Unix ms) of every machine.
+/// `machines` are (state, last report) of every machine, as the pass's input has them.
 fn warming_up(
     started: Timestamp,
     grace: Duration,
     now: Timestamp,
-    machines: &[(String, Option<u64>)],
+    machines: impl Iterator<Item = (MachineState, Option<Timestamp>)>,
 ) -> Option<LimitLine> {
     let since = crate::health::elapsed(now, started);
     if since > grace {
         return None;
     }
-    let started_ms = u64::try_from(to_unix_ms(started)).unwrap_or(0);
     // Those expected to report: in service and not already judged down.
-    let expected: Vec<&Option<u64>> = machines
-        .iter()
-        .filter(|(state, _)| matches!(state.as_str(), "healthy" | "unhealthy"))
-        .map(|(_, at)| at)
-        .collect();
-    let back = expected
-        .iter()
-        .filter(|at| at.is_some_and(|ms| ms >= started_ms))
-        .count();
-    if back == expected.len() {
+    let (mut expected, mut back) = (0, 0);
+    for (state, at) in machines {
+        if matches!(state, MachineState::Healthy | MachineState::Unhealthy) {
+            expected += 1;
+            if at.is_some_and(|t| t >= started) {
+                back += 1;
+            }
+        }
+    }
+    if back == expected {
         return None;
     }
     Some(LimitLine {
@@ -627,7 +621,7 @@ fn warming_up(
         sentence: format!(
             "warming up after a start or a takeover {} s ago: {back} of {} agents back;              silence alone judges no machine unreachable for {} s after it",
             since.as_secs(),
-            expected.len(),
+            expected,
             grace.as_secs()
         ),
     })
@@ -811,16 +805,15 @@ mod tests {
     #[test]
     fn the_warm_up_line_counts_agents_back_until_all_are_or_the_grace_ends() {
         let t0 = Timestamp::from_second(1_000_000).unwrap();
-        let ms = |s: i64| Some(u64::try_from((1_000_000 + s) * 1000).unwrap());
-        let fleet = vec![
-            ("healthy".to_string(), ms(5)),
-            ("healthy".to_string(), ms(-20)),
-            ("unhealthy".to_string(), None),
-            ("unreachable".to_string(), ms(-100)),
+        let at = |s: i64| t0.checked_add(SignedDuration::from_secs(s)).unwrap();
+        let fleet = [
+            (MachineState::Healthy, Some(at(5))),
+            (MachineState::Healthy, Some(at(-20))),
+            (MachineState::Unhealthy, None),
+            (MachineState::Unreachable, Some(at(-100))),
         ];
         let grace = Duration::from_secs(75);
-        let at = |s: i64| t0.checked_add(jiff::SignedDuration::from_secs(s)).unwrap();
-        let line = warming_up(t0, grace, at(10), &fleet).expect("warming up");
+        let line = warming_up(t0, grace, at(10), fleet.iter().copied()).expect("warming up");
         assert_eq!(line.rule, "warming-up");
         assert!(
             line.sentence.contains("10 s ago: 1 of 3 agents back"),
@@ -828,13 +821,13 @@ mod tests {
             line.sentence
         );
         assert_eq!(
-            warming_up(t0, grace, at(80), &fleet),
+            warming_up(t0, grace, at(80), fleet.iter().copied()),
             None,
             "the grace is over"
         );
-        let back: Vec<_> = fleet.iter().map(|(s, _)| (s.clone(), ms(6))).collect();
+        let back: Vec<_> = fleet.iter().map(|(s, _)| (*s, Some(at(6)))).collect();
         assert_eq!(
-            warming_up(t0, grace, at(10), &back),
+            warming_up(t0, grace, at(10), back.into_iter()),
             None,
             "every agent is back"
         );

@@ -102,6 +102,14 @@ impl Store {
         dispatch!(self, b => b.health())
     }
 
+    /// Which backend this is.
+    pub fn backend(&self) -> config::Backend {
+        match self {
+            Store::Sqlite(_) => config::Backend::Sqlite,
+            Store::Etcd(_) => config::Backend::Etcd,
+        }
+    }
+
     /// The etcd handle, when the store is etcd.
     pub fn as_etcd(&self) -> Option<&EtcdStore> {
         match self {

@@ -409,6 +409,17 @@ impl Rig {
         }
     }
 
+    /// The end of a fence flow under way: once the BMC powers the machine on it boots, its
+    /// entry must succeed and the machine be back ([`Rig::assert_back`]); the entry.
+    pub(crate) fn fence_completes(&mut self) -> Result<Value> {
+        self.wait_powered_on()?;
+        self.boot_machine()?;
+        let v = blocking(|| finished(self, SETTLE))?;
+        assert_eq!(v["status"], "succeeded", "{v:#}");
+        self.assert_back()?;
+        Ok(v)
+    }
+
     /// The BMC saw no power request.
     pub(crate) fn assert_no_power(&self) {
         let sent: Vec<String> = self
