@@ -27,8 +27,10 @@ for a in "$@"; do
 done
 
 # cargo-deb compresses with the system's xz (packaging/lib.sh).
-# protoc: the etcd client's build script compiles etcd's .proto files.
-ensure_apt xz:xz-utils protoc:protobuf-compiler
+# protoc and its well-known types: the etcd client's build script compiles etcd's .proto
+# files (scripts/setup-build-deps.sh).
+ensure_apt xz:xz-utils
+scripts/setup-build-deps.sh
 ensure_cargo_deb
 
 if [ "$build" = 1 ]; then

@@ -5,6 +5,7 @@
 # hung kubelet, a dead machine and a rack power loss while printing what the coordinator
 # decides by itself. Exit 0 when every failure ended as described.
 # Pass --keep to leave the fleet running (until Ctrl-C) for the commands it prints.
+# Pass --etcd to keep the coordinator's state in an etcd (backend = "etcd") instead of SQLite.
 # Pass --ha for two coordinators on an etcd: the leader is killed in the middle of the
 # dead-machine story and the standby takes over (the timeline says who led when).
 set -euo pipefail
@@ -44,11 +45,11 @@ fi
 
 # protoc, for the etcd client's build script (installed with apt when this user may).
 scripts/setup-build-deps.sh
-# --ha needs etcd, built from its Go module (the first time: minutes; scripts/build-k8s.sh
+# --etcd and --ha need etcd, built from its Go module (the first time: minutes; scripts/build-k8s.sh
 # builds etcd first and marks it complete on its own, then goes on with Kubernetes).
 for a in "$@"; do
-  if [ "$a" = --ha ] && ! scripts/build-k8s.sh --find >/dev/null 2>&1; then
-    echo "demo.sh: --ha: building etcd (and then the real control plane, in the background) with scripts/build-k8s.sh"
+  if { [ "$a" = --ha ] || [ "$a" = --etcd ]; } && ! scripts/build-k8s.sh --find >/dev/null 2>&1; then
+    echo "demo.sh: $a: building etcd (and then the real control plane, in the background) with scripts/build-k8s.sh"
     scripts/build-k8s.sh --background >/dev/null
     FLEETMEND_K8S_WAIT=3600 scripts/build-k8s.sh --wait etcd >/dev/null
   fi

@@ -213,11 +213,11 @@ async fn a_fresh_prefix_is_migrated_to_the_current_schema_with_an_identity_kept_
     );
 }
 
-static STEP2_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static NEXT_STEP_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-fn v2_rename(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
+fn next_rename(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
     Box::pin(async move {
-        STEP2_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        NEXT_STEP_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // Converts every old `things/*` value {"name","n"} into `things2/*` with n doubled.
         for (k, v) in store.kv_list::<Thing>("things").await? {
             let t = thing(&v.value.name, v.value.n * 2);
@@ -232,12 +232,13 @@ async fn a_migration_step_runs_before_the_version_moves_and_a_newer_store_is_ref
     let etcd = shared().unwrap();
     let s = store_on(&etcd, "migrate").await;
     s.kv_create("things/x", &thing("x", 21)).await.unwrap();
+    let next = schema::known() + 1;
     let steps: Vec<(u32, &str, Step)> = schema::MIGRATIONS
         .iter()
         .copied()
-        .chain([(2u32, "things2", v2_rename as Step)])
+        .chain([(next, "things2", next_rename as Step)])
         .collect();
-    assert_eq!(schema::ensure_with(&s, &steps).await.unwrap(), 2);
+    assert_eq!(schema::ensure_with(&s, &steps).await.unwrap(), next);
     assert_eq!(
         s.kv_get::<Thing>("things2/x").await.unwrap().unwrap().value,
         thing("x", 42)
@@ -248,13 +249,16 @@ async fn a_migration_step_runs_before_the_version_moves_and_a_newer_store_is_ref
         .unwrap()
         .unwrap()
         .value;
-    assert_eq!(rec.version, 2);
+    assert_eq!(rec.version, next);
     assert!(rec.by.starts_with("fleetmend-coordinator "), "{rec:?}");
     // At its version: the step does not run again.
-    let runs = STEP2_RUNS.load(std::sync::atomic::Ordering::SeqCst);
+    let runs = NEXT_STEP_RUNS.load(std::sync::atomic::Ordering::SeqCst);
     schema::ensure_with(&s, &steps).await.unwrap();
-    assert_eq!(STEP2_RUNS.load(std::sync::atomic::Ordering::SeqCst), runs);
-    // This coordinator knows version 1 only: the store is too new for it.
+    assert_eq!(
+        NEXT_STEP_RUNS.load(std::sync::atomic::Ordering::SeqCst),
+        runs
+    );
+    // This coordinator does not know the new version: the store is too new for it.
     let e =
         EtcdStore::connect(EtcdSettings::new(etcd.endpoints()).with_prefix(s.prefix().to_string()))
             .await
@@ -262,11 +266,7 @@ async fn a_migration_step_runs_before_the_version_moves_and_a_newer_store_is_ref
     assert!(
         matches!(
             e,
-            EtcdError::TooNew {
-                found: 2,
-                known: 1,
-                ..
-            }
+            EtcdError::TooNew { found, known, .. } if found == next && known == next - 1
         ),
         "{e}"
     );
@@ -274,6 +274,107 @@ async fn a_migration_step_runs_before_the_version_moves_and_a_newer_store_is_ref
         e.is_config() && e.to_string().contains("upgrade the coordinator"),
         "{e}"
     );
+}
+
+/// Version 2 moves a version 1 journal (`remediation/journal/<id>` and its index) to
+/// `remediation/lines/<seq>`: every line is there afterwards, in sequence order, nothing is
+/// left under the old keys, and the next pass repeats a moved line by the id `resume` gives.
+#[tokio::test]
+async fn version_2_moves_the_journal_to_its_sequence_numbers_and_loses_no_line() {
+    use coordinator::remediation::journal::JournalWrite;
+    use coordinator::remediation::store::RemediationStore;
+    use protocol::admin::remediation::EventsQuery;
+
+    let etcd = shared().unwrap();
+    let prefix = fresh_prefix("v1-journal");
+    let c = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .unwrap();
+    let put = |k: String, v: String| {
+        let (mut c, key) = (c.clone(), format!("{prefix}/{k}"));
+        async move { c.put(key, v, None).await.unwrap() }
+    };
+    put(
+        "schema".into(),
+        r#"{"version":1,"by":"test","at_ms":1}"#.into(),
+    )
+    .await;
+    put(
+        "identity".into(),
+        r#"{"store_id":"0123456789abcdef0123456789abcdef","created_ms":1}"#.into(),
+    )
+    .await;
+    // 130 lines (more than one transaction's worth), each at a sequence number other than
+    // its id, as a version 1 journal whose lines were repeated holds them.
+    let n = 130u64;
+    for id in 1..=n {
+        let seq = 1000 + 3 * id;
+        let line = serde_json::json!({
+            "id": id, "seq": seq, "first_ms": 1_000, "last_ms": 2_000 + id, "count": 2,
+            "address": format!("10.0.0.{}", id % 200), "domain": "rack-1",
+            "outcome": "held", "rule": "needs-human", "sentence": format!("line {id}"),
+            "decision": null,
+        });
+        put(format!("remediation/journal/{id:020}"), line.to_string()).await;
+    }
+    put("remediation/journal-index".into(), (n + 1).to_string()).await;
+
+    let s = EtcdStore::connect(EtcdSettings::new(etcd.endpoints()).with_prefix(prefix.clone()))
+        .await
+        .expect("a version 1 store migrates");
+    assert_eq!(schema::version(&s).await.unwrap().0, schema::known());
+    assert!(s.kv_keys("remediation/journal").await.unwrap().is_empty());
+    assert!(
+        s.kv_get::<u64>("remediation/journal-index")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let all = s
+        .events(EventsQuery {
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = all.iter().map(|l| l.seq).collect();
+    assert_eq!(seqs, (1..=n).map(|id| 1000 + 3 * id).collect::<Vec<_>>());
+    assert!(all.iter().all(|l| l.count == 2));
+    assert_eq!(all[0].sentence, "line 1");
+
+    // The loop resumes on the moved lines and repeats the last one by the id it is given.
+    let r = s.resume(0, 0, 0).await.unwrap();
+    assert_eq!(r.max_seq, 1000 + 3 * n);
+    assert_eq!(r.last_pass.len(), 1, "{:?}", r.last_pass);
+    let (id, address, ..) = r.last_pass[0].clone();
+    let d: coordinator::remediation::decision::Decision =
+        serde_json::from_value(serde_json::json!({
+            "at": "1970-01-01T00:00:03Z", "address": address, "domain": "rack-1",
+            "outcome": "held", "rule": "needs-human", "proposal": null, "sentence": "again",
+        }))
+        .unwrap();
+    let ids = s
+        .write_journal(vec![JournalWrite::Repeat {
+            id,
+            seq: r.max_seq + 1,
+            decision: d,
+        }])
+        .await
+        .unwrap();
+    let last = s
+        .events(EventsQuery {
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (last[0].seq, last[0].count, last[0].sentence.as_str()),
+        (r.max_seq + 1, 3, "again")
+    );
+    assert_eq!(ids[0], i64::try_from(r.max_seq + 1).unwrap());
+    let count = s.kv_keys("remediation/lines").await.unwrap().len() as u64;
+    assert_eq!(count, n, "the repeat moved its line, it did not copy it");
 }
 
 /// Two coordinators starting on one empty prefix: the first has run the version 1 step (the

@@ -1,23 +1,12 @@
 //! Remediation's state on etcd: [`RemediationStore`] for [`EtcdStore`].
 //!
 //! Keys under the store's prefix (`docs/design.md`, "The etcd store"):
-//! - `remediation/journal-index`: the next journal line id;
-//! - `remediation/journal/<id>`: one line of the decision journal (sequence number, first
-//!   and last time, count, machine, domain, outcome, rule, operation, sentence, and the
-//!   decision itself as JSON);
+//! - `remediation/lines/<seq>`: one line of the decision journal, at its latest sequence
+//!   number ([`super::etcd_journal`]);
 //! - `remediation/switches/<key>`: `{"value": …, "set_ms": …}`, an operator switch;
 //! - `remediation/cleared/<address>`: `{"address": …, "at_ms": …}`, `machines clear`;
 //! - `remediation/outcomes/<index>`: how a finished repair ended (slow start);
 //! - `remediation/own/<index>`: a repair entry the loop enqueued itself.
-//!
-//! A pass's journal writes are one transaction comparing the journal index (and each
-//! repeated line's `mod_revision`); a pass writing more lines than etcd's 128 operations
-//! per transaction is written in consecutive transactions of whole lines. The journal is
-//! bounded as on SQLite by [`RemediationStore::prune_journal`] (age and count); the
-//! queries read the whole journal and filter it here, which at the default bound (100,000
-//! lines) is tens of megabytes: a fleet on etcd should set `journal_max_rows` lower.
-
-use std::collections::BTreeMap;
 
 use protocol::admin::remediation::{EventsQuery, JournalLine};
 use serde::{Deserialize, Serialize};
@@ -25,60 +14,24 @@ use serde::{Deserialize, Serialize};
 use super::{RemediationStore, Resume, Switchboard};
 use crate::clock::{from_unix_ms, to_unix_ms};
 use crate::fleet::store::etcd::record_key;
-use crate::remediation::decision::{Decision, Outcome, Rule};
+use crate::remediation::decision::{Outcome, Rule};
 use crate::remediation::input::RepairOutcome;
-use crate::remediation::journal::{DEFAULT_EVENTS_LIMIT, JournalWrite, LastLine, operation};
+use crate::remediation::journal::JournalWrite;
 use crate::store::StoreError;
 use crate::store::etcd::kv::num_key;
-use crate::store::etcd::{EtcdError, EtcdStore, Txn, Versioned, key_level};
+use crate::store::etcd::{EtcdError, EtcdStore, Txn, key_level};
 
-const JOURNAL_INDEX: &str = "remediation/journal-index";
-const JOURNAL: &str = "remediation/journal";
 const SWITCHES: &str = "remediation/switches";
 const CLEARED: &str = "remediation/cleared";
 const OUTCOMES: &str = "remediation/outcomes";
 const OWN: &str = "remediation/own";
 
-/// Writes per transaction: under etcd's default `--max-txn-ops` (128), with room for the
-/// index and a leader's guard.
+/// Writes per transaction: under etcd's default `--max-txn-ops` (128), with room for a
+/// leader's guard.
 const TXN_OPS: usize = 120;
 
-/// How often a journal write that lost a race on its index is built again.
+/// How often clearing a machine whose record changed meanwhile is tried again.
 const ATTEMPTS: u32 = 8;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct LineValue {
-    id: i64,
-    seq: u64,
-    first_ms: i64,
-    last_ms: i64,
-    count: u64,
-    address: String,
-    domain: String,
-    outcome: String,
-    rule: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    operation: Option<String>,
-    sentence: String,
-    decision: serde_json::Value,
-}
-
-impl LineValue {
-    fn line(&self) -> JournalLine {
-        JournalLine {
-            seq: self.seq,
-            first_unix_ms: u64::try_from(self.first_ms).unwrap_or(0),
-            last_unix_ms: u64::try_from(self.last_ms).unwrap_or(0),
-            count: self.count,
-            address: self.address.clone(),
-            domain: self.domain.clone(),
-            outcome: self.outcome.clone(),
-            rule: self.rule.clone(),
-            operation: self.operation.clone(),
-            sentence: self.sentence.clone(),
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct SwitchValue {
@@ -105,115 +58,7 @@ struct OwnValue {
     admitted_ms: i64,
 }
 
-fn line_key(id: i64) -> String {
-    format!("{JOURNAL}/{}", num_key(u64::try_from(id).unwrap_or(0)))
-}
-
-fn decision_json(d: &Decision) -> serde_json::Value {
-    serde_json::to_value(d).unwrap_or(serde_json::Value::Null)
-}
-
 impl EtcdStore {
-    async fn journal(&self) -> Result<Vec<Versioned<LineValue>>, EtcdError> {
-        Ok(self
-            .kv_list::<LineValue>(JOURNAL)
-            .await?
-            .into_iter()
-            .map(|(_, v)| v)
-            .collect())
-    }
-
-    /// One transaction's worth of journal writes; the id of each line, in order.
-    async fn write_journal_part(&self, writes: &[JournalWrite]) -> Result<Vec<i64>, EtcdError> {
-        // The lines repeated, as read now.
-        let mut repeated: BTreeMap<i64, Versioned<LineValue>> = BTreeMap::new();
-        for w in writes {
-            if let JournalWrite::Repeat { id, .. } = w
-                && !repeated.contains_key(id)
-                && let Some(v) = self.kv_get::<LineValue>(&line_key(*id)).await?
-            {
-                repeated.insert(*id, v);
-            }
-        }
-        for _ in 0..ATTEMPTS {
-            let cur = self.kv_get::<i64>(JOURNAL_INDEX).await?;
-            let (mut next, rev) = cur.map(|v| (v.value, v.mod_revision)).unwrap_or((1, 0));
-            let mut txn = self.txn().if_mod_revision(JOURNAL_INDEX, rev);
-            let mut ids = Vec::with_capacity(writes.len());
-            // A line repeated twice in one part is written once, as it ends.
-            let mut changed: BTreeMap<i64, LineValue> = BTreeMap::new();
-            for w in writes {
-                match w {
-                    JournalWrite::Insert { seq, decision: d } => {
-                        let id = next;
-                        next += 1;
-                        let at = to_unix_ms(d.at);
-                        changed.insert(
-                            id,
-                            LineValue {
-                                id,
-                                seq: *seq,
-                                first_ms: at,
-                                last_ms: at,
-                                count: 1,
-                                address: d.address.clone(),
-                                domain: d.domain.clone(),
-                                outcome: d.outcome.as_str().to_string(),
-                                rule: d.rule.as_str().to_string(),
-                                operation: operation(d).map(str::to_string),
-                                sentence: d.sentence.clone(),
-                                decision: decision_json(d),
-                            },
-                        );
-                        ids.push(id);
-                    }
-                    JournalWrite::Repeat {
-                        id,
-                        seq,
-                        decision: d,
-                    } => {
-                        ids.push(*id);
-                        let base = match changed.get(id) {
-                            Some(l) => Some(l.clone()),
-                            None => repeated.get(id).map(|v| v.value.clone()),
-                        };
-                        // A line pruned meanwhile is not made again (as SQLite's UPDATE).
-                        if let Some(mut l) = base {
-                            l.seq = *seq;
-                            l.last_ms = to_unix_ms(d.at);
-                            l.count += 1;
-                            l.sentence = d.sentence.clone();
-                            l.decision = decision_json(d);
-                            changed.insert(*id, l);
-                        }
-                    }
-                }
-            }
-            for (id, l) in &changed {
-                if let Some(old) = repeated.get(id) {
-                    txn = txn.if_mod_revision(&line_key(*id), old.mod_revision);
-                }
-                txn = txn.put(&line_key(*id), l)?;
-            }
-            if txn.put(JOURNAL_INDEX, &next)?.commit().await? {
-                return Ok(ids);
-            }
-            // A repeated line written by someone else is a conflict, not a race to rerun.
-            for (id, old) in &repeated {
-                let now = self.kv_get::<serde_json::Value>(&line_key(*id)).await?;
-                if now.map(|v| v.mod_revision) != Some(old.mod_revision) {
-                    return Err(EtcdError::Conflict {
-                        key: self.key(&line_key(*id)),
-                    });
-                }
-            }
-        }
-        Err(EtcdError::Contended {
-            key: self.key(JOURNAL_INDEX),
-            attempts: ATTEMPTS,
-        })
-    }
-
     /// Deletes `keys` in transactions of at most [`TXN_OPS`].
     async fn delete_keys(&self, keys: &[String]) -> Result<(), EtcdError> {
         for part in keys.chunks(TXN_OPS) {
@@ -276,15 +121,9 @@ impl RemediationStore for EtcdStore {
             else {
                 return Ok(None);
             };
-            let newest = self
-                .journal()
-                .await?
-                .into_iter()
-                .filter(|l| l.value.address == address)
-                .max_by_key(|l| l.value.seq);
+            let newest = self.journal_newest_of(&address).await?;
             let was = newest.is_some_and(|l| {
-                l.value.outcome == Outcome::Held.as_str()
-                    && l.value.rule == Rule::NeedsHuman.as_str()
+                l.outcome == Outcome::Held.as_str() && l.rule == Rule::NeedsHuman.as_str()
             });
             let done = self
                 .txn()
@@ -315,35 +154,9 @@ impl RemediationStore for EtcdStore {
         outcomes_since_ms: i64,
         last_pass_since_ms: i64,
     ) -> Result<Resume, StoreError> {
-        let journal = self.journal().await?;
-        let max_seq = journal.iter().map(|l| l.value.seq).max().unwrap_or(0);
-        // Ordered by id, as SQLite's rowid.
-        let admissions = journal
-            .iter()
-            .filter(|l| {
-                l.value.outcome == Outcome::Admitted.as_str()
-                    && l.value.first_ms >= admitted_since_ms
-            })
-            .filter_map(|l| serde_json::from_value::<Decision>(l.value.decision.clone()).ok())
-            .collect();
-        let latest = journal.iter().map(|l| l.value.last_ms).max();
-        let last_pass = match latest {
-            Some(latest) if latest >= last_pass_since_ms => journal
-                .iter()
-                .filter(|l| l.value.last_ms == latest)
-                .map(|l| -> LastLine {
-                    let l = &l.value;
-                    (
-                        l.id,
-                        l.address.clone(),
-                        l.outcome.clone(),
-                        l.rule.clone(),
-                        l.operation.clone(),
-                    )
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
+        let mut resume = Resume::default();
+        self.journal_resume(admitted_since_ms, last_pass_since_ms, &mut resume)
+            .await?;
         let mut outcomes: Vec<(u64, RepairOutcome)> = self
             .kv_list::<OutcomeValue>(OUTCOMES)
             .await?
@@ -367,65 +180,21 @@ impl RemediationStore for EtcdStore {
             .into_iter()
             .filter_map(|k| k.parse::<u64>().ok())
             .collect();
-        Ok(Resume {
-            max_seq,
-            admissions,
-            outcomes,
-            last_pass,
-            own_entries,
-        })
+        resume.outcomes = outcomes;
+        resume.own_entries = own_entries;
+        Ok(resume)
     }
 
     async fn write_journal(&self, writes: Vec<JournalWrite>) -> Result<Vec<i64>, StoreError> {
-        let mut ids = Vec::with_capacity(writes.len());
-        for part in writes.chunks(TXN_OPS) {
-            ids.extend(self.write_journal_part(part).await?);
-        }
-        Ok(ids)
+        Ok(self.journal_write(writes).await?)
     }
 
     async fn prune_journal(&self, before_ms: i64, max_rows: u64) -> Result<usize, StoreError> {
-        let mut lines: Vec<LineValue> =
-            self.journal().await?.into_iter().map(|v| v.value).collect();
-        let mut gone: Vec<String> = Vec::new();
-        lines.retain(|l| {
-            if l.last_ms < before_ms {
-                gone.push(line_key(l.id));
-                false
-            } else {
-                true
-            }
-        });
-        lines.sort_by_key(|l| std::cmp::Reverse(l.seq));
-        let max = usize::try_from(max_rows).unwrap_or(usize::MAX);
-        gone.extend(lines.iter().skip(max).map(|l| line_key(l.id)));
-        self.delete_keys(&gone).await?;
-        Ok(gone.len())
+        Ok(self.journal_prune(before_ms, max_rows).await?)
     }
 
     async fn events(&self, q: EventsQuery) -> Result<Vec<JournalLine>, StoreError> {
-        let limit = if q.limit == 0 {
-            DEFAULT_EVENTS_LIMIT
-        } else {
-            q.limit
-        };
-        let mut lines: Vec<LineValue> = self
-            .journal()
-            .await?
-            .into_iter()
-            .map(|v| v.value)
-            .filter(|l| q.machine.as_ref().is_none_or(|m| &l.address == m))
-            .filter(|l| {
-                q.since_unix_ms
-                    .is_none_or(|s| l.last_ms >= i64::try_from(s).unwrap_or(i64::MAX))
-            })
-            .filter(|l| l.seq > q.after_seq.unwrap_or(0))
-            .collect();
-        lines.sort_by_key(|l| l.seq);
-        let skip = lines
-            .len()
-            .saturating_sub(usize::try_from(limit).unwrap_or(usize::MAX));
-        Ok(lines[skip..].iter().map(LineValue::line).collect())
+        Ok(self.journal_events(&q).await?)
     }
 
     async fn add_outcomes(

@@ -175,6 +175,41 @@ impl EtcdStore {
         Ok(out)
     }
 
+    /// How many keys are under the directory `rel` (values not read).
+    pub async fn kv_count(&self, rel: &str) -> Result<i64, EtcdError> {
+        let dir = self.dir_key(rel);
+        let opts = GetOptions::new()
+            .with_range(range_end(dir.as_bytes()))
+            .with_count_only();
+        let mut kv = self.client.kv_client();
+        let resp = self
+            .bounded("count", &dir, kv.get(dir.clone(), Some(opts)))
+            .await?;
+        Ok(resp.count())
+    }
+
+    /// A walk over the directory `rel` in pages, from its first key up (or its last key
+    /// down, `descending`), over the keys at or after `from` (relative to the directory)
+    /// when given. Every page is read at the revision of the first, so the walk is one
+    /// snapshot however long it takes; the caller stops when it has what it needs.
+    pub fn scan(&self, rel: &str, from: Option<&str>, descending: bool) -> Scan {
+        let dir = self.dir_key(rel);
+        let hi = range_end(dir.as_bytes());
+        let lo = match from {
+            Some(f) => format!("{dir}{f}").into_bytes(),
+            None => dir.as_bytes().to_vec(),
+        };
+        Scan {
+            store: self.clone(),
+            dir,
+            lo,
+            hi,
+            descending,
+            revision: 0,
+            done: false,
+        }
+    }
+
     /// The keys under the directory `rel`, relative to it, in key order (values not read).
     pub async fn kv_keys(&self, rel: &str) -> Result<Vec<String>, EtcdError> {
         let dir = self.dir_key(rel);
@@ -303,6 +338,85 @@ impl EtcdStore {
                     .sum()
             })
             .unwrap_or(0))
+    }
+}
+
+/// A paged walk over one directory: [`EtcdStore::scan`].
+#[derive(Debug)]
+pub struct Scan {
+    store: EtcdStore,
+    dir: String,
+    /// The range still to read: `[lo, hi)`.
+    lo: Vec<u8>,
+    hi: Vec<u8>,
+    descending: bool,
+    /// The revision every page is read at (0 until the first page).
+    revision: i64,
+    done: bool,
+}
+
+impl Scan {
+    /// The next `limit` values (keys relative to the directory); empty when the walk is over.
+    pub async fn next<T: DeserializeOwned>(
+        &mut self,
+        limit: i64,
+    ) -> Result<Vec<(String, Versioned<T>)>, EtcdError> {
+        let mut out = Vec::new();
+        for kv in self.page(limit, false).await? {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let v = decode(&key, &kv)?;
+            out.push((key[self.dir.len()..].to_string(), v));
+        }
+        Ok(out)
+    }
+
+    /// The next `limit` keys (relative to the directory), values not read.
+    pub async fn next_keys(&mut self, limit: i64) -> Result<Vec<String>, EtcdError> {
+        Ok(self
+            .page(limit, true)
+            .await?
+            .iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key()[self.dir.len()..]).into_owned())
+            .collect())
+    }
+
+    async fn page(&mut self, limit: i64, keys_only: bool) -> Result<Vec<KeyValue>, EtcdError> {
+        if self.done || self.lo >= self.hi {
+            return Ok(Vec::new());
+        }
+        let order = if self.descending {
+            etcd_client::SortOrder::Descend
+        } else {
+            etcd_client::SortOrder::Ascend
+        };
+        let mut opts = GetOptions::new()
+            .with_range(self.hi.clone())
+            .with_limit(limit.max(1))
+            .with_sort(etcd_client::SortTarget::Key, order)
+            .with_revision(self.revision);
+        if keys_only {
+            opts = opts.with_keys_only();
+        }
+        let mut kv = self.store.client.kv_client();
+        let mut resp = self
+            .store
+            .bounded("list", &self.dir, kv.get(self.lo.clone(), Some(opts)))
+            .await?;
+        if self.revision == 0 {
+            self.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        let more = resp.more();
+        let page = resp.take_kvs();
+        match page.last() {
+            Some(last) if self.descending => self.hi = last.key().to_vec(),
+            Some(last) => {
+                self.lo = last.key().to_vec();
+                self.lo.push(0);
+            }
+            None => {}
+        }
+        self.done = !more || page.is_empty();
+        Ok(page)
     }
 }
 

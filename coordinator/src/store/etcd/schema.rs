@@ -13,6 +13,11 @@
 //! Version 1 creates the store's identity (`<prefix>/identity`): the random id power request
 //! ids start with, as SQLite's migration 0003 does, so that two stores never send a gateway
 //! the same request id.
+//!
+//! Version 2 keys the decision journal by each line's latest sequence number
+//! (`remediation/lines/<seq>`) instead of a write index (`remediation/journal/<id>` and
+//! `remediation/journal-index`), so that its reads stop at what they need: every old line
+//! moves, a page at a time, each page's puts and deletes in one transaction.
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -56,7 +61,10 @@ pub struct IdentityRecord {
 pub type Step = for<'a> fn(&'a EtcdStore) -> BoxFuture<'a, Result<(), EtcdError>>;
 
 /// The steps, in order: `(version, name, step)`. Append only.
-pub const MIGRATIONS: &[(u32, &str, Step)] = &[(1, "store identity", v1_identity)];
+pub const MIGRATIONS: &[(u32, &str, Step)] = &[
+    (1, "store identity", v1_identity),
+    (2, "journal keyed by sequence number", v2_journal_by_seq),
+];
 
 /// The newest schema version this coordinator knows.
 pub fn known() -> u32 {
@@ -78,6 +86,47 @@ fn v1_identity(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
         };
         // Create-if-absent: a step run twice keeps the first identity.
         store.kv_create(IDENTITY_KEY, &id).await.map(drop)
+    })
+}
+
+/// Version 2's layouts: the old journal directory and index, the new directory.
+const V1_JOURNAL: &str = "remediation/journal";
+const V1_JOURNAL_INDEX: &str = "remediation/journal-index";
+const V2_LINES: &str = "remediation/lines";
+
+fn v2_journal_by_seq(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
+    Box::pin(async move {
+        // Each round moves the oldest 60 lines left (two operations each, under etcd's 128
+        // per transaction); a step cut short and run again moves what is left.
+        loop {
+            let page = store
+                .scan(V1_JOURNAL, None, false)
+                .next::<serde_json::Value>(60)
+                .await?;
+            if page.is_empty() {
+                break;
+            }
+            let mut txn = store.txn();
+            for (key, v) in &page {
+                let old = format!("{V1_JOURNAL}/{key}");
+                let seq = v.value["seq"].as_u64().ok_or_else(|| EtcdError::Json {
+                    key: store.key(&old),
+                    source: <serde_json::Error as serde::de::Error>::custom(
+                        "a journal line without its sequence number (\"seq\")",
+                    ),
+                })?;
+                txn = txn
+                    .delete(&old)
+                    .put(&format!("{V2_LINES}/{}", super::kv::num_key(seq)), &v.value)?;
+            }
+            txn.commit().await?;
+        }
+        store
+            .txn()
+            .delete(V1_JOURNAL_INDEX)
+            .commit()
+            .await
+            .map(drop)
     })
 }
 

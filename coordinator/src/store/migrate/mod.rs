@@ -336,17 +336,8 @@ pub fn target_settings(store: &super::config::StoreConfig) -> Result<EtcdSetting
                 .into(),
         ));
     }
-    let c = store
-        .etcd_settings()
-        .map_err(|(key, why)| MigrateError::BadInput(format!("{key}: {why}")))?;
-    let tls = c.ca.map(|ca| super::etcd::EtcdTlsFiles {
-        ca,
-        cert: c.identity.as_ref().map(|i| i.0.clone()),
-        key: c.identity.as_ref().map(|i| i.1.clone()),
-    });
-    let mut s = EtcdSettings::new(c.endpoints)
-        .with_prefix(c.prefix.trim_end_matches('/'))
-        .with_request_timeout(c.timeout);
-    s.tls = tls;
-    Ok(s)
+    EtcdSettings::configured(store).map_err(|e| match e {
+        EtcdError::Config(why) => MigrateError::BadInput(why),
+        other => MigrateError::BadInput(other.to_string()),
+    })
 }

@@ -3,6 +3,9 @@
 //! TTL of 3 s so the takeover fits the story. The dead-machine story then kills the leader
 //! (SIGKILL) once its fence flow has started; the standby takes the lead, resumes the flow
 //! from etcd and finishes it, and the timeline says who led when.
+//!
+//! `--etcd`: the same etcd under one coordinator (`backend = "etcd"`), no standby: the three
+//! stories as without it, the state in etcd.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -11,6 +14,17 @@ use testkit::etcd::{Etcd, Options};
 use testkit::procs::Coordinator;
 
 use super::Demo;
+
+/// Where the demo's coordinator keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StoreMode {
+    /// SQLite (the default).
+    Sqlite,
+    /// `--etcd`: one coordinator on an etcd.
+    Etcd,
+    /// `--ha`: two coordinators on an etcd.
+    Ha,
+}
 
 /// The demo's lease TTL: a takeover about 3 s after the leader dies.
 pub(super) const TTL: &str = "3s";

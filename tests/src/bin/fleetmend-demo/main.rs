@@ -190,7 +190,7 @@ struct Demo {
     seen: Seen,
     snap: Snapshot,
     last_poll: Option<Instant>,
-    /// With `--ha`: the etcd and the standby coordinator.
+    /// With `--etcd` or `--ha`: the etcd (and with `--ha` the standby coordinator).
     ha: Option<ha::Ha>,
 }
 
@@ -221,7 +221,7 @@ impl Demo {
 
     /// Starts the fleet in `dir`; `stand_in` uses the power-cycle stand-in even when
     /// `ipmi_sim` is installed.
-    fn start(dir: &Path, stand_in: bool, with_ha: bool) -> anyhow::Result<Self> {
+    fn start(dir: &Path, stand_in: bool, store: ha::StoreMode) -> anyhow::Result<Self> {
         let started = Instant::now();
         out(&format!("Fleetmend demo: working in {}", dir.display()));
         let pki = Pki::create(&dir.join("pki"), "demo.fleetmend")?;
@@ -290,7 +290,7 @@ impl Demo {
                 b.quic
             ));
         }
-        let etcd = if with_ha {
+        let etcd = if store != ha::StoreMode::Sqlite {
             let (etcd, section) = ha::start_etcd()?;
             extra.push_str(&section);
             Some(etcd)
@@ -310,7 +310,10 @@ impl Demo {
         )?;
         let ha = match etcd {
             Some(etcd) => Some(ha::Ha {
-                standby: Some(ha::start_standby(dir, &coord)?),
+                standby: match store {
+                    ha::StoreMode::Ha => Some(ha::start_standby(dir, &coord)?),
+                    _ => None,
+                },
                 etcd,
                 took_over: None,
             }),
@@ -402,18 +405,19 @@ impl Demo {
                 demo.coord().http
             ),
         );
-        if demo.ha.is_some() {
-            demo.say(
-                "start",
-                &format!(
+        if let Some(h) = &demo.ha {
+            let said = match h.standby {
+                Some(_) => format!(
                     "--ha: an etcd at {} holds the state; coord-b stands by (lease TTL {})",
-                    demo.ha
-                        .as_ref()
-                        .map(|h| h.etcd.endpoint(0))
-                        .unwrap_or_default(),
+                    h.etcd.endpoint(0),
                     ha::TTL
                 ),
-            );
+                None => format!(
+                    "--etcd: an etcd at {} holds the state (backend = \"etcd\"), one coordinator",
+                    h.etcd.endpoint(0)
+                ),
+            };
+            demo.say("start", &said);
             demo.say_roles();
         }
         for i in 0..demo.machines.len() {
@@ -798,12 +802,12 @@ fn write_script(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn run(keep: bool, stand_in: bool, with_ha: bool) -> anyhow::Result<bool> {
+fn run(keep: bool, stand_in: bool, store: ha::StoreMode) -> anyhow::Result<bool> {
     catch_signals()?;
     let work = tempfile::Builder::new()
         .prefix("fleetmend-demo-")
         .tempdir()?;
-    let mut demo = Demo::start(work.path(), stand_in, with_ha)?;
+    let mut demo = Demo::start(work.path(), stand_in, store)?;
     let outcomes = [
         demo.scenario("a kubelet hangs on demo-r1-n2", Demo::kubelet_failure)?,
         demo.scenario("demo-r1-n3 dies", Demo::dead_machine)?,
@@ -850,23 +854,29 @@ fn run(keep: bool, stand_in: bool, with_ha: bool) -> anyhow::Result<bool> {
     Ok(all)
 }
 
-const USAGE: &str = "usage: fleetmend-demo [--keep] [--stand-in] [--ha]\n\n\
+const USAGE: &str = "usage: fleetmend-demo [--keep] [--stand-in] [--etcd | --ha]\n\n\
 The full-story Fleetmend demo on loopback (run it through scripts/demo.sh, which builds the\n\
 binaries first). --keep leaves the fleet running until Ctrl-C. --stand-in powers machines\n\
 with a stand-in script instead of a bmc-gateway and ipmi_sim (the default without ipmi_sim).\n\
---ha runs two coordinators on an etcd and kills the leader in the middle of the dead-machine\n\
-story (needs the etcd scripts/setup-test-deps.sh builds).\n\
+--etcd keeps the coordinator's state in an etcd instead of SQLite; --ha runs two coordinators\n\
+on an etcd and kills the leader in the middle of the dead-machine story (both need the etcd\n\
+scripts/setup-test-deps.sh builds).\n\
 Exit 0 when every injected failure ended as described, 1 when one did not, 128 plus the\n\
 signal when stopped by one (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), 141 when its output\n\
 was closed (`| head`).";
 
 fn main() -> ExitCode {
-    let (mut keep, mut stand_in, mut with_ha) = (false, false, false);
+    let (mut keep, mut stand_in, mut store) = (false, false, ha::StoreMode::Sqlite);
     for a in std::env::args().skip(1) {
         match a.as_str() {
             "--keep" => keep = true,
             "--stand-in" => stand_in = true,
-            "--ha" => with_ha = true,
+            "--etcd" | "--ha" if store != ha::StoreMode::Sqlite => {
+                eprintln!("fleetmend-demo: --etcd and --ha are one choice: pass one\n{USAGE}");
+                return ExitCode::from(64);
+            }
+            "--etcd" => store = ha::StoreMode::Etcd,
+            "--ha" => store = ha::StoreMode::Ha,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -877,7 +887,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    match run(keep, stand_in, with_ha) {
+    match run(keep, stand_in, store) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) if e.is::<Interrupted>() && STDOUT_GONE.load(Ordering::SeqCst) => {
