@@ -106,6 +106,16 @@ fn fleet_sim_refuses_bad_options_and_a_missing_bin_dir() -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr).contains("unit"),
         "{out:?}"
     );
+    let out = command("fleet-sim")
+        .env("FLEETMEND_BIN_DIR", bin_dir())
+        .args(["--store", "postgres"])
+        .output()?;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--store is sqlite or etcd, not \"postgres\""),
+        "{out:?}"
+    );
     // `command` keeps FLEETMEND_* variables from the child.
     let out = command("fleet-sim").args(["--agents", "5"]).output()?;
     assert_eq!(out.status.code(), Some(64), "{out:?}");

@@ -81,6 +81,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// On etcd (`[store] backend = "etcd"`), after an etcd snapshot was restored: give the
+    /// store a new identity, so that no gateway answers a new power request with an old
+    /// result. Refused while a leader key is there (a coordinator leads, or the snapshot's
+    /// key has not run out): exit 75, naming it. On SQLite, `coordinator restore` does this.
+    RenewIdentity {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -155,21 +164,16 @@ fn main() -> ExitCode {
         Some(Command::Migrate { from_sqlite, json }) => {
             return migrate(&config, &from_sqlite, json);
         }
+        Some(Command::RenewIdentity { json }) => return renew_identity(&config, json),
         _ => {}
     }
     if let Err(e) = protocol::telemetry::init("info") {
         eprintln!("coordinator: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("coordinator: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     rt.block_on(async move {
         let bound = match Bound::open(config, std::sync::Arc::new(SystemClock)).await {
@@ -236,23 +240,77 @@ fn store_command<R: serde::Serialize + std::fmt::Display>(
     r: Result<R, coordinator::store::backup::BackupError>,
 ) -> ExitCode {
     match r {
-        Ok(report) => {
-            if json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(s) => println!("{s}"),
-                    Err(e) => eprintln!("coordinator: {e}"),
-                }
-            } else {
-                println!("{report}");
-            }
-            ExitCode::SUCCESS
-        }
+        Ok(report) => print_report(json, &report),
         Err(e) => {
             eprintln!("coordinator: {e}");
             if e.is_bad_input() {
                 ExitCode::from(EXIT_CONFIG)
             } else {
                 ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// A command's report on stdout, as JSON or as its sentence; exit 0.
+fn print_report<R: serde::Serialize + std::fmt::Display>(json: bool, report: &R) -> ExitCode {
+    if json {
+        match serde_json::to_string_pretty(report) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("coordinator: {e}"),
+        }
+    } else {
+        println!("{report}");
+    }
+    ExitCode::SUCCESS
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("coordinator: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
+/// `coordinator renew-identity`: exit 0; 64 on SQLite or a bad `[store]`; 75 while a leader
+/// key is there; 1 when etcd fails.
+fn renew_identity(config: &Config, json: bool) -> ExitCode {
+    use coordinator::ha::renew::{RenewError, renew_identity};
+    use coordinator::store::etcd::{EtcdSettings, EtcdStore};
+    if config.store.backend != coordinator::store::config::Backend::Etcd {
+        eprintln!(
+            "coordinator: renew-identity is for an etcd store ([store] backend = \"etcd\"); \
+             on SQLite, `coordinator restore --from BACKUP` gives the restored database a new \
+             identity"
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let settings = match EtcdSettings::configured(&config.store) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("coordinator: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let r = rt.block_on(async {
+        let store = EtcdStore::connect(settings).await?;
+        renew_identity(&store).await
+    });
+    match r {
+        Ok(renewed) => print_report(json, &renewed),
+        Err(e) => {
+            eprintln!("coordinator: {e}");
+            match e {
+                RenewError::Led { .. } => ExitCode::from(75),
+                RenewError::Etcd(e) if e.is_config() => ExitCode::from(EXIT_CONFIG),
+                RenewError::Etcd(_) => ExitCode::FAILURE,
             }
         }
     }
@@ -270,15 +328,9 @@ fn migrate(config: &Config, from: &std::path::Path, json: bool) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("coordinator: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     // Progress: every thousandth item of a long area, so a copy of 10,000 entries shows it
     // moves without flooding a terminal.
@@ -289,17 +341,7 @@ fn migrate(config: &Config, from: &std::path::Path, json: bool) -> ExitCode {
     };
     let r = rt.block_on(migrate::migrate(from, target, &progress));
     match r {
-        Ok(report) => {
-            if json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(s) => println!("{s}"),
-                    Err(e) => eprintln!("coordinator: {e}"),
-                }
-            } else {
-                println!("{report}");
-            }
-            ExitCode::SUCCESS
-        }
+        Ok(report) => print_report(json, &report),
         Err(e) => {
             eprintln!("coordinator: {e}");
             if e.is_bad_input() {

@@ -11,6 +11,8 @@
 //! - [`lead`]: campaign, hold, and on the term's end mark the role deposed and fire the
 //!   token the coordinator stops on.
 //! - [`metrics`]: the role as Prometheus series.
+//! - [`renew`]: `coordinator renew-identity`, a new store identity after an etcd snapshot
+//!   restore, never under a leader.
 //!
 //! Every write of a leader is fenced by its epoch in the store itself
 //! (`crate::store::etcd::fence`), so a deposed leader that has not noticed yet writes
@@ -23,6 +25,7 @@ pub mod election;
 pub mod keepalive;
 pub mod lead;
 pub mod metrics;
+pub mod renew;
 pub mod role;
 
 pub use config::HaSection;

@@ -106,6 +106,46 @@ impl MachineStore for Store {
     }
 }
 
+/// For benchmarks across backends (`tests/tests/etcd_bench.rs`): fills a store with machine
+/// records and reads them back as a starting coordinator does.
+#[cfg(any(test, feature = "testing"))]
+pub mod bench {
+    use super::*;
+
+    /// Writes `n` healthy machines in batches of 1,000 (as an inventory import does).
+    pub async fn fill(s: &Store, n: usize) -> Result<(), StoreError> {
+        let now = jiff::Timestamp::now();
+        let row = |i: usize| {
+            Write::Row(Row {
+                record: MachineRecord {
+                    address: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+                    hostname: format!("n{i}"),
+                    serial: format!("SN{i}"),
+                    rack: format!("rack-{}", i / 40),
+                    role: "worker".into(),
+                    machine_type: Some("qemu".into()),
+                    labels: Default::default(),
+                    source: crate::inventory::RecordSource::Inventory,
+                },
+                state: MachineState::Healthy,
+                since: now,
+                reason: String::new(),
+                now,
+            })
+        };
+        for from in (0..n).step_by(1000) {
+            s.persist((from..n.min(from + 1000)).map(row).collect())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Reads every machine, as a starting coordinator does; how many.
+    pub async fn read_all(s: &Store) -> Result<usize, StoreError> {
+        Ok(s.machines().await?.len())
+    }
+}
+
 /// The store tests every backend must pass for machines, each on a new, empty store.
 /// They take a [`Store`]: the machine types are the registry's own.
 #[cfg(any(test, feature = "testing"))]

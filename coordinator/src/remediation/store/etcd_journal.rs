@@ -9,11 +9,14 @@
 //! order of sequence numbers, as `events` returns them. The id a write returns, and a
 //! repeat names, is the line's key number.
 //!
-//! Reads walk the keys in pages ([`crate::store::etcd::kv::Scan`]) and stop as soon as they
-//! have what they need: `events` from the newest down (its `after_seq` is the walk's lower
-//! bound, its `limit` ends it), the resume from the newest down to the history window, the
-//! pruning from the oldest up to the retention bound, and the count bound by etcd's count
-//! and one range delete. A walk that uses times goes an hour past its bound ([`CLOCK_SLACK_MS`]):
+//! `remediation/journal-head` holds the largest sequence number written, moved in every
+//! write's transaction. Reads walk the keys and stop as soon as they have what they need:
+//! `events` from the newest down (its `after_seq` is the walk's lower bound, its `limit`
+//! ends it), the resume from the newest down to the history window, the pruning from the
+//! oldest up to the retention bound, and the count bound by etcd's count and one range
+//! delete. A walk down reads windows of sequence numbers below the head, each upwards and
+//! twice as wide as the last (etcd reads a whole range to sort it downwards), all at the
+//! revision of the first. A walk that uses times goes an hour past its bound ([`CLOCK_SLACK_MS`]):
 //! lines are written in pass order, each with its pass's time, so a line later in key
 //! order is older than one before it only by the clock difference of two coordinators.
 
@@ -31,6 +34,14 @@ use crate::store::etcd::{EtcdError, EtcdStore, Versioned};
 
 /// The journal's directory (relative to the store's prefix).
 pub(super) const LINES: &str = "remediation/lines";
+
+/// The largest sequence number written (relative to the store's prefix).
+pub(super) const HEAD: &str = "remediation/journal-head";
+
+/// The first window of a walk down, in sequence numbers; each next one is twice as wide,
+/// up to [`WIDEST`].
+const FIRST_WINDOW: u64 = 256;
+const WIDEST: u64 = 1 << 16;
 
 /// Journal writes per transaction: a repeat is two operations and two compares, under
 /// etcd's default `--max-txn-ops` (128) with room for a leader's fence.
@@ -117,7 +128,75 @@ fn decision_json(d: &Decision) -> serde_json::Value {
     serde_json::to_value(d).unwrap_or(serde_json::Value::Null)
 }
 
+/// A walk down the journal from its head: [`EtcdStore::journal_down`].
+struct Down {
+    /// The next window ends below this sequence number.
+    below: u64,
+    /// The walk ends at this sequence number (included).
+    floor: u64,
+    width: u64,
+    revision: i64,
+}
+
+impl Down {
+    /// The next lines down, newest first; empty when the walk is over.
+    async fn next(&mut self, store: &EtcdStore) -> Result<Vec<(i64, LineValue)>, EtcdError> {
+        while self.below > self.floor {
+            let from = self.below.saturating_sub(self.width).max(self.floor);
+            let mut scan = store
+                .scan_between(LINES, &num_key(from), &num_key(self.below))
+                .at_revision(self.revision);
+            let mut lines = Vec::new();
+            loop {
+                let page = scan.next::<LineValue>(PAGE).await?;
+                if page.is_empty() {
+                    break;
+                }
+                lines.extend(
+                    page.into_iter()
+                        .map(|(k, v)| (k.parse::<i64>().unwrap_or(0), v.value)),
+                );
+            }
+            self.revision = scan.revision();
+            self.below = from;
+            self.width = (self.width * 2).min(WIDEST);
+            if !lines.is_empty() {
+                lines.reverse();
+                return Ok(lines);
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
 impl EtcdStore {
+    /// The largest sequence number written; a journal without its head key (none written
+    /// yet) is read once upwards for its last key.
+    async fn journal_head(&self) -> Result<u64, EtcdError> {
+        if let Some(v) = self.kv_get::<u64>(HEAD).await? {
+            return Ok(v.value);
+        }
+        let mut scan = self.scan(LINES, None);
+        let mut last = 0;
+        loop {
+            let keys = scan.next_keys(1000).await?;
+            match keys.last() {
+                Some(k) => last = k.parse().unwrap_or(last),
+                None => return Ok(last),
+            }
+        }
+    }
+
+    /// A walk down the journal from its newest line to the line at `floor`.
+    async fn journal_down(&self, floor: u64) -> Result<Down, EtcdError> {
+        Ok(Down {
+            below: self.journal_head().await?.saturating_add(1),
+            floor,
+            width: FIRST_WINDOW,
+            revision: 0,
+        })
+    }
+
     /// A pass's journal writes, in transactions of whole lines; the key of each line.
     pub(super) async fn journal_write(
         &self,
@@ -182,6 +261,9 @@ impl EtcdStore {
         for (key, line) in &written {
             txn = txn.put(&line_key(*key), line)?;
         }
+        if let Some(head) = written.keys().next_back() {
+            txn = txn.put(HEAD, head)?;
+        }
         if txn.commit().await? {
             return Ok(ids);
         }
@@ -201,14 +283,14 @@ impl EtcdStore {
         &self,
         address: &str,
     ) -> Result<Option<LineValue>, EtcdError> {
-        let mut scan = self.scan(LINES, None, true);
+        let mut down = self.journal_down(0).await?;
         loop {
-            let page = scan.next::<LineValue>(PAGE).await?;
-            if page.is_empty() {
+            let lines = down.next(self).await?;
+            if lines.is_empty() {
                 return Ok(None);
             }
-            if let Some((_, v)) = page.into_iter().find(|(_, v)| v.value.address == address) {
-                return Ok(Some(v.value));
+            if let Some((_, l)) = lines.into_iter().find(|(_, l)| l.address == address) {
+                return Ok(Some(l));
             }
         }
     }
@@ -224,19 +306,19 @@ impl EtcdStore {
             q.limit
         };
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let from = q.after_seq.map(|s| num_key(s.saturating_add(1)));
         let since = q
             .since_unix_ms
             .map(|s| i64::try_from(s).unwrap_or(i64::MAX));
-        let mut scan = self.scan(LINES, from.as_deref(), true);
+        let mut down = self
+            .journal_down(q.after_seq.map_or(0, |s| s.saturating_add(1)))
+            .await?;
         let mut out: Vec<JournalLine> = Vec::new();
         'walk: loop {
-            let page = scan.next::<LineValue>(PAGE).await?;
-            if page.is_empty() {
+            let lines = down.next(self).await?;
+            if lines.is_empty() {
                 break;
             }
-            for (_, v) in page {
-                let l = v.value;
+            for (_, l) in lines {
                 if since.is_some_and(|s| l.last_ms < s.saturating_sub(CLOCK_SLACK_MS)) {
                     break 'walk;
                 }
@@ -264,18 +346,16 @@ impl EtcdStore {
         last_pass_since_ms: i64,
         resume: &mut Resume,
     ) -> Result<(), EtcdError> {
-        let mut scan = self.scan(LINES, None, true);
+        let mut down = self.journal_down(0).await?;
         let mut latest: Option<i64> = None;
         let mut last_pass: Vec<(i64, LineValue)> = Vec::new();
         let mut admissions: Vec<(i64, Decision)> = Vec::new();
         'walk: loop {
-            let page = scan.next::<LineValue>(PAGE).await?;
-            if page.is_empty() {
+            let lines = down.next(self).await?;
+            if lines.is_empty() {
                 break;
             }
-            for (key, v) in page {
-                let l = v.value;
-                let key: i64 = key.parse().unwrap_or(0);
+            for (key, l) in lines {
                 if latest.is_none() {
                     resume.max_seq = l.seq;
                 }
@@ -320,7 +400,7 @@ impl EtcdStore {
         max_rows: u64,
     ) -> Result<usize, EtcdError> {
         let mut gone: Vec<String> = Vec::new();
-        let mut scan = self.scan(LINES, None, false);
+        let mut scan = self.scan(LINES, None);
         'walk: loop {
             let page = scan.next::<LineValue>(PAGE).await?;
             if page.is_empty() {
@@ -347,7 +427,7 @@ impl EtcdStore {
         let count = u64::try_from(self.kv_count(LINES).await?).unwrap_or(0);
         let mut excess = count.saturating_sub(max_rows);
         let mut by_count = 0;
-        let mut scan = self.scan(LINES, None, false);
+        let mut scan = self.scan(LINES, None);
         while excess > 0 {
             let keys = scan
                 .next_keys(i64::try_from(excess.min(500)).unwrap_or(500))

@@ -148,7 +148,9 @@ impl EtcdStore {
     }
 
     /// The last `limit` values under the directory `rel` in key order, last first (the
-    /// newest of a numbered directory), with keys relative to the directory.
+    /// newest of a numbered directory), with keys relative to the directory. etcd reads the
+    /// whole directory to sort it this way: for small directories (a machine's own, the
+    /// bounded fence flows), not for a long journal.
     pub async fn kv_list_last<T: DeserializeOwned>(
         &self,
         rel: &str,
@@ -188,26 +190,33 @@ impl EtcdStore {
         Ok(resp.count())
     }
 
-    /// A walk over the directory `rel` in pages, from its first key up (or its last key
-    /// down, `descending`), over the keys at or after `from` (relative to the directory)
-    /// when given. Every page is read at the revision of the first, so the walk is one
-    /// snapshot however long it takes; the caller stops when it has what it needs.
-    pub fn scan(&self, rel: &str, from: Option<&str>, descending: bool) -> Scan {
+    /// A walk over the directory `rel` in pages, in key order, over the keys at or after
+    /// `from` (relative to the directory) when given. Every page is read at the revision of
+    /// the first, so the walk is one snapshot however long it takes; the caller stops when it
+    /// has what it needs. Only upwards: etcd reads a whole range to sort it any other way.
+    pub fn scan(&self, rel: &str, from: Option<&str>) -> Scan {
         let dir = self.dir_key(rel);
-        let hi = range_end(dir.as_bytes());
         let lo = match from {
             Some(f) => format!("{dir}{f}").into_bytes(),
             None => dir.as_bytes().to_vec(),
         };
+        let hi = range_end(dir.as_bytes());
         Scan {
             store: self.clone(),
             dir,
             lo,
             hi,
-            descending,
             revision: 0,
             done: false,
         }
+    }
+
+    /// A walk like [`EtcdStore::scan`] over the keys from `from` (included) to `to`
+    /// (excluded), both relative to the directory `rel`.
+    pub fn scan_between(&self, rel: &str, from: &str, to: &str) -> Scan {
+        let mut scan = self.scan(rel, Some(from));
+        scan.hi = format!("{}{to}", scan.dir).into_bytes();
+        scan
     }
 
     /// The keys under the directory `rel`, relative to it, in key order (values not read).
@@ -349,13 +358,23 @@ pub struct Scan {
     /// The range still to read: `[lo, hi)`.
     lo: Vec<u8>,
     hi: Vec<u8>,
-    descending: bool,
     /// The revision every page is read at (0 until the first page).
     revision: i64,
     done: bool,
 }
 
 impl Scan {
+    /// Reads at `revision` (0: at the first page's), so several walks make one snapshot.
+    pub fn at_revision(mut self, revision: i64) -> Self {
+        self.revision = revision;
+        self
+    }
+
+    /// The revision the walk reads at (0 before its first page).
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
     /// The next `limit` values (keys relative to the directory); empty when the walk is over.
     pub async fn next<T: DeserializeOwned>(
         &mut self,
@@ -384,15 +403,9 @@ impl Scan {
         if self.done || self.lo >= self.hi {
             return Ok(Vec::new());
         }
-        let order = if self.descending {
-            etcd_client::SortOrder::Descend
-        } else {
-            etcd_client::SortOrder::Ascend
-        };
         let mut opts = GetOptions::new()
             .with_range(self.hi.clone())
             .with_limit(limit.max(1))
-            .with_sort(etcd_client::SortTarget::Key, order)
             .with_revision(self.revision);
         if keys_only {
             opts = opts.with_keys_only();
@@ -407,13 +420,9 @@ impl Scan {
         }
         let more = resp.more();
         let page = resp.take_kvs();
-        match page.last() {
-            Some(last) if self.descending => self.hi = last.key().to_vec(),
-            Some(last) => {
-                self.lo = last.key().to_vec();
-                self.lo.push(0);
-            }
-            None => {}
+        if let Some(last) = page.last() {
+            self.lo = last.key().to_vec();
+            self.lo.push(0);
         }
         self.done = !more || page.is_empty();
         Ok(page)

@@ -93,14 +93,18 @@ fn v1_identity(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
 const V1_JOURNAL: &str = "remediation/journal";
 const V1_JOURNAL_INDEX: &str = "remediation/journal-index";
 const V2_LINES: &str = "remediation/lines";
+const V2_HEAD: &str = "remediation/journal-head";
 
 fn v2_journal_by_seq(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> {
     Box::pin(async move {
         // Each round moves the oldest 60 lines left (two operations each, under etcd's 128
-        // per transaction); a step cut short and run again moves what is left.
+        // per transaction); a step cut short and run again moves what is left. The head, the
+        // largest sequence number, goes with the last round (a step run again after all
+        // moved leaves none: the journal then finds its last key once).
+        let mut head = 0;
         loop {
             let page = store
-                .scan(V1_JOURNAL, None, false)
+                .scan(V1_JOURNAL, None)
                 .next::<serde_json::Value>(60)
                 .await?;
             if page.is_empty() {
@@ -115,18 +119,18 @@ fn v2_journal_by_seq(store: &EtcdStore) -> BoxFuture<'_, Result<(), EtcdError>> 
                         "a journal line without its sequence number (\"seq\")",
                     ),
                 })?;
+                head = head.max(seq);
                 txn = txn
                     .delete(&old)
                     .put(&format!("{V2_LINES}/{}", super::kv::num_key(seq)), &v.value)?;
             }
             txn.commit().await?;
         }
-        store
-            .txn()
-            .delete(V1_JOURNAL_INDEX)
-            .commit()
-            .await
-            .map(drop)
+        let mut txn = store.txn().delete(V1_JOURNAL_INDEX);
+        if head > 0 {
+            txn = txn.put(V2_HEAD, &head)?;
+        }
+        txn.commit().await.map(drop)
     })
 }
 

@@ -15,6 +15,10 @@
 //! exits non-zero when a connection dropped, the killed agents were not detected, or other
 //! machines went unreachable with them.
 //!
+//! With `--store etcd` the coordinator keeps its state in an etcd the test kit starts (its
+//! own member, fsyncing as in production), and the table adds etcd's revision at the start
+//! and the end of the window: equal when the reports wrote nothing.
+//!
 //! The agents share the machine with the coordinator, so on a small machine the figures are
 //! an upper bound on the coordinator's costs. Run it through `scripts/fleet-sim.sh`, which
 //! builds the binaries and sets `FLEETMEND_BIN_DIR`.
@@ -44,7 +48,7 @@ const CONNECTIONS_PER_ENDPOINT: usize = 2_500;
 const GRACE_INTERVALS: u32 = 3;
 
 const USAGE: &str = "usage: fleet-sim [--agents N] [--interval 1s] [--duration 60s] \
-[--kill-percent 1] [--handshakes 64] [--json]";
+[--kill-percent 1] [--handshakes 64] [--store sqlite|etcd] [--json]";
 
 /// The options that take a value.
 const VALUED: &[&str] = &[
@@ -53,6 +57,7 @@ const VALUED: &[&str] = &[
     "--duration",
     "--kill-percent",
     "--handshakes",
+    "--store",
 ];
 
 /// Command-line options.
@@ -65,6 +70,8 @@ struct Args {
     duration: Duration,
     kill_percent: f64,
     handshakes: usize,
+    /// `--store etcd`: the coordinator on an etcd of the test kit.
+    etcd: bool,
     json: bool,
 }
 
@@ -77,6 +84,7 @@ impl Default for Args {
             duration: Duration::from_secs(60),
             kill_percent: 1.0,
             handshakes: 64,
+            etcd: false,
             json: false,
         }
     }
@@ -113,6 +121,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Args> {
             "--duration" => a.duration = parse_duration(&value)?,
             "--kill-percent" => a.kill_percent = value.parse().context("--kill-percent")?,
             "--handshakes" => a.handshakes = value.parse().context("--handshakes")?,
+            "--store" => {
+                a.etcd = match value.as_str() {
+                    "sqlite" => false,
+                    "etcd" => true,
+                    other => bail!("--store is sqlite or etcd, not {other:?}"),
+                }
+            }
             _ => bail!("unknown option {flag}\n{USAGE}"),
         }
     }
@@ -181,6 +196,21 @@ fn run(args: &Args) -> anyhow::Result<Results> {
         .map(|(a, h)| (a.as_str(), h.as_str()))
         .collect();
     let grace = args.interval * GRACE_INTERVALS;
+    // Its own etcd member, fsyncing as in production.
+    let etcd = if args.etcd {
+        Some(testkit::etcd::Etcd::start(
+            testkit::etcd::Options::default().durable(),
+        )?)
+    } else {
+        None
+    };
+    let extra = match &etcd {
+        Some(e) => format!(
+            "[store]\nbackend = \"etcd\"\nendpoints = [{:?}]\nprefix = \"/fleet-sim/\"\n",
+            e.endpoint(0)
+        ),
+        None => String::new(),
+    };
     let coord = Coordinator::start(
         &tmp.path().join("coordinator"),
         &pki,
@@ -188,6 +218,7 @@ fn run(args: &Args) -> anyhow::Result<Results> {
             report_interval: args.interval,
             unreachable_grace: grace,
             inventory: Some(inventory_toml(&pairs)),
+            extra,
             ..Default::default()
         },
     )
@@ -212,7 +243,15 @@ fn run(args: &Args) -> anyhow::Result<Results> {
         .enable_all()
         .build()?;
     let shared = Arc::new(Shared::default());
-    let r = rt.block_on(simulate(args, &coord, &pid, materials, shared.clone()));
+    let endpoints = etcd.as_ref().map(|e| e.endpoints()).unwrap_or_default();
+    let r = rt.block_on(simulate(
+        args,
+        &coord,
+        &pid,
+        materials,
+        shared.clone(),
+        endpoints,
+    ));
     shared.stop.store(true, Ordering::Relaxed);
     rt.shutdown_timeout(Duration::from_secs(2));
     let mut r = r?;
@@ -249,7 +288,22 @@ async fn simulate(
     pid: &str,
     materials: Vec<protocol::transport::TlsMaterial>,
     shared: Arc<Shared>,
+    etcd: Vec<String>,
 ) -> anyhow::Result<Results> {
+    // etcd's revision, which every write anywhere moves (a count-only read moves nothing).
+    let mut client = match etcd.is_empty() {
+        true => None,
+        false => Some(etcd_client::Client::connect(etcd, None).await?),
+    };
+    let mut revision = async || -> anyhow::Result<Option<i64>> {
+        let Some(c) = client.as_mut() else {
+            return Ok(None);
+        };
+        let r = c
+            .get("/", Some(etcd_client::GetOptions::new().with_count_only()))
+            .await?;
+        Ok(r.header().map(|h| h.revision()))
+    };
     let n = args.agents;
     let endpoints = (0..n.div_ceil(CONNECTIONS_PER_ENDPOINT))
         .map(|_| {
@@ -316,9 +370,11 @@ async fn simulate(
 
     shared.recording.store(true, Ordering::Relaxed);
     let m0 = Metrics::scrape(coord.http)?;
+    let rev0 = revision().await?;
     let (c0, s0, w0) = (cpu_time(pid)?, cpu_time("self")?, Instant::now());
     tokio::time::sleep(args.duration).await;
     let (c1, s1, window) = (cpu_time(pid)?, cpu_time("self")?, w0.elapsed());
+    let rev1 = revision().await?;
     shared.recording.store(false, Ordering::Relaxed);
     let rss = rss_kib(pid)?;
     let m1 = Metrics::scrape(coord.http)?;
@@ -380,6 +436,8 @@ async fn simulate(
 
     let errors = shared.errors.lock().expect("errors lock").clone();
     let end = Metrics::scrape(coord.http)?;
+    // After the kill: the unreachable machines' transitions did write (the counter is live).
+    let rev2 = revision().await?;
     Ok(Results {
         agents: n,
         interval_s: args.interval.as_secs_f64(),
@@ -413,6 +471,9 @@ async fn simulate(
         detect_s,
         others_unreachable,
         healthy_after_kill,
+        store: if rev0.is_some() { "etcd" } else { "sqlite" }.into(),
+        etcd_revision: rev0.zip(rev1),
+        etcd_revision_after_kill: rev2,
     })
 }
 

@@ -201,6 +201,14 @@ pub(crate) struct Results {
     pub(crate) others_unreachable: usize,
     /// Machines `healthy` once the killed ones were detected (should be agents − killed).
     pub(crate) healthy_after_kill: u64,
+    /// The coordinator's store: `sqlite` or `etcd`.
+    pub(crate) store: String,
+    /// With `--store etcd`: etcd's revision at the start and the end of the window (equal
+    /// when reports wrote nothing).
+    pub(crate) etcd_revision: Option<(i64, i64)>,
+    /// etcd's revision once the killed machines were found unreachable (their transitions
+    /// are written): proof that the revision read sees the coordinator's writes.
+    pub(crate) etcd_revision_after_kill: Option<i64>,
 }
 
 impl Results {
@@ -261,6 +269,18 @@ impl Results {
                     "{} (healthy at window end: {}/{}; refused by the coordinator: {})",
                     self.dropped, self.healthy_at_window_end, self.agents, self.coordinator_refused,
                 ),
+            ),
+            (
+                "store writes in the window".into(),
+                match (self.etcd_revision, self.etcd_revision_after_kill) {
+                    (Some((a, b)), after) => format!(
+                        "etcd revision {a} → {b} ({:+}: {}); {} after the kill",
+                        b - a,
+                        if a == b { "no write" } else { "written" },
+                        after.map_or("?".into(), |c| format!("{c} ({:+})", c - b)),
+                    ),
+                    (None, _) => format!("{} (not counted)", self.store),
+                },
             ),
             (
                 "UDP receive-buffer drops".into(),
