@@ -137,8 +137,8 @@ fn main() -> ExitCode {
         eprintln!(
             "coordinator: [store] backend = \"etcd\": `coordinator backup` and `restore` work on a \
              SQLite file only. On etcd, back up with `etcdctl snapshot save FILE`; to restore, \
-             stop every coordinator, restore the snapshot (`etcdutl snapshot restore`), and give \
-             the store a new identity before any coordinator starts (docs/operations.md, \
+             stop every coordinator, restore the snapshot (`etcdutl snapshot restore`), and run \
+             `coordinator renew-identity` before any coordinator starts (docs/operations.md, \
              \"Backup and restore on etcd\"), so that no gateway answers a new power request \
              with an old result"
         );
