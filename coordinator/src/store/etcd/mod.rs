@@ -30,6 +30,7 @@ pub mod error;
 pub mod fence;
 pub mod health;
 pub mod kv;
+pub mod scan;
 pub mod schema;
 
 use std::any::{Any, TypeId};
