@@ -275,7 +275,7 @@ async fn a_store_with_entries_flows_and_notices_moves_to_etcd_whole() -> anyhow:
         assert_eq!(out.status.code(), Some(64), "{}", text(&out));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
-            err.contains("etcdctl snapshot save") && err.contains("new identity"),
+            err.contains("etcdctl snapshot save") && err.contains("coordinator renew-identity"),
             "{err}"
         );
     }

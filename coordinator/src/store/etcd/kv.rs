@@ -73,7 +73,10 @@ pub(super) fn range_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-pub(super) fn decode<T: DeserializeOwned>(key: &str, kv: &KeyValue) -> Result<Versioned<T>, EtcdError> {
+pub(super) fn decode<T: DeserializeOwned>(
+    key: &str,
+    kv: &KeyValue,
+) -> Result<Versioned<T>, EtcdError> {
     let value = serde_json::from_slice(kv.value()).map_err(|source| EtcdError::Json {
         key: key.to_string(),
         source,
@@ -188,6 +191,17 @@ impl EtcdStore {
             .bounded("count", &dir, kv.get(dir.clone(), Some(opts)))
             .await?;
         Ok(resp.count())
+    }
+
+    /// One range read of the directory `dir` from `from` ([`super::scan`]'s pages).
+    pub(super) async fn range_page(
+        &self,
+        dir: &str,
+        from: Vec<u8>,
+        opts: GetOptions,
+    ) -> Result<etcd_client::GetResponse, EtcdError> {
+        let mut kv = self.client.kv_client();
+        self.bounded("list", dir, kv.get(from, Some(opts))).await
     }
 
     /// The keys under the directory `rel`, relative to it, in key order (values not read).

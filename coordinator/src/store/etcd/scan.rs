@@ -99,10 +99,9 @@ impl Scan {
         if keys_only {
             opts = opts.with_keys_only();
         }
-        let mut kv = self.store.client.kv_client();
         let mut resp = self
             .store
-            .bounded("list", &self.dir, kv.get(self.lo.clone(), Some(opts)))
+            .range_page(&self.dir, self.lo.clone(), opts)
             .await?;
         if self.revision == 0 {
             self.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
