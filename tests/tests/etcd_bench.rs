@@ -5,7 +5,7 @@
 //! remediation pass starts from (the whole queue); then what a remediation pass and a
 //! coordinator's start read of the store at 10,000 machines (the machine records, the
 //! operator's switches) and the decision journal's reads at 20,000 lines (`events`, its
-//! `--watch` poll, the loop's resume and its minute's pruning). Numbers are printed, never
+//! `events --follow` poll, the loop's resume and its minute's pruning). Numbers are printed, never
 //! asserted (`docs/benchmarks.md`, "The store: SQLite and etcd").
 //!
 //! ```sh
@@ -184,7 +184,7 @@ async fn remediation_input(name: &str, store: &Store, machines: usize, lines: us
     println!(
         "{name:7} {machines} machines: persist {:6.1} s, read all (a start) {load:7.1} ms, \
          switches (each pass) {board:6.2} ms; {lines} journal lines: written {:5.1} s, \
-         events (1,000 newest) {events:7.1} ms, a --watch poll {watch:6.2} ms, \
+         events (1,000 newest) {events:7.1} ms, an events --follow poll {watch:6.2} ms, \
          resume {resume:7.1} ms, a minute's pruning (nothing to prune) {prune:7.1} ms",
         persist.as_secs_f64(),
         write.as_secs_f64(),
