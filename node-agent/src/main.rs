@@ -21,14 +21,14 @@ use node_agent::kdump_notify::{KdumpNotifyArgs, Notify};
 use node_agent::reload::Reloads;
 use node_agent::systemd::{SdNotifier, SystemdShutdownProbe};
 
+// Stack: every page of `main`'s frame is touched at start (stack probes) and stays
+// resident for the agent's life, so what only the start or one command needs (clap's
+// parser, `kdump-notify`'s runtime, the `run` future) lives in functions of its own, kept
+// out of `main` by `#[inline(never)]`; inlined, they made `main`'s frame 86 KB
+// (docs/benchmarks.md, "The agent's stack").
 fn main() -> ExitCode {
     protocol::telemetry::quiet_broken_pipe();
-    let parsed = Cli::command().try_get_matches().and_then(|m| {
-        let mut cli = Cli::from_arg_matches(&m)?;
-        cli.settings.note_origins(&m);
-        Ok(cli)
-    });
-    let cli = match parsed {
+    let cli = match parse() {
         Ok(c) => c,
         // The kdump initramfs scripts tell bad input (64) from an unreachable coordinator
         // (69); clap's own code for a bad flag would be 2.
@@ -66,12 +66,31 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Check { json }) => rt.block_on(check(cfg, json)),
-        Some(Command::Run) | None => rt.block_on(run(cfg, cli.settings)),
+        Some(Command::Run) | None => serve(&rt, cfg, cli.settings),
         Some(Command::KdumpNotify(_)) => unreachable!("handled before the config is loaded"),
     }
 }
 
+/// The command line; clap's builder is large on the stack, and needed only here.
+#[inline(never)]
+fn parse() -> Result<Cli, clap::Error> {
+    Cli::command().try_get_matches().and_then(|m| {
+        let mut cli = Cli::from_arg_matches(&m)?;
+        cli.settings.note_origins(&m);
+        Ok(cli)
+    })
+}
+
+/// `run`: reports until stopped. The future is boxed, so the runtime's `block_on` moves a
+/// pointer around instead of copying the agent's state machine (15 KB) into its frames
+/// (tokio boxes only futures over 16 KB itself).
+#[inline(never)]
+fn serve(rt: &tokio::runtime::Runtime, cfg: Config, settings: Settings) -> ExitCode {
+    rt.block_on(Box::pin(run(cfg, settings)))
+}
+
 /// `kdump-notify`: no config file, its own small runtime, sysexits codes.
+#[inline(never)]
 fn kdump_notify(settings: &Settings, args: &KdumpNotifyArgs) -> ExitCode {
     let notify = match Notify::new(settings, args) {
         Ok(n) => n,

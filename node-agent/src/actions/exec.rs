@@ -61,7 +61,10 @@ impl Tail {
     /// Reads `r` to its end; what was read stays kept if this is dropped half-way.
     async fn fill<R: AsyncRead + Unpin>(&mut self, r: Option<R>) {
         let Some(mut r) = r else { return };
-        let mut chunk = [0u8; 8192];
+        // On the heap: an array here sits in the future of every command run (two streams),
+        // and again in each wrapper that holds that future; through the reboot command's it
+        // made up most of the agent's 316 KB main future (docs/benchmarks.md).
+        let mut chunk = vec![0u8; 8192];
         loop {
             match r.read(&mut chunk).await {
                 Ok(0) | Err(_) => break,

@@ -454,7 +454,14 @@ impl Agent {
     ) -> bool {
         let cfg = self.actions.config();
         info!(id = %order.id, command = %cfg.reboot_command.join(" "), "rebooting as the coordinator asked");
-        let run = actions::exec::run(&cfg.reboot_command, cfg.command_timeout, 2048);
+        // Boxed: the command's future, awaited through `pinging` and `unless_stopped` (which
+        // each hold it more than once), would otherwise make the agent's whole future, built
+        // on the main thread's stack, several times its size (docs/benchmarks.md).
+        let run = Box::pin(actions::exec::run(
+            &cfg.reboot_command,
+            cfg.command_timeout,
+            2048,
+        ));
         let notifier = self.notifier.clone();
         let Some(ran) = unless_stopped(stop, pinging(&*notifier, STEP_LIMIT, run)).await else {
             info!(id = %order.id, "stopped while the reboot command ran; not waiting for it");
@@ -485,7 +492,9 @@ impl Agent {
                 if self.summary.connections > 0 || backoff.attempts() > 0 {
                     self.reload_tls();
                 }
-                let connect = pinging(&*self.notifier, STEP_LIMIT, self.connect());
+                // Boxed, as the reboot command is: only while connecting, not in every
+                // round's future (see `run_reboot`).
+                let connect = pinging(&*self.notifier, STEP_LIMIT, Box::pin(self.connect()));
                 match unless_stopped(&mut *stop, connect).await {
                     None => break 'run,
                     Some(Ok(l)) => {

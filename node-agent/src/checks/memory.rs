@@ -10,6 +10,12 @@
 //!
 //! Off in `auto` mode when the kernel has no EDAC memory controller (no driver for the
 //! platform, or a virtual machine).
+//!
+//! Each controller's `ue_count` and `ce_count` are read every round through descriptors kept
+//! open (`checks::kept`: one `pread` each instead of an open, a read and a close). A
+//! controller whose driver is unloaded answers `ENODEV` on them; the path is then opened
+//! again, which fails while the controller is gone (`unknown`) and finds it when it is back.
+//! The DIMM files are read by path, and only when there is something to name.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -18,6 +24,7 @@ use std::time::{Duration, Instant};
 use protocol::messages::{CheckKind, CheckResult, CheckStatus};
 
 use super::config::{Enabled, MemoryConfig};
+use super::kept::KeptFile;
 use super::{read_trimmed, result, under_root};
 
 /// The EDAC memory controllers, as a node path.
@@ -39,11 +46,13 @@ struct Dimm {
     ce: u64,
 }
 
-/// One controller's correctable counts over time.
+/// One controller: its two counters, kept open, and its correctable counts over time.
 #[derive(Debug)]
 struct Controller {
     dir: PathBuf,
     name: String,
+    ue: KeptFile,
+    ce: KeptFile,
     samples: VecDeque<(Instant, u64)>,
 }
 
@@ -64,10 +73,15 @@ fn controllers(root: &Path) -> Vec<Controller> {
         .filter_map(|d| {
             let name = d.file_name().to_string_lossy().into_owned();
             let n = name.strip_prefix("mc")?;
-            (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then(|| Controller {
-                dir: d.path(),
-                name,
-                samples: VecDeque::new(),
+            (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then(|| {
+                let dir = d.path();
+                Controller {
+                    ue: KeptFile::new(dir.join("ue_count")),
+                    ce: KeptFile::new(dir.join("ce_count")),
+                    dir,
+                    name,
+                    samples: VecDeque::new(),
+                }
             })
         })
         .collect();
@@ -77,6 +91,11 @@ fn controllers(root: &Path) -> Vec<Controller> {
 
 fn count(path: &Path) -> Option<u64> {
     read_trimmed(path).ok()?.parse().ok()
+}
+
+/// A counter read through its kept descriptor.
+fn kept_count(file: &mut KeptFile) -> Option<u64> {
+    file.read_trimmed().ok()?.parse().ok()
 }
 
 /// The DIMMs of a controller, with their labels (the `dimmN` layout).
@@ -171,10 +190,7 @@ impl MemoryCheck {
         let mut out = Vec::with_capacity(self.controllers.len());
         for c in &mut self.controllers {
             let r = |s, d: String| result(CheckKind::Memory, &c.name, s, d);
-            let (Some(ue), Some(ce)) = (
-                count(&c.dir.join("ue_count")),
-                count(&c.dir.join("ce_count")),
-            ) else {
+            let (Some(ue), Some(ce)) = (kept_count(&mut c.ue), kept_count(&mut c.ce)) else {
                 out.push(r(
                     CheckStatus::Unknown,
                     format!("cannot read {}/ue_count and ce_count", c.dir.display()),
@@ -344,6 +360,103 @@ mod tests {
                 && r[1].detail.contains("DIMM P1-DIMMB1 (2 uncorrectable)"),
             "{r:?}"
         );
+    }
+
+    fn ok_count(r: &CheckResult) -> u64 {
+        assert_eq!(r.status, CheckStatus::Ok, "{r:?}");
+        let d = r.detail.strip_prefix("no uncorrectable errors, ").unwrap();
+        d.split(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_controller_that_goes_away_is_unknown_and_read_again_when_it_is_back() {
+        let f = NodeFixture::builder("n").build().unwrap();
+        mc(&f, 0, 0, 3, &[]);
+        mc(&f, 1, 0, 0, &[]);
+        let mut m = MemoryCheck::new(f.root(), &MemoryConfig::default()).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(ok_count(&m.check_at(t0)[0]), 3);
+        let mc0 = f.root().join("sys/devices/system/edac/mc/mc0");
+        std::fs::remove_dir_all(&mc0).unwrap();
+        let r = m.check_at(t0 + Duration::from_secs(5));
+        assert_eq!(r[0].status, CheckStatus::Unknown, "{r:?}");
+        assert!(r[0].detail.contains("mc0/ue_count"), "{r:?}");
+        assert_eq!(ok_count(&r[1]), 0, "the other controller is still read");
+        // Back (a driver reload): its counters start again from 0.
+        mc(&f, 0, 0, 1, &[]);
+        let r = m.check_at(t0 + Duration::from_secs(10));
+        assert_eq!(ok_count(&r[0]), 1);
+        assert!(r[0].detail.contains("(0 within 1h)"), "{r:?}");
+    }
+
+    /// procfs stands in for sysfs here: a file the kernel generates on every read, which
+    /// this test can change (a child's `oom_score_adj`) and make vanish (the child reaped),
+    /// as a controller's counter moves and goes with its driver.
+    #[test]
+    fn counters_are_read_through_kept_descriptors_which_see_changes_and_a_controller_coming_back() {
+        fn child() -> (std::process::Child, PathBuf) {
+            let c = std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap();
+            let p = PathBuf::from(format!("/proc/{}/oom_score_adj", c.id()));
+            // Raising a process's own oom_score_adj needs no privilege; a negative one
+            // would not read as a counter.
+            let v: i64 = std::fs::read_to_string(&p).unwrap().trim().parse().unwrap();
+            if v < 0 {
+                std::fs::write(&p, "0").unwrap();
+            }
+            (c, p)
+        }
+        let value =
+            |p: &Path| -> u64 { std::fs::read_to_string(p).unwrap().trim().parse().unwrap() };
+        let f = NodeFixture::builder("n").build().unwrap();
+        mc(&f, 0, 0, 0, &[]);
+        let ce = f.root().join("sys/devices/system/edac/mc/mc0/ce_count");
+        let (mut first, p) = child();
+        std::fs::remove_file(&ce).unwrap();
+        std::os::unix::fs::symlink(&p, &ce).unwrap();
+        let on = MemoryConfig {
+            enabled: Enabled::On,
+            ..MemoryConfig::default()
+        };
+        let mut m = MemoryCheck::new(f.root(), &on).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(ok_count(&m.check_at(t0)[0]), value(&p));
+        assert!(
+            m.controllers[0].ce.is_kept(),
+            "a kernel-generated counter is kept open"
+        );
+        assert!(
+            !m.controllers[0].ue.is_kept(),
+            "a regular file is read by path"
+        );
+        // The counter moves: the kept descriptor, read at offset 0, says so.
+        let next = if value(&p) <= 990 {
+            value(&p) + 7
+        } else {
+            value(&p) - 7
+        };
+        std::fs::write(&p, next.to_string()).unwrap();
+        assert_eq!(ok_count(&m.check_at(t0 + Duration::from_secs(1))[0]), next);
+        assert!(m.controllers[0].ce.is_kept());
+        // Gone: the kept descriptor fails, and so does the path.
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let r = m.check_at(t0 + Duration::from_secs(2));
+        assert_eq!(r[0].status, CheckStatus::Unknown, "{r:?}");
+        assert!(!m.controllers[0].ce.is_kept());
+        // Back, as another kernel object: read and kept again.
+        let (mut second, p2) = child();
+        std::fs::remove_file(&ce).unwrap();
+        std::os::unix::fs::symlink(&p2, &ce).unwrap();
+        assert_eq!(
+            ok_count(&m.check_at(t0 + Duration::from_secs(3))[0]),
+            value(&p2)
+        );
+        assert!(m.controllers[0].ce.is_kept());
+        second.kill().unwrap();
+        second.wait().unwrap();
     }
 
     #[test]
