@@ -267,6 +267,29 @@ impl Etcd {
         }
     }
 
+    /// Whether member `i` is the cluster's raft leader now (its `/metrics`'
+    /// `etcd_server_is_leader`); an error when it does not answer.
+    pub fn leads(&self, i: usize) -> anyhow::Result<bool> {
+        let addr = ([127, 0, 0, 1], self.members[i].metrics_port).into();
+        let (code, body) = http_get(addr, "/metrics")?;
+        anyhow::ensure!(code == 200, "etcd member {i}'s /metrics: HTTP {code}");
+        body.lines()
+            .find_map(|l| l.strip_prefix("etcd_server_is_leader "))
+            .map(|v| v.trim() == "1")
+            .with_context(|| format!("etcd member {i}'s /metrics has no etcd_server_is_leader"))
+    }
+
+    /// A member that is not the raft leader (so killing it costs no election); the last
+    /// such one, to keep the choice stable.
+    pub fn a_follower(&self) -> anyhow::Result<usize> {
+        for i in (0..self.members.len()).rev() {
+            if !self.leads(i)? {
+                return Ok(i);
+            }
+        }
+        anyhow::bail!("every member says it leads")
+    }
+
     /// Waits until member `i` answers `/health` with true; an error with its log's end if it
     /// exits or does not within [`START_TIMEOUT`].
     pub fn wait_healthy(&self, i: usize) -> anyhow::Result<()> {

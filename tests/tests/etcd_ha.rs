@@ -271,9 +271,17 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
     rig.peers.push(peer);
     let first = blocking(|| rig.coord.wait_leading(SETTLE))?;
 
-    // One member of three lost: three TTLs later the same leader leads with the same epoch.
-    etcd.kill(2);
-    tokio::time::sleep(Duration::from_secs(9)).await;
+    // One member of three lost: the leader leads on, its /healthz never 503 (a request the
+    // dead member's connection refuses goes to another), and three TTLs later it still leads
+    // with the same epoch.
+    let follower = etcd.a_follower()?;
+    etcd.kill(follower);
+    let until = Instant::now() + Duration::from_secs(9);
+    while Instant::now() < until {
+        let (status, body) = blocking(|| rig.coord.http_get("/healthz"))?;
+        assert_eq!(status, 200, "one member of three down: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let still = blocking(|| rig.coord.wait_leading(Duration::from_secs(5)))?;
     let epoch = |body: &str| {
         body.split("epoch ")
@@ -284,7 +292,8 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
     assert_eq!(epoch(&first), epoch(&still), "{first} / {still}");
 
     // Quorum lost: the leader stops within its lease (and a request timeout) and exits.
-    etcd.kill(1);
+    let second = (0..3).find(|&i| i != follower).context("a second member")?;
+    etcd.kill(second);
     let lost_at = Instant::now();
     let code = exited(&mut rig.coord, Duration::from_secs(30)).await?;
     let stepped_down = lost_at.elapsed();
@@ -299,9 +308,9 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
 
     // Quorum back: exactly one leads, with a newer epoch; the machine is still known.
     blocking(|| {
-        etcd.restart_no_wait(1)?;
-        etcd.restart_no_wait(2)?;
-        etcd.wait_healthy(1)
+        etcd.restart_no_wait(second)?;
+        etcd.restart_no_wait(follower)?;
+        etcd.wait_healthy(second)
     })?;
     let c = &rig.coord;
     let p = &rig.peers[0];

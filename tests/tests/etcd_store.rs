@@ -583,6 +583,59 @@ async fn a_three_member_cluster_serves_with_one_member_killed_and_holds_without_
     assert_eq!(items, [1, 2, 3]);
 }
 
+/// A member down is routine (a host's maintenance): once the other two have a leader, not one
+/// request may fail. The client's balanced channel keeps the dead member's endpoint and,
+/// as a refused connection fails at once, picks it often; what it returns is "tcp connect
+/// error" for a request that never left, which the store sends again on another member.
+#[tokio::test]
+async fn with_one_member_of_three_killed_no_request_fails_once_a_leader_is_there() {
+    let mut etcd = Etcd::start(Options::cluster(3)).unwrap();
+    let s = EtcdStore::connect(
+        EtcdSettings::new(etcd.endpoints())
+            .with_prefix(fresh_prefix("one-down"))
+            .with_request_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let q = Sequence::new("q/write-index", "q/items");
+    q.push(&s, &0u64).await.unwrap();
+    for killed in [2, 0] {
+        etcd.kill(killed);
+        // An election when the killed member led: wait for one write to go through.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = s.probe_quorum().await {
+            assert!(
+                Instant::now() < deadline,
+                "no leader with two of three: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut failed = Vec::new();
+        for i in 0..200u64 {
+            if let Err(e) = s.kv_get::<u64>("k").await {
+                failed.push(format!("get {i}: {e}"));
+            }
+            if i % 4 == 0
+                && let Err(e) = q.push(&s, &i).await
+            {
+                failed.push(format!("push {i}: {e}"));
+            }
+            if let Err(e) = s.probe_quorum().await {
+                failed.push(format!("probe {i}: {e}"));
+            }
+        }
+        assert!(
+            failed.is_empty(),
+            "member {killed} down: {} of 450 requests failed, first: {:?}",
+            failed.len(),
+            failed.first()
+        );
+        assert_eq!(s.health().failing(), None);
+        etcd.restart(killed).unwrap();
+        etcd.wait_healthy(killed).unwrap();
+    }
+}
+
 #[tokio::test]
 async fn client_tls_connects_with_the_certificate_and_is_refused_without() {
     let etcd = Etcd::start(Options::default().with_tls()).unwrap();

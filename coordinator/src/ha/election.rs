@@ -142,10 +142,13 @@ impl Candidate {
         let key = self.store.key(LEADER_KEY);
         let asked = Instant::now();
         let ttl_secs = i64::try_from(self.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let mut leases = self.store.client().lease_client();
+        let leases = self.store.client().lease_client();
         let granted = self
             .store
-            .bounded("lease grant", &key, leases.grant(ttl_secs, None))
+            .bounded("lease grant", &key, || {
+                let mut leases = leases.clone();
+                async move { leases.grant(ttl_secs, None).await }
+            })
             .await?;
         let lease = granted.id();
         let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0).max(1));
@@ -167,8 +170,12 @@ impl Candidate {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let mut kv = self.store.client().kv_client();
-        let resp = match self.store.bounded("txn", &key, kv.txn(txn)).await {
+        let kv = self.store.client().kv_client();
+        let campaign = || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        };
+        let resp = match self.store.bounded("txn", &key, campaign).await {
             Ok(r) => r,
             Err(e) => {
                 // The put may have landed: revoking the lease deletes the key if it did.
@@ -203,11 +210,14 @@ impl Candidate {
     }
 
     async fn revoke(&self, lease: i64) {
-        let mut leases = self.store.client().lease_client();
+        let leases = self.store.client().lease_client();
         let key = self.store.key(LEADER_KEY);
         if let Err(e) = self
             .store
-            .bounded("lease revoke", &key, leases.revoke(lease))
+            .bounded("lease revoke", &key, || {
+                let mut leases = leases.clone();
+                async move { leases.revoke(lease).await }
+            })
             .await
         {
             tracing::debug!(error = %e, "revoking an unused lease failed; it expires by itself");
@@ -269,14 +279,21 @@ impl Leadership {
                 self.epoch,
             )])
             .and_then([TxnOp::delete(key.clone(), None)]);
-        let mut kv = self.raw.client().kv_client();
-        if let Err(e) = self.raw.bounded("txn", &key, kv.txn(txn)).await {
+        let kv = self.raw.client().kv_client();
+        let delete = || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        };
+        if let Err(e) = self.raw.bounded("txn", &key, delete).await {
             tracing::warn!(error = %e, "could not delete the leader key on resigning; a standby takes over when its lease expires");
         }
-        let mut leases = self.raw.client().lease_client();
+        let (leases, lease) = (self.raw.client().lease_client(), self.lease);
         let _ = self
             .raw
-            .bounded("lease revoke", &key, leases.revoke(self.lease))
+            .bounded("lease revoke", &key, || {
+                let mut leases = leases.clone();
+                async move { leases.revoke(lease).await }
+            })
             .await;
     }
 }

@@ -39,24 +39,24 @@ pub async fn hold(l: &Leadership, stop: &CancellationToken) -> Option<String> {
             return Some(why);
         }
         if keeper.is_none() {
-            let mut leases = l.raw.client().lease_client();
-            match l
-                .raw
-                .bounded("lease keep-alive", &key, leases.keep_alive(l.lease))
-                .await
-            {
+            let leases = l.raw.client().lease_client();
+            let open = || {
+                let mut leases = leases.clone();
+                async move { leases.keep_alive(l.lease).await }
+            };
+            match l.raw.bounded("lease keep-alive", &key, open).await {
                 Ok(k) => keeper = Some(k),
                 Err(e) => tracing::warn!(error = %e, "cannot open the lease keep-alive stream"),
             }
         }
         if watch.is_none() {
             let opts = WatchOptions::new().with_start_revision(l.epoch);
-            let mut watches = l.raw.client().watch_client();
-            match l
-                .raw
-                .bounded("watch", &key, watches.watch(key.clone(), Some(opts)))
-                .await
-            {
+            let watches = l.raw.client().watch_client();
+            let open = || {
+                let (mut watches, opts, key) = (watches.clone(), opts.clone(), key.clone());
+                async move { watches.watch(key, Some(opts)).await }
+            };
+            match l.raw.bounded("watch", &key, open).await {
                 Ok(w) => watch = Some(w),
                 Err(e) => tracing::warn!(error = %e, "cannot watch the leader key"),
             }

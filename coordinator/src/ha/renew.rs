@@ -108,13 +108,12 @@ pub async fn renew_identity(store: &EtcdStore) -> Result<Renewed, RenewError> {
         ),
         Err(_) => "a record this coordinator cannot read".into(),
     };
-    let mut leases = store.client().lease_client();
+    let (leases, lease) = (store.client().lease_client(), kv.lease());
     let ttl_left = match store
-        .bounded(
-            "lease time-to-live",
-            &key,
-            leases.time_to_live(kv.lease(), None),
-        )
+        .bounded("lease time-to-live", &key, || {
+            let mut leases = leases.clone();
+            async move { leases.time_to_live(lease, None).await }
+        })
         .await
     {
         Ok(t) => t.ttl(),

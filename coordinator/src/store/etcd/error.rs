@@ -203,6 +203,26 @@ impl EtcdError {
     }
 }
 
+/// Whether etcd certainly did not receive the request `e` answers, so sending it again
+/// cannot apply it twice: the connection to the member was refused or could not be opened
+/// (hyper's "tcp connect error"; tonic's transport errors are raised only while
+/// connecting), or the member refused it for want of a leader (the client asks for one,
+/// and etcd checks before handling the request). Not a reset, a timeout or "leader
+/// changed": those may have been applied.
+pub fn never_sent(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(s) => {
+            let msg = s.message();
+            (s.code() == tonic::Code::Unavailable
+                && (msg.contains("tcp connect error") || msg.contains("Connection refused")))
+                || msg.contains("no leader")
+        }
+        E::TransportError(_) => true,
+        _ => false,
+    }
+}
+
 /// The client's error in words that say what to do, and whether the store itself failed
 /// (as opposed to the request being wrong).
 pub fn explain(e: &etcd_client::Error) -> (String, bool) {

@@ -18,13 +18,12 @@ impl EtcdStore {
     pub async fn probe_quorum(&self) -> Result<(), EtcdError> {
         let key = self.key(schema::SCHEMA_KEY);
         self.get_raw(&key).await?;
-        let mut m = self.client.maintenance_client();
+        let m = self.client.maintenance_client();
         let alarms = self
-            .bounded(
-                "alarm list",
-                &key,
-                m.alarm(AlarmAction::Get, AlarmType::None, None),
-            )
+            .bounded("alarm list", &key, || {
+                let mut m = m.clone();
+                async move { m.alarm(AlarmAction::Get, AlarmType::None, None).await }
+            })
             .await?;
         let raised: Vec<String> = alarms
             .alarms()

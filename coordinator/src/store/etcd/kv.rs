@@ -116,8 +116,13 @@ impl EtcdStore {
 
     /// One key's raw value (a linearizable read).
     pub(crate) async fn get_raw(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
-        let mut kv = self.client.kv_client();
-        let mut resp = self.bounded("get", key, kv.get(key, None)).await?;
+        let kv = self.client.kv_client();
+        let mut resp = self
+            .bounded("get", key, || {
+                let mut kv = kv.clone();
+                async move { kv.get(key, None).await }
+            })
+            .await?;
         Ok(resp.take_kvs().into_iter().next())
     }
 
@@ -167,10 +172,7 @@ impl EtcdStore {
                 etcd_client::SortOrder::Descend,
             )
             .with_limit(i64::from(limit));
-        let mut kv = self.client.kv_client();
-        let mut resp = self
-            .bounded("list", &dir, kv.get(dir.clone(), Some(opts)))
-            .await?;
+        let mut resp = self.get_bounded("list", &dir, dir.as_bytes(), opts).await?;
         let mut out = Vec::new();
         for kv in resp.take_kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
@@ -186,9 +188,8 @@ impl EtcdStore {
         let opts = GetOptions::new()
             .with_range(range_end(dir.as_bytes()))
             .with_count_only();
-        let mut kv = self.client.kv_client();
         let resp = self
-            .bounded("count", &dir, kv.get(dir.clone(), Some(opts)))
+            .get_bounded("count", &dir, dir.as_bytes(), opts)
             .await?;
         Ok(resp.count())
     }
@@ -200,8 +201,23 @@ impl EtcdStore {
         from: Vec<u8>,
         opts: GetOptions,
     ) -> Result<etcd_client::GetResponse, EtcdError> {
-        let mut kv = self.client.kv_client();
-        self.bounded("list", dir, kv.get(from, Some(opts))).await
+        self.get_bounded("list", dir, &from, opts).await
+    }
+
+    /// A range read from `from` with `opts`, as [`EtcdStore::bounded`] runs it.
+    async fn get_bounded(
+        &self,
+        op: &'static str,
+        dir: &str,
+        from: &[u8],
+        opts: GetOptions,
+    ) -> Result<etcd_client::GetResponse, EtcdError> {
+        let kv = self.client.kv_client();
+        self.bounded(op, dir, || {
+            let (mut kv, opts) = (kv.clone(), opts.clone());
+            async move { kv.get(from, Some(opts)).await }
+        })
+        .await
     }
 
     /// The keys under the directory `rel`, relative to it, in key order (values not read).
@@ -228,10 +244,7 @@ impl EtcdStore {
             if keys_only {
                 opts = opts.with_keys_only();
             }
-            let mut kv = self.client.kv_client();
-            let mut resp = self
-                .bounded("list", dir, kv.get(start.clone(), Some(opts)))
-                .await?;
+            let mut resp = self.get_bounded("list", dir, &start, opts).await?;
             if at_revision == 0 {
                 at_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             }
@@ -252,12 +265,12 @@ impl EtcdStore {
     /// etcd's current revision (which moves with every write anywhere in the cluster).
     pub async fn revision(&self) -> Result<i64, EtcdError> {
         let key = self.key("");
-        let mut kv = self.client.kv_client();
         let resp = self
-            .bounded(
+            .get_bounded(
                 "get",
                 &key,
-                kv.get(key.clone(), Some(GetOptions::new().with_count_only())),
+                key.as_bytes(),
+                GetOptions::new().with_count_only(),
             )
             .await?;
         Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
@@ -467,8 +480,14 @@ impl Txn {
             .when(compares)
             .and_then(self.ops)
             .or_else(otherwise);
-        let mut kv = self.store.client.kv_client();
-        let resp = self.store.bounded("txn", &key, kv.txn(txn)).await?;
+        let kv = self.store.client.kv_client();
+        let resp = self
+            .store
+            .bounded("txn", &key, || {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await?;
         // A transaction that reached etcd's quorum (either branch) shows writes work.
         self.store.wrote();
         if resp.succeeded() {
