@@ -279,15 +279,20 @@ impl Etcd {
             .with_context(|| format!("etcd member {i}'s /metrics has no etcd_server_is_leader"))
     }
 
-    /// A member that is not the raft leader (so killing it costs no election); the last
-    /// such one, to keep the choice stable.
+    /// A running member that is not the raft leader (so killing it costs no election); the
+    /// last such one, to keep the choice stable.
     pub fn a_follower(&self) -> anyhow::Result<usize> {
-        for i in (0..self.members.len()).rev() {
-            if !self.leads(i)? {
-                return Ok(i);
-            }
-        }
-        anyhow::bail!("every member says it leads")
+        (0..self.members.len())
+            .rev()
+            .find(|&i| matches!(self.leads(i), Ok(false)))
+            .context("no running member is a follower")
+    }
+
+    /// The member that is the raft leader now.
+    pub fn leader(&self) -> anyhow::Result<usize> {
+        (0..self.members.len())
+            .find(|&i| matches!(self.leads(i), Ok(true)))
+            .context("no running member leads")
     }
 
     /// Waits until member `i` answers `/health` with true; an error with its log's end if it

@@ -38,15 +38,20 @@ pub async fn hold(l: &Leadership, stop: &CancellationToken) -> Option<String> {
         if let Err(why) = l.term.check() {
             return Some(why);
         }
+        // Opening a stream waits for etcd (through an election, up to the request timeout),
+        // but never past the term: then the loop's check above says why it ended.
+        let term_left = || tokio::time::Instant::from_std(l.term.valid_until());
         if keeper.is_none() {
             let leases = l.raw.client().lease_client();
             let open = || {
                 let mut leases = leases.clone();
                 async move { leases.keep_alive(l.lease).await }
             };
-            match l.raw.bounded("lease keep-alive", &key, open).await {
-                Ok(k) => keeper = Some(k),
-                Err(e) => tracing::warn!(error = %e, "cannot open the lease keep-alive stream"),
+            let opened = l.raw.bounded("lease keep-alive", &key, open);
+            match tokio::time::timeout_at(term_left(), opened).await {
+                Err(_) => continue,
+                Ok(Ok(k)) => keeper = Some(k),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot open the lease keep-alive stream"),
             }
         }
         if watch.is_none() {
@@ -56,9 +61,11 @@ pub async fn hold(l: &Leadership, stop: &CancellationToken) -> Option<String> {
                 let (mut watches, opts, key) = (watches.clone(), opts.clone(), key.clone());
                 async move { watches.watch(key, Some(opts)).await }
             };
-            match l.raw.bounded("watch", &key, open).await {
-                Ok(w) => watch = Some(w),
-                Err(e) => tracing::warn!(error = %e, "cannot watch the leader key"),
+            let opened = l.raw.bounded("watch", &key, open);
+            match tokio::time::timeout_at(term_left(), opened).await {
+                Err(_) => continue,
+                Ok(Ok(w)) => watch = Some(w),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot watch the leader key"),
             }
         }
         let sent = Instant::now();

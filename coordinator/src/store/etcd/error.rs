@@ -203,23 +203,48 @@ impl EtcdError {
     }
 }
 
-/// Whether etcd certainly did not receive the request `e` answers, so sending it again
-/// cannot apply it twice: the connection to the member was refused or could not be opened
-/// (hyper's "tcp connect error"; tonic's transport errors are raised only while
-/// connecting), or the member refused it for want of a leader (the client asks for one,
-/// and etcd checks before handling the request). Not a reset, a timeout or "leader
-/// changed": those may have been applied.
-pub fn never_sent(e: &etcd_client::Error) -> bool {
+/// When [`crate::store::etcd::EtcdStore::bounded`] sends a failed request again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resend {
+    /// At once, most likely to another member: the connection was refused or could not be
+    /// opened (hyper's "tcp connect error"; tonic's transport errors are raised only while
+    /// connecting), so etcd never saw the request; or a read failed on a broken
+    /// connection, which a read may be sent again after.
+    Elsewhere,
+    /// After a pause, within the timeout: the member refused the request for want of a
+    /// leader (the client asks for one, and etcd checks before handling the request), or
+    /// a read was abandoned as the leader changed under it. An election, or a quorum lost.
+    Later,
+}
+
+/// Whether the request `e` answers may be sent again, and when; `read` says it only reads,
+/// so whatever became of it, sending it again changes nothing. `None` for a write that may
+/// have been applied (a broken connection, a timeout, "leader changed"): a compare-and-swap
+/// that landed would read as lost the second time.
+pub fn resend(e: &etcd_client::Error, read: bool) -> Option<Resend> {
     use etcd_client::Error as E;
+    use tonic::Code;
     match e {
-        E::GRpcStatus(s) => {
-            let msg = s.message();
-            (s.code() == tonic::Code::Unavailable
-                && (msg.contains("tcp connect error") || msg.contains("Connection refused")))
-                || msg.contains("no leader")
+        E::GRpcStatus(s) if s.message().contains("no leader") => Some(Resend::Later),
+        E::GRpcStatus(s) if read && s.message().contains("leader changed") => Some(Resend::Later),
+        E::GRpcStatus(s)
+            if s.code() == Code::Unavailable
+                && (s.message().contains("tcp connect error")
+                    || s.message().contains("Connection refused")) =>
+        {
+            Some(Resend::Elsewhere)
         }
-        E::TransportError(_) => true,
-        _ => false,
+        E::GRpcStatus(s)
+            if read
+                && matches!(
+                    s.code(),
+                    Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+                ) =>
+        {
+            Some(Resend::Elsewhere)
+        }
+        E::TransportError(_) => Some(Resend::Elsewhere),
+        _ => None,
     }
 }
 

@@ -346,13 +346,20 @@ impl EtcdStore {
     /// Runs one request under the store's timeout, mapping errors and counting failures of
     /// etcd itself in [`StoreHealth`].
     ///
-    /// `call` makes the request, and is called again for a request etcd never received
-    /// ([`error::never_sent`]: a refused connection, a member refusing it for want of a
-    /// leader), up to [`attempts`] times within the one timeout. With several endpoints the
-    /// client's balanced channel keeps a dead member's, and since a refused connection fails
-    /// at once it picks it often (a third of the requests with one member of three down,
-    /// measured); the next attempt goes to another member. A request that may have reached
-    /// etcd is never sent twice: a compare-and-swap that landed would then read as lost.
+    /// `call` makes the request, and is called again within the one timeout when sending it
+    /// again cannot apply it twice ([`error::resend`]):
+    /// - at once, up to [`attempts`] times, when its connection was refused, or a read's
+    ///   connection broke or a read went unanswered for half the timeout. With several
+    ///   endpoints the client's balanced channel keeps a dead member's, and since a
+    ///   refused connection fails at once it picks it often (a third of the requests with
+    ///   one member of three down, measured); the next attempt goes to another member.
+    /// - every 50 ms until the timeout when it was refused for want of a leader, or a read
+    ///   was abandoned as the leader changed: an etcd election (a second or two after its
+    ///   leader's host goes down) delays requests instead of failing them; a quorum lost
+    ///   for the whole timeout fails with that reason.
+    ///
+    /// A write that may have reached etcd is never sent twice: a compare-and-swap that
+    /// landed would then read as lost.
     pub(crate) async fn bounded<T, F, C>(
         &self,
         op: &'static str,
@@ -365,38 +372,50 @@ impl EtcdStore {
     {
         let after = self.settings.request_timeout;
         let deadline = tokio::time::Instant::now() + after;
-        let attempts = attempts(self.settings.endpoints.len());
-        let mut attempt = 1;
+        let read = READS.contains(&op);
+        // A read that hangs (sent to a member that lost its leader, say) is cut at half
+        // the timeout and sent again; a write may only wait.
+        let per_attempt = if read { after / 2 } else { after };
+        let mut attempts = attempts(self.settings.endpoints.len());
+        let mut last = None;
         let res = loop {
-            match tokio::time::timeout_at(deadline, call()).await {
-                Err(_) => {
-                    break Err(EtcdError::Timeout {
-                        op,
-                        key: key.to_string(),
-                        after,
-                        endpoints: self.endpoints.to_string(),
-                    });
-                }
-                Ok(Err(e)) if attempt < attempts && error::never_sent(&e) => {
-                    // A refused connection: at once, to another member. No leader: a
-                    // moment for an election.
-                    let pause = Duration::from_millis(5 * u64::from(attempt).min(10));
-                    tracing::debug!(op, key, attempt, error = %e, "etcd did not receive the request; sending it again");
-                    tokio::time::sleep(pause).await;
-                    attempt += 1;
-                }
-                Ok(Err(e)) => {
-                    let (reason, storage) = error::explain(&e);
-                    break Err(EtcdError::Request {
-                        op,
-                        key: key.to_string(),
-                        endpoints: self.endpoints.to_string(),
-                        reason,
-                        storage,
-                    });
-                }
+            let cut = deadline.min(tokio::time::Instant::now() + per_attempt);
+            let e = match tokio::time::timeout_at(cut, call()).await {
                 Ok(Ok(v)) => break Ok(v),
+                Ok(Err(e)) => e,
+                Err(_) if cut < deadline && attempts > 1 => {
+                    attempts -= 1;
+                    tracing::debug!(op, key, "no answer to a read; sending it again");
+                    continue;
+                }
+                // Out of time while etcd had no leader: say that, not only "no answer".
+                Err(_) => {
+                    break Err(last.take().map_or_else(
+                        || EtcdError::Timeout {
+                            op,
+                            key: key.to_string(),
+                            after,
+                            endpoints: self.endpoints.to_string(),
+                        },
+                        |e| self.request_error(op, key, &e),
+                    ));
+                }
+            };
+            let pause = match error::resend(&e, read) {
+                Some(error::Resend::Elsewhere) if attempts > 1 => {
+                    attempts -= 1;
+                    Duration::ZERO
+                }
+                Some(error::Resend::Later) => Duration::from_millis(50),
+                _ => break Err(self.request_error(op, key, &e)),
+            };
+            tracing::debug!(op, key, error = %e, "etcd did not handle the request; sending it again");
+            let next = tokio::time::Instant::now() + pause;
+            if next >= deadline {
+                break Err(self.request_error(op, key, &e));
             }
+            tokio::time::sleep_until(next).await;
+            last = Some(e);
         };
         if let Err(e) = &res
             && e.is_storage_failure()
@@ -404,6 +423,17 @@ impl EtcdStore {
             self.health.failed(e.to_string());
         }
         res
+    }
+
+    fn request_error(&self, op: &'static str, key: &str, e: &etcd_client::Error) -> EtcdError {
+        let (reason, storage) = error::explain(e);
+        EtcdError::Request {
+            op,
+            key: key.to_string(),
+            endpoints: self.endpoints.to_string(),
+            reason,
+            storage,
+        }
     }
 
     /// The area state of type `T` of this store (made on first use), shared by its clones.
@@ -422,10 +452,14 @@ impl EtcdStore {
     }
 }
 
-/// How many times [`EtcdStore::bounded`] sends a request etcd did not receive: four per
-/// endpoint. With one member of three down, the client picks the dead one for about a third
-/// of the attempts, so twelve fail together about once in half a million requests; with
-/// etcd down, the twelve refusals take 0.3 s.
+/// The operations of [`EtcdStore::bounded`] that only read, so may be sent again whatever
+/// became of the first attempt (a write may have been applied by then).
+const READS: [&str; 5] = ["get", "list", "count", "alarm list", "lease time-to-live"];
+
+/// How many times [`EtcdStore::bounded`] sends a request at once again (its connection
+/// refused, a read's broken or unanswered): four per endpoint. With one member of three down, the client picks the dead one for about a
+/// third of the attempts, so twelve fail together about once in half a million requests;
+/// with every member down, the twelve refusals take a few milliseconds.
 fn attempts(endpoints: usize) -> u32 {
     u32::try_from(endpoints.max(1) * 4).unwrap_or(u32::MAX)
 }
