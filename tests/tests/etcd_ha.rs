@@ -94,6 +94,8 @@ async fn a_paused_leader_wakes_deposed_sends_nothing_and_exits_75() -> Result<()
         "{status:?}"
     );
     assert_eq!(status[1]["role"], "standby", "{status:?}");
+    // Its name, from its certificate (the rig issues both coordinators the same one).
+    assert_eq!(status[1]["name"], "coord", "{status:?}");
     assert_eq!(
         status[1]["leader"],
         rig.coord.quic.to_string(),

@@ -21,8 +21,11 @@ pub struct StatusCommand {
 enum Seen {
     /// It served the admin session: its own account of its role.
     Serving(CoordinatorStatus),
-    /// It stands by; the leader it names, if any.
-    Standby(Option<String>),
+    /// It stands by: its name (from its certificate) and the leader it names, if any.
+    Standby {
+        name: String,
+        leader: Option<String>,
+    },
     /// No answer, or a refusal.
     Failed(String),
 }
@@ -42,7 +45,10 @@ impl CommandGroup for StatusCommand {
                     }
                 }
                 Err(e) => match e.downcast_ref::<TransportError>() {
-                    Some(TransportError::Standby { leader, .. }) => Seen::Standby(leader.clone()),
+                    Some(TransportError::Standby { name, leader, .. }) => Seen::Standby {
+                        name: name.clone(),
+                        leader: leader.clone(),
+                    },
                     _ => Seen::Failed(error_line(&e)),
                 },
             };
@@ -87,9 +93,9 @@ fn row(server: &str, s: &Seen) -> Vec<String> {
                 format!("store {}; the only coordinator of its store", st.store)
             },
         ],
-        Seen::Standby(leader) => vec![
+        Seen::Standby { name, leader } => vec![
             server.to_string(),
-            "-".into(),
+            name.clone(),
             "standby".into(),
             "-".into(),
             "-".into(),
@@ -120,8 +126,9 @@ fn as_json(server: &str, s: &Seen) -> serde_json::Value {
             "store": st.store,
             "elected": st.elected,
         }),
-        Seen::Standby(leader) => json!({
+        Seen::Standby { name, leader } => json!({
             "server": server,
+            "name": name,
             "role": "standby",
             "leader": leader,
         }),

@@ -178,6 +178,7 @@ async fn hello_exchange(
             Ok((_, _, HelloReply::Refused(r))) => Err(TransportError::Refused(r)),
             Ok((_, _, HelloReply::Standby { leader, reason })) => Err(TransportError::Standby {
                 addr,
+                name: peer.name.clone(),
                 leader,
                 reason,
             }),

@@ -116,6 +116,8 @@ pub enum TransportError {
     Standby {
         /// Who answered.
         addr: SocketAddr,
+        /// Its name, from its certificate.
+        name: String,
         /// The leader's address, when the standby knows it.
         leader: Option<String>,
         /// Its words.
