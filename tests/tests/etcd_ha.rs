@@ -257,7 +257,8 @@ async fn a_leader_cut_off_from_etcd_steps_down_and_the_standby_that_reaches_it_l
     Ok(())
 }
 
-/// A three-member etcd under two coordinators: one member killed, the leader keeps leading;
+/// A three-member etcd under two coordinators: the member they use frozen, then one member
+/// killed, the leader keeps leading;
 /// quorum lost, it stops acting within its lease and exits 75, and nobody leads; quorum
 /// back, one coordinator leads with a newer epoch and the fleet is as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,6 +274,26 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
     rig.peers.push(peer);
     let first = blocking(|| rig.coord.wait_leading(SETTLE))?;
 
+    let epoch = |body: &str| {
+        body.split("epoch ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|e| e.parse::<u64>().ok())
+    };
+
+    // The member the coordinators talk to (the first endpoint) frozen: they move to the
+    // next; the leader leads on with the same epoch and /healthz never 503.
+    let frozen_at = Instant::now();
+    etcd.pause(0)?;
+    while frozen_at.elapsed() < Duration::from_secs(9) {
+        let (status, body) = blocking(|| rig.coord.http_get("/healthz"))?;
+        assert_eq!(status, 200, "the member in use frozen: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    etcd.resume(0)?;
+    let still = blocking(|| rig.coord.wait_leading(Duration::from_secs(5)))?;
+    assert_eq!(epoch(&first), epoch(&still), "{first} / {still}");
+
     // One member of three lost: the leader leads on, its /healthz never 503 (a request the
     // dead member's connection refuses goes to another), and three TTLs later it still leads
     // with the same epoch.
@@ -285,12 +306,6 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let still = blocking(|| rig.coord.wait_leading(Duration::from_secs(5)))?;
-    let epoch = |body: &str| {
-        body.split("epoch ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|e| e.parse::<u64>().ok())
-    };
     assert_eq!(epoch(&first), epoch(&still), "{first} / {still}");
 
     // Quorum lost: the leader stops within its lease (and a request timeout) and exits.

@@ -142,11 +142,10 @@ impl Candidate {
         let key = self.store.key(LEADER_KEY);
         let asked = Instant::now();
         let ttl_secs = i64::try_from(self.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let leases = self.store.client().lease_client();
         let granted = self
             .store
-            .bounded("lease grant", &key, || {
-                let mut leases = leases.clone();
+            .bounded("lease grant", &key, |c| {
+                let mut leases = c.lease_client();
                 async move { leases.grant(ttl_secs, None).await }
             })
             .await?;
@@ -170,9 +169,8 @@ impl Candidate {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let kv = self.store.client().kv_client();
-        let campaign = || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
+        let campaign = |c: &etcd_client::Client| {
+            let (mut kv, txn) = (c.kv_client(), txn.clone());
             async move { kv.txn(txn).await }
         };
         let resp = match self.store.bounded("txn", &key, campaign).await {
@@ -210,12 +208,11 @@ impl Candidate {
     }
 
     async fn revoke(&self, lease: i64) {
-        let leases = self.store.client().lease_client();
         let key = self.store.key(LEADER_KEY);
         if let Err(e) = self
             .store
-            .bounded("lease revoke", &key, || {
-                let mut leases = leases.clone();
+            .bounded("lease revoke", &key, |c| {
+                let mut leases = c.lease_client();
                 async move { leases.revoke(lease).await }
             })
             .await
@@ -279,19 +276,18 @@ impl Leadership {
                 self.epoch,
             )])
             .and_then([TxnOp::delete(key.clone(), None)]);
-        let kv = self.raw.client().kv_client();
-        let delete = || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
+        let delete = |c: &etcd_client::Client| {
+            let (mut kv, txn) = (c.kv_client(), txn.clone());
             async move { kv.txn(txn).await }
         };
         if let Err(e) = self.raw.bounded("txn", &key, delete).await {
             tracing::warn!(error = %e, "could not delete the leader key on resigning; a standby takes over when its lease expires");
         }
-        let (leases, lease) = (self.raw.client().lease_client(), self.lease);
+        let lease = self.lease;
         let _ = self
             .raw
-            .bounded("lease revoke", &key, || {
-                let mut leases = leases.clone();
+            .bounded("lease revoke", &key, |c| {
+                let mut leases = c.lease_client();
                 async move { leases.revoke(lease).await }
             })
             .await;

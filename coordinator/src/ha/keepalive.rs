@@ -12,6 +12,10 @@
 //! - the watch on the leader key shows it deleted or created anew (another epoch);
 //! - a fenced write was refused by the leader key's compare (the store ends the term).
 //!
+//! A keep-alive not answered before the next is due is taken as its etcd member hung: the
+//! next stream is opened on another member (`EtcdStore::avoid_member`), so one member
+//! frozen under the leader costs a keep-alive, not the lead.
+//!
 //! [`hold`] returns why; the caller stops acting (the acting loops observe the role and the
 //! term's token) and steps down.
 
@@ -33,6 +37,8 @@ pub async fn hold(l: &Leadership, stop: &CancellationToken) -> Option<String> {
     let every = l.ttl / KEEPALIVES_PER_TTL;
     let ended = l.term.ended();
     let mut keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    // The etcd member the keep-alive stream was opened on: moved off when it goes silent.
+    let mut kept_on = 0;
     let mut watch: Option<WatchStream> = None;
     loop {
         if let Err(why) = l.term.check() {
@@ -42,23 +48,24 @@ pub async fn hold(l: &Leadership, stop: &CancellationToken) -> Option<String> {
         // but never past the term: then the loop's check above says why it ended.
         let term_left = || tokio::time::Instant::from_std(l.term.valid_until());
         if keeper.is_none() {
-            let leases = l.raw.client().lease_client();
-            let open = || {
-                let mut leases = leases.clone();
+            let open = |c: &etcd_client::Client| {
+                let mut leases = c.lease_client();
                 async move { leases.keep_alive(l.lease).await }
             };
             let opened = l.raw.bounded("lease keep-alive", &key, open);
             match tokio::time::timeout_at(term_left(), opened).await {
                 Err(_) => continue,
-                Ok(Ok(k)) => keeper = Some(k),
+                Ok(Ok(k)) => {
+                    keeper = Some(k);
+                    kept_on = l.raw.current_member();
+                }
                 Ok(Err(e)) => tracing::warn!(error = %e, "cannot open the lease keep-alive stream"),
             }
         }
         if watch.is_none() {
             let opts = WatchOptions::new().with_start_revision(l.epoch);
-            let watches = l.raw.client().watch_client();
-            let open = || {
-                let (mut watches, opts, key) = (watches.clone(), opts.clone(), key.clone());
+            let open = |c: &etcd_client::Client| {
+                let (mut watches, opts, key) = (c.watch_client(), opts.clone(), key.clone());
                 async move { watches.watch(key, Some(opts)).await }
             };
             let opened = l.raw.bounded("watch", &key, open);
@@ -70,11 +77,15 @@ pub async fn hold(l: &Leadership, stop: &CancellationToken) -> Option<String> {
         }
         let sent = Instant::now();
         if let Some((k, s)) = keeper.as_mut() {
+            // Until the next keep-alive is due at most: one unanswered by then is taken as
+            // its member hung, and the next goes on a stream opened on another, while a
+            // third of the TTL is left for it.
             let left = l
                 .term
                 .valid_until()
                 .saturating_duration_since(sent)
-                .min(l.raw.settings().request_timeout);
+                .min(l.raw.settings().request_timeout)
+                .min(every);
             let answer = async {
                 k.keep_alive().await?;
                 s.message().await
@@ -98,6 +109,9 @@ pub async fn hold(l: &Leadership, stop: &CancellationToken) -> Option<String> {
                             .as_secs_f64()
                     );
                     keeper = None;
+                    // Open the next stream on another member: this one may be hung.
+                    l.raw
+                        .avoid_member(kept_on, &"a lease keep-alive went unanswered");
                 }
             }
         }

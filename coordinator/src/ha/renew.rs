@@ -108,10 +108,10 @@ pub async fn renew_identity(store: &EtcdStore) -> Result<Renewed, RenewError> {
         ),
         Err(_) => "a record this coordinator cannot read".into(),
     };
-    let (leases, lease) = (store.client().lease_client(), kv.lease());
+    let lease = kv.lease();
     let ttl_left = match store
-        .bounded("lease time-to-live", &key, || {
-            let mut leases = leases.clone();
+        .bounded("lease time-to-live", &key, |c| {
+            let mut leases = c.lease_client();
             async move { leases.time_to_live(lease, None).await }
         })
         .await

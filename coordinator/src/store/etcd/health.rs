@@ -18,10 +18,9 @@ impl EtcdStore {
     pub async fn probe_quorum(&self) -> Result<(), EtcdError> {
         let key = self.key(schema::SCHEMA_KEY);
         self.get_raw(&key).await?;
-        let m = self.client.maintenance_client();
         let alarms = self
-            .bounded("alarm list", &key, || {
-                let mut m = m.clone();
+            .bounded("alarm list", &key, |c| {
+                let mut m = c.maintenance_client();
                 async move { m.alarm(AlarmAction::Get, AlarmType::None, None).await }
             })
             .await?;

@@ -116,10 +116,9 @@ impl EtcdStore {
 
     /// One key's raw value (a linearizable read).
     pub(crate) async fn get_raw(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
-        let kv = self.client.kv_client();
         let mut resp = self
-            .bounded("get", key, || {
-                let mut kv = kv.clone();
+            .bounded("get", key, |c| {
+                let mut kv = c.kv_client();
                 async move { kv.get(key, None).await }
             })
             .await?;
@@ -212,9 +211,8 @@ impl EtcdStore {
         from: &[u8],
         opts: GetOptions,
     ) -> Result<etcd_client::GetResponse, EtcdError> {
-        let kv = self.client.kv_client();
-        self.bounded(op, dir, || {
-            let (mut kv, opts) = (kv.clone(), opts.clone());
+        self.bounded(op, dir, |c| {
+            let (mut kv, opts) = (c.kv_client(), opts.clone());
             async move { kv.get(from, Some(opts)).await }
         })
         .await
@@ -480,11 +478,10 @@ impl Txn {
             .when(compares)
             .and_then(self.ops)
             .or_else(otherwise);
-        let kv = self.store.client.kv_client();
         let resp = self
             .store
-            .bounded("txn", &key, || {
-                let (mut kv, txn) = (kv.clone(), txn.clone());
+            .bounded("txn", &key, |c| {
+                let (mut kv, txn) = (c.kv_client(), txn.clone());
                 async move { kv.txn(txn).await }
             })
             .await?;

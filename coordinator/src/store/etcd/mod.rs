@@ -6,7 +6,9 @@
 //! error naming the endpoints, not a hang), and checks or creates the schema under the prefix
 //! ([`schema`]). After that every request is bounded twice: by the gRPC deadline of the client
 //! and by a timer around the call, so a frozen etcd (SIGSTOP, a partition) costs at most the
-//! timeout, never a stuck loop.
+//! timeout, never a stuck loop. Requests go to one member at a time and move on from one
+//! that fails ([`members`]), and what cannot be applied twice is sent again
+//! ([`EtcdStore::bounded`]), so one member down or hung costs at most the request in flight.
 //!
 //! Values are JSON, so `etcdctl get --prefix /fleetmend/` shows an operator what the store
 //! holds (as CKE and sabakan store theirs). Keys are `<prefix>/<area>/…`; the layout is in
@@ -30,6 +32,7 @@ pub mod error;
 pub mod fence;
 pub mod health;
 pub mod kv;
+mod members;
 pub mod scan;
 pub mod schema;
 
@@ -206,9 +209,10 @@ fn check_prefix(p: &str) -> Result<(), EtcdError> {
 /// A connection to etcd with the store's prefix. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdStore {
-    /// Behind an `Arc`: the client holds one gRPC client per etcd service (nearly 4 KiB),
-    /// and a `Store` is cloned into every task.
-    client: Arc<Client>,
+    /// One client per member and the one requests go to ([`members`]). Behind an `Arc`:
+    /// a client holds one gRPC client per etcd service (nearly 4 KiB), and a `Store` is
+    /// cloned into every task.
+    members: Arc<members::Members>,
     settings: Arc<EtcdSettings>,
     endpoints: Arc<str>,
     health: Arc<StoreHealth>,
@@ -260,15 +264,15 @@ impl EtcdStore {
             endpoints: named.clone(),
             reason,
         };
-        let client = tokio::time::timeout(
+        let members = tokio::time::timeout(
             settings.connect_timeout,
-            Client::connect(&settings.endpoints, Some(opts)),
+            members::Members::connect(&settings.endpoints, &opts),
         )
         .await
         .map_err(|_| unreachable(format!("no answer within {:?}", settings.connect_timeout)))?
         .map_err(|e| unreachable(error::explain(&e).0))?;
         let store = Self {
-            client: Arc::new(client),
+            members: Arc::new(members),
             settings: Arc::new(settings),
             endpoints,
             health: Arc::new(StoreHealth::default()),
@@ -338,21 +342,34 @@ impl EtcdStore {
         format!("{}/{}", self.settings.prefix, rel.trim_start_matches('/'))
     }
 
-    /// The underlying client (for the conformance suite's checks and `coordinator check`).
+    /// The client of the member requests go to now (for the election's watches and the
+    /// tests' own checks; requests go through [`EtcdStore::bounded`], which moves on from
+    /// a member that fails).
     pub fn client(&self) -> &Client {
-        &self.client
+        self.members.current().1
+    }
+
+    /// The member requests go to now, for [`EtcdStore::avoid_member`].
+    pub(crate) fn current_member(&self) -> usize {
+        self.members.current().0
+    }
+
+    /// Moves requests off member `i` if they still go there: for a failure seen outside
+    /// [`EtcdStore::bounded`] (a lease keep-alive unanswered on the stream opened there).
+    pub(crate) fn avoid_member(&self, i: usize, why: &dyn std::fmt::Display) {
+        self.members.avoid(i, why);
     }
 
     /// Runs one request under the store's timeout, mapping errors and counting failures of
     /// etcd itself in [`StoreHealth`].
     ///
-    /// `call` makes the request, and is called again within the one timeout when sending it
-    /// again cannot apply it twice ([`error::resend`]):
+    /// Each attempt goes to the current member ([`members`]) with its client; one that
+    /// fails for want of etcd (not for the request's own fault), or goes unanswered, moves
+    /// the store to the next member. `call` makes the request, and is called again within
+    /// the one timeout when sending it again cannot apply it twice ([`error::resend`]):
     /// - at once, up to [`attempts`] times, when its connection was refused, or a read's
-    ///   connection broke or a read went unanswered for half the timeout. With several
-    ///   endpoints the client's balanced channel keeps a dead member's, and since a
-    ///   refused connection fails at once it picks it often (a third of the requests with
-    ///   one member of three down, measured); the next attempt goes to another member.
+    ///   connection broke or a read went unanswered for half the timeout: the next attempt
+    ///   goes to the next member.
     /// - every 50 ms until the timeout when it was refused for want of a leader, or a read
     ///   was abandoned as the leader changed: an etcd election (a second or two after its
     ///   leader's host goes down) delays requests instead of failing them; a quorum lost
@@ -367,7 +384,7 @@ impl EtcdStore {
         mut call: C,
     ) -> Result<T, EtcdError>
     where
-        C: FnMut() -> F,
+        C: FnMut(&Client) -> F,
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
         let after = self.settings.request_timeout;
@@ -380,16 +397,19 @@ impl EtcdStore {
         let mut last = None;
         let res = loop {
             let cut = deadline.min(tokio::time::Instant::now() + per_attempt);
-            let e = match tokio::time::timeout_at(cut, call()).await {
+            let (member, client) = self.members.current();
+            let e = match tokio::time::timeout_at(cut, call(client)).await {
                 Ok(Ok(v)) => break Ok(v),
                 Ok(Err(e)) => e,
-                Err(_) if cut < deadline && attempts > 1 => {
-                    attempts -= 1;
-                    tracing::debug!(op, key, "no answer to a read; sending it again");
-                    continue;
-                }
-                // Out of time while etcd had no leader: say that, not only "no answer".
                 Err(_) => {
+                    self.members
+                        .avoid(member, &format_args!("no answer to {op} {key}"));
+                    if cut < deadline && attempts > 1 {
+                        attempts -= 1;
+                        tracing::debug!(op, key, "no answer to a read; sending it again");
+                        continue;
+                    }
+                    // Out of time while etcd had no leader: say that, not only "no answer".
                     break Err(last.take().map_or_else(
                         || EtcdError::Timeout {
                             op,
@@ -401,6 +421,9 @@ impl EtcdStore {
                     ));
                 }
             };
+            if error::explain(&e).1 {
+                self.members.avoid(member, &e);
+            }
             let pause = match error::resend(&e, read) {
                 Some(error::Resend::Elsewhere) if attempts > 1 => {
                     attempts -= 1;
@@ -457,9 +480,9 @@ impl EtcdStore {
 const READS: [&str; 5] = ["get", "list", "count", "alarm list", "lease time-to-live"];
 
 /// How many times [`EtcdStore::bounded`] sends a request at once again (its connection
-/// refused, a read's broken or unanswered): four per endpoint. With one member of three down, the client picks the dead one for about a
-/// third of the attempts, so twelve fail together about once in half a million requests;
-/// with every member down, the twelve refusals take a few milliseconds.
+/// refused, a read's broken or unanswered): four per endpoint, so each member is tried more
+/// than once before a request fails; with every member down, the refusals take a few
+/// milliseconds.
 fn attempts(endpoints: usize) -> u32 {
     u32::try_from(endpoints.max(1) * 4).unwrap_or(u32::MAX)
 }
