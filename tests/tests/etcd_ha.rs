@@ -348,11 +348,24 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
         epoch(&leader) > epoch(&first),
         "the new epoch is not newer: {leader} / {first}"
     );
-    let ctl = if c.http_get("/healthz")?.1.starts_with("ok: leader") {
-        c
+    let (ctl, standby) = if c.http_get("/healthz")?.1.starts_with("ok: leader") {
+        (c, p)
     } else {
-        p
+        (p, c)
     };
+    // The standby lived through the lost quorum too (its campaigns failed): its /healthz
+    // says 200 again once its probe reaches etcd, as the leader's does.
+    blocking(|| {
+        wait_for(
+            "the standby's /healthz back to 200",
+            SETTLE,
+            || match standby.http_get("/healthz") {
+                Ok((200, body)) if body.starts_with("ok: standby") => Ok(()),
+                Ok((code, body)) => Err(format!("{code} {body}")),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+    })?;
     let machines = blocking(|| ctl.machines())?;
     assert!(
         machines.iter().any(|m| m.spec.address == MACHINE),
@@ -361,6 +374,62 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
     eprintln!(
         "etcd faults: one member lost, same leader; quorum lost, the leader stepped down after {:.1} s; quorum back, one leader",
         stepped_down.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// A standby's `/healthz` follows etcd as the leader's does: etcd frozen for 6 s (shorter
+/// than the 10 s lease, so the leader keeps it) fails the standby's probe (503), and once
+/// etcd answers again its own probe says 200 again. A standby that only campaigned stayed
+/// 503 after its first failed request until it led.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_says_503_while_etcd_is_frozen_and_200_again_after() -> Result<()> {
+    let mut etcd = blocking(|| Etcd::start(testkit::etcd::Options::default()))?;
+    let tuning = Tuning::quick(false)
+        .on_etcd(&etcd.endpoints(), "/fleetmend")
+        .with_lease_ttl("10s");
+    let mut rig = Rig::start_tuned(tuning, REPAIR_YML, None).await?;
+    let dir = rig.dir.join("coord-b");
+    let peer = blocking(|| rig.coord.start_peer(&dir, "coord-b"))?;
+    rig.peers.push(peer);
+    let first = blocking(|| rig.coord.wait_leading(SETTLE))?;
+    let standby = &rig.peers[0];
+    blocking(|| standby.wait_for_log(&["campaigning for the lead"], SETTLE))?;
+
+    etcd.pause(0)?;
+    let frozen_at = Instant::now();
+    let mut saw_503 = None;
+    while frozen_at.elapsed() < Duration::from_secs(6) {
+        if let (503, body) = blocking(|| standby.http_get("/healthz"))? {
+            saw_503.get_or_insert(body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    etcd.resume(0)?;
+    let saw_503 = saw_503.context("the standby's /healthz stayed 200 with etcd frozen for 6 s")?;
+    assert!(saw_503.contains("etcd"), "{saw_503}");
+    blocking(|| {
+        // Its next probe: within the probe period (5 s) and a request timeout.
+        wait_for(
+            "the standby's /healthz back to 200",
+            Duration::from_secs(15),
+            || match standby.http_get("/healthz") {
+                Ok((200, body)) if body.starts_with("ok: standby") => Ok(()),
+                Ok((code, body)) => Err(format!("{code} {body}")),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+    })?;
+    let still = blocking(|| rig.coord.wait_leading(Duration::from_secs(5)))?;
+    let epoch = |b: &str| {
+        b.split("epoch ")
+            .nth(1)
+            .map(|r| r.split_whitespace().next().map(str::to_string))
+    };
+    assert_eq!(
+        epoch(&first),
+        epoch(&still),
+        "the leader kept its lease: {first} / {still}"
     );
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! A coordinator on etcd that does not lead (yet): while it campaigns, its QUIC port answers
 //! every hello "standby; the leader is X" and its HTTP port serves `/healthz` and `/metrics`
-//! with its role. It has loaded nothing (no registry, no queue): a standby keeps no state
+//! with its role, and probes the store as the leader does, so `/healthz` follows etcd. It has
+//! loaded nothing (no registry, no queue): a standby keeps no state
 //! that could go stale, and loads everything from etcd when it wins.
 //!
 //! The standby serves on clones of the bound sockets, so when it stops the coordinator that
@@ -26,6 +27,7 @@ pub(super) struct Standby {
     stop: CancellationToken,
     quic: JoinHandle<()>,
     http: Option<JoinHandle<std::io::Result<()>>>,
+    probe: JoinHandle<()>,
 }
 
 /// What the standby serves with.
@@ -68,13 +70,27 @@ impl Standby {
             }
             None => None,
         };
-        Ok(Self { stop, quic, http })
+        // The store's health, as the leader keeps it: a failed campaign request marks the
+        // store failing (503), and only a probe that reaches etcd again clears it. Reads
+        // only: a standby never moves etcd's revision.
+        let probe = tokio::spawn(crate::store::health::probe_loop(
+            p.store.clone(),
+            crate::store::health::PROBE_PERIOD,
+            stop.clone(),
+        ));
+        Ok(Self {
+            stop,
+            quic,
+            http,
+            probe,
+        })
     }
 
     /// Stops answering: the ports stay bound for the coordinator that leads now.
     pub(super) async fn stop(self) {
         self.stop.cancel();
         let _ = self.quic.await;
+        let _ = self.probe.await;
         if let Some(h) = self.http
             && let Ok(Ok(Err(e))) = tokio::time::timeout(Duration::from_secs(5), h).await
         {

@@ -208,25 +208,28 @@ impl EtcdError {
 pub enum Resend {
     /// At once, most likely to another member: the connection was refused or could not be
     /// opened (hyper's "tcp connect error"; tonic's transport errors are raised only while
-    /// connecting), so etcd never saw the request; or a read failed on a broken
-    /// connection, which a read may be sent again after.
+    /// connecting), so etcd never saw the request; or a repeatable request (anything but a
+    /// transaction) failed on a broken connection or went unanswered.
     Elsewhere,
     /// After a pause, within the timeout: the member refused the request for want of a
     /// leader (the client asks for one, and etcd checks before handling the request), or
-    /// a read was abandoned as the leader changed under it. An election, or a quorum lost.
+    /// a repeatable request was abandoned as the leader changed under it. An election, or
+    /// a quorum lost.
     Later,
 }
 
-/// Whether the request `e` answers may be sent again, and when; `read` says it only reads,
-/// so whatever became of it, sending it again changes nothing. `None` for a write that may
-/// have been applied (a broken connection, a timeout, "leader changed"): a compare-and-swap
-/// that landed would read as lost the second time.
-pub fn resend(e: &etcd_client::Error, read: bool) -> Option<Resend> {
+/// Whether the request `e` answers may be sent again, and when; `repeatable` says that
+/// whatever became of it, sending it again does no harm (everything but a transaction).
+/// `None` for a transaction that may have been applied (a broken connection, a timeout,
+/// "leader changed"): a compare-and-swap that landed would read as lost the second time.
+pub fn resend(e: &etcd_client::Error, repeatable: bool) -> Option<Resend> {
     use etcd_client::Error as E;
     use tonic::Code;
     match e {
         E::GRpcStatus(s) if s.message().contains("no leader") => Some(Resend::Later),
-        E::GRpcStatus(s) if read && s.message().contains("leader changed") => Some(Resend::Later),
+        E::GRpcStatus(s) if repeatable && s.message().contains("leader changed") => {
+            Some(Resend::Later)
+        }
         E::GRpcStatus(s)
             if s.code() == Code::Unavailable
                 && (s.message().contains("tcp connect error")
@@ -235,7 +238,7 @@ pub fn resend(e: &etcd_client::Error, read: bool) -> Option<Resend> {
             Some(Resend::Elsewhere)
         }
         E::GRpcStatus(s)
-            if read
+            if repeatable
                 && matches!(
                     s.code(),
                     Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded

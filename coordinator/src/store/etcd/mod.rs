@@ -367,16 +367,16 @@ impl EtcdStore {
     /// fails for want of etcd (not for the request's own fault), or goes unanswered, moves
     /// the store to the next member. `call` makes the request, and is called again within
     /// the one timeout when sending it again cannot apply it twice ([`error::resend`]):
-    /// - at once, up to [`attempts`] times, when its connection was refused, or a read's
-    ///   connection broke or a read went unanswered for half the timeout: the next attempt
-    ///   goes to the next member.
-    /// - every 50 ms until the timeout when it was refused for want of a leader, or a read
-    ///   was abandoned as the leader changed: an etcd election (a second or two after its
-    ///   leader's host goes down) delays requests instead of failing them; a quorum lost
-    ///   for the whole timeout fails with that reason.
+    /// - at once, up to [`attempts`] times, when its connection was refused, or a
+    ///   [`repeatable`] request's connection broke or it went unanswered for half the
+    ///   timeout: the next attempt goes to the next member.
+    /// - every 50 ms until the timeout when it was refused for want of a leader, or a
+    ///   repeatable request was abandoned as the leader changed: an etcd election (a second
+    ///   or two after its leader's host goes down) delays requests instead of failing them;
+    ///   a quorum lost for the whole timeout fails with that reason.
     ///
-    /// A write that may have reached etcd is never sent twice: a compare-and-swap that
-    /// landed would then read as lost.
+    /// A transaction that may have reached etcd is never sent twice: a compare-and-swap
+    /// that landed would then read as lost.
     pub(crate) async fn bounded<T, F, C>(
         &self,
         op: &'static str,
@@ -389,10 +389,11 @@ impl EtcdStore {
     {
         let after = self.settings.request_timeout;
         let deadline = tokio::time::Instant::now() + after;
-        let read = READS.contains(&op);
-        // A read that hangs (sent to a member that lost its leader, say) is cut at half
-        // the timeout and sent again; a write may only wait.
-        let per_attempt = if read { after / 2 } else { after };
+        let repeatable = repeatable(op);
+        // A request that hangs (sent to a member frozen, or waiting on a leader that died)
+        // is cut at half the timeout and sent again, unless it is a transaction, which may
+        // only wait.
+        let per_attempt = if repeatable { after / 2 } else { after };
         let mut attempts = attempts(self.settings.endpoints.len());
         let mut last = None;
         let res = loop {
@@ -406,7 +407,7 @@ impl EtcdStore {
                         .avoid(member, &format_args!("no answer to {op} {key}"));
                     if cut < deadline && attempts > 1 {
                         attempts -= 1;
-                        tracing::debug!(op, key, "no answer to a read; sending it again");
+                        tracing::debug!(op, key, "no answer; sending it again");
                         continue;
                     }
                     // Out of time while etcd had no leader: say that, not only "no answer".
@@ -424,7 +425,7 @@ impl EtcdStore {
             if error::explain(&e).1 {
                 self.members.avoid(member, &e);
             }
-            let pause = match error::resend(&e, read) {
+            let pause = match error::resend(&e, repeatable) {
                 Some(error::Resend::Elsewhere) if attempts > 1 => {
                     attempts -= 1;
                     Duration::ZERO
@@ -475,12 +476,17 @@ impl EtcdStore {
     }
 }
 
-/// The operations of [`EtcdStore::bounded`] that only read, so may be sent again whatever
-/// became of the first attempt (a write may have been applied by then).
-const READS: [&str; 5] = ["get", "list", "count", "alarm list", "lease time-to-live"];
+/// Whether [`EtcdStore::bounded`] may send `op` again whatever became of the first attempt:
+/// everything but a transaction. Reads change nothing; a second lease grant leaves a lease
+/// nobody uses, which expires; a second revoke finds the lease gone; a stream (keep-alive,
+/// watch) opened twice leaves the first to be dropped. A transaction's compare-and-swap that
+/// landed would read as lost the second time.
+fn repeatable(op: &str) -> bool {
+    op != "txn"
+}
 
 /// How many times [`EtcdStore::bounded`] sends a request at once again (its connection
-/// refused, a read's broken or unanswered): four per endpoint, so each member is tried more
+/// refused, a repeatable one's broken or unanswered): four per endpoint, so each member is tried more
 /// than once before a request fails; with every member down, the refusals take a few
 /// milliseconds.
 fn attempts(endpoints: usize) -> u32 {
