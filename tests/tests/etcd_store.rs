@@ -24,6 +24,17 @@ async fn store_on(etcd: &Etcd, name: &str) -> EtcdStore {
         .expect("connect to the test etcd")
 }
 
+/// A store on a fresh prefix of `etcd` with a 2 s request timeout, for the fault tests.
+async fn store_bounded(etcd: &Etcd, name: &str) -> EtcdStore {
+    EtcdStore::connect(
+        EtcdSettings::new(etcd.endpoints())
+            .with_prefix(fresh_prefix(name))
+            .with_request_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .expect("connect to the test etcd")
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Thing {
     name: String,
@@ -518,13 +529,7 @@ async fn etcd_stopped_under_a_store_fails_its_calls_within_the_bound_and_recover
 #[tokio::test]
 async fn a_three_member_cluster_serves_with_one_member_killed_and_holds_without_quorum() {
     let mut etcd = Etcd::start(Options::cluster(3)).unwrap();
-    let s = EtcdStore::connect(
-        EtcdSettings::new(etcd.endpoints())
-            .with_prefix(fresh_prefix("cluster"))
-            .with_request_timeout(Duration::from_secs(2)),
-    )
-    .await
-    .unwrap();
+    let s = store_bounded(&etcd, "cluster").await;
     let q = Sequence::new("q/write-index", "q/items");
     q.push(&s, &1u64).await.unwrap();
     etcd.kill(0);
@@ -601,19 +606,16 @@ async fn requests(s: &EtcdStore, q: &Sequence) -> Vec<String> {
 }
 
 /// A member down is routine (a host's maintenance), and so is the election when it was
-/// etcd's leader: not one request may fail. The client's balanced channel keeps the dead
-/// member's endpoint and, as a refused connection fails at once, picks it often (161 of
-/// 450 requests failed before the store sent them again); during the election members
-/// refuse requests for want of a leader, or abandon reads as it changes, and the store
-/// sends those again until its timeout.
+/// etcd's leader: not one request may fail. etcd-client's balanced channel kept the dead
+/// member's endpoint and, as a refused connection fails at once, picked it often (161 of
+/// 450 requests failed); the store now moves off a member that fails and sends again what
+/// it refused. During the election members refuse requests for want of a leader, or
+/// abandon reads as it changes, and the store sends those again until its timeout.
 #[tokio::test]
 async fn with_one_member_of_three_killed_no_request_fails_once_a_leader_is_there() {
     let mut etcd = Etcd::start(Options::cluster(3)).unwrap();
-    let s = EtcdStore::connect(
-        EtcdSettings::new(etcd.endpoints()).with_prefix(fresh_prefix("one-down")),
-    )
-    .await
-    .unwrap();
+    // The default request timeout: an election takes a second or two.
+    let s = store_on(&etcd, "one-down").await;
     let q = Sequence::new("q/write-index", "q/items");
     q.push(&s, &0u64).await.unwrap();
     for role in ["follower", "leader"] {
@@ -774,13 +776,7 @@ async fn a_stale_writer_of_a_repair_entry_is_refused_and_overwrites_nothing() {
 #[tokio::test]
 async fn the_member_in_use_frozen_costs_at_most_the_request_in_flight() {
     let mut etcd = Etcd::start(Options::cluster(3)).unwrap();
-    let s = EtcdStore::connect(
-        EtcdSettings::new(etcd.endpoints())
-            .with_prefix(fresh_prefix("frozen"))
-            .with_request_timeout(Duration::from_secs(2)),
-    )
-    .await
-    .unwrap();
+    let s = store_bounded(&etcd, "frozen").await;
     let q = Sequence::new("q/write-index", "q/items");
     q.push(&s, &0u64).await.unwrap();
     // The store starts on the first endpoint, which is in use from here on.
