@@ -117,7 +117,16 @@ impl StoreConfig {
         let tls = self.ca.is_some() || self.cert.is_some() || self.key.is_some();
         let mut endpoints = Vec::with_capacity(self.endpoints.len());
         for e in &self.endpoints {
-            endpoints.push(endpoint(e, tls).map_err(|m| ("store.endpoints", m))?);
+            let e = endpoint(e, tls).map_err(|m| ("store.endpoints", m))?;
+            // The store moves to the next endpoint when a member fails: the same member
+            // twice would be no move at all.
+            if endpoints.contains(&e) {
+                return Err((
+                    "store.endpoints",
+                    format!("{e} is listed twice: name each etcd member once"),
+                ));
+            }
+            endpoints.push(e);
         }
         for (key, path) in [
             ("store.ca", &self.ca),
@@ -290,6 +299,17 @@ mod tests {
             (DEFAULT_PREFIX, DEFAULT_TIMEOUT)
         );
         assert_eq!((s.ca, s.identity), (None, None));
+        // One member twice, however it is written.
+        let c = parse(
+            "backend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\", \"http://127.0.0.1:2379/\"]",
+        )
+        .unwrap();
+        let (key, why) = c.validate(std::path::Path::new("")).unwrap_err();
+        assert_eq!(key, "store.endpoints");
+        assert!(
+            why.contains("http://127.0.0.1:2379 is listed twice"),
+            "{why}"
+        );
     }
 
     #[test]
