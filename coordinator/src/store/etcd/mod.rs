@@ -395,7 +395,12 @@ impl EtcdStore {
         // only wait.
         let per_attempt = if repeatable { after / 2 } else { after };
         let mut attempts = attempts(self.settings.endpoints.len());
-        let mut last = None;
+        // What etcd said last, and whether a member said it has no leader: that member is
+        // alive, so the request waits out the timeout for an election instead of failing
+        // once the dead members' refusals have used up the attempts, and the error then
+        // says "no leader" rather than "refused".
+        let mut last: Option<EtcdError> = None;
+        let mut no_leader: Option<EtcdError> = None;
         let res = loop {
             let cut = deadline.min(tokio::time::Instant::now() + per_attempt);
             let (member, client) = self.members.current();
@@ -405,41 +410,42 @@ impl EtcdStore {
                 Err(_) => {
                     self.members
                         .avoid(member, &format_args!("no answer to {op} {key}"));
-                    if cut < deadline && attempts > 1 {
-                        attempts -= 1;
+                    if cut < deadline && (attempts > 1 || no_leader.is_some()) {
+                        attempts = attempts.saturating_sub(1);
                         tracing::debug!(op, key, "no answer; sending it again");
                         continue;
                     }
-                    // Out of time while etcd had no leader: say that, not only "no answer".
-                    break Err(last.take().map_or_else(
-                        || EtcdError::Timeout {
-                            op,
-                            key: key.to_string(),
-                            after,
-                            endpoints: self.endpoints.to_string(),
-                        },
-                        |e| self.request_error(op, key, &e),
-                    ));
+                    break Err(no_leader.or(last).unwrap_or(EtcdError::Timeout {
+                        op,
+                        key: key.to_string(),
+                        after,
+                        endpoints: self.endpoints.to_string(),
+                    }));
                 }
             };
             if error::explain(&e).1 {
                 self.members.avoid(member, &e);
             }
             let pause = match error::resend(&e, repeatable) {
-                Some(error::Resend::Elsewhere) if attempts > 1 => {
-                    attempts -= 1;
+                Some(error::Resend::Elsewhere) if attempts > 1 || no_leader.is_some() => {
+                    attempts = attempts.saturating_sub(1);
                     Duration::ZERO
                 }
-                Some(error::Resend::Later) => Duration::from_millis(50),
-                _ => break Err(self.request_error(op, key, &e)),
+                Some(error::Resend::Later) => {
+                    no_leader = Some(self.request_error(op, key, &e));
+                    Duration::from_millis(50)
+                }
+                // Every member refused, as many times as there are attempts: etcd is down.
+                Some(error::Resend::Elsewhere) => break Err(self.request_error(op, key, &e)),
+                None => break Err(self.request_error(op, key, &e)),
             };
             tracing::debug!(op, key, error = %e, "etcd did not handle the request; sending it again");
             let next = tokio::time::Instant::now() + pause;
             if next >= deadline {
-                break Err(self.request_error(op, key, &e));
+                break Err(no_leader.unwrap_or_else(|| self.request_error(op, key, &e)));
             }
             tokio::time::sleep_until(next).await;
-            last = Some(e);
+            last = Some(self.request_error(op, key, &e));
         };
         if let Err(e) = &res
             && e.is_storage_failure()
