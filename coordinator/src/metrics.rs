@@ -284,9 +284,13 @@ pub fn render_store(health: &StoreHealth, out: &mut String) {
          fleetmend_store_failures_total {}\n\
          # HELP fleetmend_store_failing 1 while database writes are failing (/healthz answers 503).\n\
          # TYPE fleetmend_store_failing gauge\n\
-         fleetmend_store_failing {}",
+         fleetmend_store_failing {}\n\
+         # HELP fleetmend_store_etcd_member_moves_total Times requests moved off an etcd member that failed or did not answer one (etcd only).\n\
+         # TYPE fleetmend_store_etcd_member_moves_total counter\n\
+         fleetmend_store_etcd_member_moves_total {}",
         health.failures(),
-        u8::from(health.failing().is_some())
+        u8::from(health.failing().is_some()),
+        health.member_moves()
     );
 }
 

@@ -293,6 +293,13 @@ async fn etcd_faults_one_member_lost_is_ridden_out_and_quorum_lost_stops_the_lea
     etcd.resume(0)?;
     let still = blocking(|| rig.coord.wait_leading(Duration::from_secs(5)))?;
     assert_eq!(epoch(&first), epoch(&still), "{first} / {still}");
+    let (_, metrics) = blocking(|| rig.coord.http_get("/metrics"))?;
+    let moves: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("fleetmend_store_etcd_member_moves_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no fleetmend_store_etcd_member_moves_total")?;
+    assert!(moves >= 1, "the leader never moved off the frozen member");
 
     // One member of three lost: the leader leads on, its /healthz never 503 (a request the
     // dead member's connection refuses goes to another), and three TTLs later it still leads

@@ -40,6 +40,8 @@ const REPEAT_EVERY: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct StoreHealth {
     failures: AtomicU64,
+    /// etcd only: times requests moved off a member that failed them.
+    member_moves: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -55,6 +57,7 @@ impl Default for StoreHealth {
     fn default() -> Self {
         Self {
             failures: AtomicU64::new(0),
+            member_moves: AtomicU64::new(0),
             state: Mutex::new(State {
                 failing: None,
                 log: RepeatedFailure::new(REPEAT_EVERY),
@@ -67,6 +70,16 @@ impl StoreHealth {
     /// Store failures since start.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// etcd only: how many times requests moved off a member that failed them.
+    pub fn member_moves(&self) -> u64 {
+        self.member_moves.load(Ordering::Relaxed)
+    }
+
+    /// Counts a move off a failing etcd member.
+    pub(super) fn moved_member(&self) {
+        self.member_moves.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Why the store is failing, `None` while writes work.

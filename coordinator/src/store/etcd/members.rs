@@ -58,8 +58,9 @@ impl Members {
     }
 
     /// Moves away from member `i` after it failed (`why`), unless another failure already
-    /// did (two requests failing on one member move the store once, not twice).
-    pub(super) fn avoid(&self, i: usize, why: &dyn std::fmt::Display) {
+    /// did (two requests failing on one member move the store once, not twice); whether it
+    /// moved.
+    pub(super) fn avoid(&self, i: usize, why: &dyn std::fmt::Display) -> bool {
         let next = (i + 1) % self.clients.len();
         if next == i
             || self
@@ -67,7 +68,7 @@ impl Members {
                 .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
                 .is_err()
         {
-            return;
+            return false;
         }
         let (from, to) = (&self.endpoints[i], &self.endpoints[next]);
         let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
@@ -77,5 +78,6 @@ impl Members {
         } else {
             tracing::debug!(%from, %to, error = %why, "an etcd member failed a request; sending requests to the next one");
         }
+        true
     }
 }

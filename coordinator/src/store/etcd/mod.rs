@@ -357,7 +357,14 @@ impl EtcdStore {
     /// Moves requests off member `i` if they still go there: for a failure seen outside
     /// [`EtcdStore::bounded`] (a lease keep-alive unanswered on the stream opened there).
     pub(crate) fn avoid_member(&self, i: usize, why: &dyn std::fmt::Display) {
-        self.members.avoid(i, why);
+        self.avoid(i, why);
+    }
+
+    /// Moves off member `i` and counts it (`fleetmend_store_etcd_member_moves_total`).
+    fn avoid(&self, i: usize, why: &dyn std::fmt::Display) {
+        if self.members.avoid(i, why) {
+            self.health.moved_member();
+        }
     }
 
     /// Runs one request under the store's timeout, mapping errors and counting failures of
@@ -408,8 +415,7 @@ impl EtcdStore {
                 Ok(Ok(v)) => break Ok(v),
                 Ok(Err(e)) => e,
                 Err(_) => {
-                    self.members
-                        .avoid(member, &format_args!("no answer to {op} {key}"));
+                    self.avoid(member, &format_args!("no answer to {op} {key}"));
                     if cut < deadline && (attempts > 1 || no_leader.is_some()) {
                         attempts = attempts.saturating_sub(1);
                         tracing::debug!(op, key, "no answer; sending it again");
@@ -424,7 +430,7 @@ impl EtcdStore {
                 }
             };
             if error::explain(&e).1 {
-                self.members.avoid(member, &e);
+                self.avoid(member, &e);
             }
             let pause = match error::resend(&e, repeatable) {
                 Some(error::Resend::Elsewhere) if attempts > 1 || no_leader.is_some() => {
