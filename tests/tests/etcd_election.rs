@@ -451,6 +451,38 @@ async fn a_leader_that_loses_etcds_quorum_stops_acting_within_its_ttl() {
     stop.cancel();
 }
 
+/// A leader's write waiting out an etcd election (refused for want of a leader and sent
+/// again) is not sent again once the leader's term ends meanwhile: it fails as Deposed at
+/// once instead of going on until its timeout.
+#[tokio::test]
+async fn a_write_waiting_for_an_etcd_leader_is_not_sent_again_once_the_term_ends() {
+    let mut etcd = tokio::task::spawn_blocking(|| Etcd::start(Options::cluster(3)))
+        .await
+        .unwrap()
+        .unwrap();
+    let s = connect(etcd.endpoints(), &fresh_prefix("waiting")).await;
+    let l = lead(&candidate(&s, "a", Duration::from_secs(30))).await;
+    // Quorum lost: the member the store uses (the first) answers "no leader" once it sees.
+    etcd.kill(1);
+    etcd.kill(2);
+    let deadline = Instant::now() + BOUND;
+    loop {
+        match s.probe_quorum().await {
+            Err(e) if e.to_string().contains("no leader") => break,
+            other => assert!(Instant::now() < deadline, "never \"no leader\": {other:?}"),
+        }
+    }
+    let store = l.store.clone();
+    let write = tokio::spawn(async move { store.kv_create("things/x", &1u64).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    l.term.end("the test ended the term");
+    let r = tokio::time::timeout(Duration::from_millis(500), write)
+        .await
+        .expect("the write ended with the term, not at its 2 s timeout")
+        .unwrap();
+    assert_deposed("a write waiting for a leader", r, l.epoch);
+}
+
 /// The coordinator's path: campaign and hold; the lease lost, the role turns deposed, the
 /// running repair command's process group is killed and the token the coordinator stops on
 /// fires; a clean stop resigns, so a standby leads at once.

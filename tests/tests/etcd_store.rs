@@ -35,6 +35,20 @@ async fn store_bounded(etcd: &Etcd, name: &str) -> EtcdStore {
     .expect("connect to the test etcd")
 }
 
+/// A three-member cluster, a store on it (`bounded`: a 2 s request timeout, else the
+/// default) and a queue holding `first`.
+async fn cluster_with_queue(name: &str, bounded: bool, first: u64) -> (Etcd, EtcdStore, Sequence) {
+    let etcd = Etcd::start(Options::cluster(3)).unwrap();
+    let s = if bounded {
+        store_bounded(&etcd, name).await
+    } else {
+        store_on(&etcd, name).await
+    };
+    let q = Sequence::new("q/write-index", "q/items");
+    q.push(&s, &first).await.unwrap();
+    (etcd, s, q)
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Thing {
     name: String,
@@ -528,10 +542,7 @@ async fn etcd_stopped_under_a_store_fails_its_calls_within_the_bound_and_recover
 
 #[tokio::test]
 async fn a_three_member_cluster_serves_with_one_member_killed_and_holds_without_quorum() {
-    let mut etcd = Etcd::start(Options::cluster(3)).unwrap();
-    let s = store_bounded(&etcd, "cluster").await;
-    let q = Sequence::new("q/write-index", "q/items");
-    q.push(&s, &1u64).await.unwrap();
+    let (mut etcd, s, q) = cluster_with_queue("cluster", true, 1).await;
     etcd.kill(0);
     // The client tries the other endpoints; an election may be running, so allow a retry.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -613,11 +624,8 @@ async fn requests(s: &EtcdStore, q: &Sequence) -> Vec<String> {
 /// abandon reads as it changes, and the store sends those again until its timeout.
 #[tokio::test]
 async fn with_one_member_of_three_killed_no_request_fails_once_a_leader_is_there() {
-    let mut etcd = Etcd::start(Options::cluster(3)).unwrap();
     // The default request timeout: an election takes a second or two.
-    let s = store_on(&etcd, "one-down").await;
-    let q = Sequence::new("q/write-index", "q/items");
-    q.push(&s, &0u64).await.unwrap();
+    let (mut etcd, s, q) = cluster_with_queue("one-down", false, 0).await;
     for role in ["follower", "leader"] {
         let killed = match role {
             "follower" => etcd.a_follower(),
@@ -775,10 +783,7 @@ async fn a_stale_writer_of_a_repair_entry_is_refused_and_overwrites_nothing() {
 /// failed, 260 s for 60 appends and reads).
 #[tokio::test]
 async fn the_member_in_use_frozen_costs_at_most_the_request_in_flight() {
-    let mut etcd = Etcd::start(Options::cluster(3)).unwrap();
-    let s = store_bounded(&etcd, "frozen").await;
-    let q = Sequence::new("q/write-index", "q/items");
-    q.push(&s, &0u64).await.unwrap();
+    let (mut etcd, s, q) = cluster_with_queue("frozen", true, 0).await;
     // The store starts on the first endpoint, which is in use from here on.
     etcd.pause(0).unwrap();
     let start = Instant::now();

@@ -169,11 +169,7 @@ impl Candidate {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let campaign = |c: &etcd_client::Client| {
-            let (mut kv, txn) = (c.kv_client(), txn.clone());
-            async move { kv.txn(txn).await }
-        };
-        let resp = match self.store.bounded("txn", &key, campaign).await {
+        let resp = match self.store.txn_raw(&key, txn).await {
             Ok(r) => r,
             Err(e) => {
                 // The put may have landed: revoking the lease deletes the key if it did.
@@ -209,14 +205,7 @@ impl Candidate {
 
     async fn revoke(&self, lease: i64) {
         let key = self.store.key(LEADER_KEY);
-        if let Err(e) = self
-            .store
-            .bounded("lease revoke", &key, |c| {
-                let mut leases = c.lease_client();
-                async move { leases.revoke(lease).await }
-            })
-            .await
-        {
+        if let Err(e) = revoke(&self.store, &key, lease).await {
             tracing::debug!(error = %e, "revoking an unused lease failed; it expires by itself");
         }
     }
@@ -276,20 +265,20 @@ impl Leadership {
                 self.epoch,
             )])
             .and_then([TxnOp::delete(key.clone(), None)]);
-        let delete = |c: &etcd_client::Client| {
-            let (mut kv, txn) = (c.kv_client(), txn.clone());
-            async move { kv.txn(txn).await }
-        };
-        if let Err(e) = self.raw.bounded("txn", &key, delete).await {
+        if let Err(e) = self.raw.txn_raw(&key, txn).await {
             tracing::warn!(error = %e, "could not delete the leader key on resigning; a standby takes over when its lease expires");
         }
-        let lease = self.lease;
-        let _ = self
-            .raw
-            .bounded("lease revoke", &key, |c| {
-                let mut leases = c.lease_client();
-                async move { leases.revoke(lease).await }
-            })
-            .await;
+        let _ = revoke(&self.raw, &key, self.lease).await;
     }
+}
+
+/// Revokes `lease` (deleting the leader key `key` if the lease holds it).
+async fn revoke(store: &EtcdStore, key: &str, lease: i64) -> Result<(), EtcdError> {
+    store
+        .bounded("lease revoke", key, |c| {
+            let mut leases = c.lease_client();
+            async move { leases.revoke(lease).await }
+        })
+        .await
+        .map(drop)
 }

@@ -193,6 +193,20 @@ impl EtcdStore {
         Ok(resp.count())
     }
 
+    /// One etcd transaction as it is, under [`EtcdStore::bounded`]: [`Txn`]'s, with the
+    /// fence added, and the election's own, which are not fenced (they make the leader key).
+    pub(crate) async fn txn_raw(
+        &self,
+        key: &str,
+        txn: etcd_client::Txn,
+    ) -> Result<TxnResponse, EtcdError> {
+        self.bounded("txn", key, |c| {
+            let (mut kv, txn) = (c.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
     /// One range read of the directory `dir` from `from` ([`super::scan`]'s pages).
     pub(super) async fn range_page(
         &self,
@@ -478,13 +492,7 @@ impl Txn {
             .when(compares)
             .and_then(self.ops)
             .or_else(otherwise);
-        let resp = self
-            .store
-            .bounded("txn", &key, |c| {
-                let (mut kv, txn) = (c.kv_client(), txn.clone());
-                async move { kv.txn(txn).await }
-            })
-            .await?;
+        let resp = self.store.txn_raw(&key, txn).await?;
         // A transaction that reached etcd's quorum (either branch) shows writes work.
         self.store.wrote();
         if resp.succeeded() {
@@ -516,7 +524,7 @@ impl Txn {
     }
 }
 
-fn deposed(f: &super::fence::Fence, why: String, key: &str) -> EtcdError {
+pub(super) fn deposed(f: &super::fence::Fence, why: String, key: &str) -> EtcdError {
     EtcdError::Deposed {
         epoch: f.epoch(),
         why,

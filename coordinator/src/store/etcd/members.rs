@@ -16,9 +16,11 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
+
+use crate::store::repeated::RepeatedFailure;
 
 /// How often a move is logged at INFO; the others (etcd down, every request moving on) at
 /// DEBUG.
@@ -30,7 +32,8 @@ pub(super) struct Members {
     /// The endpoint of each client, for the log.
     endpoints: Vec<String>,
     current: AtomicUsize,
-    logged: Mutex<Option<Instant>>,
+    /// Moves are logged as a run of failures is: the first, then once a minute.
+    log: Mutex<RepeatedFailure>,
 }
 
 impl Members {
@@ -47,7 +50,7 @@ impl Members {
             clients,
             endpoints: endpoints.to_vec(),
             current: AtomicUsize::new(0),
-            logged: Mutex::new(None),
+            log: Mutex::new(RepeatedFailure::new(LOG_EVERY)),
         })
     }
 
@@ -71,10 +74,9 @@ impl Members {
             return false;
         }
         let (from, to) = (&self.endpoints[i], &self.endpoints[next]);
-        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
-        if logged.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
-            *logged = Some(Instant::now());
-            tracing::info!(%from, %to, error = %why, "an etcd member failed a request; sending requests to the next one (said once a minute)");
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(moves) = log.failed("moved", tokio::time::Instant::now()) {
+            tracing::info!(%from, %to, error = %why, moves, "an etcd member failed a request; sending requests to the next one (said once a minute)");
         } else {
             tracing::debug!(%from, %to, error = %why, "an etcd member failed a request; sending requests to the next one");
         }

@@ -451,6 +451,13 @@ impl EtcdStore {
                 break Err(no_leader.unwrap_or_else(|| self.request_error(op, key, &e)));
             }
             tokio::time::sleep_until(next).await;
+            // A leader's write whose term ended while it waited is not sent again (etcd would
+            // refuse it on the epoch's compare; it is not even sent, as before the first).
+            if let Some(f) = self.fence.as_ref().filter(|_| !repeatable)
+                && let Err(why) = f.term.check()
+            {
+                break Err(kv::deposed(f, why, key));
+            }
             last = Some(self.request_error(op, key, &e));
         };
         if let Err(e) = &res
@@ -498,9 +505,9 @@ fn repeatable(op: &str) -> bool {
 }
 
 /// How many times [`EtcdStore::bounded`] sends a request at once again (its connection
-/// refused, a repeatable one's broken or unanswered): four per endpoint, so each member is tried more
-/// than once before a request fails; with every member down, the refusals take a few
-/// milliseconds.
+/// refused, a repeatable one's broken or unanswered): four per endpoint, so each member is
+/// tried more than once before a request fails; with every member down, the refusals take a
+/// few milliseconds.
 fn attempts(endpoints: usize) -> u32 {
     u32::try_from(endpoints.max(1) * 4).unwrap_or(u32::MAX)
 }
